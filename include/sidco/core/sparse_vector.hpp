@@ -1,0 +1,74 @@
+// The compressed form of a gradient: ascending indices and the values found there.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "sidco/core/error.hpp"
+
+namespace sidco {
+
+/// Indices are strictly ascending after a compress. Index is 32-bit by default (a gradient
+/// of up to 2^32 values); use std::uint64_t beyond that. Storage is kept across clear(), so a
+/// vector reused for the same tensor and density allocates only on its first calls.
+template <class T, class Index = std::uint32_t>
+class sparse_vector {
+  static_assert(std::floating_point<T>, "sparse_vector<T>: T must be float or double");
+  static_assert(std::unsigned_integral<Index>, "sparse_vector<T, Index>: Index must be unsigned");
+
+ public:
+  using value_type = T;
+  using index_type = Index;
+
+  /// The largest dense size whose every index fits in Index.
+  static constexpr std::size_t max_dense_size =
+      sizeof(Index) >= sizeof(std::size_t) ? std::numeric_limits<std::size_t>::max()
+                                           : std::size_t(std::numeric_limits<Index>::max()) + 1;
+
+  sparse_vector() = default;
+  explicit sparse_vector(std::size_t dense_size) { clear(dense_size); }
+
+  /// Empties the vector for a dense vector of dense_size values, keeping the storage.
+  void clear(std::size_t dense_size) {
+    if (dense_size > max_dense_size)
+      detail::fail("sparse_vector: dense size ", dense_size, " exceeds the ", 8 * sizeof(Index),
+                   "-bit index range (", max_dense_size, "); use std::uint64_t indices");
+    dense_size_ = dense_size;
+    indices_.clear();
+    values_.clear();
+  }
+
+  void reserve(std::size_t count) {
+    indices_.reserve(count);
+    values_.reserve(count);
+  }
+
+  /// Appends one entry; the caller keeps indices ascending and below dense_size().
+  void push_back(Index index, T value) {
+    indices_.push_back(index);
+    values_.push_back(value);
+  }
+
+  std::size_t size() const { return indices_.size(); }
+  bool empty() const { return indices_.empty(); }
+  std::size_t dense_size() const { return dense_size_; }
+  std::size_t capacity() const { return std::min(indices_.capacity(), values_.capacity()); }
+  double density() const { return dense_size_ ? double(size()) / double(dense_size_) : 0.0; }
+
+  std::span<const Index> indices() const { return indices_; }
+  std::span<const T> values() const { return values_; }
+
+  /// Bytes this vector puts on the wire (indices and values).
+  std::size_t payload_bytes() const { return size() * (sizeof(Index) + sizeof(T)); }
+
+ private:
+  std::size_t dense_size_ = 0;
+  std::vector<Index> indices_;
+  std::vector<T> values_;
+};
+
+}  // namespace sidco

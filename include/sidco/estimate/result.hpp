@@ -1,0 +1,11 @@
+// What a threshold estimator hands to the selection step.
+#pragma once
+
+namespace sidco::estimate {
+
+struct threshold_estimate {
+  double threshold = 0;  // keep |x| > threshold
+  int stages = 0;        // distribution fits made (0: no fit was needed)
+};
+
+}  // namespace sidco::estimate

@@ -1,0 +1,30 @@
+# Sourced by test.sh and demo.sh: installs what the build needs from Debian's packages
+# (only what is missing; silent when everything is there) and configures a build directory.
+
+sidco_packages=(meson ninja-build g++ clang cmake pkg-config doctest-dev libboost-math-dev
+                libbenchmark-dev)
+
+sidco_install_missing() {
+  local missing=()
+  for p in "${sidco_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" > /dev/null
+}
+
+# sidco_configure DIR [meson options...]: set up DIR once, reconfigure it afterwards.
+sidco_configure() {
+  local dir=$1
+  shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson configure "$dir" "$@" > /dev/null
+  else
+    meson setup "$dir" "$@" > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    rm -f "$dir.setup.log"
+  fi
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds sidco with g++ and clang++ (warnings are errors), runs the whole test suite with
+# both, and ends with one line: N passed, N failed[, N skipped].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+sidco_install_missing
+
+passed=0 failed=0 skipped=0
+run_suite() {
+  local dir=$1
+  shift
+  echo "== $dir: configure and build"
+  sidco_configure "$dir" -Dwerror=true -Dbuildtype=release "$@"
+  meson compile -C "$dir" > "$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
+  echo "== $dir: test"
+  meson test -C "$dir" --no-rebuild --print-errorlogs > "$dir.test.log" 2>&1 || true
+  grep -E '^ *[0-9]+/[0-9]+ ' "$dir.test.log" || true
+  grep -E -A40 '^=+ [0-9]+/[0-9]+ =+$' "$dir.test.log" | grep -v '^$' | head -200 || true
+  local counts
+  counts=$(grep -o '"result": "[A-Z]*"' "$dir/meson-logs/testlog.json" | awk -F'"' '
+    {c[$4]++} END {printf "%d %d %d", c["OK"]+c["EXPECTEDFAIL"],
+      c["FAIL"]+c["UNEXPECTEDPASS"]+c["TIMEOUT"]+c["ERROR"], c["SKIP"]}')
+  read -r p f s <<< "$counts"
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+}
+
+CXX=g++ run_suite build
+CXX=clang++ run_suite build-clang -Dbenchmarks=false -Dcuda=disabled
+
+if [ "$skipped" -gt 0 ]; then
+  echo "$passed passed, $failed failed, $skipped skipped"
+else
+  echo "$passed passed, $failed failed"
+fi
+[ "$failed" -eq 0 ]

@@ -1,0 +1,115 @@
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <sidco/dist/exponential.hpp>
+#include <sidco/dist/gamma.hpp>
+#include <sidco/dist/generalized_pareto.hpp>
+#include <sidco/dist/normal.hpp>
+
+using namespace sidco;
+
+// Spot values computed offline with SciPy 1.10 (Debian 12):
+//   expon.isf(0.01, scale=2), genpareto.isf(rho, c=-k, scale), gamma.isf(rho, a, scale),
+//   halfnorm.isf(rho, scale). SciPy's genpareto shape c is -k in our (Hosking) convention.
+TEST_CASE("upper quantiles match SciPy") {
+  CHECK(dist::exponential{2.0}.upper_quantile(0.01) == doctest::Approx(9.210340371976182).epsilon(1e-13));
+  CHECK(dist::generalized_pareto{-0.2, 1.5}.upper_quantile(0.01) ==
+        doctest::Approx(11.33914823632185).epsilon(1e-12));
+  CHECK(dist::generalized_pareto{0.3, 2.0}.upper_quantile(0.05) ==
+        doctest::Approx(3.9527297897539704).epsilon(1e-12));
+  CHECK(dist::generalized_pareto{1e-10, 0.5}.upper_quantile(0.001) ==
+        doctest::Approx(3.4538776382981413).epsilon(1e-9));
+  CHECK(dist::gamma{0.7, 3.0}.upper_quantile(0.001) == doctest::Approx(18.191218691661824).epsilon(1e-10));
+  CHECK(dist::gamma{2.5, 0.2}.upper_quantile(0.1) == doctest::Approx(0.9236356899781116).epsilon(1e-10));
+  CHECK(dist::normal{2.0}.upper_quantile(0.01) == doctest::Approx(5.151658607097801).epsilon(1e-12));
+  CHECK(dist::normal{0.5}.upper_quantile(0.25) == doctest::Approx(0.5751746901880039).epsilon(1e-12));
+}
+
+TEST_CASE("generalized Pareto stays continuous as the shape goes to zero") {
+  // Either side of the switch to the exponential form the quantile moves by O(k), not more.
+  const double at_limit = dist::generalized_pareto{0.0, 1.0}.upper_quantile(1e-3);
+  for (double k : {1e-6, 1e-8, 1.01e-8, 0.99e-8, 1e-12, -1e-12, -1e-8, -1e-6}) {
+    const double t = dist::generalized_pareto{k, 1.0}.upper_quantile(1e-3);
+    CHECK(std::fabs(t - at_limit) <= 50 * std::fabs(k) * at_limit + 1e-12);
+  }
+}
+
+TEST_CASE("ccdf inverts upper_quantile") {
+  for (double rho : {0.3, 0.01, 1e-5}) {
+    CHECK(dist::exponential{0.7}.ccdf(dist::exponential{0.7}.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-12));
+    const dist::generalized_pareto heavy{-0.3, 0.2}, bounded{0.4, 0.2};
+    CHECK(heavy.ccdf(heavy.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-10));
+    CHECK(bounded.ccdf(bounded.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-10));
+    const dist::gamma g{0.6, 1.3};
+    CHECK(g.ccdf(g.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-9));
+    const dist::normal n{1.7};
+    CHECK(n.ccdf(n.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-9));
+  }
+}
+
+namespace {
+
+// Fits the model to N = 10^6 draws and returns the fraction of draws above its threshold.
+template <class Model, class Draw>
+void check_fraction_above(Draw draw, const char* what) {
+  std::mt19937_64 rng(20210405);
+  std::vector<double> x(1000000);
+  moments m;
+  for (auto& v : x) {
+    v = draw(rng);
+    m.add<Model::needs_log>(v);
+  }
+  const Model fitted = Model::fit(m);
+  for (double rho : {0.1, 0.01, 0.001}) {
+    const double t = fitted.upper_quantile(rho);
+    std::size_t above = 0;
+    for (double v : x) above += v > t;
+    const double fraction = double(above) / double(x.size());
+    INFO(what, ": rho = ", rho, ", fraction above = ", fraction);
+    // 5%: sampling noise at rho = 0.001 alone is 3.2% (one sigma of 1000 counts).
+    CHECK(fraction == doctest::Approx(rho).epsilon(0.05));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("each model fitted to its own draws puts rho of them above its threshold") {
+  check_fraction_above<dist::exponential>(
+      [](auto& rng) { return std::exponential_distribution<double>(1 / 0.003)(rng); },
+      "exponential, mean 0.003");
+  check_fraction_above<dist::gamma>(
+      [](auto& rng) { return std::gamma_distribution<double>(0.6, 0.02)(rng); },
+      "gamma, shape 0.6");
+  check_fraction_above<dist::gamma>(
+      [](auto& rng) { return std::gamma_distribution<double>(2.0, 1.0)(rng); },
+      "gamma, shape 2");
+  for (double k : {-0.1, 0.25}) {
+    check_fraction_above<dist::generalized_pareto>(
+        [k](auto& rng) {
+          const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+          return 0.01 * -std::expm1(k * std::log1p(-u)) / k;  // inverse CDF, scale 0.01
+        },
+        k < 0 ? "generalized Pareto, k = -0.1" : "generalized Pareto, k = 0.25");
+  }
+  check_fraction_above<dist::normal>(
+      [](auto& rng) { return std::fabs(std::normal_distribution<double>(0, 0.05)(rng)); },
+      "half-normal");
+}
+
+TEST_CASE("fits recover known parameters") {
+  moments m;
+  // Exactly known moments: values 1, 2, 3 (mean 2, variance 2/3).
+  for (double a : {1.0, 2.0, 3.0}) m.add(a);
+  CHECK(dist::exponential::fit(m).mean == doctest::Approx(2.0));
+  const auto gp = dist::generalized_pareto::fit(m);
+  CHECK(gp.shape == doctest::Approx(0.5 * (4.0 / (2.0 / 3) - 1)));
+  CHECK(gp.scale == doctest::Approx(0.5 * 2.0 * (4.0 / (2.0 / 3) + 1)));
+  // Minka: s = ln 2 - ln(6)/3.
+  const double s = std::log(2.0) - std::log(6.0) / 3;
+  const auto g = dist::gamma::fit(m);
+  CHECK(g.shape == doctest::Approx((3 - s + std::sqrt((s - 3) * (s - 3) + 24 * s)) / (12 * s)));
+  CHECK(g.scale * g.shape == doctest::Approx(2.0));
+  CHECK(dist::normal::fit(m).sigma == doctest::Approx(std::sqrt(14.0 / 3)));
+}

@@ -1,0 +1,39 @@
+// Helpers shared by the tests: the bundled real gradients and brute-force references.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sidco/io/npy.hpp>
+
+#ifndef SIDCO_GRADIENTS_DIR
+#error "tests need SIDCO_GRADIENTS_DIR (set by tests/meson.build)"
+#endif
+
+namespace sidco::test {
+
+/// Every real gradient file bundled under examples/data/gradients.
+inline const std::vector<std::string>& gradient_files() {
+  static const std::vector<std::string> files = {
+      "cnn_ef_it200.npy", "cnn_it10.npy",  "cnn_it200.npy",
+      "ffn_it10.npy",     "ffn_it200.npy", "lstm_it10.npy"};
+  return files;
+}
+
+template <class T = float>
+std::vector<T> load_gradient(const std::string& file) {
+  return io::load_npy<T>(std::string(SIDCO_GRADIENTS_DIR) + "/" + file);
+}
+
+/// Brute force: how many |x| exceed t.
+template <class T>
+std::size_t count_above(std::span<const T> x, double t) {
+  std::size_t n = 0;
+  for (T v : x) n += std::fabs(double(v)) > t;
+  return n;
+}
+
+}  // namespace sidco::test
