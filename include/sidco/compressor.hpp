@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "sidco/backend/serial.hpp"
 #include "sidco/backend/source.hpp"
@@ -80,16 +81,37 @@ class compressor {
                    "); use sparse_vector<T, std::uint64_t>");
   }
 
-  // The estimator's view of the data: moments of the excesses over a threshold.
-  template <class Source>
+  // The estimator's view of the data: moments of the excesses over a threshold. Thresholds
+  // only rise between stages, so the values above the first one are kept and later stages
+  // scan those alone; a lower threshold (a stage that overshot) reads the source again.
+  template <class Source, class T>
   struct pass {
     const Backend& backend;
     const Source& source;
+    std::vector<T>& exceedances;
+    double kept_above = __builtin_huge_val();
+
     template <bool Log>
-    moments excess(double t) const {
-      return backend.template excess<Log>(source, t);
+    moments excess(double t) {
+      if (t >= kept_above) {
+        moments m;
+        for (const T a : exceedances)
+          if (double(a) > t) m.template add<Log>(double(a) - t);
+        return m;
+      }
+      exceedances.clear();
+      kept_above = t;
+      return backend.template excess<Log>(source, t, exceedances);
     }
   };
+
+  template <class T>
+  std::vector<T>& exceedance_workspace() {
+    if constexpr (std::is_same_v<T, float>)
+      return exceedances_float_;
+    else
+      return exceedances_double_;
+  }
 
   template <class Source, class T, class Index>
   compress_report run(const Source& source, double delta, sparse_vector<T, Index>& out,
@@ -101,7 +123,7 @@ class compressor {
       detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ",
                    double(source.value(at)), " at index ", at);
     }
-    pass<Source> refine{backend_, source};
+    pass<Source, T> refine{backend_, source, exceedance_workspace<T>()};
     const auto estimate = estimator_.estimate(all, delta, refine);
 
     out.clear(source.size);
@@ -123,6 +145,10 @@ class compressor {
   Estimator estimator_{};
   Selection selection_{};
   Backend backend_{};
+  // |x| above the first refinement threshold (a quarter of the non-zeros by default): kept
+  // across calls so that a steady tensor allocates only on its first calls.
+  std::vector<float> exceedances_float_;
+  std::vector<double> exceedances_double_;
 };
 
 }  // namespace sidco

@@ -4,7 +4,7 @@
 
 #include <cmath>
 #include <cstddef>
-#include <limits>
+#include <vector>
 
 #include "sidco/core/moments.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -23,22 +23,19 @@ struct serial {
     return m;
   }
 
-  /// Moments of |x| - t over the values with |x| > t (peaks over threshold).
-  template <bool Log, class Source>
-  moments excess(const Source& source, double t) const {
+  /// Moments of |x| - t over the values with |x| > t (peaks over threshold); appends those
+  /// |x| to exceedances so that later stages need not read the whole source again.
+  template <bool Log, class Source, class T>
+  moments excess(const Source& source, double t, std::vector<T>& exceedances) const {
     moments m;
     for (std::size_t i = 0; i < source.size; ++i) {
-      const double a = std::fabs(double(source.value(i)));
-      if (a > t) m.template add<Log>(a - t);
+      const T v = std::fabs(source.value(i));
+      if (double(v) > t) {
+        m.template add<Log>(double(v) - t);
+        exceedances.push_back(v);
+      }
     }
     return m;
-  }
-
-  template <class Source>
-  std::size_t count_above(const Source& source, double t) const {
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < source.size; ++i) n += std::fabs(double(source.value(i))) > t;
-    return n;
   }
 
   /// Index of the first NaN or Inf, or size when there is none.
