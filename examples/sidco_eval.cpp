@@ -20,7 +20,12 @@
 namespace {
 
 using sparse = sidco::sparse_vector<float>;
-using runner = std::function<sidco::compress_report(std::span<const float>, double, sparse&)>;
+
+struct measurement {
+  sidco::compress_report first;  // what the first call on this gradient delivers
+  double median_ms = 0;          // per call, with warm buffers and the same work as the first
+};
+using runner = std::function<measurement(std::span<const float>, double, sparse&, int)>;
 
 struct method {
   std::string name;
@@ -28,52 +33,74 @@ struct method {
   runner run;
 };
 
-// A fresh compressor per call, so that every timed repetition does the same work.
+// The first call reports the density a user gets without any adaptation. The timed calls run
+// on copies of the compressor as it was after that call: warm workspace (as in training,
+// where a compressor lives across steps), same stage count, so the same work.
 template <class Compressor>
-runner fresh() {
-  return [](std::span<const float> g, double delta, sparse& out) {
-    Compressor c;
-    return c.template compress<float>(g, delta, out);
+runner measured() {
+  return [](std::span<const float> g, double delta, sparse& out, int repeat) {
+    Compressor compressor;
+    measurement m;
+    m.first = compressor.template compress<float>(g, delta, out);
+    std::vector<double> ms;
+    for (int r = 0; r < repeat; ++r) {
+      Compressor warm = compressor;
+      const auto start = std::chrono::steady_clock::now();
+      warm.template compress<float>(g, delta, out);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                             start).count());
+    }
+    std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
+    m.median_ms = ms[ms.size() / 2];
+    return m;
   };
 }
 
 // Exact Top-k by std::nth_element on magnitudes: the baseline every row is compared with.
-sidco::compress_report nth_element_top_k(std::span<const float> g, double delta, sparse& out) {
-  const std::size_t k = std::max<std::size_t>(1, std::size_t(delta * double(g.size())));
-  std::vector<std::uint32_t> order(g.size());
-  for (std::size_t i = 0; i < g.size(); ++i) order[i] = std::uint32_t(i);
-  auto larger = [&](std::uint32_t a, std::uint32_t b) {
-    const float fa = std::fabs(g[a]), fb = std::fabs(g[b]);
-    return fa > fb || (fa == fb && a < b);
-  };
-  std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(k - 1), order.end(), larger);
-  const double kth_magnitude = std::fabs(g[order[k - 1]]);
-  std::sort(order.begin(), order.begin() + std::ptrdiff_t(k));
-  out.clear(g.size());
-  for (std::size_t i = 0; i < k; ++i) out.push_back(order[i], g[order[i]]);
-  sidco::compress_report r;
-  r.threshold = kth_magnitude;
-  r.selected = k;
-  r.size = g.size();
-  r.target_density = delta;
-  r.density = double(k) / double(g.size());
-  return r;
-}
+// Ties go to the lower index, so the result is deterministic.
+class nth_element_top_k {
+ public:
+  template <class T>
+  sidco::compress_report compress(std::span<const T> g, double delta, sparse& out) {
+    const std::size_t k = std::max<std::size_t>(1, std::size_t(delta * double(g.size())));
+    order_.resize(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) order_[i] = std::uint32_t(i);
+    auto larger = [&](std::uint32_t a, std::uint32_t b) {
+      const float fa = std::fabs(g[a]), fb = std::fabs(g[b]);
+      return fa > fb || (fa == fb && a < b);
+    };
+    std::nth_element(order_.begin(), order_.begin() + std::ptrdiff_t(k - 1), order_.end(), larger);
+    const double kth_magnitude = std::fabs(g[order_[k - 1]]);
+    std::sort(order_.begin(), order_.begin() + std::ptrdiff_t(k));
+    out.clear(g.size());
+    for (std::size_t i = 0; i < k; ++i) out.push_back(order_[i], g[order_[i]]);
+    sidco::compress_report r;
+    r.threshold = kth_magnitude;
+    r.selected = k;
+    r.size = g.size();
+    r.target_density = delta;
+    r.density = double(k) / double(g.size());
+    return r;
+  }
+
+ private:
+  std::vector<std::uint32_t> order_;
+};
 
 std::vector<method> all_methods() {
   using namespace sidco::presets;
   return {
-      {"sidco-e", "SIDCo, exponential, adaptive stages", fresh<sidco_e<>>()},
-      {"sidco-gp", "SIDCo, generalized Pareto, adaptive stages", fresh<sidco_gp<>>()},
-      {"sidco-gamma-gp", "SIDCo, gamma then generalized Pareto", fresh<sidco_gamma_gp<>>()},
-      {"sidco-e-single", "SIDCo, exponential, one stage", fresh<sidco_e_single<>>()},
-      {"sidco-gp-single", "SIDCo, generalized Pareto, one stage", fresh<sidco_gp_single<>>()},
-      {"sidco-gamma-single", "SIDCo, gamma, one stage", fresh<sidco_gamma_single<>>()},
+      {"sidco-e", "SIDCo, exponential, adaptive stages", measured<sidco_e<>>()},
+      {"sidco-gp", "SIDCo, generalized Pareto, adaptive stages", measured<sidco_gp<>>()},
+      {"sidco-gamma-gp", "SIDCo, gamma then generalized Pareto", measured<sidco_gamma_gp<>>()},
+      {"sidco-e-single", "SIDCo, exponential, one stage", measured<sidco_e_single<>>()},
+      {"sidco-gp-single", "SIDCo, generalized Pareto, one stage", measured<sidco_gp_single<>>()},
+      {"sidco-gamma-single", "SIDCo, gamma, one stage", measured<sidco_gamma_single<>>()},
       {"sidco-e-paper", "original SIDCo fit (zeros in sample, fixed stage fractions)",
-       fresh<sidco_e_paper<>>()},
-      {"sidco-gp-paper", "original SIDCo fit, generalized Pareto", fresh<sidco_gp_paper<>>()},
-      {"sidco-gamma-gp-paper", "original SIDCo fit, gamma then GP", fresh<sidco_gamma_gp_paper<>>()},
-      {"topk-nth-element", "exact Top-k by std::nth_element (baseline)", nth_element_top_k},
+       measured<sidco_e_paper<>>()},
+      {"sidco-gp-paper", "original SIDCo fit, generalized Pareto", measured<sidco_gp_paper<>>()},
+      {"sidco-gamma-gp-paper", "original SIDCo fit, gamma then GP", measured<sidco_gamma_gp_paper<>>()},
+      {"topk-nth-element", "exact Top-k by std::nth_element (baseline)", measured<nth_element_top_k>()},
   };
 }
 
@@ -88,7 +115,9 @@ void print_help(const std::vector<method>& methods) {
                "Compresses each float32 .npy gradient with each method at each density and\n"
                "prints achieved density, threshold, time per call and throughput. Defaults:\n"
                "every bundled gradient in " SIDCO_GRADIENTS_DIR ",\n"
-               "every method, densities 0.1 0.01 0.001, 5 repetitions (median time).\n\n"
+               "every method, densities 0.1 0.01 0.001, 5 repetitions (median time).\n"
+               "Density is that of the first call on a fresh compressor; time is the median\n"
+               "of warm calls doing the same work (buffers reused, as across training steps).\n\n"
                "methods:\n";
   for (const auto& m : methods) std::printf("  %-22s %s\n", m.name.c_str(), m.description.c_str());
 }
@@ -169,35 +198,24 @@ int main(int argc, char** argv) {
     sparse out;
     for (double delta : densities) {
       // The baseline's time, measured in the same run, for the speed-up column.
-      auto time_of = [&](const runner& f, sidco::compress_report& report) {
-        std::vector<double> ms;
-        for (int r = 0; r < repeat; ++r) {
-          const auto start = std::chrono::steady_clock::now();
-          report = f(g, delta, out);
-          ms.push_back(std::chrono::duration<double, std::milli>(
-                           std::chrono::steady_clock::now() - start).count());
-        }
-        std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
-        return ms[ms.size() / 2];
-      };
-      sidco::compress_report base_report;
       double base_ms = 0;
       try {
-        base_ms = time_of(nth_element_top_k, base_report);
+        base_ms = measured<nth_element_top_k>()(g, delta, out, repeat).median_ms;
       } catch (const sidco::error& e) {
         std::cerr << "sidco-eval: " << file << " at density " << delta << ": " << e.what() << "\n";
         return 1;
       }
       for (const method* m : run) {
-        sidco::compress_report report;
-        double ms = 0;
+        measurement result;
         try {
-          ms = time_of(m->run, report);
+          result = m->run(g, delta, out, repeat);
         } catch (const sidco::error& e) {
           std::cerr << "sidco-eval: " << file << " " << m->name << ": " << e.what() << "\n";
           ++failures;
           continue;
         }
+        const auto& report = result.first;
+        const double ms = result.median_ms;
         const double rate = double(g.size()) / (ms * 1e-3);
         if (csv)
           std::printf("%s,%s,%g,%.6g,%.4f,%.6g,%d,%zu,%.4f,%.4g,%.3f\n", file.c_str(),
