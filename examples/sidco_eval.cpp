@@ -8,10 +8,13 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <sidco/sidco.hpp>
+
+#include "manifest.hpp"
 
 #ifndef SIDCO_GRADIENTS_DIR
 #define SIDCO_GRADIENTS_DIR "examples/data/gradients"
@@ -25,7 +28,9 @@ struct measurement {
   sidco::compress_report first;  // what the first call on this gradient delivers
   double median_ms = 0;          // per call, with warm buffers and the same work as the first
 };
-using runner = std::function<measurement(std::span<const float>, double, sparse&, int)>;
+// layout empty: the whole vector at once; otherwise one estimate per segment.
+using runner = std::function<measurement(std::span<const float>, double, sparse&, int,
+                                         const std::vector<sidco::segment>& layout)>;
 
 struct method {
   std::string name;
@@ -37,22 +42,29 @@ struct method {
 // on copies of the compressor as it was after that call: warm workspace (as in training,
 // where a compressor lives across steps), same stage count, so the same work.
 template <class Compressor>
+measurement measure(Compressor compressor, std::span<const float> g, double delta, sparse& out,
+                    int repeat) {
+  measurement m;
+  m.first = compressor.template compress<float>(g, delta, out);
+  std::vector<double> ms;
+  for (int r = 0; r < repeat; ++r) {
+    Compressor warm = compressor;
+    const auto start = std::chrono::steady_clock::now();
+    warm.template compress<float>(g, delta, out);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                           start).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
+  m.median_ms = ms[ms.size() / 2];
+  return m;
+}
+
+template <class Compressor>
 runner measured() {
-  return [](std::span<const float> g, double delta, sparse& out, int repeat) {
-    Compressor compressor;
-    measurement m;
-    m.first = compressor.template compress<float>(g, delta, out);
-    std::vector<double> ms;
-    for (int r = 0; r < repeat; ++r) {
-      Compressor warm = compressor;
-      const auto start = std::chrono::steady_clock::now();
-      warm.template compress<float>(g, delta, out);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                             start).count());
-    }
-    std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
-    m.median_ms = ms[ms.size() / 2];
-    return m;
+  return [](std::span<const float> g, double delta, sparse& out, int repeat,
+            const std::vector<sidco::segment>& layout) {
+    if (layout.empty()) return measure(Compressor{}, g, delta, out, repeat);
+    return measure(sidco::segmented<Compressor>(layout), g, delta, out, repeat);
   };
 }
 
@@ -100,7 +112,19 @@ std::vector<method> all_methods() {
        measured<sidco_e_paper<>>()},
       {"sidco-gp-paper", "original SIDCo fit, generalized Pareto", measured<sidco_gp_paper<>>()},
       {"sidco-gamma-gp-paper", "original SIDCo fit, gamma then GP", measured<sidco_gamma_gp_paper<>>()},
-      {"topk-nth-element", "exact Top-k by std::nth_element (baseline)", measured<nth_element_top_k>()},
+      {"top-k", "exact Top-k by radix select", measured<top_k<>>()},
+      {"sidco-e-exact", "SIDCo-E threshold, then exactly k (exact_k)", measured<sidco_e_exact<>>()},
+      {"sidco-gp-exact", "SIDCo-GP threshold, then exactly k (exact_k)", measured<sidco_gp_exact<>>()},
+      {"random-k", "k uniformly random indices (seeded)", measured<random_k<>>()},
+      {"dgc", "DGC: sampled threshold, trimmed beyond 1.2k", measured<dgc<>>()},
+      {"gaussian-k", "Gaussian-k: normal quantile, adjusted", measured<gaussian_k<>>()},
+      {"redsync", "RedSync: mean + r (max - mean), bisection", measured<redsync<>>()},
+      {"redsync-trimmed", "RedSync, trimmed to exactly k", measured<redsync_trimmed<>>()},
+      {"topk-nth-element", "exact Top-k by std::nth_element (baseline; whole vector)",
+       [](std::span<const float> g, double delta, sparse& out, int repeat,
+          const std::vector<sidco::segment>&) {
+         return measure(nth_element_top_k{}, g, delta, out, repeat);
+       }},
   };
 }
 
@@ -111,13 +135,15 @@ std::vector<method> all_methods() {
 
 void print_help(const std::vector<method>& methods) {
   std::cout << "usage: sidco-eval [--input FILE.npy]... [--method NAME]... [--density D]...\n"
-               "                  [--repeat N] [--csv]\n\n"
+               "                  [--repeat N] [--layers manifest.json] [--csv]\n\n"
                "Compresses each float32 .npy gradient with each method at each density and\n"
                "prints achieved density, threshold, time per call and throughput. Defaults:\n"
                "every bundled gradient in " SIDCO_GRADIENTS_DIR ",\n"
                "every method, densities 0.1 0.01 0.001, 5 repetitions (median time).\n"
                "Density is that of the first call on a fresh compressor; time is the median\n"
-               "of warm calls doing the same work (buffers reused, as across training steps).\n\n"
+               "of warm calls doing the same work (buffers reused, as across training steps).\n"
+               "--layers: estimate per layer (sidco::segmented) with the layout the manifest\n"
+               "gives for each file; method names get a /layers suffix.\n\n"
                "methods:\n";
   for (const auto& m : methods) std::printf("  %-22s %s\n", m.name.c_str(), m.description.c_str());
 }
@@ -137,6 +163,7 @@ int main(int argc, char** argv) {
   std::vector<double> densities;
   int repeat = 5;
   bool csv = false;
+  std::string layers_path;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> const char* {
@@ -154,6 +181,8 @@ int main(int argc, char** argv) {
       chosen.push_back(value());
     } else if (arg == "--density") {
       densities.push_back(parse_double(arg, value()));
+    } else if (arg == "--layers") {
+      layers_path = value();
     } else if (arg == "--repeat") {
       repeat = int(parse_double(arg, value()));
       if (repeat < 1) usage_error("--repeat must be at least 1");
@@ -179,6 +208,16 @@ int main(int argc, char** argv) {
     run.push_back(&*it);
   }
 
+  std::map<std::string, std::vector<sidco::segment>> layouts;
+  if (!layers_path.empty()) {
+    try {
+      layouts = manifest::load_layers(layers_path);
+    } catch (const sidco::error& e) {
+      std::cerr << e.what() << "\n";
+      return 1;
+    }
+  }
+
   if (csv)
     std::cout << "file,method,target_density,achieved_density,ratio,threshold,stages,selected,"
                  "time_ms,elements_per_s,speedup_vs_nth_element\n";
@@ -195,12 +234,23 @@ int main(int argc, char** argv) {
       return 1;
     }
     const std::string file = std::filesystem::path(path).filename().string();
+    std::vector<sidco::segment> layout;
+    std::string suffix;
+    if (!layers_path.empty()) {
+      const auto found = layouts.find(file);
+      if (found == layouts.end()) {
+        std::cerr << "sidco-eval: manifest '" << layers_path << "' has no entry for " << file << "\n";
+        return 1;
+      }
+      layout = found->second;
+      suffix = "/layers";
+    }
     sparse out;
     for (double delta : densities) {
       // The baseline's time, measured in the same run, for the speed-up column.
       double base_ms = 0;
       try {
-        base_ms = measured<nth_element_top_k>()(g, delta, out, repeat).median_ms;
+        base_ms = measure(nth_element_top_k{}, g, delta, out, repeat).median_ms;
       } catch (const sidco::error& e) {
         std::cerr << "sidco-eval: " << file << " at density " << delta << ": " << e.what() << "\n";
         return 1;
@@ -208,7 +258,7 @@ int main(int argc, char** argv) {
       for (const method* m : run) {
         measurement result;
         try {
-          result = m->run(g, delta, out, repeat);
+          result = m->run(g, delta, out, repeat, layout);
         } catch (const sidco::error& e) {
           std::cerr << "sidco-eval: " << file << " " << m->name << ": " << e.what() << "\n";
           ++failures;
@@ -217,13 +267,14 @@ int main(int argc, char** argv) {
         const auto& report = result.first;
         const double ms = result.median_ms;
         const double rate = double(g.size()) / (ms * 1e-3);
+        const std::string name = m->name + (m->name == "topk-nth-element" ? "" : suffix);
         if (csv)
           std::printf("%s,%s,%g,%.6g,%.4f,%.6g,%d,%zu,%.4f,%.4g,%.3f\n", file.c_str(),
-                      m->name.c_str(), delta, report.density, report.density_ratio(),
+                      name.c_str(), delta, report.density, report.density_ratio(),
                       report.threshold, report.stages, report.selected, ms, rate, base_ms / ms);
         else
           std::printf("%-18s %-22s %8g %10.3g %6.2f %11.4g %3d %9.3f %10.1f %7.1fx\n",
-                      file.c_str(), m->name.c_str(), delta, report.density,
+                      file.c_str(), name.c_str(), delta, report.density,
                       report.density_ratio(), report.threshold, report.stages, ms, rate * 1e-6,
                       base_ms / ms);
       }

@@ -15,6 +15,16 @@ grep -q '^ffn_it200.npy,sidco-gp,0.01,' "$tmp/out.csv"
 # Every achieved/target ratio within [0.5, 2].
 awk -F, 'NR > 1 && ($5 < 0.5 || $5 > 2) { print "ratio out of range: " $0; bad = 1 } END { exit bad }' "$tmp/out.csv"
 
+# Layer-wise: every layer estimated on its own, method names marked /layers; exact methods
+# deliver exactly the target.
+"$eval_bin" --csv --repeat 1 --layers "$data/manifest.json" --input "$data/cnn_it200.npy" \
+  --method sidco-e --method top-k --method sidco-e-exact --density 0.01 > "$tmp/layers.csv"
+grep -q '^cnn_it200.npy,sidco-e/layers,0.01,' "$tmp/layers.csv"
+awk -F, '$2 ~ /(top-k|exact)\/layers/ && ($5 < 0.999 || $5 > 1.001) { print "not exact: " $0; bad = 1 } END { exit bad }' "$tmp/layers.csv"
+printf '{"other.npy": {"layers": []}}' > "$tmp/manifest.json"
+if "$eval_bin" --layers "$tmp/manifest.json" --input "$data/ffn_it10.npy" 2> "$tmp/err"; then echo "file missing from manifest accepted"; exit 1; fi
+grep -q "has no entry for ffn_it10.npy" "$tmp/err"
+
 if "$eval_bin" --input "$tmp/missing.npy" 2> "$tmp/err"; then echo "missing file accepted"; exit 1; fi
 grep -q "cannot open" "$tmp/err"
 printf 'not numpy' > "$tmp/bad.npy"

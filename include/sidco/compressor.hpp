@@ -1,6 +1,7 @@
 // The composition every method is built from: estimator, selection, backend.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -12,6 +13,8 @@
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/sparse_vector.hpp"
+#include "sidco/estimate/none.hpp"
+#include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"
 #include "sidco/select/above_threshold.hpp"
 
@@ -19,23 +22,37 @@ namespace sidco {
 
 /// What one compress call did, so that a user can check it against what was asked.
 struct compress_report {
-  double threshold = 0;       // kept |x| > threshold
-  std::size_t selected = 0;   // entries in the sparse output
-  std::size_t size = 0;       // dense length
-  std::size_t zeros = 0;      // exact zeros in the input
-  double target_density = 0;  // delta as asked
-  double density = 0;         // selected / size
-  int stages = 0;             // distribution fits used (0: none needed)
+  double threshold = 0;        // the estimated threshold (-1: none was used)
+  std::size_t selected = 0;    // entries in the sparse output
+  std::size_t candidates = 0;  // entries above the threshold, before any trimming
+  std::size_t size = 0;        // dense length
+  std::size_t zeros = 0;       // exact zeros in the input
+  double target_density = 0;   // delta as asked
+  double density = 0;          // selected / size
+  int stages = 0;              // distribution fits or estimator steps (0: none needed)
+  int rescans = 0;             // extra passes a selection made because too few were found
 
   double density_ratio() const { return density / target_density; }
 };
 
-/// compressor<Estimator, Selection, Backend>: a moments pass, the estimator's threshold (with
-/// whatever refinement passes it asks for), then the selection pass. All policy choice is at
-/// compile time. One compressor per tensor: estimators such as adaptive stages keep state.
+/// The count a method aims at: max(1, floor(delta N)).
+inline std::size_t target_count(double delta, std::size_t size) {
+  return std::max<std::size_t>(1, std::size_t(std::floor(delta * double(size))));
+}
+
+/// compressor<Estimator, Selection, Backend>: a moments pass (which also rejects bad input
+/// before anything is written), the estimator's threshold (with whatever refinement passes it
+/// asks for), then the selection. All policy choice is at compile time. One compressor per
+/// tensor: estimators such as adaptive stages and selections such as Random-k keep state.
 template <class Estimator, class Selection = select::above_threshold,
           class Backend = backend::serial>
 class compressor {
+  static_assert(!Selection::needs_threshold || Estimator::provides_threshold,
+                "this selection keeps values above a threshold: pair it with an estimator "
+                "that provides one (estimate::statistical, sampled, gaussian_k, redsync)");
+  static_assert(Selection::needs_threshold || std::is_same_v<Estimator, estimate::none>,
+                "top_k and random_k select without a threshold: use estimate::none");
+
  public:
   using estimator_type = Estimator;
   using selection_type = Selection;
@@ -43,15 +60,17 @@ class compressor {
 
   compressor() = default;
   explicit compressor(Estimator estimator, Selection selection = {}, Backend backend = {})
-      : estimator_(std::move(estimator)), selection_(selection), backend_(backend) {}
+      : estimator_(std::move(estimator)), selection_(std::move(selection)), backend_(backend) {}
 
   /// Compresses gradient at density delta in (0, 1] into out (cleared first).
   template <class T, class Index>
   compress_report compress(std::span<const std::type_identity_t<T>> gradient, double delta,
                            sparse_vector<T, Index>& out) {
     check_arguments(gradient.size(), delta, out);
-    return run(backend::plain_source<T>{gradient.data(), gradient.size()}, delta, out,
-               "gradient");
+    const backend::plain_source<T> source{gradient.data(), gradient.size()};
+    const moments all = analyze(source, "gradient");
+    out.clear(gradient.size());
+    return finish(source, all, delta, out);
   }
 
   /// Compresses gradient + residual and leaves in residual what was not sent.
@@ -59,18 +78,72 @@ class compressor {
   compress_report compress(std::span<const std::type_identity_t<T>> gradient, double delta,
                            sparse_vector<T, Index>& out, feedback::residual<T>& residual) {
     check_arguments(gradient.size(), delta, out);
-    if (residual.size() != gradient.size())
-      detail::fail("residual: size ", residual.size(), " does not match gradient size ",
-                   gradient.size());
-    return run(backend::feedback_source<T>{gradient.data(), residual.data(), gradient.size()},
-               delta, out, "gradient + residual");
+    check_state_size("residual", residual.size(), gradient.size());
+    const backend::feedback_source<T> source{gradient.data(), residual.data(), gradient.size()};
+    const moments all = analyze(source, "gradient + residual");
+    out.clear(gradient.size());
+    return finish(source, all, delta, out);
+  }
+
+  /// DGC: compresses the momentum-corrected accumulation and masks what was sent.
+  template <class T, class Index>
+  compress_report compress(std::span<const std::type_identity_t<T>> gradient, double delta,
+                           sparse_vector<T, Index>& out, feedback::momentum<T>& state) {
+    check_arguments(gradient.size(), delta, out);
+    check_state_size("momentum", state.size(), gradient.size());
+    const backend::momentum_source<T> source{gradient.data(), state.velocity_data(),
+                                             state.accumulation_data(), state.factor(),
+                                             gradient.size()};
+    const moments all = analyze(source, "momentum-corrected gradient");
+    out.clear(gradient.size());
+    return finish(source, all, delta, out);
+  }
+
+  /// Phase one, for compositions such as segmented: the moments pass, which throws
+  /// sidco::error on a non-finite value and writes nothing.
+  template <class Source>
+  moments analyze(const Source& source, const char* what) const {
+    const moments all = backend_.template magnitudes<Estimator::needs_log>(source);
+    if (all.nonfinite) {
+      const std::size_t at = backend_.first_nonfinite(source);
+      detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ",
+                   double(source.value(at)), " at index ", source.base + at);
+    }
+    return all;
+  }
+
+  /// Phase two: estimate, then append the selection (indices base + i) to out.
+  template <class Source, class T, class Index>
+  compress_report finish(const Source& source, const moments& all, double delta,
+                         sparse_vector<T, Index>& out) {
+    const double estimation_delta = selection_.estimation_density(delta);
+    pass<Source, T> refine{backend_, source, exceedance_workspace<T>()};
+    const auto estimate = estimator_.estimate(all, estimation_delta, refine);
+    const std::size_t before = out.size();
+    const auto picked =
+        selection_.select(backend_, source, estimate.threshold, target_count(delta, source.size), out);
+
+    compress_report report;
+    report.threshold = estimate.threshold;
+    report.selected = out.size() - before;
+    report.candidates = picked.candidates;
+    report.size = source.size;
+    report.zeros = std::size_t(all.zeros);
+    report.target_density = delta;
+    report.density = double(report.selected) / double(source.size);
+    report.stages = estimate.stages;
+    report.rescans = picked.rescans;
+    // Adaptive estimators learn from what their threshold yielded, before any trimming.
+    if constexpr (requires { estimator_.observe(0.0, 0.0); })
+      estimator_.observe(double(picked.candidates) / double(source.size), estimation_delta);
+    return report;
   }
 
   Estimator& estimator() { return estimator_; }
   const Estimator& estimator() const { return estimator_; }
+  Selection& selection() { return selection_; }
   const Backend& backend() const { return backend_; }
 
- private:
   template <class T, class Index>
   static void check_arguments(std::size_t size, double delta, const sparse_vector<T, Index>&) {
     if (!(delta > 0 && delta <= 1)) detail::fail("delta = ", delta, " is outside (0, 1]");
@@ -81,9 +154,15 @@ class compressor {
                    "); use sparse_vector<T, std::uint64_t>");
   }
 
-  // The estimator's view of the data: moments of the excesses over a threshold. Thresholds
-  // only rise between stages, so the values above the first one are kept and later stages
-  // scan those alone; a lower threshold (a stage that overshot) reads the source again.
+  static void check_state_size(const char* what, std::size_t state, std::size_t gradient) {
+    if (state != gradient)
+      detail::fail(what, ": size ", state, " does not match gradient size ", gradient);
+  }
+
+ private:
+  // The estimator's view of the data. Thresholds in a statistical estimate only rise between
+  // stages, so the magnitudes above the first are kept and later stages scan those alone; a
+  // lower threshold (a stage that overshot) reads the source again.
   template <class Source, class T>
   struct pass {
     const Backend& backend;
@@ -103,6 +182,9 @@ class compressor {
       kept_above = t;
       return backend.template excess<Log>(source, t, exceedances);
     }
+
+    std::size_t count_above(double t) const { return backend.count_above(source, t); }
+    double magnitude(std::size_t i) const { return std::fabs(double(source.value(i))); }
   };
 
   template <class T>
@@ -111,35 +193,6 @@ class compressor {
       return exceedances_float_;
     else
       return exceedances_double_;
-  }
-
-  template <class Source, class T, class Index>
-  compress_report run(const Source& source, double delta, sparse_vector<T, Index>& out,
-                      const char* what) {
-    // Everything that can reject the input happens before the first write.
-    const moments all = backend_.template magnitudes<Estimator::needs_log>(source);
-    if (all.nonfinite) {
-      const std::size_t at = backend_.first_nonfinite(source);
-      detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ",
-                   double(source.value(at)), " at index ", at);
-    }
-    pass<Source, T> refine{backend_, source, exceedance_workspace<T>()};
-    const auto estimate = estimator_.estimate(all, delta, refine);
-
-    out.clear(source.size);
-    selection_.select(backend_, source, estimate.threshold, out);
-
-    compress_report report;
-    report.threshold = estimate.threshold;
-    report.selected = out.size();
-    report.size = source.size;
-    report.zeros = std::size_t(all.zeros);
-    report.target_density = delta;
-    report.density = double(out.size()) / double(source.size);
-    report.stages = estimate.stages;
-    if constexpr (requires { estimator_.observe(report.density, delta); })
-      estimator_.observe(report.density, delta);
-    return report;
   }
 
   Estimator estimator_{};

@@ -5,7 +5,14 @@
 #include "sidco/dist/exponential.hpp"
 #include "sidco/dist/gamma.hpp"
 #include "sidco/dist/generalized_pareto.hpp"
+#include "sidco/estimate/gaussian_k.hpp"
+#include "sidco/estimate/none.hpp"
+#include "sidco/estimate/redsync.hpp"
+#include "sidco/estimate/sampled.hpp"
 #include "sidco/estimate/statistical.hpp"
+#include "sidco/select/exact_k.hpp"
+#include "sidco/select/random_k.hpp"
+#include "sidco/select/top_k.hpp"
 #include "sidco/stages/stages.hpp"
 
 namespace sidco::presets {
@@ -49,5 +56,35 @@ using sidco_gp_paper = sidco_with<dist::generalized_pareto, dist::generalized_pa
 template <class Selection = select::above_threshold, class Backend = backend::serial>
 using sidco_gamma_gp_paper = sidco_with<dist::gamma, dist::generalized_pareto, stages::adaptive,
                                         fit::paper, Selection, Backend>;
+
+/// Exact Top-k by radix select: the k = max(1, floor(delta N)) largest |x|, ties to the
+/// lower index.
+template <class Backend = backend::serial>
+using top_k = compressor<estimate::none, select::top_k, Backend>;
+
+/// Random-k with a shared seed (pass select::random_k{seed} to the constructor).
+template <class Backend = backend::serial>
+using random_k = compressor<estimate::none, select::random_k, Backend>;
+
+/// DGC: sampled threshold, trimmed by magnitude beyond 20% over k. Use it with
+/// feedback::momentum for DGC's momentum correction, and feedback::density_warmup.
+template <class Selection = select::trimmed<20>, class Backend = backend::serial>
+using dgc = compressor<estimate::sampled, Selection, Backend>;
+
+/// Gaussian-k: normal-quantile threshold, adjusted towards k.
+template <class Selection = select::above_threshold, class Backend = backend::serial>
+using gaussian_k = compressor<estimate::gaussian_k, Selection, Backend>;
+
+/// RedSync: mean + r (max - mean) by bisection; redsync_trimmed cuts to exactly k.
+template <class Selection = select::above_threshold, class Backend = backend::serial>
+using redsync = compressor<estimate::redsync, Selection, Backend>;
+template <class Backend = backend::serial>
+using redsync_trimmed = compressor<estimate::redsync, select::trimmed<0>, Backend>;
+
+/// SIDCo made exact: the statistical threshold finds candidates, exact_k keeps the top k.
+template <class Backend = backend::serial>
+using sidco_e_exact = sidco_e<select::exact_k, Backend>;
+template <class Backend = backend::serial>
+using sidco_gp_exact = sidco_gp<select::exact_k, Backend>;
 
 }  // namespace sidco::presets

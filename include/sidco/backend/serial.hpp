@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <vector>
 
+#include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/sparse_vector.hpp"
 
@@ -38,6 +41,19 @@ struct serial {
     return m;
   }
 
+  template <class Source>
+  std::size_t count_above(const Source& source, double t) const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < source.size; ++i) n += std::fabs(double(source.value(i))) > t;
+    return n;
+  }
+
+  /// counts[d] += how many magnitude keys have (key >> shift) == d.
+  template <class Source>
+  void key_histogram(const Source& source, int shift, std::span<std::uint64_t> counts) const {
+    for (std::size_t i = 0; i < source.size; ++i) ++counts[magnitude_key(source.value(i)) >> shift];
+  }
+
   /// Index of the first NaN or Inf, or size when there is none.
   template <class Source>
   std::size_t first_nonfinite(const Source& source) const {
@@ -46,15 +62,42 @@ struct serial {
     return source.size;
   }
 
-  /// Appends every (i, x_i) with |x_i| > t to out, in index order; settles the residual in
-  /// the same pass when the source has one.
-  template <class Source, class T, class Index>
+  /// Appends every (base + i, x_i) with |x_i| > t to out, in index order, and settles the
+  /// source's state in the same pass: as sent where kept when Final, else all as unsent
+  /// (the selection decides later and calls mark_sent).
+  template <bool Final, class Source, class T, class Index>
   void select_above(const Source& source, double t, sparse_vector<T, Index>& out) const {
     for (std::size_t i = 0; i < source.size; ++i) {
       const T v = source.value(i);
       const bool keep = std::fabs(double(v)) > t;
-      if (keep) out.push_back(Index(i), v);
-      if constexpr (Source::has_residual) source.settle(i, v, keep);
+      if (keep) out.push_back(Index(source.base + i), v);
+      if constexpr (Source::has_state) source.settle(i, v, Final && keep);
+    }
+  }
+
+  /// After select_above<false>: appends (base + i, v) for low < |v| <= high, v re-read from
+  /// the settled state, in index order.
+  template <class Source, class T, class Index>
+  void select_band(const Source& source, double low, double high,
+                   sparse_vector<T, Index>& out) const {
+    for (std::size_t i = 0; i < source.size; ++i) {
+      const T v = source.rescan_value(i);
+      const double a = std::fabs(double(v));
+      if (a > low && a <= high) out.push_back(Index(source.base + i), v);
+    }
+  }
+
+  /// Appends the entries at the given ascending local indices and settles every entry.
+  template <class Source, class T, class Index>
+  void select_indices(const Source& source, std::span<const std::size_t> chosen,
+                      sparse_vector<T, Index>& out) const {
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < source.size; ++i) {
+      const T v = source.value(i);
+      const bool keep = next < chosen.size() && chosen[next] == i;
+      next += keep;
+      if (keep) out.push_back(Index(source.base + i), v);
+      if constexpr (Source::has_state) source.settle(i, v, keep);
     }
   }
 };

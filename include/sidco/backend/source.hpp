@@ -1,4 +1,10 @@
-// What a pass reads: the gradient alone, or the gradient plus an error-feedback residual.
+// What a pass reads: the gradient alone, or the gradient plus error-feedback state.
+//
+// A source gives value(i), the vector being compressed. Sources with state settle it in the
+// selection pass: settle(i, v, sent) leaves v in the state when it was not sent and clears
+// it when it was. Selections that decide late (exact_k, top_k, trimming) settle every entry
+// as unsent first and call mark_sent for the final choice; until then rescan_value(i) gives
+// the value again from the settled state. Indices in the output are base + i.
 #pragma once
 
 #include <cstddef>
@@ -8,24 +14,54 @@ namespace sidco::backend {
 /// The gradient as it is.
 template <class T>
 struct plain_source {
-  static constexpr bool has_residual = false;
+  static constexpr bool has_state = false;
   const T* gradient;
   std::size_t size;
+  std::size_t base = 0;
 
   T value(std::size_t i) const { return gradient[i]; }
+  T rescan_value(std::size_t i) const { return gradient[i]; }
+  void settle(std::size_t, T, bool) const {}
+  void mark_sent(std::size_t) const {}
 };
 
-/// gradient + residual, read in the same pass. settle() writes the new residual: zero where
-/// the value was sent, the whole value where it was not, so nothing is ever lost.
+/// gradient + residual: error feedback. What is not sent stays in the residual.
 template <class T>
 struct feedback_source {
-  static constexpr bool has_residual = true;
+  static constexpr bool has_state = true;
   const T* gradient;
   T* residual;
   std::size_t size;
+  std::size_t base = 0;
 
   T value(std::size_t i) const { return gradient[i] + residual[i]; }
-  void settle(std::size_t i, T value, bool sent) const { residual[i] = sent ? T(0) : value; }
+  T rescan_value(std::size_t i) const { return residual[i]; }
+  void settle(std::size_t i, T v, bool sent) const { residual[i] = sent ? T(0) : v; }
+  void mark_sent(std::size_t i) const { residual[i] = T(0); }
+};
+
+/// DGC's momentum correction: u <- m u + g, v <- v + u, compress v; where sent, momentum
+/// factor masking clears both u and v (Lin et al., ICLR 2018).
+template <class T>
+struct momentum_source {
+  static constexpr bool has_state = true;
+  const T* gradient;
+  T* velocity;      // u
+  T* accumulation;  // v
+  T momentum;
+  std::size_t size;
+  std::size_t base = 0;
+
+  T value(std::size_t i) const { return accumulation[i] + (momentum * velocity[i] + gradient[i]); }
+  T rescan_value(std::size_t i) const { return accumulation[i]; }
+  void settle(std::size_t i, T v, bool sent) const {
+    velocity[i] = sent ? T(0) : momentum * velocity[i] + gradient[i];
+    accumulation[i] = sent ? T(0) : v;
+  }
+  void mark_sent(std::size_t i) const {
+    velocity[i] = T(0);
+    accumulation[i] = T(0);
+  }
 };
 
 }  // namespace sidco::backend

@@ -1,11 +1,13 @@
 // The compressed form of a gradient: ascending indices and the values found there.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "sidco/core/error.hpp"
@@ -61,6 +63,24 @@ class sparse_vector {
 
   std::span<const Index> indices() const { return indices_; }
   std::span<const T> values() const { return values_; }
+
+  /// Mutable access for selection policies, which must keep indices ascending.
+  std::span<Index> mutable_indices() { return indices_; }
+  std::span<T> mutable_values() { return values_; }
+
+  /// Keeps the first count entries.
+  void truncate(std::size_t count) {
+    if (count < size()) {
+      indices_.resize(count);
+      values_.resize(count);
+    }
+  }
+
+  void swap(sparse_vector& other) noexcept {
+    std::swap(dense_size_, other.dense_size_);
+    indices_.swap(other.indices_);
+    values_.swap(other.values_);
+  }
 
   /// Bytes this vector puts on the wire (indices and values).
   std::size_t payload_bytes() const { return size() * (sizeof(Index) + sizeof(T)); }

@@ -48,6 +48,7 @@ class statistical {
   using first_model = First;
   using tail_model = Tail;
   using stage_policy = Stages;
+  static constexpr bool provides_threshold = true;
 
   struct options {
     double first_fraction = 0.25;  // d1: what stage 1 keeps when there are several stages

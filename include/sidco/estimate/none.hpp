@@ -1,0 +1,20 @@
+// No estimate: for selections that need no threshold (Top-k, Random-k).
+#pragma once
+
+#include "sidco/core/moments.hpp"
+#include "sidco/estimate/result.hpp"
+
+namespace sidco::estimate {
+
+struct none {
+  static constexpr const char* name = "none";
+  static constexpr bool needs_log = false;
+  static constexpr bool provides_threshold = false;
+
+  template <class Pass>
+  threshold_estimate estimate(const moments&, double, Pass&) const {
+    return {-1.0, 0};
+  }
+};
+
+}  // namespace sidco::estimate

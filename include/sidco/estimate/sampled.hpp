@@ -1,0 +1,75 @@
+// DGC's threshold: the top of a random sample of the magnitudes (Lin et al., ICLR 2018).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "sidco/core/error.hpp"
+#include "sidco/core/moments.hpp"
+#include "sidco/estimate/result.hpp"
+#include "sidco/select/random_k.hpp"
+
+namespace sidco::estimate {
+
+/// Samples about sample_fraction of the values (at least ceil(2/delta)) at random positions,
+/// takes the ceil(delta s)-th largest sampled magnitude as t and keeps |x| >= t. While fewer
+/// than k values reach t, t is lowered by lower_factor (at most max_lowerings times).
+/// The sample positions come from a seeded generator that advances every call.
+class sampled {
+ public:
+  static constexpr const char* name = "dgc_sampled";
+  static constexpr bool needs_log = false;
+  static constexpr bool provides_threshold = true;
+
+  struct options {
+    double sample_fraction = 0.01;
+    double lower_factor = 0.8;
+    int max_lowerings = 10;
+    std::uint64_t seed = 0xd6c;
+  };
+
+  sampled() = default;
+  explicit sampled(options o) : options_(o), rng_{o.seed} {
+    if (!(o.sample_fraction > 0 && o.sample_fraction <= 1))
+      detail::fail("sampled estimator: sample_fraction = ", o.sample_fraction,
+                   " is outside (0, 1]");
+    if (!(o.lower_factor > 0 && o.lower_factor < 1))
+      detail::fail("sampled estimator: lower_factor = ", o.lower_factor, " is outside (0, 1)");
+    if (o.max_lowerings < 0)
+      detail::fail("sampled estimator: max_lowerings = ", o.max_lowerings, " is negative");
+  }
+
+  template <class Pass>
+  threshold_estimate estimate(const moments& all, double delta, Pass& pass) {
+    const std::size_t n = std::size_t(all.count);
+    const double wanted = std::max(options_.sample_fraction * double(n), std::ceil(2 / delta));
+    const std::size_t samples = std::min(n, std::size_t(wanted));
+    sample_.resize(samples);
+    for (auto& a : sample_) a = pass.magnitude(rng_.below(n));
+    const std::size_t top = std::min(samples, std::size_t(std::ceil(delta * double(samples))));
+    std::nth_element(sample_.begin(), sample_.begin() + std::ptrdiff_t(top - 1), sample_.end(),
+                     std::greater<double>());
+    double t = sample_[top - 1];
+    const double k = std::max(1.0, std::floor(delta * double(n)));
+    int passes = 0;
+    // |x| >= t is |x| > (the double just below t): the selection's comparison.
+    auto at_least = [](double v) { return std::nextafter(v, -std::numeric_limits<double>::infinity()); };
+    while (passes < options_.max_lowerings && t > 0 &&
+           double(pass.count_above(at_least(t))) < k) {
+      t *= options_.lower_factor;
+      ++passes;
+    }
+    return {at_least(t), 1};
+  }
+
+ private:
+  options options_{};
+  select::detail::splitmix64 rng_{0xd6c};
+  std::vector<double> sample_;
+};
+
+}  // namespace sidco::estimate

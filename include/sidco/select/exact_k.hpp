@@ -1,0 +1,85 @@
+// exact_k: a statistical threshold made safe for fixed-size all-gathers. The result is
+// identical to exact Top-k (same tie rule) at close to the cost of a threshold selection.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+
+#include "sidco/core/error.hpp"
+#include "sidco/core/sparse_vector.hpp"
+#include "sidco/select/keep_top_k.hpp"
+#include "sidco/select/result.hpp"
+
+namespace sidco::select {
+
+/// The estimator aims at delta (1 + slack); the candidates above its threshold are collected
+/// in one pass (error feedback settled in it), and the top k among them kept. Too few
+/// candidates: the threshold is halved (up to 8 times, then 0, then everything) and only the
+/// band between the two thresholds is read again.
+struct exact_k {
+  static constexpr const char* name = "exact_k";
+  static constexpr bool needs_threshold = true;
+  static constexpr int halvings = 8;
+
+  double slack = 0.5;
+
+  exact_k() = default;
+  explicit exact_k(double estimate_slack) : slack(estimate_slack) {
+    if (!(slack >= 0 && slack <= 100)) detail_fail(slack);
+  }
+
+  double estimation_density(double delta) const { return std::min(1.0, delta * (1 + slack)); }
+
+  template <class Backend, class Source, class T, class Index>
+  selection_result select(const Backend& backend, const Source& source, double threshold,
+                          std::size_t k, sparse_vector<T, Index>& out) {
+    const std::size_t begin = out.size();
+    k = std::min(k, source.size);
+    // A threshold that is not finite (a degenerate fit) cannot be halved: take everything.
+    double t = k == source.size || !std::isfinite(threshold) ? -1.0 : threshold;
+    backend.template select_above<false>(source, t, out);
+    selection_result result{out.size() - begin, 0};
+    while (out.size() - begin < k) {
+      const double lower = t > 0 && result.rescans < halvings ? t / 2 : (t > 0 ? 0.0 : -1.0);
+      backend.select_band(source, lower, t, out);
+      t = lower;
+      ++result.rescans;
+    }
+    if (result.rescans) detail::sort_by_index(out, begin);
+    detail::keep_top_k(out, begin, k);
+    detail::mark_sent(source, out, begin);
+    return result;
+  }
+
+ private:
+  [[noreturn]] static void detail_fail(double slack) {
+    sidco::detail::fail("exact_k: slack = ", slack, " is outside [0, 100]");
+  }
+};
+
+/// DGC's selection: keep |x| above the threshold; only when more than k (1 + SlackPercent/100)
+/// are kept, trim to the k largest by magnitude (not by position, as the reference code does).
+/// trimmed<0> trims to exactly k whenever there are more (RedSync's trimmed variant).
+template <int SlackPercent = 20>
+struct trimmed {
+  static_assert(SlackPercent >= 0, "trimmed<SlackPercent>: the slack cannot be negative");
+  static constexpr const char* name = "trimmed";
+  static constexpr bool needs_threshold = true;
+
+  double estimation_density(double delta) const { return delta; }
+
+  template <class Backend, class Source, class T, class Index>
+  selection_result select(const Backend& backend, const Source& source, double threshold,
+                          std::size_t k, sparse_vector<T, Index>& out) {
+    const std::size_t begin = out.size();
+    backend.template select_above<false>(source, threshold, out);
+    const std::size_t candidates = out.size() - begin;
+    if (double(candidates) > double(k) * (1 + SlackPercent / 100.0))
+      detail::keep_top_k(out, begin, k);
+    detail::mark_sent(source, out, begin);
+    return {candidates, 0};
+  }
+};
+
+}  // namespace sidco::select
