@@ -110,6 +110,12 @@ BENCHMARK(compress<sidco_e<>, false>)->Name("sidco_e")->Apply(arguments);
 BENCHMARK(compress<sidco_gp<>, false>)->Name("sidco_gp")->Apply(arguments);
 BENCHMARK(compress<sidco_gamma_gp<>, false>)->Name("sidco_gamma_gp")->Apply(arguments);
 BENCHMARK(compress<sidco_e<>, true>)->Name("sidco_e_feedback")->Apply(arguments);
+BENCHMARK(compress<sidco_e_exact<>, false>)->Name("sidco_e_exact_k")->Apply(arguments);
+BENCHMARK(compress<top_k<>, false>)->Name("top_k_radix")->Apply(arguments);
+BENCHMARK(compress<dgc<>, false>)->Name("dgc")->Apply(arguments);
+BENCHMARK(compress<gaussian_k<>, false>)->Name("gaussian_k")->Apply(arguments);
+BENCHMARK(compress<redsync<>, false>)->Name("redsync")->Apply(arguments);
+BENCHMARK(compress<random_k<>, false>)->Name("random_k")->Apply(arguments);
 
 }  // namespace
 

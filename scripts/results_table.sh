@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
-# Regenerates the README's "Does it deliver" table: achieved/target density (first call, no
-# adaptation) and speed-up over std::nth_element Top-k, from sidco-eval --csv.
-# Usage: scripts/results_table.sh [sidco-eval binary]
+# Regenerates the README's tables from sidco-eval --csv: achieved/target density (first call,
+# no adaptation) and, in parentheses, the speed-up over std::nth_element Top-k measured in
+# the same run. Usage: scripts/results_table.sh [sidco-eval binary] [extra sidco-eval args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval_bin=${1:-build/examples/sidco-eval}
-methods=(sidco-e sidco-gp sidco-gamma-gp sidco-e-single sidco-e-paper sidco-gp-paper sidco-gamma-gp-paper)
-args=()
-for m in "${methods[@]}"; do args+=(--method "$m"); done
-"$eval_bin" --csv --repeat 5 "${args[@]}" | awk -F, -v methods="${methods[*]}" '
-  NR == 1 { next }
-  { key = $1 SUBSEP $3; ratio[key, $2] = $5; speed[key, $2] = $11
-    if (!(key in seen)) { seen[key] = 1; order[++rows] = key } }
-  END {
-    n = split(methods, m, " ")
-    printf "| file | δ |"; for (i = 1; i <= n; i++) printf " %s |", m[i]; print ""
-    printf "|---|---|"; for (i = 1; i <= n; i++) printf "---|"; print ""
-    for (r = 1; r <= rows; r++) {
-      split(order[r], part, SUBSEP)
-      printf "| %s | %s |", part[1], part[2]
-      for (i = 1; i <= n; i++) printf " %.2f× (%.1f×) |", ratio[order[r], m[i]], speed[order[r], m[i]]
-      print ""
-    }
-  }'
+shift || true
+table() {
+  local methods=("$@")
+  local args=()
+  for m in "${methods[@]}"; do args+=(--method "$m"); done
+  "$eval_bin" --csv --repeat 5 "${args[@]}" "${extra[@]}" | awk -F, -v methods="${methods[*]}" '
+    NR == 1 { next }
+    { key = $1 SUBSEP $3; name = $2; sub(/\/layers$/, "", name); ratio[key, name] = $5; speed[key, name] = $11
+      if (!(key in seen)) { seen[key] = 1; order[++rows] = key } }
+    END {
+      n = split(methods, col, " ")
+      printf "| file | δ |"; for (i = 1; i <= n; i++) printf " %s |", col[i]; print ""
+      printf "|---|---|"; for (i = 1; i <= n; i++) printf "---|"; print ""
+      for (r = 1; r <= rows; r++) {
+        split(order[r], part, SUBSEP)
+        printf "| %s | %s |", part[1], part[2]
+        for (i = 1; i <= n; i++) printf " %.2f× (%.1f×) |", ratio[order[r], col[i]], speed[order[r], col[i]]
+        print ""
+      }
+    }'
+}
+extra=("$@")
+echo "SIDCo, whole vector:"
+echo
+table sidco-e sidco-gp sidco-gamma-gp sidco-e-single sidco-e-paper sidco-gp-paper sidco-gamma-gp-paper
+echo
+echo "Peers and exact selection, whole vector:"
+echo
+table top-k sidco-e-exact dgc gaussian-k redsync redsync-trimmed random-k
+echo
+echo "Per layer (--layers manifest.json, capped proportional budget):"
+echo
+extra+=(--layers examples/data/gradients/manifest.json)
+table sidco-e sidco-gp sidco-gamma-gp sidco-e-single sidco-e-exact top-k

@@ -99,11 +99,16 @@ class compressor {
     return finish(source, all, delta, out);
   }
 
-  /// Phase one, for compositions such as segmented: the moments pass, which throws
-  /// sidco::error on a non-finite value and writes nothing.
+  /// Phase one, for compositions such as segmented: the moments pass (only counts when the
+  /// estimator fits nothing), which throws sidco::error on a non-finite value and writes
+  /// nothing.
   template <class Source>
   moments analyze(const Source& source, const char* what) const {
-    const moments all = backend_.template magnitudes<Estimator::needs_log>(source);
+    moments all;
+    if constexpr (Estimator::provides_threshold)
+      all = backend_.template magnitudes<Estimator::needs_log>(source);
+    else
+      all = backend_.counts(source);
     if (all.nonfinite) {
       const std::size_t at = backend_.first_nonfinite(source);
       detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ",

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -23,6 +24,26 @@ struct serial {
     moments m;
     for (std::size_t i = 0; i < source.size; ++i)
       m.template add<Log>(std::fabs(double(source.value(i))));
+    return m;
+  }
+
+  /// Counts only (zeros and non-finite values), for methods that fit nothing. Integer
+  /// compares on the magnitude bits, without branches, so the compiler can vectorize it.
+  template <class Source>
+  moments counts(const Source& source) const {
+    using T = decltype(source.value(0));
+    using Key = magnitude_key_t<T>;
+    const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
+    std::uint64_t zeros = 0, nonfinite = 0;
+    for (std::size_t i = 0; i < source.size; ++i) {
+      const Key key = magnitude_key(source.value(i));
+      zeros += key == 0;
+      nonfinite += key >= infinity;
+    }
+    moments m;
+    m.count = source.size;
+    m.zeros = zeros;
+    m.nonfinite = nonfinite;
     return m;
   }
 
