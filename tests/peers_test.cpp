@@ -162,7 +162,8 @@ TEST_CASE_TEMPLATE("Gaussian-k and RedSync equal their definitions computed by b
         else
           break;
       }
-      presets::gaussian_k<> gk;
+      // On the serial oracle: its sums are in double, like this reference's.
+      presets::gaussian_k<select::above_threshold, backend::serial> gk;
       sparse_vector<T> out;
       const auto rg = gk.template compress<T>(x, delta, out);
       CHECK(rg.threshold == doctest::Approx(t).epsilon(1e-12));
@@ -181,7 +182,7 @@ TEST_CASE_TEMPLATE("Gaussian-k and RedSync equal their definitions computed by b
         if (kept <= k * 1.2) break;
         low = r;
       }
-      presets::redsync<> rs;
+      presets::redsync<select::above_threshold, backend::serial> rs;
       const auto rr = rs.template compress<T>(x, delta, out);
       CHECK(rr.threshold == doctest::Approx(best).epsilon(1e-12));
       CHECK(entries(out) == test::reference_above<T>(x, rr.threshold));

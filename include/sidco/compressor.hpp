@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "sidco/backend/cpu.hpp"
 #include "sidco/backend/serial.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/error.hpp"
@@ -45,7 +46,7 @@ inline std::size_t target_count(double delta, std::size_t size) {
 /// asks for), then the selection. All policy choice is at compile time. One compressor per
 /// tensor: estimators such as adaptive stages and selections such as Random-k keep state.
 template <class Estimator, class Selection = select::above_threshold,
-          class Backend = backend::serial>
+          class Backend = backend::cpu>
 class compressor {
   static_assert(!Selection::needs_threshold || Estimator::provides_threshold,
                 "this selection keeps values above a threshold: pair it with an estimator "

@@ -68,6 +68,15 @@ class sparse_vector {
   std::span<Index> mutable_indices() { return indices_; }
   std::span<T> mutable_values() { return values_; }
 
+  /// Grows or shrinks to count entries; new ones are zero until a backend writes them.
+  /// Growth is geometric, so counts that creep up call after call (error feedback) do not
+  /// allocate on every call.
+  void resize(std::size_t count) {
+    if (count > capacity()) reserve(std::max(count, 2 * capacity()));
+    indices_.resize(count);
+    values_.resize(count);
+  }
+
   /// Keeps the first count entries.
   void truncate(std::size_t count) {
     if (count < size()) {

@@ -1,0 +1,168 @@
+// backend::cpu against the serial oracle: every kernel, every length in [0, 2 blocks + 65]
+// at several misalignments, and the real gradients with 1, 2 and 3 threads.
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <sidco/backend/cpu.hpp>
+#include <sidco/backend/serial.hpp>
+#include <sidco/backend/source.hpp>
+#include <sidco/core/fast_log.hpp>
+
+#include "reference.hpp"
+#include "support.hpp"
+
+using namespace sidco;
+
+namespace {
+
+// Float sums run in T lanes over blocks of 1024 before they reach double.
+template <class T>
+constexpr double sum_tolerance = std::is_same_v<T, float> ? 2e-6 : 1e-13;
+
+void check_same_moments(const moments& got, const moments& want, double tolerance) {
+  CHECK(got.count == want.count);
+  CHECK(got.zeros == want.zeros);
+  CHECK(got.nonfinite == want.nonfinite);
+  CHECK(got.min == want.min);
+  CHECK(got.max == want.max);
+  CHECK(got.sum == doctest::Approx(want.sum).epsilon(tolerance));
+  CHECK(got.sum_sq == doctest::Approx(want.sum_sq).epsilon(tolerance));
+  CHECK(got.sum_log == doctest::Approx(want.sum_log).epsilon(tolerance));
+}
+
+template <class T>
+std::vector<T> mixed_values(std::size_t n, std::uint64_t seed, bool with_nonfinite) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> magnitude(300.0);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<T> x(n);
+  for (auto& v : x) {
+    const double pick = u(rng);
+    if (pick < 0.3)
+      v = pick < 0.15 ? T(0) : T(-0.0);
+    else if (with_nonfinite && pick > 0.995)
+      v = pick > 0.998 ? std::numeric_limits<T>::quiet_NaN() : -std::numeric_limits<T>::infinity();
+    else if (pick > 0.99)
+      v = std::numeric_limits<T>::denorm_min() * T(1 + 100 * u(rng));
+    else
+      v = T((u(rng) < 0.5 ? -1 : 1) * magnitude(rng));
+  }
+  return x;
+}
+
+template <class T>
+void compare_kernels(std::span<const T> x, const backend::cpu& cpu, const std::string& what) {
+  INFO(what, ", n = ", x.size());
+  const backend::serial serial;
+  const backend::plain_source<T> source{x.data(), x.size()};
+  check_same_moments(cpu.template magnitudes<false>(source), serial.magnitudes<false>(source),
+                     sum_tolerance<T>);
+  // ln|x|: the fast log's own error (2e-7 of max(|ln a|, 1) for float) adds up over the sum.
+  check_same_moments(cpu.template magnitudes<true>(source), serial.magnitudes<true>(source),
+                     std::is_same_v<T, float> ? 4e-6 : 1e-12);
+  const moments counted = cpu.counts(source), all = serial.magnitudes<false>(source);
+  CHECK(counted.zeros == all.zeros);
+  CHECK(counted.nonfinite == all.nonfinite);
+  CHECK(counted.count == all.count);
+  std::array<std::uint64_t, 4096> h_cpu{}, h_serial{};
+  cpu.key_histogram(source, 8 * int(sizeof(T)) - 13, h_cpu);
+  serial.key_histogram(source, 8 * int(sizeof(T)) - 13, h_serial);
+  CHECK(h_cpu == h_serial);
+  for (double t : {-1.0, 0.0, 1e-40, 0.001, 0.003, 0.01, 1e30, double(std::numeric_limits<float>::denorm_min())}) {
+    INFO("threshold ", t);
+    CHECK(cpu.count_above(source, t) == serial.count_above(source, t));
+    sparse_vector<T, std::uint64_t> a(x.size()), b(x.size());
+    a.push_back(0, T(7));  // appends after what is there
+    b.push_back(0, T(7));
+    cpu.template select_above<true>(source, t, a);
+    serial.select_above<true>(source, t, b);
+    CHECK(test::entries(a) == test::entries(b));
+    std::vector<T> ea, eb;
+    const moments ma = cpu.template excess<false>(source, t, ea);
+    const moments mb = serial.excess<false>(source, t, eb);
+    CHECK(ea == eb);
+    check_same_moments(ma, mb, 1e-12);  // no lanes here: same order, same sums
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cpu kernels equal the serial oracle at every short length and alignment", T,
+                   float, double) {
+  const auto data = mixed_values<T>(2 * 1024 + 65 + 3, 17, true);
+  const backend::cpu one_thread(1);
+  for (std::size_t misalign = 0; misalign < 4; ++misalign)
+    for (std::size_t n = 0; n + misalign <= data.size(); n += (n < 80 ? 1 : 37))
+      compare_kernels<T>(std::span<const T>(data.data() + misalign, n), one_thread,
+                         "misaligned by " + std::to_string(misalign));
+}
+
+TEST_CASE("cpu kernels equal the serial oracle on real gradients with 1, 2 and 3 threads") {
+  for (const auto& file : {"ffn_it10.npy", "cnn_it200.npy", "lstm_it10.npy"}) {
+    const auto g = test::load_gradient(file);
+    for (int threads : {1, 2, 3}) compare_kernels<float>(g, backend::cpu(threads), std::string(file) + ", " + std::to_string(threads) + " threads");
+  }
+}
+
+TEST_CASE_TEMPLATE("cpu selection settles error feedback exactly as the oracle does", T, float,
+                   double) {
+  const auto g = mixed_values<T>(200003, 5, false);
+  const auto r0 = mixed_values<T>(200003, 6, false);
+  const backend::cpu cpu(3);
+  const backend::serial serial;
+  for (double t : {0.0, 0.002, 0.01}) {
+    auto ra = r0, rb = r0;
+    const backend::feedback_source<T> sa{g.data(), ra.data(), g.size()}, sb{g.data(), rb.data(), g.size()};
+    sparse_vector<T> a(g.size()), b(g.size());
+    cpu.template select_above<true>(sa, t, a);
+    serial.select_above<true>(sb, t, b);
+    CHECK(test::entries(a) == test::entries(b));
+    CHECK(ra == rb);
+    // The deferred path: settle as unsent, then a band, exactly as exact_k uses it.
+    ra = r0;
+    rb = r0;
+    a.clear(g.size());
+    b.clear(g.size());
+    cpu.template select_above<false>(sa, t + 0.01, a);
+    serial.select_above<false>(sb, t + 0.01, b);
+    cpu.select_band(sa, t, t + 0.01, a);
+    serial.select_band(sb, t, t + 0.01, b);
+    CHECK(test::entries(a) == test::entries(b));
+    CHECK(ra == rb);
+  }
+  std::vector<std::size_t> chosen;
+  for (std::size_t i = 0; i < g.size(); i += 97) chosen.push_back(i);
+  auto ra = r0, rb = r0;
+  const backend::feedback_source<T> sa{g.data(), ra.data(), g.size()}, sb{g.data(), rb.data(), g.size()};
+  sparse_vector<T> a(g.size()), b(g.size());
+  cpu.select_indices(sa, std::span<const std::size_t>(chosen), a);
+  serial.select_indices(sb, std::span<const std::size_t>(chosen), b);
+  CHECK(test::entries(a) == test::entries(b));
+  CHECK(ra == rb);
+}
+
+TEST_CASE("fast_log is within 2e-7 (float) and 1e-14 (double) of max(|ln a|, 1)") {
+  // Every float exponent and a sweep of mantissas, denormals included; random doubles.
+  double worst_float = 0, worst_double = 0;
+  for (std::uint32_t bits = 1; bits < 0x7f800000u; bits += 4099) {
+    const float a = std::bit_cast<float>(bits);
+    const double want = std::log(double(a));
+    worst_float = std::max(worst_float, std::fabs(double(fast_log(a)) - want) / std::max(std::fabs(want), 1.0));
+  }
+  std::mt19937_64 rng(8);
+  for (int i = 0; i < 1000000; ++i) {
+    const double a = std::bit_cast<double>(1 + rng() % (0x7ff0000000000000ull - 1));
+    const double want = std::log(a);
+    worst_double = std::max(worst_double, std::fabs(fast_log(a) - want) / std::max(std::fabs(want), 1.0));
+  }
+  INFO("worst float ", worst_float, ", worst double ", worst_double);
+  CHECK(worst_float < 2e-7);
+  CHECK(worst_double < 1e-14);
+}
