@@ -145,6 +145,12 @@ class compressor {
     return report;
   }
 
+  /// Bytes this compressor keeps between calls (the exceedances later stages scan).
+  std::size_t workspace_bytes() const {
+    return exceedances_float_.capacity() * sizeof(float) +
+           exceedances_double_.capacity() * sizeof(double);
+  }
+
   Estimator& estimator() { return estimator_; }
   const Estimator& estimator() const { return estimator_; }
   Selection& selection() { return selection_; }
@@ -179,9 +185,12 @@ class compressor {
     template <bool Log>
     moments excess(double t) {
       if (t >= kept_above) {
-        moments m;
-        for (const T a : exceedances)
-          if (double(a) > t) m.template add<Log>(double(a) - t);
+        // The backend's moments kernel over the kept magnitudes' excesses; the values not
+        // above t come out as zeros and are not part of the sample.
+        moments m = backend.template magnitudes<Log>(
+            backend::excess_source<T>{exceedances.data(), exceedances.size(), T(t)});
+        m.count -= m.zeros;
+        m.zeros = 0;
         return m;
       }
       exceedances.clear();

@@ -22,6 +22,7 @@
 #include "sidco/core/fast_log.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/backend/source.hpp"
 #include "sidco/core/sparse_vector.hpp"
 
 namespace sidco::backend {
@@ -69,31 +70,33 @@ class cpu {
   }
 
   /// Moments of |x| - t over |x| > t, and those |x| written to exceedances (replacing its
-  /// contents), in index order.
+  /// contents), in index order. Compaction without branches (store always, advance when
+  /// kept: a quarter of the values are kept here, which a branch would mispredict), then the
+  /// vectorized moments kernel over what was kept.
   template <bool Log, class Source, class T>
   moments excess(const Source& source, double t, std::vector<T>& exceedances) const {
     const auto above = threshold_key<T>(t);
     const std::size_t total = count_ranges(source, [&](std::size_t i) {
       return exceeds(signed_key(source.value(i)), above);
     });
-    const std::size_t start = exceedances.size();
-    if (start + total > exceedances.capacity())  // geometric, as push_back would
-      exceedances.reserve(std::max(start + total, 2 * exceedances.capacity()));
-    exceedances.resize(start + total);
-    T* out = exceedances.data() + start;
-    return reduce_ranges(source.size, [&](int r, std::size_t lo, std::size_t hi) {
-      moments m;
+    if (total > exceedances.capacity())
+      exceedances.reserve(std::max(total, 2 * exceedances.capacity()));
+    exceedances.resize(total);
+    T* out = exceedances.data();
+    for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
+      // The store lands one past the last kept value, which is the next range's first
+      // slot: stop once this range's count is written (nothing after it is kept).
       std::size_t at = offsets_[std::size_t(r)];
-      for (std::size_t i = lo; i < hi; ++i) {
+      const std::size_t end = offsets_[std::size_t(r) + 1];
+      for (std::size_t i = lo; i < hi && at < end; ++i) {
         const T v = source.value(i);
-        if (exceeds(signed_key(v), above)) {
-          const T a = std::fabs(v);
-          m.template add<Log>(double(a) - t);
-          out[at++] = a;
-        }
+        out[at] = std::fabs(v);
+        at += exceeds(signed_key(v), above);
       }
-      return m;
     });
+    // Every kept value is above t: count is total; an excess that rounds to 0 in T counts
+    // as a zero and stays out of the fit's sample, as it should.
+    return magnitudes<Log>(excess_source<T>{exceedances.data(), total, T(t)});
   }
 
   template <class Source>
@@ -141,11 +144,16 @@ class cpu {
       std::size_t at = offsets_[std::size_t(r)];
       std::size_t i = lo;
       if constexpr (!Source::has_state) {
-        // Nothing to settle: skip 16-value blocks with nothing above t (vectorized test).
+        // Nothing to settle: skip 16-value blocks whose largest key is not above t (a max
+        // reduction, which vectorizes; NaN keys only send a block to the exact loop below).
         constexpr std::size_t block = 16;
         for (; i + block <= hi; i += block) {
-          int any = 0;
-          for (std::size_t j = 0; j < block; ++j) any |= exceeds(signed_key(source.value(i + j)), above);
+          auto largest = signed_key(source.value(i));
+          for (std::size_t j = 1; j < block; ++j) {
+            const auto key = signed_key(source.value(i + j));
+            largest = key > largest ? key : largest;
+          }
+          const bool any = largest > above;
           if (!any) continue;
           for (std::size_t j = i; j < i + block; ++j) {
             const T v = source.value(j);

@@ -7,7 +7,10 @@
 // the value again from the settled state. Indices in the output are base + i.
 #pragma once
 
+#include <bit>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 
 namespace sidco::backend {
 
@@ -62,6 +65,26 @@ struct momentum_source {
     velocity[i] = T(0);
     accumulation[i] = T(0);
   }
+};
+
+/// The excesses a - t of stored magnitudes a over t (0 where a <= t), for the moments
+/// kernels: later SIDCo stages fit these. Computed in T without a branch, so it vectorizes.
+template <class T>
+struct excess_source {
+  static constexpr bool has_state = false;
+  const T* magnitudes;
+  std::size_t size;
+  T threshold;
+  std::size_t base = 0;
+
+  T value(std::size_t i) const {
+    using S = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+    const S bits = std::bit_cast<S>(magnitudes[i] - threshold);
+    return std::bit_cast<T>(S(bits & ~(bits >> (8 * sizeof(T) - 1))));  // negative -> +0
+  }
+  T rescan_value(std::size_t i) const { return value(i); }
+  void settle(std::size_t, T, bool) const {}
+  void mark_sent(std::size_t) const {}
 };
 
 }  // namespace sidco::backend
