@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Turns sidco-bench's JSON output into the tables of bench/README.md.
+
+Usage: bench/report.py bench/results/latest.json > table.md
+Ratios are of times measured in the same run: compress / streaming read (the bandwidth
+ceiling) and std::nth_element Top-k / compress (the speed-up over exact Top-k)."""
+import json
+import sys
+
+INPUTS = {0: "normal", 1: "laplace", 2: "lstm (real)", 3: "cnn (real)"}
+REAL_SIZES = {2: 3689196, 3: 900490}
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    runs = {}
+    for b in data["benchmarks"]:
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        name, *args = b["name"].split("/")
+        kind, log2n, inverse = (int(a) for a in args[:3])
+        unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b.get("time_unit", "ns")]
+        runs[(name, kind, log2n, inverse)] = {
+            "seconds": b["real_time"] * unit,
+            "density_ratio": b.get("density_ratio"),
+            "alloc_bytes": b.get("alloc_bytes"),
+            "workspace_bytes": b.get("workspace_bytes"),
+        }
+    return data.get("context", {}), runs
+
+
+def size_of(kind, log2n):
+    return REAL_SIZES.get(kind, 1 << log2n)
+
+
+def main():
+    context, runs = load(sys.argv[1])
+    configs = sorted({(k, n, i) for (_, k, n, i) in runs})
+    methods = []
+    for (name, *_rest) in runs:
+        if name not in methods and name not in ("streaming_read", "nth_element_top_k"):
+            methods.append(name)
+
+    def t(name, config):
+        run = runs.get((name,) + config)
+        return run["seconds"] if run else None
+
+    print(f"Machine: {context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, "
+          f"run {context.get('date', '?')}, {context.get('library_build_type', '?')} Google Benchmark.")
+    print()
+
+    # The targets of issue 4: N = 2^25, delta = 0.001, 2 threads, on Laplace values
+    # (single-stage SIDCo-E's own model) and on normal values.
+    print("### Targets (N = 2^25, δ = 0.001)")
+    print()
+    print("| target | laplace | normal | goal |")
+    print("|---|---|---|---|")
+    rows = [
+        ("SIDCo-E single-stage / streaming read", lambda c: t("sidco_e_single", c) / t("streaming_read", c), "≤ 2.5"),
+        ("nth_element / SIDCo-E single-stage", lambda c: t("nth_element_top_k", c) / t("sidco_e_single", c), "≥ 20"),
+        ("SIDCo-E 3 stages / single-stage", lambda c: t("sidco_e_fixed3", c) / t("sidco_e_single", c), "≤ 1.15"),
+        ("SIDCo-E adaptive / single-stage", lambda c: t("sidco_e", c) / t("sidco_e_single", c), "≤ 1.15"),
+        ("exact_k (SIDCo-E) / SIDCo-E adaptive", lambda c: t("sidco_e_exact_k", c) / t("sidco_e", c), "≤ 1.3"),
+        ("single-stage with / without error feedback", lambda c: t("sidco_e_single_feedback", c) / t("sidco_e_single", c), "≤ 1.6"),
+        ("nth_element / radix Top-k", lambda c: t("nth_element_top_k", c) / t("top_k", c), "≥ 3"),
+        ("SIDCo-E single-stage: cpu / serial backend speed-up", lambda c: t("sidco_e_single_serial", c) / t("sidco_e_single", c), "—"),
+    ]
+    for label, f, goal in rows:
+        cells = []
+        for kind in (1, 0):
+            try:
+                cells.append(f"{f((kind, 25, 1000)):.2f}")
+            except (TypeError, ZeroDivisionError):
+                cells.append("—")
+        print(f"| {label} | {cells[0]} | {cells[1]} | {goal} |")
+    print()
+    print("Heap bytes allocated per warm call (`alloc_bytes`) and kept between calls "
+          "(`workspace_bytes`), laplace, N = 2^25, δ = 0.001:")
+    print()
+    print("| method | alloc_bytes | workspace_bytes |")
+    print("|---|---|---|")
+    for name in methods:
+        run = runs.get((name, 1, 25, 1000))
+        if run and run["alloc_bytes"] is not None:
+            print(f"| {name} | {run['alloc_bytes']:.0f} | {run['workspace_bytes'] or 0:.0f} |")
+    print()
+
+    print("### Every configuration")
+    print()
+    print("Per cell: compress time / streaming read, then (speed-up over std::nth_element), "
+          "then [achieved / target density].")
+    print()
+    shown = [m for m in methods if not m.endswith("_serial") and not m.endswith("_serial_feedback")]
+    for kind in sorted({k for (k, _, _) in configs}):
+        print(f"#### {INPUTS[kind]}")
+        print()
+        cols = [c for c in configs if c[0] == kind]
+        header = " | ".join(f"N={size_of(k, n)} δ={1 / i:g}" for (k, n, i) in cols)
+        print(f"| method | stream ms | nth ms | {header} |" if False else f"| method | {header} |")
+        print("|---|" + "---|" * len(cols))
+        print("| streaming read (ms) | " + " | ".join(
+            f"{t('streaming_read', c) * 1e3:.2f}" if t('streaming_read', c) else "—" for c in cols) + " |")
+        print("| nth_element (ms) | " + " | ".join(
+            f"{t('nth_element_top_k', c) * 1e3:.1f}" if t('nth_element_top_k', c) else "—" for c in cols) + " |")
+        for name in shown:
+            cells = []
+            for c in cols:
+                run, base, nth = runs.get((name,) + c), t("streaming_read", c), t("nth_element_top_k", c)
+                if not run or not base or not nth:
+                    cells.append("—")
+                    continue
+                cells.append(f"{run['seconds'] / base:.1f} ({nth / run['seconds']:.1f}×) [{run['density_ratio']:.2f}]")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        print()
+
+
+if __name__ == "__main__":
+    main()

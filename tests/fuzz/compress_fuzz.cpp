@@ -1,0 +1,105 @@
+// libFuzzer target: arbitrary bytes become a gradient (NaN, +-Inf, denormals, +-0, huge and
+// tiny values included), a residual, a length, a density and a method. Every call must
+// either throw sidco::error and change nothing, or return a selection that keeps every
+// promise: indices in range, strictly ascending; values equal to the input there; exactly k
+// where the method promises it; sent + new residual = gradient + old residual, per element.
+// Anything else aborts.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <sidco/sidco.hpp>
+
+namespace {
+
+[[noreturn]] void violated(const char* what, int method) {
+  std::fprintf(stderr, "invariant violated: %s (method %d)\n", what, method);
+  std::abort();
+}
+
+template <class Compressor>
+void run(int method, bool exact_count, const std::vector<float>& g, double delta,
+         bool feedback, const std::vector<float>& residual_start) {
+  Compressor compressor;
+  sidco::sparse_vector<float> out(1);
+  out.push_back(0, 42.f);  // what must survive an error
+  sidco::feedback::residual<float> residual(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) residual.values()[i] = residual_start[i];
+
+  bool valid = delta > 0 && delta <= 1 && !g.empty();
+  for (std::size_t i = 0; i < g.size() && valid; ++i)
+    valid = std::isfinite(feedback ? g[i] + residual_start[i] : g[i]);
+
+  sidco::compress_report report;
+  try {
+    report = feedback ? compressor.template compress<float>(g, delta, out, residual)
+                      : compressor.template compress<float>(g, delta, out);
+  } catch (const sidco::error&) {
+    if (valid) violated("valid input rejected", method);
+    if (out.size() != 1 || out.indices()[0] != 0 || out.values()[0] != 42.f)
+      violated("output changed by a rejected call", method);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (std::memcmp(&residual.values()[i], &residual_start[i], sizeof(float)) != 0)
+        violated("residual changed by a rejected call", method);
+    return;
+  }
+  if (!valid) violated("invalid input accepted", method);
+  if (out.dense_size() != g.size()) violated("dense size", method);
+  if (report.selected != out.size()) violated("report count", method);
+  std::vector<float> sent(g.size(), 0.f);
+  for (std::size_t j = 0; j < out.size(); ++j) {
+    const std::size_t i = out.indices()[j];
+    if (i >= g.size()) violated("index out of range", method);
+    if (j > 0 && out.indices()[j - 1] >= i) violated("indices not strictly ascending", method);
+    const float expected = feedback ? g[i] + residual_start[i] : g[i];
+    if (std::memcmp(&out.values()[j], &expected, sizeof(float)) != 0) violated("value differs from input", method);
+    sent[i] = out.values()[j];
+  }
+  if (exact_count && out.size() != sidco::target_count(delta, g.size())) violated("count is not k", method);
+  if (feedback)
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (sent[i] + residual.values()[i] != g[i] + residual_start[i]) violated("residual lost mass", method);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 8) return 0;
+  const int method = data[0] % 14;
+  const std::uint8_t flags = data[1];
+  std::uint32_t density_bits;
+  std::memcpy(&density_bits, data + 2, 4);
+  // Mostly densities in (0, 1]; sometimes the raw float bits (NaN, Inf, negative, > 1).
+  const double delta = (flags & 0x80) ? double(std::bit_cast<float>(density_bits))
+                                      : double(density_bits % 1000001) / 1e6;
+  const bool feedback = flags & 1;
+  const std::size_t count = std::min<std::size_t>((size - 6) / 4, 1 << 14);
+  const bool with_residual = feedback && (flags & 2) && count >= 2;
+  const std::size_t n = with_residual ? count / 2 : count;
+  std::vector<float> g(n), residual(n, 0.f);
+  std::memcpy(g.data(), data + 6, n * 4);
+  if (with_residual) std::memcpy(residual.data(), data + 6 + n * 4, n * 4);
+
+  using namespace sidco::presets;
+  switch (method) {
+    case 0: run<sidco_e<>>(method, false, g, delta, feedback, residual); break;
+    case 1: run<sidco_gp<>>(method, false, g, delta, feedback, residual); break;
+    case 2: run<sidco_gamma_gp<>>(method, false, g, delta, feedback, residual); break;
+    case 3: run<sidco_e_single<>>(method, false, g, delta, feedback, residual); break;
+    case 4: run<sidco_gamma_gp_paper<>>(method, false, g, delta, feedback, residual); break;
+    case 5: run<sidco_e_exact<>>(method, true, g, delta, feedback, residual); break;
+    case 6: run<sidco_gp_exact<>>(method, true, g, delta, feedback, residual); break;
+    case 7: run<top_k<>>(method, true, g, delta, feedback, residual); break;
+    case 8: run<random_k<>>(method, true, g, delta, feedback, residual); break;
+    case 9: run<dgc<>>(method, false, g, delta, feedback, residual); break;
+    case 10: run<gaussian_k<>>(method, false, g, delta, feedback, residual); break;
+    case 11: run<redsync<>>(method, false, g, delta, feedback, residual); break;
+    case 12: run<redsync_trimmed<>>(method, false, g, delta, feedback, residual); break;
+    default: run<top_k<sidco::backend::serial>>(method, true, g, delta, feedback, residual); break;
+  }
+  return 0;
+}
