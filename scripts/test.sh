@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds sidco with g++ and clang++ (warnings are errors), runs the whole test suite with
-# both, and ends with one line: N passed, N failed[, N skipped].
+# Builds sidco with g++ (warnings are errors) and runs the whole test suite; builds it again
+# with clang++ under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails) with
+# the libFuzzer target, runs the suite and a 60 s fuzzing run there; ends with one line:
+# N passed, N failed[, N skipped].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -11,7 +13,7 @@ run_suite() {
   local dir=$1
   shift
   echo "== $dir: configure and build"
-  sidco_configure "$dir" -Dwerror=true -Dbuildtype=release "$@"
+  sidco_configure "$dir" -Dwerror=true "$@"
   meson compile -C "$dir" > "$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
   echo "== $dir: test"
   meson test -C "$dir" --no-rebuild --print-errorlogs > "$dir.test.log" 2>&1 || true
@@ -26,7 +28,10 @@ run_suite() {
 }
 
 CXX=g++ run_suite build
-CXX=clang++ run_suite build-clang -Dbenchmarks=false -Dcuda=disabled
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+CXX=clang++ run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dfuzz=true \
+  -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" -Dcpp_args=-fno-sanitize-recover=all
 
 if [ "$skipped" -gt 0 ]; then
   echo "$passed passed, $failed failed, $skipped skipped"

@@ -50,7 +50,9 @@ template <class Compressor>
 void survive(const char* method, bool exact_top_k, bool exactly_k) {
   for (const auto& a : adversaries()) {
     const std::size_t n = a.values.size();
-    for (double delta : {1.0 / double(n), 0.01, 0.5, 1.0}) {
+    // 1e-38 and the smallest double: valid densities whose 1/delta overflows integer
+    // conversions (the fuzzer found DGC's sample size doing exactly that).
+    for (double delta : {1.0 / double(n), 0.01, 0.5, 1.0, 1e-38, std::numeric_limits<double>::denorm_min()}) {
       INFO(method, " on ", a.name, " at delta ", delta);
       Compressor c;
       sparse_vector<float> out;

@@ -173,6 +173,8 @@ TEST_CASE("adaptive stage controller moves within [1, ceil(log2(1/delta))]") {
   CHECK(stages::max_for(0.001) == 10);
   CHECK(stages::max_for(0.5) == 1);
   CHECK(stages::max_for(1.0) == 1);
+  CHECK(stages::max_for(1e-300) == 64);
+  CHECK(stages::max_for(std::numeric_limits<double>::denorm_min()) == 64);
   stages::adaptive a({.initial = 2, .period = 2});
   CHECK(a.count(0.01) == 2);
   a.observe(1.6, 0.01);

@@ -81,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool with_residual = feedback && (flags & 2) && count >= 2;
   const std::size_t n = with_residual ? count / 2 : count;
   std::vector<float> g(n), residual(n, 0.f);
-  std::memcpy(g.data(), data + 6, n * 4);
+  if (n > 0) std::memcpy(g.data(), data + 6, n * 4);
   if (with_residual) std::memcpy(residual.data(), data + 6 + n * 4, n * 4);
 
   using namespace sidco::presets;

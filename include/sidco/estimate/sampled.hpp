@@ -47,7 +47,8 @@ class sampled {
   threshold_estimate estimate(const moments& all, double delta, Pass& pass) {
     const std::size_t n = std::size_t(all.count);
     const double wanted = std::max(options_.sample_fraction * double(n), std::ceil(2 / delta));
-    const std::size_t samples = std::min(n, std::size_t(wanted));
+    // Clamp before converting: 2/delta overflows size_t for tiny (valid) densities.
+    const std::size_t samples = wanted >= double(n) ? n : std::size_t(wanted);
     sample_.resize(samples);
     for (auto& a : sample_) a = pass.magnitude(rng_.below(n));
     const std::size_t top = std::min(samples, std::size_t(std::ceil(delta * double(samples))));

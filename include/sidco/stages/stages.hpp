@@ -8,9 +8,11 @@
 
 namespace sidco::stages {
 
-/// The most stages that make sense at density delta: ceil(log2(1/delta)), at least 1.
+/// The most stages that make sense at density delta: ceil(log2(1/delta)), at least 1 and at
+/// most 64 (1/delta is infinite for the smallest doubles; no int holds that).
 inline int max_for(double delta) {
-  return std::max(1, int(std::ceil(std::log2(1.0 / delta) - 1e-9)));
+  const double stages = std::ceil(std::log2(1.0 / delta) - 1e-9);
+  return stages >= 64 ? 64 : std::max(1, int(stages));
 }
 
 /// One fit on the whole vector, as in the single-stage SIDCo.
