@@ -2,7 +2,7 @@
 # (only what is missing; silent when everything is there) and configures a build directory.
 
 sidco_packages=(meson ninja-build g++ clang cmake pkg-config doctest-dev libboost-math-dev
-                libbenchmark-dev libomp-dev libclang-rt-14-dev)
+                libbenchmark-dev libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin libtorch-dev)
 
 sidco_install_missing() {
   local missing=()
@@ -17,14 +17,13 @@ sidco_install_missing() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" > /dev/null
 }
 
-# sidco_configure DIR [meson options...]: set up DIR once, reconfigure it afterwards.
+# sidco_configure DIR [meson options...]: set up DIR, or reconfigure it (which also picks
+# up options added since it was set up). The log is shown only when it fails.
 sidco_configure() {
   local dir=$1
   shift
-  if [ -f "$dir/build.ninja" ]; then
-    meson configure "$dir" "$@" > /dev/null
-  else
-    meson setup "$dir" "$@" > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
-    rm -f "$dir.setup.log"
-  fi
+  local mode=()
+  [ -f "$dir/build.ninja" ] && mode=(--reconfigure)
+  meson setup "${mode[@]}" "$dir" "$@" > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+  rm -f "$dir.setup.log"
 }

@@ -1,0 +1,201 @@
+// Sparse all-reduce over MPI: every rank contributes a sparse vector; every rank gets the
+// dense sum (or average) of all of them. Needs MPI (include <mpi.h> is done here).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the deprecated C++ bindings only add warnings
+#endif
+#include <mpi.h>
+
+#include "sidco/core/error.hpp"
+#include "sidco/core/sparse_vector.hpp"
+
+namespace sidco::comm {
+
+enum class reduction { sum, average };
+
+/// Which way the data went: gathered sparse entries, or a dense MPI_Allreduce because the
+/// gathered entries would have been larger than the dense vector (delta P >~ 1).
+enum class path { sparse, dense };
+
+struct allreduce_report {
+  path taken = path::sparse;
+  std::size_t gathered = 0;  // entries from all ranks together
+  std::size_t bytes = 0;     // bytes each rank received (sparse) or reduced (dense)
+  int ranks = 0;
+};
+
+namespace detail {
+
+template <class T>
+MPI_Datatype mpi_type() {
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return MPI_UINT32_T;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return MPI_UINT64_T;
+  else static_assert(sizeof(T) == 0, "sparse_allreduce: no MPI type for this element type");
+}
+
+inline void check_mpi(int status, const char* what) {
+  if (status != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(status, text, &length);
+    sidco::detail::fail("sparse_allreduce: ", what, " failed: ", std::string(text, std::size_t(length)));
+  }
+}
+
+}  // namespace detail
+
+/// One per tensor (or per communicator and tensor size): keeps the gather buffers, so that
+/// steady training allocates only on its first steps. Not thread-safe; one call at a time.
+///
+/// Every rank calls with the same dense size and density; a rank whose arguments differ makes
+/// every rank throw sidco::error naming the rank and the values (no hang, no crash). Counts
+/// may differ: nothing is padded or dropped. The result is identical on every rank (entries
+/// are added in rank order).
+template <class T, class Index = std::uint32_t>
+class sparse_allreducer {
+ public:
+  explicit sparse_allreducer(MPI_Comm comm) : comm_(comm) {
+    detail::check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
+    detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  }
+
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }
+
+  /// Blocking: dense (overwritten) = sum or average over ranks of their sparse vectors.
+  allreduce_report allreduce(const sparse_vector<T, Index>& mine, double delta, std::span<T> dense,
+                             reduction op = reduction::average) {
+    start(mine, delta, dense, op);
+    return wait();
+  }
+
+  /// Non-blocking: agrees on sizes (a small blocking exchange), then starts the gathers and
+  /// returns; compress the next tensor meanwhile, then wait(). `mine` and `dense` must stay
+  /// alive and untouched until wait() returns.
+  void start(const sparse_vector<T, Index>& mine, double delta, std::span<T> dense,
+             reduction op = reduction::average) {
+    if (in_flight_) sidco::detail::fail("sparse_allreduce: start() called twice without wait()");
+    // Every rank's view of the call, so that a mismatch is an error on all of them.
+    const std::uint64_t local_ok = dense.size() == mine.dense_size();
+    std::uint64_t delta_bits;
+    std::memcpy(&delta_bits, &delta, sizeof delta);
+    const std::uint64_t header[4] = {mine.dense_size(), mine.size(), delta_bits, local_ok};
+    headers_.resize(4 * std::size_t(ranks_));
+    detail::check_mpi(MPI_Allgather(header, 4, MPI_UINT64_T, headers_.data(), 4, MPI_UINT64_T, comm_),
+                      "MPI_Allgather of sizes");
+    for (int r = 0; r < ranks_; ++r) {
+      const std::uint64_t* h = headers_.data() + 4 * std::size_t(r);
+      double their_delta;
+      std::memcpy(&their_delta, &h[2], sizeof their_delta);
+      if (h[3] == 0)
+        sidco::detail::fail("sparse_allreduce: rank ", r, " passed a dense buffer whose size does not match its sparse vector's dense size ", h[0]);
+      if (h[0] != headers_[0])
+        sidco::detail::fail("sparse_allreduce: rank ", r, " has dense size ", h[0], ", rank 0 has ", headers_[0]);
+      if (h[2] != headers_[2])
+        sidco::detail::fail("sparse_allreduce: rank ", r, " has density ", their_delta, ", rank 0 has ", delta);
+    }
+    dense_ = dense;
+    op_ = op;
+    report_ = {};
+    report_.ranks = ranks_;
+    counts_.resize(std::size_t(ranks_));
+    displacements_.resize(std::size_t(ranks_));
+    std::size_t total = 0;
+    for (int r = 0; r < ranks_; ++r) {
+      const std::uint64_t count = headers_[4 * std::size_t(r) + 1];
+      if (count > std::uint64_t(std::numeric_limits<int>::max()) ||
+          total + count > std::size_t(std::numeric_limits<int>::max()))
+        sidco::detail::fail("sparse_allreduce: ", total + count, " entries exceed MPI's int counts");
+      counts_[std::size_t(r)] = int(count);
+      displacements_[std::size_t(r)] = int(total);
+      total += count;
+    }
+    report_.gathered = total;
+    const std::size_t sparse_bytes = total * (sizeof(Index) + sizeof(T));
+    const std::size_t dense_bytes = dense.size() * sizeof(T);
+    if (sparse_bytes >= dense_bytes) {
+      // Gathering would move more than the dense vector: reduce it densely instead.
+      report_.taken = path::dense;
+      report_.bytes = dense_bytes;
+      std::fill(dense.begin(), dense.end(), T(0));
+      const auto indices = mine.indices();
+      const auto values = mine.values();
+      for (std::size_t i = 0; i < indices.size(); ++i) dense[indices[i]] += values[i];
+      if (dense.size() > std::size_t(std::numeric_limits<int>::max()))
+        sidco::detail::fail("sparse_allreduce: dense size ", dense.size(), " exceeds MPI's int counts");
+      detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, dense.data(), int(dense.size()), detail::mpi_type<T>(),
+                                       MPI_SUM, comm_, &requests_[0]),
+                        "MPI_Iallreduce");
+      requests_[1] = MPI_REQUEST_NULL;
+    } else {
+      report_.taken = path::sparse;
+      report_.bytes = sparse_bytes;
+      gathered_indices_.resize(total);
+      gathered_values_.resize(total);
+      detail::check_mpi(MPI_Iallgatherv(mine.indices().data(), int(mine.size()), detail::mpi_type<Index>(),
+                                        gathered_indices_.data(), counts_.data(), displacements_.data(),
+                                        detail::mpi_type<Index>(), comm_, &requests_[0]),
+                        "MPI_Iallgatherv of indices");
+      detail::check_mpi(MPI_Iallgatherv(mine.values().data(), int(mine.size()), detail::mpi_type<T>(),
+                                        gathered_values_.data(), counts_.data(), displacements_.data(),
+                                        detail::mpi_type<T>(), comm_, &requests_[1]),
+                        "MPI_Iallgatherv of values");
+    }
+    in_flight_ = true;
+  }
+
+  /// Completes the last start(): dense holds the sum or average.
+  allreduce_report wait() {
+    if (!in_flight_) sidco::detail::fail("sparse_allreduce: wait() without start()");
+    in_flight_ = false;
+    detail::check_mpi(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    if (report_.taken == path::sparse) {
+      std::fill(dense_.begin(), dense_.end(), T(0));
+      for (std::size_t i = 0; i < gathered_indices_.size(); ++i) {
+        const std::size_t at = gathered_indices_[i];
+        if (at >= dense_.size())
+          sidco::detail::fail("sparse_allreduce: a rank sent index ", at, " beyond dense size ", dense_.size());
+        dense_[at] += gathered_values_[i];
+      }
+    }
+    if (op_ == reduction::average) {
+      const T scale = T(1) / T(ranks_);
+      for (auto& v : dense_) v *= scale;
+    }
+    return report_;
+  }
+
+ private:
+  MPI_Comm comm_;
+  int ranks_ = 1, rank_ = 0;
+  bool in_flight_ = false;
+  reduction op_ = reduction::average;
+  std::span<T> dense_;
+  allreduce_report report_;
+  MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  std::vector<std::uint64_t> headers_;
+  std::vector<int> counts_, displacements_;
+  std::vector<Index> gathered_indices_;
+  std::vector<T> gathered_values_;
+};
+
+/// One-shot convenience: a fresh allreducer per call (allocates; keep a sparse_allreducer
+/// for training loops).
+template <class T, class Index>
+allreduce_report sparse_allreduce(MPI_Comm comm, const sparse_vector<T, Index>& mine, double delta,
+                                  std::span<T> dense, reduction op = reduction::average) {
+  return sparse_allreducer<T, Index>(comm).allreduce(mine, delta, dense, op);
+}
+
+}  // namespace sidco::comm
