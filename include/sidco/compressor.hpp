@@ -68,10 +68,7 @@ class compressor {
   compress_report compress(std::span<const std::type_identity_t<T>> gradient, double delta,
                            sparse_vector<T, Index>& out) {
     check_arguments(gradient.size(), delta, out);
-    const backend::plain_source<T> source{gradient.data(), gradient.size()};
-    const moments all = analyze(source, "gradient");
-    out.clear(gradient.size());
-    return finish(source, all, delta, out);
+    return run(backend::plain_source<T>{gradient.data(), gradient.size()}, "gradient", delta, out);
   }
 
   /// Compresses gradient + residual and leaves in residual what was not sent.
@@ -80,10 +77,8 @@ class compressor {
                            sparse_vector<T, Index>& out, feedback::residual<T>& residual) {
     check_arguments(gradient.size(), delta, out);
     check_state_size("residual", residual.size(), gradient.size());
-    const backend::feedback_source<T> source{gradient.data(), residual.data(), gradient.size()};
-    const moments all = analyze(source, "gradient + residual");
-    out.clear(gradient.size());
-    return finish(source, all, delta, out);
+    return run(backend::feedback_source<T>{gradient.data(), residual.data(), gradient.size()},
+               "gradient + residual", delta, out);
   }
 
   /// DGC: compresses the momentum-corrected accumulation and masks what was sent.
@@ -92,12 +87,10 @@ class compressor {
                            sparse_vector<T, Index>& out, feedback::momentum<T>& state) {
     check_arguments(gradient.size(), delta, out);
     check_state_size("momentum", state.size(), gradient.size());
-    const backend::momentum_source<T> source{gradient.data(), state.velocity_data(),
-                                             state.accumulation_data(), state.factor(),
-                                             gradient.size()};
-    const moments all = analyze(source, "momentum-corrected gradient");
-    out.clear(gradient.size());
-    return finish(source, all, delta, out);
+    return run(backend::momentum_source<T>{gradient.data(), state.velocity_data(),
+                                           state.accumulation_data(), state.factor(),
+                                           gradient.size()},
+               "momentum-corrected gradient", delta, out);
   }
 
   /// Phase one, for compositions such as segmented: the moments pass (only counts when the
@@ -172,6 +165,15 @@ class compressor {
   }
 
  private:
+  // Checks the source (throwing before anything is written), then compresses it into out.
+  template <class Source, class T, class Index>
+  compress_report run(const Source& source, const char* what, double delta,
+                      sparse_vector<T, Index>& out) {
+    const moments all = analyze(source, what);
+    out.clear(source.size);
+    return finish(source, all, delta, out);
+  }
+
   // The estimator's view of the data. Thresholds in a statistical estimate only rise between
   // stages, so the magnitudes above the first are kept and later stages scan those alone; a
   // lower threshold (a stage that overshot) reads the source again.

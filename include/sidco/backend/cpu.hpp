@@ -22,6 +22,7 @@
 #include "sidco/core/fast_log.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/backend/serial.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/sparse_vector.hpp"
 
@@ -119,11 +120,10 @@ class cpu {
         counts[d] += histograms_[std::size_t(r) * counts.size() + d];
   }
 
+  /// Index of the first NaN or Inf (the error path only: the serial scan is enough).
   template <class Source>
   std::size_t first_nonfinite(const Source& source) const {
-    for (std::size_t i = 0; i < source.size; ++i)
-      if (!std::isfinite(source.value(i))) return i;
-    return source.size;
+    return serial{}.first_nonfinite(source);
   }
 
   /// Appends every (base + i, x_i) with |x_i| > t to out in index order, settling the
@@ -136,10 +136,7 @@ class cpu {
     const std::size_t total = count_ranges(source, [&](std::size_t i) {
       return exceeds(signed_key(source.value(i)), above);
     });
-    const std::size_t start = out.size();
-    out.resize(start + total);
-    Index* indices = out.mutable_indices().data() + start;
-    T* values = out.mutable_values().data() + start;
+    const auto [indices, values] = append(out, total);
     for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
       std::size_t at = offsets_[std::size_t(r)];
       std::size_t i = lo;
@@ -188,11 +185,7 @@ class cpu {
       const auto key = signed_key(source.rescan_value(i));
       return exceeds(key, above) & (key <= upto);
     };
-    const std::size_t total = count_ranges(source, in_band);
-    const std::size_t start = out.size();
-    out.resize(start + total);
-    Index* indices = out.mutable_indices().data() + start;
-    T* values = out.mutable_values().data() + start;
+    const auto [indices, values] = append(out, count_ranges(source, in_band));
     for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
       std::size_t at = offsets_[std::size_t(r)];
       for (std::size_t i = lo; i < hi; ++i)
@@ -208,10 +201,7 @@ class cpu {
   template <class Source, class T, class Index>
   void select_indices(const Source& source, std::span<const std::size_t> chosen,
                       sparse_vector<T, Index>& out) const {
-    const std::size_t start = out.size();
-    out.resize(start + chosen.size());
-    Index* indices = out.mutable_indices().data() + start;
-    T* values = out.mutable_values().data() + start;
+    const auto [indices, values] = append(out, chosen.size());
     for_each_range(source.size, [&](int, std::size_t lo, std::size_t hi) {
       std::size_t next = std::size_t(std::lower_bound(chosen.begin(), chosen.end(), lo) - chosen.begin());
       for (std::size_t i = lo; i < hi; ++i) {
@@ -228,6 +218,14 @@ class cpu {
   }
 
  private:
+  // Grows out by count entries; returns where the new indices and values go.
+  template <class T, class Index>
+  static std::pair<Index*, T*> append(sparse_vector<T, Index>& out, std::size_t count) {
+    const std::size_t start = out.size();
+    out.resize(start + count);
+    return {out.mutable_indices().data() + start, out.mutable_values().data() + start};
+  }
+
   // |v| > t for the key of v and threshold_key(t); NaN (keys above infinity's) never is, as
   // in the serial oracle's double compare.
   template <class S>
