@@ -140,27 +140,28 @@ class cpu {
     for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
       std::size_t at = offsets_[std::size_t(r)];
       std::size_t i = lo;
-      if constexpr (!Source::has_state) {
-        // Nothing to settle: skip 16-value blocks whose largest key is not above t (a max
-        // reduction, which vectorizes; NaN keys only send a block to the exact loop below).
-        constexpr std::size_t block = 16;
-        for (; i + block <= hi; i += block) {
-          auto largest = signed_key(source.value(i));
-          for (std::size_t j = 1; j < block; ++j) {
-            const auto key = signed_key(source.value(i + j));
-            largest = key > largest ? key : largest;
-          }
-          const bool any = largest > above;
-          if (!any) continue;
-          for (std::size_t j = i; j < i + block; ++j) {
-            const T v = source.value(j);
-            if (exceeds(signed_key(v), above)) {
-              indices[at] = Index(source.base + j);
-              values[at] = v;
-              ++at;
-            }
-          }
+      // 16-value blocks: settle every value without a branch (vectorizes), and look for
+      // kept values only in blocks whose largest key is above t (a max reduction; a NaN
+      // key only sends a block to the exact test).
+      constexpr std::size_t block = 16;
+      for (; i + block <= hi; i += block) {
+        T v[block];
+        auto largest = signed_key(source.value(i));
+        for (std::size_t j = 0; j < block; ++j) {
+          v[j] = source.value(i + j);
+          const auto key = signed_key(v[j]);
+          largest = key > largest ? key : largest;
         }
+        if constexpr (Source::has_state)
+          for (std::size_t j = 0; j < block; ++j)
+            source.settle(i + j, v[j], Final & exceeds(signed_key(v[j]), above));
+        if (!(largest > above)) continue;
+        for (std::size_t j = 0; j < block; ++j)
+          if (exceeds(signed_key(v[j]), above)) {
+            indices[at] = Index(source.base + i + j);
+            values[at] = v[j];
+            ++at;
+          }
       }
       for (; i < hi; ++i) {
         const T v = source.value(i);

@@ -14,6 +14,14 @@
 
 namespace sidco::backend {
 
+/// v, or +0 when sent: written with a bit mask rather than ?:, so that loops calling it
+/// vectorize.
+template <class T>
+T unless_sent(T v, bool sent) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  return std::bit_cast<T>(std::bit_cast<U>(v) & (U(0) - U(!sent)));
+}
+
 /// The gradient as it is.
 template <class T>
 struct plain_source {
@@ -39,7 +47,7 @@ struct feedback_source {
 
   T value(std::size_t i) const { return gradient[i] + residual[i]; }
   T rescan_value(std::size_t i) const { return residual[i]; }
-  void settle(std::size_t i, T v, bool sent) const { residual[i] = sent ? T(0) : v; }
+  void settle(std::size_t i, T v, bool sent) const { residual[i] = unless_sent(v, sent); }
   void mark_sent(std::size_t i) const { residual[i] = T(0); }
 };
 
@@ -58,8 +66,8 @@ struct momentum_source {
   T value(std::size_t i) const { return accumulation[i] + (momentum * velocity[i] + gradient[i]); }
   T rescan_value(std::size_t i) const { return accumulation[i]; }
   void settle(std::size_t i, T v, bool sent) const {
-    velocity[i] = sent ? T(0) : momentum * velocity[i] + gradient[i];
-    accumulation[i] = sent ? T(0) : v;
+    velocity[i] = unless_sent(momentum * velocity[i] + gradient[i], sent);
+    accumulation[i] = unless_sent(v, sent);
   }
   void mark_sent(std::size_t i) const {
     velocity[i] = T(0);
