@@ -136,7 +136,10 @@ class cpu {
     const std::size_t total = count_ranges(source, [&](std::size_t i) {
       return exceeds(signed_key(source.value(i)), above);
     });
-    const auto [indices, values] = append(out, total);
+    // Plain pointers, not a structured binding: clang 14 cannot capture those in lambdas.
+    const auto region = append(out, total);
+    Index* const indices = region.first;
+    T* const values = region.second;
     for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
       std::size_t at = offsets_[std::size_t(r)];
       std::size_t i = lo;
@@ -186,7 +189,9 @@ class cpu {
       const auto key = signed_key(source.rescan_value(i));
       return exceeds(key, above) & (key <= upto);
     };
-    const auto [indices, values] = append(out, count_ranges(source, in_band));
+    const auto region = append(out, count_ranges(source, in_band));
+    Index* const indices = region.first;
+    T* const values = region.second;
     for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
       std::size_t at = offsets_[std::size_t(r)];
       for (std::size_t i = lo; i < hi; ++i)
@@ -202,7 +207,9 @@ class cpu {
   template <class Source, class T, class Index>
   void select_indices(const Source& source, std::span<const std::size_t> chosen,
                       sparse_vector<T, Index>& out) const {
-    const auto [indices, values] = append(out, chosen.size());
+    const auto region = append(out, chosen.size());
+    Index* const indices = region.first;
+    T* const values = region.second;
     for_each_range(source.size, [&](int, std::size_t lo, std::size_t hi) {
       std::size_t next = std::size_t(std::lower_bound(chosen.begin(), chosen.end(), lo) - chosen.begin());
       for (std::size_t i = lo; i < hi; ++i) {
