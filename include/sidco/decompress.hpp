@@ -24,15 +24,21 @@ void check_scatter_target(const sparse_vector<T, Index>& sparse, std::size_t den
            " is out of range for dense size ", dense_size);
 }
 
+// The add itself, after check_scatter_target.
+template <class T, class Index>
+void add_checked(const sparse_vector<T, Index>& sparse, std::span<T> dense, T scale) {
+  const auto indices = sparse.indices();
+  const auto values = sparse.values();
+  for (std::size_t i = 0; i < indices.size(); ++i) dense[indices[i]] += scale * values[i];
+}
+
 }  // namespace detail
 
 /// dense[i] += scale * v for every entry (i, v). Checks everything before the first write.
 template <class T, class Index>
 void scatter_add(const sparse_vector<T, Index>& sparse, std::span<T> dense, T scale = T(1)) {
   detail::check_scatter_target(sparse, dense.size());
-  const auto indices = sparse.indices();
-  const auto values = sparse.values();
-  for (std::size_t i = 0; i < indices.size(); ++i) dense[indices[i]] += scale * values[i];
+  detail::add_checked(sparse, dense, scale);
 }
 
 /// Sum (times scale) of many sparse vectors, e.g. what every worker sent, added into dense.
@@ -40,11 +46,7 @@ template <class T, class Index>
 void scatter_add(std::span<const sparse_vector<T, Index>> sparse, std::span<T> dense,
                  T scale = T(1)) {
   for (const auto& s : sparse) detail::check_scatter_target(s, dense.size());
-  for (const auto& s : sparse) {
-    const auto indices = s.indices();
-    const auto values = s.values();
-    for (std::size_t i = 0; i < indices.size(); ++i) dense[indices[i]] += scale * values[i];
-  }
+  for (const auto& s : sparse) detail::add_checked(s, dense, scale);
 }
 
 /// Writes the dense form of sparse into dense (zeros elsewhere).
@@ -52,7 +54,7 @@ template <class T, class Index>
 void decompress(const sparse_vector<T, Index>& sparse, std::span<T> dense) {
   detail::check_scatter_target(sparse, dense.size());
   std::fill(dense.begin(), dense.end(), T(0));
-  scatter_add(sparse, dense);
+  detail::add_checked(sparse, dense, T(1));
 }
 
 template <class T, class Index>

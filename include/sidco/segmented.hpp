@@ -86,20 +86,19 @@ class segmented {
     Compressor::check_arguments(size, delta, out);
     if (size != total_size())
       detail::fail("gradient: size ", size, " does not match the layout's total ", total_size());
-    if (!budget_) return;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const double d = budget_(i, layout_[i], delta);
-      if (!(d > 0 && d <= 1))
-        detail::fail("budget policy: density ", d, " for segment ", i, " is outside (0, 1]");
-    }
   }
 
-  // Water-filling: segments whose non-zeros are fewer than their proportional share are
+  // A budget policy's densities (each checked; nothing is written yet when one is bad), or
+  // water-filling: segments whose non-zeros are fewer than their proportional share are
   // capped there; the rest share what is left in proportion to their lengths.
   void share_budget(double delta) {
     if (budget_) {
-      for (std::size_t i = 0; i < layout_.size(); ++i)
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
         densities_[i] = budget_(i, layout_[i], delta);
+        if (!(densities_[i] > 0 && densities_[i] <= 1))
+          detail::fail("budget policy: density ", densities_[i], " for segment ", i,
+                       " is outside (0, 1]");
+      }
       return;
     }
     std::fill(capped_.begin(), capped_.end(), false);

@@ -53,20 +53,7 @@ class cpu {
   template <class Source>
   moments counts(const Source& source) const {
     return reduce_ranges(source.size, [&](int, std::size_t lo, std::size_t hi) {
-      using T = value_t<Source>;
-      using Key = magnitude_key_t<T>;
-      const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
-      std::uint64_t zeros = 0, nonfinite = 0;
-      for (std::size_t i = lo; i < hi; ++i) {
-        const Key key = magnitude_key(source.value(i));
-        zeros += key == 0;
-        nonfinite += key >= infinity;
-      }
-      moments m;
-      m.count = hi - lo;
-      m.zeros = zeros;
-      m.nonfinite = nonfinite;
-      return m;
+      return serial::counts_in(source, lo, hi);
     });
   }
 

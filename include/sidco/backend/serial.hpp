@@ -31,17 +31,23 @@ struct serial {
   /// compares on the magnitude bits, without branches, so the compiler can vectorize it.
   template <class Source>
   moments counts(const Source& source) const {
+    return counts_in(source, 0, source.size);
+  }
+
+  /// The same over [lo, hi): the per-range kernel backend::cpu runs on each thread.
+  template <class Source>
+  static moments counts_in(const Source& source, std::size_t lo, std::size_t hi) {
     using T = decltype(source.value(0));
     using Key = magnitude_key_t<T>;
     const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
     std::uint64_t zeros = 0, nonfinite = 0;
-    for (std::size_t i = 0; i < source.size; ++i) {
+    for (std::size_t i = lo; i < hi; ++i) {
       const Key key = magnitude_key(source.value(i));
       zeros += key == 0;
       nonfinite += key >= infinity;
     }
     moments m;
-    m.count = source.size;
+    m.count = hi - lo;
     m.zeros = zeros;
     m.nonfinite = nonfinite;
     return m;

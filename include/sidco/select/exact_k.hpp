@@ -26,7 +26,8 @@ struct exact_k {
 
   exact_k() = default;
   explicit exact_k(double estimate_slack) : slack(estimate_slack) {
-    if (!(slack >= 0 && slack <= 100)) detail_fail(slack);
+    if (!(slack >= 0 && slack <= 100))
+      sidco::detail::fail("exact_k: slack = ", slack, " is outside [0, 100]");
   }
 
   double estimation_density(double delta) const { return std::min(1.0, delta * (1 + slack)); }
@@ -50,11 +51,6 @@ struct exact_k {
     detail::keep_top_k(out, begin, k);
     detail::mark_sent(source, out, begin);
     return result;
-  }
-
- private:
-  [[noreturn]] static void detail_fail(double slack) {
-    sidco::detail::fail("exact_k: slack = ", slack, " is outside [0, 100]");
   }
 };
 
