@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns sidco-bench's JSON output into the tables of bench/README.md.
 
-Usage: bench/report.py bench/results/latest.json > table.md
+Usage: bench/report.py bench/results/latest.json [--plot time_vs_n.png] > table.md
 Ratios are of times measured in the same run: compress / streaming read (the bandwidth
 ceiling) and std::nth_element Top-k / compress (the speed-up over exact Top-k)."""
 import json
@@ -34,8 +34,37 @@ def size_of(kind, log2n):
     return REAL_SIZES.get(kind, 1 << log2n)
 
 
+PLOTTED = ["sidco_e_single", "sidco_e", "sidco_gamma_gp", "sidco_e_exact_k", "top_k", "dgc",
+           "gaussian_k", "redsync", "random_k", "sidco_e_single_feedback"]
+
+
+def plot(runs, path, kind=1, inverse=1000):
+    """Time per call against N for each method (log-log), with the two baselines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for name in ["streaming_read", "nth_element_top_k"] + PLOTTED:
+        points = sorted((n, r["seconds"]) for (m, k, n, i), r in runs.items()
+                        if m == name and k == kind and i == inverse)
+        if not points:
+            continue
+        style = {"streaming_read": "k--", "nth_element_top_k": "k:"}.get(name, "o-")
+        ax.plot([2 ** n for n, _ in points], [s * 1e3 for _, s in points], style, label=name)
+    ax.set(xscale="log", yscale="log", xlabel="N (values)", ylabel="time per call (ms)",
+           title=f"{INPUTS[kind]} values, δ = {1 / inverse:g}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     context, runs = load(sys.argv[1])
+    if "--plot" in sys.argv:
+        plot(runs, sys.argv[sys.argv.index("--plot") + 1])
     configs = sorted({(k, n, i) for (_, k, n, i) in runs})
     methods = []
     for (name, *_rest) in runs:
@@ -47,7 +76,8 @@ def main():
         return run["seconds"] if run else None
 
     print(f"Machine: {context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, "
-          f"run {context.get('date', '?')}, {context.get('library_build_type', '?')} Google Benchmark.")
+          f"run {context.get('date', '?')}, {context.get('library_build_type', '?')} Google Benchmark, "
+          f"backend::cpu kernels: {context.get('sidco_kernels', '?')}.")
     print()
 
     # The targets of issue 4: N = 2^25, delta = 0.001, 2 threads, on Laplace values

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds sidco with g++ (warnings are errors) and runs the whole test suite; builds it again
-# with clang++ under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails) with
+# Builds sidco with g++ (warnings are errors, Highway kernels) and runs the whole test suite;
+# builds it again with clang++ (portable loops) under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails) with
 # the libFuzzer target, runs the suite and a 60 s fuzzing run there; ends with one line:
 # N passed, N failed[, N skipped].
 set -euo pipefail
@@ -27,10 +27,12 @@ run_suite() {
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-CXX=g++ run_suite build
+# Highway's kernels in the g++ build, the portable loops under the sanitizers: the oracle
+# tests cover both.
+CXX=g++ run_suite build -Dhighway=enabled
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 CXX=clang++ run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dfuzz=true \
+  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dhighway=disabled -Dfuzz=true \
   -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" -Dcpp_args=-fno-sanitize-recover=all
 
 if [ "$skipped" -gt 0 ]; then

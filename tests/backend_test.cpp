@@ -57,6 +57,23 @@ std::vector<T> mixed_values(std::size_t n, std::uint64_t seed, bool with_nonfini
   return x;
 }
 
+template <class T, class Index>
+void compare_selections(const backend::plain_source<T>& source, double t, const backend::cpu& cpu) {
+  sparse_vector<T, Index> b(source.size);
+  b.push_back(0, T(7));
+  backend::serial{}.select_above<true>(source, t, b);
+  // Hints of the kept count: none (two passes), far too few (every region fills and the rest
+  // is written after), exact, and far too many.
+  const std::size_t kept = b.size() - 1;
+  for (std::size_t hint : {std::size_t(0), std::size_t(1), kept, 10 * kept + 100}) {
+    INFO("hint ", hint, ", index bytes ", sizeof(Index));
+    sparse_vector<T, Index> a(source.size);
+    a.push_back(0, T(7));  // appends after what is there
+    cpu.template select_above<true>(source, t, a, hint);
+    CHECK(test::entries(a) == test::entries(b));
+  }
+}
+
 template <class T>
 void compare_kernels(std::span<const T> x, const backend::cpu& cpu, const std::string& what) {
   INFO(what, ", n = ", x.size());
@@ -78,12 +95,9 @@ void compare_kernels(std::span<const T> x, const backend::cpu& cpu, const std::s
   for (double t : {-1.0, 0.0, 1e-40, 0.001, 0.003, 0.01, 1e30, double(std::numeric_limits<float>::denorm_min())}) {
     INFO("threshold ", t);
     CHECK(cpu.count_above(source, t) == serial.count_above(source, t));
-    sparse_vector<T, std::uint64_t> a(x.size()), b(x.size());
-    a.push_back(0, T(7));  // appends after what is there
-    b.push_back(0, T(7));
-    cpu.template select_above<true>(source, t, a);
-    serial.select_above<true>(source, t, b);
-    CHECK(test::entries(a) == test::entries(b));
+    compare_selections<T, std::uint64_t>(source, t, cpu);
+    // Indices as wide as the values: the SIMD kernels' own path, when built with them.
+    compare_selections<T, magnitude_key_t<T>>(source, t, cpu);
     std::vector<T> ea, eb;
     const moments ma = cpu.template excess<false>(source, t, ea);
     const moments mb = serial.excess<false>(source, t, eb);
@@ -129,11 +143,17 @@ TEST_CASE_TEMPLATE("cpu selection settles error feedback exactly as the oracle d
   for (double t : {0.0, 0.002, 0.01}) {
     auto ra = r0, rb = r0;
     const backend::feedback_source<T> sa{g.data(), ra.data(), g.size()}, sb{g.data(), rb.data(), g.size()};
-    sparse_vector<T> a(g.size()), b(g.size());
-    cpu.template select_above<true>(sa, t, a);
+    sparse_vector<T> b(g.size());
     serial.select_above<true>(sb, t, b);
-    CHECK(test::entries(a) == test::entries(b));
-    CHECK(ra == rb);
+    for (std::size_t hint : {std::size_t(0), std::size_t(1), b.size()}) {
+      INFO("hint ", hint);
+      ra = r0;
+      sparse_vector<T> a(g.size());
+      cpu.template select_above<true>(sa, t, a, hint);
+      CHECK(test::entries(a) == test::entries(b));
+      CHECK(ra == rb);
+    }
+    sparse_vector<T> a(g.size());
     // The deferred path: settle as unsent, then a band, exactly as exact_k uses it.
     ra = r0;
     rb = r0;
@@ -155,6 +175,14 @@ TEST_CASE_TEMPLATE("cpu selection settles error feedback exactly as the oracle d
   serial.select_indices(sb, std::span<const std::size_t>(chosen), b);
   CHECK(test::entries(a) == test::entries(b));
   CHECK(ra == rb);
+}
+
+TEST_CASE("the kernels this build runs") {
+  MESSAGE("backend::cpu kernels: " << std::string(backend::cpu::kernels));
+#if defined(SIDCO_HIGHWAY) && SIDCO_HIGHWAY && (defined(__AVX2__) || defined(__ARM_NEON))
+  // Built with Highway for a SIMD target: the Highway kernels must be what runs.
+  CHECK(backend::simd::available);
+#endif
 }
 
 TEST_CASE("fast_log is within 2e-7 (float) and 1e-14 (double) of max(|ln a|, 1)") {

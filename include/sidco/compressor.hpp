@@ -195,9 +195,11 @@ class compressor {
         m.zeros = 0;
         return m;
       }
+      // What the last pass kept (this call's or the last call's) sizes the next one.
+      const std::size_t last_kept = exceedances.size();
       exceedances.clear();
       kept_above = t;
-      return backend.template excess<Log>(source, t, exceedances);
+      return backend.template excess<Log>(source, t, exceedances, last_kept);
     }
 
     std::size_t count_above(double t) const { return backend.count_above(source, t); }

@@ -1,7 +1,8 @@
-// The CPU backend: threads (OpenMP) over contiguous ranges, and loops written so that the
-// compiler vectorizes them (branch-free blocks, independent lane accumulators). Compile with
-// -O3 -fopenmp, and -march=native for the widest vectors; without OpenMP it runs on one
-// thread and gives the same results. Results are deterministic for a given thread count.
+// The CPU backend: threads (OpenMP) over contiguous ranges, and SIMD inner loops: Highway's
+// (highway_kernels.hpp) when SIDCO_HIGHWAY=1, else loops written so that the compiler
+// vectorizes them (branch-free blocks, independent lane accumulators). Compile with -O3
+// -fopenmp, and -march=native for the widest vectors; without OpenMP it runs on one thread
+// and gives the same results. Results are deterministic for a given thread count.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <type_traits>
@@ -22,6 +24,7 @@
 #include "sidco/core/fast_log.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/backend/highway_kernels.hpp"
 #include "sidco/backend/serial.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -31,6 +34,8 @@ namespace sidco::backend {
 class cpu {
  public:
   static constexpr const char* name = "cpu";
+  /// Which inner loops this build runs: a Highway target, or "portable".
+  static constexpr const char* kernels = simd::target_name();
   /// Below this many values per thread, threads cost more than they save.
   static constexpr std::size_t min_per_thread = std::size_t(1) << 15;
 
@@ -58,30 +63,30 @@ class cpu {
   }
 
   /// Moments of |x| - t over |x| > t, and those |x| written to exceedances (replacing its
-  /// contents), in index order. Compaction without branches (store always, advance when
-  /// kept: a quarter of the values are kept here, which a branch would mispredict), then the
-  /// vectorized moments kernel over what was kept.
+  /// contents), in index order: a compaction as in select_above (one pass given a hint of
+  /// the count), then the moments kernel over what was kept.
   template <bool Log, class Source, class T>
-  moments excess(const Source& source, double t, std::vector<T>& exceedances) const {
+  moments excess(const Source& source, double t, std::vector<T>& exceedances,
+                 std::size_t expected = 0) const {
     const auto above = threshold_key<T>(t);
-    const std::size_t total = count_ranges(source, [&](std::size_t i) {
-      return exceeds(signed_key(source.value(i)), above);
-    });
-    if (total > exceedances.capacity())
-      exceedances.reserve(std::max(total, 2 * exceedances.capacity()));
+    const std::size_t total = compact(
+        source.size, expected, last_exceeding_, exceedances.capacity(),
+        [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
+        [&]<bool Bounded>(std::bool_constant<Bounded>, std::size_t lo, std::size_t hi,
+                          std::size_t& at, std::size_t end) {
+          return write_magnitudes_above<Bounded>(source, lo, hi, above, exceedances.data(), at, end);
+        },
+        [&](std::size_t slots) {
+          // Grows by half at least, not doubling (this buffer is N-sized), so that counts
+          // that vary from call to call settle its size within a few calls.
+          if (slots > exceedances.capacity())
+            exceedances.reserve(std::max(slots, exceedances.capacity() + exceedances.capacity() / 2));
+          exceedances.resize(slots);
+        },
+        [&](std::size_t to, std::size_t from, std::size_t count) {
+          std::memmove(exceedances.data() + to, exceedances.data() + from, count * sizeof(T));
+        });
     exceedances.resize(total);
-    T* out = exceedances.data();
-    for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
-      // The store lands one past the last kept value, which is the next range's first
-      // slot: stop once this range's count is written (nothing after it is kept).
-      std::size_t at = offsets_[std::size_t(r)];
-      const std::size_t end = offsets_[std::size_t(r) + 1];
-      for (std::size_t i = lo; i < hi && at < end; ++i) {
-        const T v = source.value(i);
-        out[at] = std::fabs(v);
-        at += exceeds(signed_key(v), above);
-      }
-    });
     // Every kept value is above t: count is total; an excess that rounds to 0 in T counts
     // as a zero and stays out of the fit's sample, as it should.
     return magnitudes<Log>(excess_source<T>{exceedances.data(), total, T(t)});
@@ -89,8 +94,7 @@ class cpu {
 
   template <class Source>
   std::size_t count_above(const Source& source, double t) const {
-    const auto above = threshold_key<value_t<Source>>(t);
-    return count_ranges(source, [&](std::size_t i) { return exceeds(signed_key(source.value(i)), above); });
+    return count_ranges_above(source, threshold_key<value_t<Source>>(t));
   }
 
   /// counts[d] += how many magnitude keys have (key >> shift) == d.
@@ -115,55 +119,35 @@ class cpu {
 
   /// Appends every (base + i, x_i) with |x_i| > t to out in index order, settling the
   /// source's state in the same pass (as sent where kept when Final, else all unsent).
-  /// Two passes over each range: count, then write at the range's offset, so threads keep
-  /// indices ascending without any temporary beyond one offset per thread.
+  ///
+  /// With a hint of the expected count, one pass: each thread writes into its own region of
+  /// out, sized from the hint and from what each range kept last time, and the regions are
+  /// then closed up (only the kept entries move). A range that fills its region stops there
+  /// and the rest of it is counted and written after (correct, only slower). Without a hint,
+  /// two passes: count, then write at each range's offset. Either way threads keep indices
+  /// ascending with O(threads) scratch.
   template <bool Final, class Source, class T, class Index>
-  void select_above(const Source& source, double t, sparse_vector<T, Index>& out) const {
+  void select_above(const Source& source, double t, sparse_vector<T, Index>& out,
+                    std::size_t expected = 0) const {
     const auto above = threshold_key<T>(t);
-    const std::size_t total = count_ranges(source, [&](std::size_t i) {
-      return exceeds(signed_key(source.value(i)), above);
-    });
-    // Plain pointers, not a structured binding: clang 14 cannot capture those in lambdas.
-    const auto region = append(out, total);
-    Index* const indices = region.first;
-    T* const values = region.second;
-    for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
-      std::size_t at = offsets_[std::size_t(r)];
-      std::size_t i = lo;
-      // 16-value blocks: settle every value without a branch (vectorizes), and look for
-      // kept values only in blocks whose largest key is above t (a max reduction; a NaN
-      // key only sends a block to the exact test).
-      constexpr std::size_t block = 16;
-      for (; i + block <= hi; i += block) {
-        T v[block];
-        auto largest = signed_key(source.value(i));
-        for (std::size_t j = 0; j < block; ++j) {
-          v[j] = source.value(i + j);
-          const auto key = signed_key(v[j]);
-          largest = key > largest ? key : largest;
-        }
-        if constexpr (Source::has_state)
-          for (std::size_t j = 0; j < block; ++j)
-            source.settle(i + j, v[j], Final & exceeds(signed_key(v[j]), above));
-        if (!(largest > above)) continue;
-        for (std::size_t j = 0; j < block; ++j)
-          if (exceeds(signed_key(v[j]), above)) {
-            indices[at] = Index(source.base + i + j);
-            values[at] = v[j];
-            ++at;
-          }
-      }
-      for (; i < hi; ++i) {
-        const T v = source.value(i);
-        const bool keep = exceeds(signed_key(v), above);
-        if (keep) {
-          indices[at] = Index(source.base + i);
-          values[at] = v;
-          ++at;
-        }
-        if constexpr (Source::has_state) source.settle(i, v, Final && keep);
-      }
-    });
+    const std::size_t start = out.size();
+    const std::size_t total = compact(
+        source.size, expected, last_selected_, out.capacity() - start,
+        [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
+        [&]<bool Bounded>(std::bool_constant<Bounded>, std::size_t lo, std::size_t hi,
+                          std::size_t& at, std::size_t end) {
+          return write_above<Final, Bounded>(source, lo, hi, above,
+                                             out.mutable_indices().data() + start,
+                                             out.mutable_values().data() + start, at, end);
+        },
+        [&](std::size_t slots) { out.resize(start + slots); },
+        [&](std::size_t to, std::size_t from, std::size_t count) {
+          std::memmove(out.mutable_indices().data() + start + to,
+                       out.mutable_indices().data() + start + from, count * sizeof(Index));
+          std::memmove(out.mutable_values().data() + start + to,
+                       out.mutable_values().data() + start + from, count * sizeof(T));
+        });
+    out.truncate(start + total);
   }
 
   /// After select_above<false>: appends (base + i, v) for low < |v| <= high, v re-read from
@@ -176,7 +160,11 @@ class cpu {
       const auto key = signed_key(source.rescan_value(i));
       return exceeds(key, above) & (key <= upto);
     };
-    const auto region = append(out, count_ranges(source, in_band));
+    const auto region = append(out, count_ranges(source.size, [&](std::size_t lo, std::size_t hi) {
+      std::size_t n = 0;
+      for (std::size_t i = lo; i < hi; ++i) n += in_band(i);
+      return n;
+    }));
     Index* const indices = region.first;
     T* const values = region.second;
     for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
@@ -245,6 +233,14 @@ class cpu {
     const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
     moments total;
     std::size_t i = lo;
+    if constexpr (simd::handles<Source>) {
+      simd::lane_moments<T, Key> part;
+      for (; i + block <= hi; i += block) {
+        simd::block_moments<Log>(source, i, block, part);
+        total.merge(gather_lanes(part.lanes, block, part.sum, part.sum_sq, part.sum_log,
+                                 part.zeros, part.nonfinite, part.low, part.high));
+      }
+    }
     for (; i + block <= hi; i += block) {
       T sum[lanes] = {}, sum_sq[lanes] = {}, sum_log[lanes] = {};
       Key zeros[lanes] = {}, nonfinite[lanes] = {}, low[lanes], high[lanes] = {};
@@ -268,18 +264,7 @@ class cpu {
           high[j] = std::max(high[j], kept);
         }
       }
-      moments m;
-      m.count = block;
-      for (std::size_t j = 0; j < lanes; ++j) {
-        m.zeros += zeros[j];
-        m.nonfinite += nonfinite[j];
-        m.sum += double(sum[j]);
-        m.sum_sq += double(sum_sq[j]);
-        m.sum_log += double(sum_log[j]);
-        if (low[j] != infinity) m.min = std::min(m.min, double(magnitude_of_key<T>(low[j])));
-        m.max = std::max(m.max, double(magnitude_of_key<T>(high[j])));
-      }
-      total.merge(m);
+      total.merge(gather_lanes(lanes, block, sum, sum_sq, sum_log, zeros, nonfinite, low, high));
     }
     for (; i < hi; ++i) {
       const T a = std::fabs(source.value(i));
@@ -288,6 +273,44 @@ class cpu {
         if (std::isfinite(a) && a > T(0)) total.sum_log += double(fast_log(a));
     }
     return total;
+  }
+
+  // One block's lane partials, added in double lane by lane.
+  template <class T, class Key>
+  static moments gather_lanes(std::size_t lanes, std::size_t block, const T* sum,
+                              const T* sum_sq, const T* sum_log, const Key* zeros,
+                              const Key* nonfinite, const Key* low, const Key* high) {
+    const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
+    moments m;
+    m.count = block;
+    for (std::size_t j = 0; j < lanes; ++j) {
+      m.zeros += zeros[j];
+      m.nonfinite += nonfinite[j];
+      m.sum += double(sum[j]);
+      m.sum_sq += double(sum_sq[j]);
+      m.sum_log += double(sum_log[j]);
+      if (low[j] != infinity) m.min = std::min(m.min, double(magnitude_of_key<T>(low[j])));
+      m.max = std::max(m.max, double(magnitude_of_key<T>(high[j])));
+    }
+    return m;
+  }
+
+  // How many |x_i| > t in [lo, hi).
+  template <class Source, class S>
+  static std::size_t count_above_in(const Source& source, std::size_t lo, std::size_t hi,
+                                    S above) {
+    std::size_t n = 0, i = lo;
+    if constexpr (simd::handles<Source>) i = simd::count_above(source, lo, hi, above, n);
+    for (; i < hi; ++i) n += exceeds(signed_key(source.value(i)), above);
+    return n;
+  }
+
+  // count_ranges for |x_i| > t.
+  template <class Source, class S>
+  std::size_t count_ranges_above(const Source& source, S above) const {
+    return count_ranges(source.size, [&](std::size_t lo, std::size_t hi) {
+      return count_above_in(source, lo, hi, above);
+    });
   }
 
   int range_count(std::size_t n) const {
@@ -332,18 +355,174 @@ class cpu {
     return total;
   }
 
-  // Counts per range; leaves each range's starting offset in offsets_ and returns the total.
-  template <class Source, class Predicate>
-  std::size_t count_ranges(const Source& source, Predicate&& keep) const {
-    const std::size_t ranges = std::size_t(range_count(source.size));
+  // Counts per range (count(lo, hi)); leaves each range's starting offset in offsets_ and
+  // returns the total.
+  template <class Count>
+  std::size_t count_ranges(std::size_t n, Count&& count) const {
+    const std::size_t ranges = std::size_t(range_count(n));
     offsets_.assign(ranges + 1, 0);
-    for_each_range(source.size, [&](int r, std::size_t lo, std::size_t hi) {
-      std::size_t n = 0;
-      for (std::size_t i = lo; i < hi; ++i) n += keep(i);
-      offsets_[std::size_t(r) + 1] = n;
+    for_each_range(n, [&](int r, std::size_t lo, std::size_t hi) {
+      offsets_[std::size_t(r) + 1] = count(lo, hi);
     });
     for (std::size_t r = 0; r < ranges; ++r) offsets_[r + 1] += offsets_[r];
     return offsets_[ranges];
+  }
+
+  // One range's share of the one-pass selection: [begin, end) of the output, at the next
+  // free slot, stop where the range's pass stopped, leftover kept after stop, place its
+  // final offset.
+  struct region {
+    std::size_t begin, end, at, stop, leftover, place;
+  };
+
+  // Regions of the output for a one-pass compaction: the hint shared out as the ranges
+  // shared the last such compaction (evenly the first time), with a quarter more room (half
+  // more the first time), plus room for whole blocks. When the buffer already has room for a
+  // tenth more than the hint, the regions share that room instead, so that a count creeping
+  // up from call to call does not grow the buffer every time.
+  void plan_regions(std::size_t ranges, std::size_t expected, std::vector<std::size_t>& last,
+                    std::size_t room) const {
+    if (last.size() != ranges) last.assign(ranges, 0);
+    std::size_t last_total = 0;
+    for (std::size_t kept : last) last_total += kept;
+    const double slack = last_total ? 1.25 : 1.5;
+    const double blocks = double(ranges * 4 * select_block);
+    const double wanted = slack * double(expected) + blocks;
+    const double enough = 1.1 * double(expected) + blocks;
+    const double scale = double(room) >= enough ? double(room) / wanted : 1.0;
+    regions_.resize(ranges);
+    std::size_t end = 0;
+    for (std::size_t r = 0; r < ranges; ++r) {
+      const double share = last_total ? double(last[r]) / double(last_total) : 1.0 / double(ranges);
+      const auto size = std::size_t(scale * (slack * share * double(expected) + double(4 * select_block)));
+      regions_[r] = {end, end + size, end, 0, 0, 0};
+      end += size;
+    }
+  }
+
+  // Compacts, in range order, what count(lo, hi) counts and write(bounded, lo, hi, at, end)
+  // writes (see write_above) into slots [0, total) of a buffer that resize(slots) sizes,
+  // keeping its contents, and move(to, from, count) moves within. Returns total.
+  //
+  // With a hint of the count, one pass: each range writes into its own region, then the
+  // regions are closed up (only kept entries move). A range that fills its region stops
+  // there; the rest of it is counted and written after (correct, only slower). Without a
+  // hint, two passes: count, then write at each range's offset.
+  template <class Count, class Write, class Resize, class Move>
+  std::size_t compact(std::size_t n, std::size_t expected, std::vector<std::size_t>& last,
+                      std::size_t room, Count&& count, Write&& write, Resize&& resize,
+                      Move&& move) const {
+    const std::size_t ranges = std::size_t(range_count(n));
+    if (expected == 0) {
+      const std::size_t total = count_ranges(n, count);
+      resize(total);
+      for_each_range(n, [&](int r, std::size_t lo, std::size_t hi) {
+        // A copy: the next range's thread reads offsets_[r + 1] as its end.
+        std::size_t at = offsets_[std::size_t(r)];
+        write(std::false_type{}, lo, hi, at, offsets_[std::size_t(r) + 1]);
+      });
+      last.resize(ranges);
+      for (std::size_t r = 0; r < ranges; ++r) last[r] = offsets_[r + 1] - offsets_[r];
+      return total;
+    }
+    plan_regions(ranges, expected, last, room);
+    resize(regions_.back().end);
+    for_each_range(n, [&](int r, std::size_t lo, std::size_t hi) {
+      region& g = regions_[std::size_t(r)];
+      g.stop = write(std::true_type{}, lo, hi, g.at, g.end);
+      g.leftover = g.stop < hi ? count(g.stop, hi) : 0;
+    });
+    std::size_t total = 0;
+    bool overflow = false;
+    for (auto& g : regions_) {
+      g.place = total;  // range r's kept entries, then its leftovers, in range order
+      total += (g.at - g.begin) + g.leftover;
+      overflow |= g.leftover > 0;
+    }
+    if (total > regions_.back().end) resize(total);
+    // Places are ascending and disjoint, as are the regions: moving those that go right from
+    // the last, then those that go left from the first, never overwrites unmoved entries.
+    for (auto g = regions_.rbegin(); g != regions_.rend(); ++g)
+      if (g->place > g->begin && g->at > g->begin) move(g->place, g->begin, g->at - g->begin);
+    for (const auto& g : regions_)
+      if (g.place < g.begin && g.at > g.begin) move(g.place, g.begin, g.at - g.begin);
+    if (overflow) {
+      for_each_range(n, [&](int r, std::size_t, std::size_t hi) {
+        const region& g = regions_[std::size_t(r)];
+        std::size_t at = g.place + (g.at - g.begin);
+        write(std::false_type{}, g.stop, hi, at, at + g.leftover);
+      });
+    }
+    for (std::size_t r = 0; r < ranges; ++r)
+      last[r] = (regions_[r].at - regions_[r].begin) + regions_[r].leftover;
+    return total;
+  }
+
+  static constexpr std::size_t select_block = 16;
+
+  // Writes |v| for |v| > t over [lo, hi) at out[at, end), with write_above's contract.
+  // Without branches: store always, advance when kept (a quarter of the values are kept
+  // here, which a branch would mispredict), and only while a slot is free below end.
+  template <bool Bounded, class Source, class S, class T>
+  static std::size_t write_magnitudes_above(const Source& source, std::size_t lo, std::size_t hi,
+                                            S above, T* out, std::size_t& at, std::size_t end) {
+    std::size_t i = lo;
+    if constexpr (simd::handles<Source>)
+      i = simd::write_magnitudes_above(source, lo, hi, above, out, at, end);
+    for (; i < hi && at < end; ++i) {
+      const T v = source.value(i);
+      out[at] = std::fabs(v);
+      at += exceeds(signed_key(v), above);
+    }
+    return i;
+  }
+
+  // Writes (base + i, v) for |v| > t over [lo, hi) at indices/values[at, end), settling
+  // every value it passes. Bounded: stops before a block that might not fit below end and
+  // returns where it stopped (hi when it finished); unsettled values remain from there.
+  // Otherwise end is exactly where the range's entries end, and it finishes.
+  template <bool Final, bool Bounded, class Source, class S, class T, class Index>
+  static std::size_t write_above(const Source& source, std::size_t lo, std::size_t hi, S above,
+                                 Index* indices, T* values, std::size_t& at, std::size_t end) {
+    std::size_t i = lo;
+    // Whole vectors while a whole vector's store fits; the loops below finish.
+    if constexpr (simd::selects<Source, Index>)
+      i = simd::write_above<Final>(source, lo, hi, above, indices, values, at, end);
+    // 16-value blocks: settle every value without a branch (vectorizes), and look for kept
+    // values only in blocks whose largest key is above t (a max reduction; a NaN key only
+    // sends a block to the exact test).
+    for (; i + select_block <= hi; i += select_block) {
+      if (Bounded && at + select_block > end) return i;
+      T v[select_block];
+      auto largest = signed_key(source.value(i));
+      for (std::size_t j = 0; j < select_block; ++j) {
+        v[j] = source.value(i + j);
+        const auto key = signed_key(v[j]);
+        largest = key > largest ? key : largest;
+      }
+      if constexpr (Source::has_state)
+        for (std::size_t j = 0; j < select_block; ++j)
+          source.settle(i + j, v[j], Final & exceeds(signed_key(v[j]), above));
+      if (!(largest > above)) continue;
+      for (std::size_t j = 0; j < select_block; ++j)
+        if (exceeds(signed_key(v[j]), above)) {
+          indices[at] = Index(source.base + i + j);
+          values[at] = v[j];
+          ++at;
+        }
+    }
+    if (Bounded && at + select_block > end) return i;
+    for (; i < hi; ++i) {
+      const T v = source.value(i);
+      const bool keep = exceeds(signed_key(v), above);
+      if (keep) {
+        indices[at] = Index(source.base + i);
+        values[at] = v;
+        ++at;
+      }
+      if constexpr (Source::has_state) source.settle(i, v, Final && keep);
+    }
+    return hi;
   }
 
   int threads_ = 0;
@@ -351,6 +530,9 @@ class cpu {
   mutable std::vector<moments> partials_;
   mutable std::vector<std::size_t> offsets_;
   mutable std::vector<std::uint64_t> histograms_;
+  mutable std::vector<region> regions_;
+  // Per range, what the last one-pass selection and exceedance pass kept.
+  mutable std::vector<std::size_t> last_selected_, last_exceeding_;
 };
 
 }  // namespace sidco::backend

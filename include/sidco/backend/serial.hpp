@@ -56,7 +56,8 @@ struct serial {
   /// Moments of |x| - t over the values with |x| > t (peaks over threshold); appends those
   /// |x| to exceedances so that later stages need not read the whole source again.
   template <bool Log, class Source, class T>
-  moments excess(const Source& source, double t, std::vector<T>& exceedances) const {
+  moments excess(const Source& source, double t, std::vector<T>& exceedances,
+                 std::size_t = 0) const {
     moments m;
     for (std::size_t i = 0; i < source.size; ++i) {
       const T v = std::fabs(source.value(i));
@@ -93,7 +94,9 @@ struct serial {
   /// source's state in the same pass: as sent where kept when Final, else all as unsent
   /// (the selection decides later and calls mark_sent).
   template <bool Final, class Source, class T, class Index>
-  void select_above(const Source& source, double t, sparse_vector<T, Index>& out) const {
+  void select_above(const Source& source, double t, sparse_vector<T, Index>& out,
+                    std::size_t expected = 0) const {
+    out.reserve(out.size() + expected);
     for (std::size_t i = 0; i < source.size; ++i) {
       const T v = source.value(i);
       const bool keep = std::fabs(double(v)) > t;

@@ -25,6 +25,7 @@ T unless_sent(T v, bool sent) {
 /// The gradient as it is.
 template <class T>
 struct plain_source {
+  using value_type = T;
   static constexpr bool has_state = false;
   const T* gradient;
   std::size_t size;
@@ -39,6 +40,7 @@ struct plain_source {
 /// gradient + residual: error feedback. What is not sent stays in the residual.
 template <class T>
 struct feedback_source {
+  using value_type = T;
   static constexpr bool has_state = true;
   const T* gradient;
   T* residual;
@@ -55,6 +57,7 @@ struct feedback_source {
 /// factor masking clears both u and v (Lin et al., ICLR 2018).
 template <class T>
 struct momentum_source {
+  using value_type = T;
   static constexpr bool has_state = true;
   const T* gradient;
   T* velocity;      // u
@@ -79,6 +82,7 @@ struct momentum_source {
 /// kernels: later SIDCo stages fit these. Computed in T without a branch, so it vectorizes.
 template <class T>
 struct excess_source {
+  using value_type = T;
   static constexpr bool has_state = false;
   const T* magnitudes;
   std::size_t size;

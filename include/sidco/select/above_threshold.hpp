@@ -17,9 +17,9 @@ struct above_threshold {
 
   template <class Backend, class Source, class T, class Index>
   selection_result select(const Backend& backend, const Source& source, double threshold,
-                          std::size_t, sparse_vector<T, Index>& out) {
+                          std::size_t k, sparse_vector<T, Index>& out) {
     const std::size_t begin = out.size();
-    backend.template select_above<true>(source, threshold, out);
+    backend.template select_above<true>(source, threshold, out, k);
     return {out.size() - begin, 0};
   }
 };

@@ -39,7 +39,7 @@ struct exact_k {
     k = std::min(k, source.size);
     // A threshold that is not finite (a degenerate fit) cannot be halved: take everything.
     double t = k == source.size || !std::isfinite(threshold) ? -1.0 : threshold;
-    backend.template select_above<false>(source, t, out);
+    backend.template select_above<false>(source, t, out, std::size_t(double(k) * (1 + slack)));
     selection_result result{out.size() - begin, 0};
     while (out.size() - begin < k) {
       const double lower = t > 0 && result.rescans < halvings ? t / 2 : (t > 0 ? 0.0 : -1.0);
@@ -69,7 +69,7 @@ struct trimmed {
   selection_result select(const Backend& backend, const Source& source, double threshold,
                           std::size_t k, sparse_vector<T, Index>& out) {
     const std::size_t begin = out.size();
-    backend.template select_above<false>(source, threshold, out);
+    backend.template select_above<false>(source, threshold, out, k);
     const std::size_t candidates = out.size() - begin;
     if (double(candidates) > double(k) * (1 + SlackPercent / 100.0))
       detail::keep_top_k(out, begin, k);

@@ -43,7 +43,7 @@ struct top_k {
     const double t = bucket == 0 ? -1.0
                                  : std::nextafter(double(magnitude_of_key<T>(Key(bucket) << shift)),
                                                   -std::numeric_limits<double>::infinity());
-    backend.template select_above<false>(source, t, out);
+    backend.template select_above<false>(source, t, out, above + counts[bucket]);
     const std::size_t candidates = out.size() - begin;
     detail::keep_top_k(out, begin, k);
     detail::mark_sent(source, out, begin);

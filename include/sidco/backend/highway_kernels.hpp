@@ -1,0 +1,265 @@
+// backend::cpu's inner loops through Google Highway, for the widest vectors the including
+// program is compiled for (static dispatch: -march=native or the like). Define
+// SIDCO_HIGHWAY=1 and link libhwy to use them (our Meson dependency does both when libhwy is
+// found); without Highway, or when it can only offer its scalar or 128-bit emulation target,
+// backend::cpu runs its portable loops instead. Results are those of the serial oracle:
+// selections and counts exactly, sums to the float lanes' rounding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "sidco/backend/source.hpp"
+#include "sidco/core/magnitude_key.hpp"
+
+#if defined(SIDCO_HIGHWAY) && SIDCO_HIGHWAY
+// Highway 1.0.3 refuses -march=native on AVX-512 VNNI/VBMI2 CPUs without this.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
+#include <hwy/highway.h>
+#if HWY_STATIC_TARGET != HWY_SCALAR && HWY_STATIC_TARGET != HWY_EMU128
+#define SIDCO_HIGHWAY_KERNELS 1
+#endif
+#endif
+
+namespace sidco::backend::simd {
+
+#if defined(SIDCO_HIGHWAY_KERNELS)
+inline constexpr bool available = true;
+
+/// The instruction set the kernels were compiled for.
+inline constexpr const char* target_name() {
+  switch (HWY_STATIC_TARGET) {
+#if HWY_ARCH_X86
+    case HWY_AVX3_DL: return "Highway AVX3_DL (AVX-512)";
+    case HWY_AVX3: return "Highway AVX3 (AVX-512)";
+    case HWY_AVX2: return "Highway AVX2";
+    case HWY_SSE4: return "Highway SSE4";
+    case HWY_SSSE3: return "Highway SSSE3";
+#endif
+    default: return "Highway";
+  }
+}
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <class Source>
+struct loads : std::false_type {};
+template <class T>
+struct loads<plain_source<T>> : std::true_type {};
+template <class T>
+struct loads<feedback_source<T>> : std::true_type {};
+template <class T>
+struct loads<excess_source<T>> : std::true_type {};
+
+/// Sources the kernels read whole vectors from. The momentum source is left to the portable
+/// loops: its fused multiply-add must round exactly as the oracle's does.
+template <class Source>
+inline constexpr bool handles = loads<Source>::value;
+
+/// Selections also need an index lane per value lane.
+template <class Source, class Index>
+inline constexpr bool selects = handles<Source> && sizeof(Index) == sizeof(typename Source::value_type);
+
+template <class D, class T>
+HWY_INLINE auto load(D d, const plain_source<T>& s, std::size_t i) {
+  return hn::LoadU(d, s.gradient + i);
+}
+template <class D, class T>
+HWY_INLINE auto load(D d, const feedback_source<T>& s, std::size_t i) {
+  return hn::Add(hn::LoadU(d, s.gradient + i), hn::LoadU(d, s.residual + i));
+}
+template <class D, class T>
+HWY_INLINE auto load(D d, const excess_source<T>& s, std::size_t i) {
+  // a - t, with negative results (and -0) as +0, bit for bit as excess_source::value.
+  const hn::RebindToSigned<D> di;
+  const auto bits = hn::BitCast(di, hn::Sub(hn::LoadU(d, s.magnitudes + i), hn::Set(d, s.threshold)));
+  return hn::BitCast(d, hn::AndNot(hn::ShiftRight<8 * sizeof(T) - 1>(bits), bits));
+}
+
+// Leaves v in the residual, or +0 where sent.
+template <bool Final, class D, class V, class M, class Source>
+HWY_INLINE void settle(D d, const Source& s, std::size_t i, V v, M sent) {
+  if constexpr (std::is_same_v<Source, feedback_source<typename Source::value_type>>)
+    hn::StoreU(Final ? hn::IfThenZeroElse(sent, v) : v, d, s.residual + i);
+}
+
+// |v| > t for above = threshold_key(t), never for NaN: integer compares on the magnitude bits.
+template <class D, class V, class S>
+HWY_INLINE auto exceeds(D d, V v, S above) {
+  const hn::RebindToSigned<D> di;
+  constexpr S infinity = sizeof(S) == 4 ? S(0x7f800000) : S(0x7ff0000000000000ll);
+  const auto key = hn::And(hn::BitCast(di, v), hn::Set(di, std::numeric_limits<S>::max()));
+  return hn::RebindMask(d, hn::And(hn::Gt(key, hn::Set(di, above)),
+                                   hn::Lt(key, hn::Set(di, S(infinity + 1)))));
+}
+
+/// How many |x_i| > t in [lo, hi) over whole vectors; returns where it stopped.
+template <class Source, class S>
+std::size_t count_above(const Source& s, std::size_t lo, std::size_t hi, S above,
+                        std::size_t& count) {
+  const hn::ScalableTag<typename Source::value_type> d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = lo, n = 0;
+  for (; i + lanes <= hi; i += lanes) n += hn::CountTrue(d, exceeds(d, load(d, s, i), above));
+  count += n;
+  return i;
+}
+
+/// The selection's inner loop over whole vectors from lo: settles each vector, compresses
+/// its kept values and their indices in register and stores them whole at [at, at + lanes)
+/// (the store is cheaper than compress-to-memory, which is microcoded on AMD Zen 4/5; the
+/// lanes past the kept count are scratch). Stops before a vector when fewer than lanes slots
+/// remain below end; returns where it stopped.
+template <bool Final, class Source, class S, class T, class Index>
+std::size_t write_above(const Source& s, std::size_t lo, std::size_t hi, S above,
+                        Index* indices, T* values, std::size_t& at, std::size_t end) {
+  const hn::ScalableTag<T> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = lo;
+  for (; i + lanes <= hi && at + lanes <= end; i += lanes) {
+    const auto v = load(d, s, i);
+    const auto keep = exceeds(d, v, above);
+    settle<Final>(d, s, i, v, keep);
+    if (hn::AllFalse(d, keep)) continue;
+    hn::StoreU(hn::Compress(v, keep), d, values + at);
+    const auto position = hn::Iota(du, static_cast<Index>(s.base + i));
+    hn::StoreU(hn::Compress(position, hn::RebindMask(du, keep)), du, indices + at);
+    at += hn::CountTrue(d, keep);
+  }
+  return i;
+}
+
+/// Compaction of the magnitudes |x_i| > t into out[at...], over whole vectors from lo, with
+/// the same room rule as write_above; returns where it stopped.
+template <class Source, class S, class T>
+std::size_t write_magnitudes_above(const Source& s, std::size_t lo, std::size_t hi, S above,
+                                   T* out, std::size_t& at, std::size_t end) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = lo;
+  for (; i + lanes <= hi && at + lanes <= end; i += lanes) {
+    const auto v = load(d, s, i);
+    const auto keep = exceeds(d, v, above);
+    if (hn::AllFalse(d, keep)) continue;
+    hn::StoreU(hn::Compress(hn::Abs(v), keep), d, out + at);
+    at += hn::CountTrue(d, keep);
+  }
+  return i;
+}
+
+/// fast_log's algorithm on a vector of positive finite values (same constants and steps).
+template <class D, class V>
+HWY_INLINE V fast_log(D d, V a) {
+  using T = hn::TFromD<D>;
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  using U = hn::TFromD<decltype(du)>;
+  using I = hn::TFromD<decltype(di)>;
+  constexpr int mantissa_bits = std::numeric_limits<T>::digits - 1;
+  constexpr U exponent_bias = U(std::numeric_limits<T>::max_exponent - 1);
+  constexpr U min_normal = U(1) << mantissa_bits;
+  constexpr U sqrt2_mantissa = sizeof(T) == 4 ? U(0x3504f3) : U(0x6a09e667f3bcdull);
+  const auto tiny = hn::Lt(hn::BitCast(du, a), hn::Set(du, min_normal));
+  const auto scale = hn::IfThenElse(tiny, hn::Set(du, (exponent_bias + mantissa_bits) << mantissa_bits),
+                                    hn::Set(du, exponent_bias << mantissa_bits));
+  const auto bits = hn::BitCast(du, hn::Mul(a, hn::BitCast(d, scale)));
+  const auto mantissa = hn::And(bits, hn::Set(du, min_normal - 1));
+  const auto high = hn::Gt(mantissa, hn::Set(du, sqrt2_mantissa));
+  const auto m_exponent = hn::IfThenElse(high, hn::Set(du, exponent_bias - 1), hn::Set(du, exponent_bias));
+  const V m = hn::BitCast(d, hn::Or(mantissa, hn::ShiftLeft<mantissa_bits>(m_exponent)));
+  auto e = hn::Sub(hn::BitCast(di, hn::ShiftRight<mantissa_bits>(bits)), hn::Set(di, I(exponent_bias)));
+  e = hn::Sub(e, hn::BitCast(di, hn::VecFromMask(du, high)));  // + 1 where high
+  e = hn::IfThenElse(hn::RebindMask(di, tiny), hn::Sub(e, hn::Set(di, I(mantissa_bits))), e);
+  const V one = hn::Set(d, T(1));
+  const V s = hn::Div(hn::Sub(m, one), hn::Add(m, one));
+  const V s2 = hn::Mul(s, s);
+  V series;
+  if constexpr (sizeof(T) == 4) {
+    series = hn::MulAdd(s2, hn::Set(d, T(1) / 9), hn::Set(d, T(1) / 7));
+    series = hn::MulAdd(s2, series, hn::Set(d, T(1) / 5));
+    series = hn::MulAdd(s2, series, hn::Set(d, T(1) / 3));
+  } else {
+    series = hn::MulAdd(s2, hn::Set(d, T(1) / 17), hn::Set(d, T(1) / 15));
+    for (int odd = 13; odd >= 3; odd -= 2) series = hn::MulAdd(s2, series, hn::Set(d, T(1) / T(odd)));
+  }
+  series = hn::MulAdd(s2, series, one);
+  return hn::MulAdd(hn::ConvertTo(d, e), hn::Set(d, T(0.693147180559945309417)),
+                    hn::Mul(hn::Add(s, s), series));
+}
+
+/// Per-lane partial moments of |x| over one block of whole vectors, for the caller to
+/// gather in double: the same lanes and order as the portable kernel.
+template <class T, class Key>
+struct lane_moments {
+  static constexpr std::size_t max_lanes = 64 / sizeof(T);
+  alignas(64) T sum[max_lanes], sum_sq[max_lanes], sum_log[max_lanes];
+  alignas(64) Key zeros[max_lanes], nonfinite[max_lanes], low[max_lanes], high[max_lanes];
+  std::size_t lanes;
+};
+
+/// Fills out with [i, i + block) of s; block is a multiple of the lane count, which is at
+/// most 64 bytes' worth (checked by the caller).
+template <bool Log, class Source, class T = typename Source::value_type>
+void block_moments(const Source& s, std::size_t i, std::size_t block,
+                   lane_moments<T, magnitude_key_t<T>>& out) {
+  const hn::ScalableTag<T> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  using Key = magnitude_key_t<T>;
+  const auto infinity = hn::Set(du, magnitude_key(std::numeric_limits<T>::infinity()));
+  const auto one_key = hn::Set(du, magnitude_key(T(1)));
+  const auto no_sign = hn::Set(du, ~Key(0) >> 1);
+  auto sum = hn::Zero(d), sum_sq = hn::Zero(d), sum_log = hn::Zero(d);
+  auto zeros = hn::Zero(du), nonfinite = hn::Zero(du), low = infinity, high = hn::Zero(du);
+  const std::size_t lanes = hn::Lanes(d);
+  for (std::size_t b = 0; b < block; b += lanes) {
+    const auto key = hn::And(hn::BitCast(du, load(d, s, i + b)), no_sign);
+    const auto finite = hn::Lt(key, infinity);
+    const auto zero = hn::Eq(key, hn::Zero(du));
+    const auto positive = hn::AndNot(zero, finite);
+    const auto kept = hn::IfThenElseZero(positive, key);
+    const auto x = hn::BitCast(d, kept);
+    zeros = hn::Sub(zeros, hn::VecFromMask(du, hn::And(finite, zero)));
+    nonfinite = hn::Sub(nonfinite, hn::VecFromMask(du, hn::Not(finite)));
+    sum = hn::Add(sum, x);
+    sum_sq = hn::MulAdd(x, x, sum_sq);
+    if constexpr (Log)
+      sum_log = hn::Add(sum_log, fast_log(d, hn::BitCast(d, hn::IfThenElse(positive, key, one_key))));
+    low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
+    high = hn::Max(high, kept);
+  }
+  out.lanes = lanes;
+  hn::Store(sum, d, out.sum);
+  hn::Store(sum_sq, d, out.sum_sq);
+  hn::Store(sum_log, d, out.sum_log);
+  hn::Store(zeros, du, out.zeros);
+  hn::Store(nonfinite, du, out.nonfinite);
+  hn::Store(low, du, out.low);
+  hn::Store(high, du, out.high);
+}
+
+#else
+inline constexpr bool available = false;
+inline constexpr const char* target_name() { return "portable"; }
+template <class Source>
+inline constexpr bool handles = false;
+template <class Source, class Index>
+inline constexpr bool selects = false;
+// Named by backend::cpu in branches it discards when the kernels are absent.
+template <class T, class Key>
+struct lane_moments;
+template <bool Log, class... Args>
+void block_moments(Args&&...) = delete;
+template <bool Final, class... Args>
+std::size_t write_above(Args&&...) = delete;
+template <class... Args>
+std::size_t write_magnitudes_above(Args&&...) = delete;
+template <class... Args>
+std::size_t count_above(Args&&...) = delete;
+#endif
+
+}  // namespace sidco::backend::simd
