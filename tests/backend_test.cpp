@@ -102,6 +102,16 @@ void compare_kernels(std::span<const T> x, const backend::cpu& cpu, const std::s
     const moments ma = cpu.template excess<false>(source, t, ea);
     const moments mb = serial.excess<false>(source, t, eb);
     CHECK(ea == eb);
+    // The moments pass that also keeps the exceedances, one pass or two, region overflow
+    // included.
+    for (std::size_t hint : {std::size_t(0), std::size_t(1), eb.size(), 10 * eb.size() + 100}) {
+      INFO("kept during the moments pass, hint ", hint);
+      std::vector<T> kept{T(3), T(4)};  // replaced
+      check_same_moments(cpu.template magnitudes_above<true>(source, t, kept, hint),
+                         serial.magnitudes<true>(source),
+                         std::is_same_v<T, float> ? 4e-6 : 1e-12);
+      CHECK(kept == eb);
+    }
     // Excesses are computed in T (a - T(t)), the oracle's in double: they agree to T's
     // rounding on the scale of the largest magnitude.
     CHECK(ma.count == mb.count);

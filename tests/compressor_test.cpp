@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -165,6 +166,53 @@ TEST_CASE("fixed stage counts are honoured and more stages refine the single-sta
   CHECK(r4.stages == 4);
   CHECK(r1.stages == 1);
   CHECK(std::fabs(std::log(r4.density_ratio())) < std::fabs(std::log(r1.density_ratio())));
+}
+
+namespace {
+// backend::cpu that counts its full passes over the source.
+struct counting_cpu : backend::cpu {
+  mutable int moments_passes = 0, fused_passes = 0, excess_passes = 0;
+  template <bool Log, class Source>
+  moments magnitudes(const Source& source) const {
+    if constexpr (!std::is_same_v<Source, backend::excess_source<float>>) ++moments_passes;
+    return backend::cpu::magnitudes<Log>(source);
+  }
+  template <bool Log, class Source, class T>
+  moments magnitudes_above(const Source& source, double t, std::vector<T>& kept, std::size_t hint) const {
+    ++fused_passes;
+    return backend::cpu::magnitudes_above<Log>(source, t, kept, hint);
+  }
+  template <bool Log, class Source, class T>
+  moments excess(const Source& source, double t, std::vector<T>& kept, std::size_t hint = 0) const {
+    ++excess_passes;
+    return backend::cpu::excess<Log>(source, t, kept, hint);
+  }
+};
+}  // namespace
+
+TEST_CASE("from the second call, the moments pass keeps what the refinement needs") {
+  for (const auto& file : {"lstm_it10.npy", "cnn_it200.npy", "ffn_it200.npy"}) {
+    INFO(file);
+    const auto g = test::load_gradient(file);
+    presets::sidco_with<dist::exponential, dist::exponential, stages::fixed<3>, fit::zero_aware,
+                        select::above_threshold, counting_cpu>
+        c;
+    sparse_vector<float> first, second;
+    const auto r1 = c.compress<float>(g, 0.001, first);
+    const auto& b = c.backend();
+    CHECK(b.moments_passes == 1);
+    CHECK(b.fused_passes == 0);
+    CHECK(b.excess_passes == 1);
+    // Same input again: one fused pass, no refinement pass, and the same estimate up to the
+    // float sums' order (the kept list holds more values, as zeros of the excess).
+    const auto r2 = c.compress<float>(g, 0.001, second);
+    CHECK(b.moments_passes == 1);
+    CHECK(b.fused_passes == 1);
+    CHECK(b.excess_passes == 1);
+    CHECK(r2.threshold == doctest::Approx(r1.threshold).epsilon(1e-5));
+    CHECK(double(r2.selected) == doctest::Approx(double(r1.selected)).epsilon(1e-3));
+    check_selection_exact<float>(g, second, r2);
+  }
 }
 
 TEST_CASE("adaptive stage controller moves within [1, ceil(log2(1/delta))]") {

@@ -95,15 +95,28 @@ class compressor {
 
   /// Phase one, for compositions such as segmented: the moments pass (only counts when the
   /// estimator fits nothing), which throws sidco::error on a non-finite value and writes
-  /// nothing.
+  /// nothing the caller owns. When the last call's estimate made a refinement pass, this pass
+  /// also keeps the magnitudes above a margin below that pass's threshold, for the finish
+  /// that follows on the same source (its first refinement then needs no pass of its own).
   template <class Source>
-  moments analyze(const Source& source, const char* what) const {
+  moments analyze(const Source& source, const char* what) {
+    using T = std::remove_cvref_t<decltype(source.value(0))>;
     moments all;
-    if constexpr (Estimator::provides_threshold)
-      all = backend_.template magnitudes<Estimator::needs_log>(source);
-    else
+    kept_above_ = __builtin_huge_val();
+    if constexpr (Estimator::provides_threshold) {
+      auto& kept = exceedance_workspace<T>();
+      if (prefetch_threshold_ >= 0 && !kept.empty()) {
+        all = backend_.template magnitudes_above<Estimator::needs_log>(source, prefetch_threshold_,
+                                                                       kept, kept.size());
+        kept_above_ = prefetch_threshold_;
+      } else {
+        all = backend_.template magnitudes<Estimator::needs_log>(source);
+      }
+    } else {
       all = backend_.counts(source);
+    }
     if (all.nonfinite) {
+      kept_above_ = __builtin_huge_val();
       const std::size_t at = backend_.first_nonfinite(source);
       detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ",
                    double(source.value(at)), " at index ", source.base + at);
@@ -116,8 +129,12 @@ class compressor {
   compress_report finish(const Source& source, const moments& all, double delta,
                          sparse_vector<T, Index>& out) {
     const double estimation_delta = selection_.estimation_density(delta);
-    pass<Source, T> refine{backend_, source, exceedance_workspace<T>()};
+    const std::size_t prefetched = exceedance_workspace<T>().size();
+    pass<Source, T> refine{backend_, source, exceedance_workspace<T>(), kept_above_};
+    const bool did_prefetch = kept_above_ < __builtin_huge_val();
+    kept_above_ = __builtin_huge_val();
     const auto estimate = estimator_.estimate(all, estimation_delta, refine);
+    plan_prefetch(did_prefetch, refine.first_threshold, prefetched, refine.first_count);
     const std::size_t before = out.size();
     const auto picked =
         selection_.select(backend_, source, estimate.threshold, target_count(delta, source.size), out);
@@ -182,10 +199,22 @@ class compressor {
     const Backend& backend;
     const Source& source;
     std::vector<T>& exceedances;
-    double kept_above = __builtin_huge_val();
+    double kept_above = __builtin_huge_val();  // exceedances holds the |x| above this
+    double first_threshold = -1;               // the first t asked for (-1: none)
+    std::size_t first_count = 0;               // how many |x| exceed it
 
     template <bool Log>
     moments excess(double t) {
+      moments m = excess_moments<Log>(t);
+      if (first_threshold < 0) {
+        first_threshold = t;
+        first_count = std::size_t(m.count);
+      }
+      return m;
+    }
+
+    template <bool Log>
+    moments excess_moments(double t) {
       if (t >= kept_above) {
         // The backend's moments kernel over the kept magnitudes' excesses; the values not
         // above t come out as zeros and are not part of the sample.
@@ -206,6 +235,24 @@ class compressor {
     double magnitude(std::size_t i) const { return std::fabs(double(source.value(i))); }
   };
 
+  // Thresholds drift slowly between calls on one tensor, so the next moments pass keeps the
+  // magnitudes above a margin below this call's first refinement threshold. The margin
+  // doubles (to 20% at most) when a first threshold fell below what was kept, and halves
+  // when the kept magnitudes outnumbered those above the threshold by half, which bounds
+  // the workspace.
+  void plan_prefetch(bool did_prefetch, double first_threshold, std::size_t prefetched,
+                     std::size_t first_count) {
+    if (first_threshold < 0) {
+      prefetch_threshold_ = -1;
+      return;
+    }
+    if (did_prefetch && first_threshold < prefetch_threshold_)
+      prefetch_margin_ = std::min(0.2, 2 * prefetch_margin_);
+    else if (did_prefetch && double(prefetched) > 1.5 * double(first_count))
+      prefetch_margin_ = std::max(1.0 / 256, prefetch_margin_ / 2);
+    prefetch_threshold_ = (1 - prefetch_margin_) * first_threshold;
+  }
+
   template <class T>
   std::vector<T>& exceedance_workspace() {
     if constexpr (std::is_same_v<T, float>)
@@ -221,6 +268,12 @@ class compressor {
   // across calls so that a steady tensor allocates only on its first calls.
   std::vector<float> exceedances_float_;
   std::vector<double> exceedances_double_;
+  // Set by analyze when its pass kept the magnitudes above this; used by the next finish.
+  double kept_above_ = __builtin_huge_val();
+  // Where the next analyze keeps magnitudes from (negative: nowhere), and how far below the
+  // last first threshold that is.
+  double prefetch_threshold_ = -1;
+  double prefetch_margin_ = 0.05;
 };
 
 }  // namespace sidco

@@ -72,17 +72,11 @@ class cpu {
     const std::size_t total = compact(
         source.size, expected, last_exceeding_, exceedances.capacity(),
         [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
-        [&]<bool Bounded>(std::bool_constant<Bounded>, std::size_t lo, std::size_t hi,
+        [&]<bool Bounded>(std::bool_constant<Bounded>, int, std::size_t lo, std::size_t hi,
                           std::size_t& at, std::size_t end) {
           return write_magnitudes_above<Bounded>(source, lo, hi, above, exceedances.data(), at, end);
         },
-        [&](std::size_t slots) {
-          // Grows by half at least, not doubling (this buffer is N-sized), so that counts
-          // that vary from call to call settle its size within a few calls.
-          if (slots > exceedances.capacity())
-            exceedances.reserve(std::max(slots, exceedances.capacity() + exceedances.capacity() / 2));
-          exceedances.resize(slots);
-        },
+        [&](std::size_t slots) { grow_exceedances(exceedances, slots); },
         [&](std::size_t to, std::size_t from, std::size_t count) {
           std::memmove(exceedances.data() + to, exceedances.data() + from, count * sizeof(T));
         });
@@ -90,6 +84,43 @@ class cpu {
     // Every kept value is above t: count is total; an excess that rounds to 0 in T counts
     // as a zero and stays out of the fit's sample, as it should.
     return magnitudes<Log>(excess_source<T>{exceedances.data(), total, T(t)});
+  }
+
+  /// magnitudes and excess's compaction in one pass: the moments of |x| over the whole
+  /// source, with the |x| > t written to exceedances (replacing its contents) in index
+  /// order. Given no hint of the count, it makes the two passes.
+  template <bool Log, class Source, class T>
+  moments magnitudes_above(const Source& source, double t, std::vector<T>& exceedances,
+                           std::size_t expected) const {
+    if (expected == 0) {
+      excess<false>(source, t, exceedances);
+      return magnitudes<Log>(source);
+    }
+    const auto above = threshold_key<T>(t);
+    partials_.resize(std::size_t(range_count(source.size)));
+    const std::size_t total = compact(
+        source.size, expected, last_exceeding_, exceedances.capacity(),
+        [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
+        [&]<bool Bounded>(std::bool_constant<Bounded>, int r, std::size_t lo, std::size_t hi,
+                          std::size_t& at, std::size_t end) {
+          // The bounded call covers each whole range once: it takes the moments too.
+          if constexpr (Bounded) {
+            std::size_t stop;
+            partials_[std::size_t(r)] = range_moments_writing<Log>(
+                source, lo, hi, above, exceedances.data(), at, end, stop);
+            return stop;
+          } else {
+            return write_magnitudes_above<false>(source, lo, hi, above, exceedances.data(), at, end);
+          }
+        },
+        [&](std::size_t slots) { grow_exceedances(exceedances, slots); },
+        [&](std::size_t to, std::size_t from, std::size_t count) {
+          std::memmove(exceedances.data() + to, exceedances.data() + from, count * sizeof(T));
+        });
+    exceedances.resize(total);
+    moments all;
+    for (const auto& m : partials_) all.merge(m);
+    return all;
   }
 
   template <class Source>
@@ -134,7 +165,7 @@ class cpu {
     const std::size_t total = compact(
         source.size, expected, last_selected_, out.capacity() - start,
         [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
-        [&]<bool Bounded>(std::bool_constant<Bounded>, std::size_t lo, std::size_t hi,
+        [&]<bool Bounded>(std::bool_constant<Bounded>, int, std::size_t lo, std::size_t hi,
                           std::size_t& at, std::size_t end) {
           return write_above<Final, Bounded>(source, lo, hi, above,
                                              out.mutable_indices().data() + start,
@@ -220,28 +251,26 @@ class cpu {
   template <class Source>
   using value_t = std::remove_cvref_t<decltype(std::declval<const Source&>().value(0))>;
 
-  // One pass over [lo, hi). Blocks of 1024 values are summed in T lanes, then added in
-  // double. Every test is an integer compare on the magnitude bits: float compares may trap
-  // on NaN, which stops the compiler from vectorizing them; for non-negative floats the
-  // bits order like the values, so min and max are integer too.
+  // Values per moments block: summed in T lanes, then added in double.
+  static constexpr std::size_t moments_block = 1024;
+
+  // Moments of |x| over [i, i + moments_block). Every test is an integer compare on the
+  // magnitude bits: float compares may trap on NaN, which stops the compiler from
+  // vectorizing them; for non-negative floats the bits order like the values, so min and
+  // max are integer too.
   template <bool Log, class Source>
-  static moments range_moments(const Source& source, std::size_t lo, std::size_t hi) {
+  static moments block_moments(const Source& source, std::size_t i) {
     using T = value_t<Source>;
     using Key = magnitude_key_t<T>;
-    constexpr std::size_t lanes = 64 / sizeof(T);
-    constexpr std::size_t block = 1024;
-    const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
-    moments total;
-    std::size_t i = lo;
+    constexpr std::size_t block = moments_block;
     if constexpr (simd::handles<Source>) {
       simd::lane_moments<T, Key> part;
-      for (; i + block <= hi; i += block) {
-        simd::block_moments<Log>(source, i, block, part);
-        total.merge(gather_lanes(part.lanes, block, part.sum, part.sum_sq, part.sum_log,
-                                 part.zeros, part.nonfinite, part.low, part.high));
-      }
-    }
-    for (; i + block <= hi; i += block) {
+      simd::block_moments<Log>(source, i, block, part);
+      return gather_lanes(part.lanes, block, part.sum, part.sum_sq, part.sum_log, part.zeros,
+                          part.nonfinite, part.low, part.high);
+    } else {
+      constexpr std::size_t lanes = 64 / sizeof(T);
+      const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
       T sum[lanes] = {}, sum_sq[lanes] = {}, sum_log[lanes] = {};
       Key zeros[lanes] = {}, nonfinite[lanes] = {}, low[lanes], high[lanes] = {};
       std::fill(low, low + lanes, infinity);
@@ -264,14 +293,51 @@ class cpu {
           high[j] = std::max(high[j], kept);
         }
       }
-      total.merge(gather_lanes(lanes, block, sum, sum_sq, sum_log, zeros, nonfinite, low, high));
+      return gather_lanes(lanes, block, sum, sum_sq, sum_log, zeros, nonfinite, low, high);
     }
-    for (; i < hi; ++i) {
-      const T a = std::fabs(source.value(i));
+  }
+
+  // Adds |x| over [lo, hi), fewer than a block, value by value.
+  template <bool Log, class Source>
+  static void add_moments(moments& total, const Source& source, std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) {
+      const auto a = std::fabs(source.value(i));
       total.add<false>(double(a));
       if constexpr (Log)
-        if (std::isfinite(a) && a > T(0)) total.sum_log += double(fast_log(a));
+        if (std::isfinite(a) && a > 0) total.sum_log += double(fast_log(a));
     }
+  }
+
+  // One pass over [lo, hi).
+  template <bool Log, class Source>
+  static moments range_moments(const Source& source, std::size_t lo, std::size_t hi) {
+    moments total;
+    std::size_t i = lo;
+    for (; i + moments_block <= hi; i += moments_block) total.merge(block_moments<Log>(source, i));
+    add_moments<Log>(total, source, i, hi);
+    return total;
+  }
+
+  // range_moments, also writing |x| > t at out[at, end) block by block (each block is
+  // compacted while it is still in L1) until the room runs out; stop is where writing
+  // stopped (hi when it did not).
+  template <bool Log, class Source, class S, class T>
+  static moments range_moments_writing(const Source& source, std::size_t lo, std::size_t hi,
+                                       S above, T* out, std::size_t& at, std::size_t end,
+                                       std::size_t& stop) {
+    moments total;
+    stop = hi;
+    std::size_t i = lo;
+    for (; i + moments_block <= hi; i += moments_block) {
+      total.merge(block_moments<Log>(source, i));
+      if (stop == hi) {
+        const std::size_t next = i + moments_block;
+        const std::size_t written = write_magnitudes_above<true>(source, i, next, above, out, at, end);
+        if (written < next) stop = written;
+      }
+    }
+    add_moments<Log>(total, source, i, hi);
+    if (stop == hi) stop = write_magnitudes_above<true>(source, i, hi, above, out, at, end);
     return total;
   }
 
@@ -400,8 +466,8 @@ class cpu {
     }
   }
 
-  // Compacts, in range order, what count(lo, hi) counts and write(bounded, lo, hi, at, end)
-  // writes (see write_above) into slots [0, total) of a buffer that resize(slots) sizes,
+  // Compacts, in range order, what count(lo, hi) counts and write(bounded, r, lo, hi, at, end)
+  // writes for range r (see write_above) into slots [0, total) of a buffer that resize(slots) sizes,
   // keeping its contents, and move(to, from, count) moves within. Returns total.
   //
   // With a hint of the count, one pass: each range writes into its own region, then the
@@ -419,7 +485,7 @@ class cpu {
       for_each_range(n, [&](int r, std::size_t lo, std::size_t hi) {
         // A copy: the next range's thread reads offsets_[r + 1] as its end.
         std::size_t at = offsets_[std::size_t(r)];
-        write(std::false_type{}, lo, hi, at, offsets_[std::size_t(r) + 1]);
+        write(std::false_type{}, r, lo, hi, at, offsets_[std::size_t(r) + 1]);
       });
       last.resize(ranges);
       for (std::size_t r = 0; r < ranges; ++r) last[r] = offsets_[r + 1] - offsets_[r];
@@ -429,7 +495,7 @@ class cpu {
     resize(regions_.back().end);
     for_each_range(n, [&](int r, std::size_t lo, std::size_t hi) {
       region& g = regions_[std::size_t(r)];
-      g.stop = write(std::true_type{}, lo, hi, g.at, g.end);
+      g.stop = write(std::true_type{}, r, lo, hi, g.at, g.end);
       g.leftover = g.stop < hi ? count(g.stop, hi) : 0;
     });
     std::size_t total = 0;
@@ -450,7 +516,7 @@ class cpu {
       for_each_range(n, [&](int r, std::size_t, std::size_t hi) {
         const region& g = regions_[std::size_t(r)];
         std::size_t at = g.place + (g.at - g.begin);
-        write(std::false_type{}, g.stop, hi, at, at + g.leftover);
+        write(std::false_type{}, r, g.stop, hi, at, at + g.leftover);
       });
     }
     for (std::size_t r = 0; r < ranges; ++r)
@@ -459,6 +525,16 @@ class cpu {
   }
 
   static constexpr std::size_t select_block = 16;
+
+  // Sizes the exceedance buffer to slots, keeping its contents. Grows by half at least, not
+  // doubling (this buffer is N-sized), so that counts that vary from call to call settle its
+  // size within a few calls.
+  template <class T>
+  static void grow_exceedances(std::vector<T>& exceedances, std::size_t slots) {
+    if (slots > exceedances.capacity())
+      exceedances.reserve(std::max(slots, exceedances.capacity() + exceedances.capacity() / 2));
+    exceedances.resize(slots);
+  }
 
   // Writes |v| for |v| > t over [lo, hi) at out[at, end), with write_above's contract.
   // Without branches: store always, advance when kept (a quarter of the values are kept

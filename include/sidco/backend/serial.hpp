@@ -27,6 +27,14 @@ struct serial {
     return m;
   }
 
+  /// magnitudes, and the |x| > t written to exceedances as excess writes them.
+  template <bool Log, class Source, class T>
+  moments magnitudes_above(const Source& source, double t, std::vector<T>& exceedances,
+                           std::size_t = 0) const {
+    excess<false>(source, t, exceedances);
+    return magnitudes<Log>(source);
+  }
+
   /// Counts only (zeros and non-finite values), for methods that fit nothing. Integer
   /// compares on the magnitude bits, without branches, so the compiler can vectorize it.
   template <class Source>
