@@ -107,10 +107,19 @@ void compare_kernels(std::span<const T> x, const backend::cpu& cpu, const std::s
     for (std::size_t hint : {std::size_t(0), std::size_t(1), eb.size(), 10 * eb.size() + 100}) {
       INFO("kept during the moments pass, hint ", hint);
       std::vector<T> kept{T(3), T(4)};  // replaced
-      check_same_moments(cpu.template magnitudes_above<true>(source, t, kept, hint),
+      bool complete = false;
+      check_same_moments(cpu.template magnitudes_above<true>(source, t, kept, hint, std::size_t(-1), complete),
                          serial.magnitudes<true>(source),
                          std::is_same_v<T, float> ? 4e-6 : 1e-12);
+      CHECK(complete);
       CHECK(kept == eb);
+      // Far more exceed t than the limit allows: the moments still come, nothing is kept.
+      if (eb.size() > 1000) {
+        check_same_moments(cpu.template magnitudes_above<false>(source, t, kept, hint, eb.size() / 10, complete),
+                           serial.magnitudes<false>(source), sum_tolerance<T>);
+        CHECK_FALSE(complete);
+        CHECK(kept.empty());
+      }
     }
     // Excesses are computed in T (a - T(t)), the oracle's in double: they agree to T's
     // rounding on the scale of the largest magnitude.

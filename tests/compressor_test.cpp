@@ -178,9 +178,10 @@ struct counting_cpu : backend::cpu {
     return backend::cpu::magnitudes<Log>(source);
   }
   template <bool Log, class Source, class T>
-  moments magnitudes_above(const Source& source, double t, std::vector<T>& kept, std::size_t hint) const {
+  moments magnitudes_above(const Source& source, double t, std::vector<T>& kept, std::size_t hint,
+                           std::size_t limit, bool& complete) const {
     ++fused_passes;
-    return backend::cpu::magnitudes_above<Log>(source, t, kept, hint);
+    return backend::cpu::magnitudes_above<Log>(source, t, kept, hint, limit, complete);
   }
   template <bool Log, class Source, class T>
   moments excess(const Source& source, double t, std::vector<T>& kept, std::size_t hint = 0) const {

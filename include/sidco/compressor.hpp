@@ -106,9 +106,13 @@ class compressor {
     if constexpr (Estimator::provides_threshold) {
       auto& kept = exceedance_workspace<T>();
       if (prefetch_threshold_ >= 0 && !kept.empty()) {
-        all = backend_.template magnitudes_above<Estimator::needs_log>(source, prefetch_threshold_,
-                                                                       kept, kept.size());
-        kept_above_ = prefetch_threshold_;
+        bool complete = false;
+        all = backend_.template magnitudes_above<Estimator::needs_log>(
+            source, prefetch_threshold_, kept, kept.size(), prefetch_limit_, complete);
+        if (complete)
+          kept_above_ = prefetch_threshold_;
+        else
+          prefetch_margin_ = std::max(min_prefetch_margin, prefetch_margin_ / 2);
       } else {
         all = backend_.template magnitudes<Estimator::needs_log>(source);
       }
@@ -236,10 +240,11 @@ class compressor {
   };
 
   // Thresholds drift slowly between calls on one tensor, so the next moments pass keeps the
-  // magnitudes above a margin below this call's first refinement threshold. The margin
-  // doubles (to 20% at most) when a first threshold fell below what was kept, and halves
-  // when the kept magnitudes outnumbered those above the threshold by half, which bounds
-  // the workspace.
+  // magnitudes above a margin below this call's first refinement threshold, at most half
+  // again as many as were above it (beyond that the pass gives up keeping them, which bounds the
+  // workspace where thresholds move fast). The margin doubles (to 20% at most) when a first
+  // threshold fell below what was kept, and halves when the kept magnitudes outnumbered
+  // those above the threshold by half.
   void plan_prefetch(bool did_prefetch, double first_threshold, std::size_t prefetched,
                      std::size_t first_count) {
     if (first_threshold < 0) {
@@ -249,8 +254,9 @@ class compressor {
     if (did_prefetch && first_threshold < prefetch_threshold_)
       prefetch_margin_ = std::min(0.2, 2 * prefetch_margin_);
     else if (did_prefetch && double(prefetched) > 1.5 * double(first_count))
-      prefetch_margin_ = std::max(1.0 / 256, prefetch_margin_ / 2);
+      prefetch_margin_ = std::max(min_prefetch_margin, prefetch_margin_ / 2);
     prefetch_threshold_ = (1 - prefetch_margin_) * first_threshold;
+    prefetch_limit_ = first_count + first_count / 2;
   }
 
   template <class T>
@@ -274,6 +280,8 @@ class compressor {
   // last first threshold that is.
   double prefetch_threshold_ = -1;
   double prefetch_margin_ = 0.05;
+  std::size_t prefetch_limit_ = 0;
+  static constexpr double min_prefetch_margin = 1.0 / 256;
 };
 
 }  // namespace sidco

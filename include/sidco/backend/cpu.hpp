@@ -88,16 +88,24 @@ class cpu {
 
   /// magnitudes and excess's compaction in one pass: the moments of |x| over the whole
   /// source, with the |x| > t written to exceedances (replacing its contents) in index
-  /// order. Given no hint of the count, it makes the two passes.
+  /// order. Given no hint of the count, it makes the two passes. kept is false, and
+  /// exceedances empty, when more than about limit values exceed t: the pass gives up
+  /// keeping them rather than grow the buffer beyond a quarter over that.
   template <bool Log, class Source, class T>
   moments magnitudes_above(const Source& source, double t, std::vector<T>& exceedances,
-                           std::size_t expected) const {
+                           std::size_t expected, std::size_t limit, bool& kept) const {
+    kept = true;
     if (expected == 0) {
       excess<false>(source, t, exceedances);
+      if (exceedances.size() > limit) {
+        kept = false;
+        exceedances.clear();
+      }
       return magnitudes<Log>(source);
     }
     const auto above = threshold_key<T>(t);
-    partials_.resize(std::size_t(range_count(source.size)));
+    const std::size_t ranges = std::size_t(range_count(source.size));
+    partials_.resize(ranges);
     const std::size_t total = compact(
         source.size, expected, last_exceeding_, exceedances.capacity(),
         [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
@@ -113,11 +121,20 @@ class cpu {
             return write_magnitudes_above<false>(source, lo, hi, above, exceedances.data(), at, end);
           }
         },
-        [&](std::size_t slots) { grow_exceedances(exceedances, slots); },
+        [&](std::size_t slots) {
+          // Geometric growth, to a quarter over the limit at most: counts creeping up from
+          // call to call then allocate seldom, and the buffer stays bounded by the limit.
+          const std::size_t most =
+              std::max(slots, std::min(2 * exceedances.capacity(), limit + limit / 4));
+          if (slots > exceedances.capacity()) exceedances.reserve(most);
+          exceedances.resize(slots);
+        },
         [&](std::size_t to, std::size_t from, std::size_t count) {
           std::memmove(exceedances.data() + to, exceedances.data() + from, count * sizeof(T));
-        });
-    exceedances.resize(total);
+        },
+        std::max(limit, ranges * 4 * select_block));
+    kept = total != gave_up;
+    exceedances.resize(kept ? total : 0);
     moments all;
     for (const auto& m : partials_) all.merge(m);
     return all;
@@ -438,7 +455,7 @@ class cpu {
   // free slot, stop where the range's pass stopped, leftover kept after stop, place its
   // final offset.
   struct region {
-    std::size_t begin, end, at, stop, leftover, place;
+    std::size_t begin, end, at, stop, hi, leftover, place;
   };
 
   // Regions of the output for a one-pass compaction: the hint shared out as the ranges
@@ -447,7 +464,7 @@ class cpu {
   // tenth more than the hint, the regions share that room instead, so that a count creeping
   // up from call to call does not grow the buffer every time.
   void plan_regions(std::size_t ranges, std::size_t expected, std::vector<std::size_t>& last,
-                    std::size_t room) const {
+                    std::size_t room, std::size_t limit) const {
     if (last.size() != ranges) last.assign(ranges, 0);
     std::size_t last_total = 0;
     for (std::size_t kept : last) last_total += kept;
@@ -455,20 +472,22 @@ class cpu {
     const double blocks = double(ranges * 4 * select_block);
     const double wanted = slack * double(expected) + blocks;
     const double enough = 1.1 * double(expected) + blocks;
-    const double scale = double(room) >= enough ? double(room) / wanted : 1.0;
+    double scale = double(room) >= enough ? double(room) / wanted : 1.0;
+    scale = std::min(scale, double(limit) / wanted);
     regions_.resize(ranges);
     std::size_t end = 0;
     for (std::size_t r = 0; r < ranges; ++r) {
       const double share = last_total ? double(last[r]) / double(last_total) : 1.0 / double(ranges);
       const auto size = std::size_t(scale * (slack * share * double(expected) + double(4 * select_block)));
-      regions_[r] = {end, end + size, end, 0, 0, 0};
+      regions_[r] = {end, end + size, end, 0, 0, 0, 0};
       end += size;
     }
   }
 
   // Compacts, in range order, what count(lo, hi) counts and write(bounded, r, lo, hi, at, end)
-  // writes for range r (see write_above) into slots [0, total) of a buffer that resize(slots) sizes,
-  // keeping its contents, and move(to, from, count) moves within. Returns total.
+  // writes for range r (see write_above) into slots [0, total) of a buffer that resize(slots)
+  // sizes, keeping its contents, and move(to, from, count) moves within. Returns total, or
+  // gave_up when a limit on the slots was given and the one pass would have exceeded it.
   //
   // With a hint of the count, one pass: each range writes into its own region, then the
   // regions are closed up (only kept entries move). A range that fills its region stops
@@ -477,8 +496,9 @@ class cpu {
   template <class Count, class Write, class Resize, class Move>
   std::size_t compact(std::size_t n, std::size_t expected, std::vector<std::size_t>& last,
                       std::size_t room, Count&& count, Write&& write, Resize&& resize,
-                      Move&& move) const {
+                      Move&& move, std::size_t limit = gave_up) const {
     const std::size_t ranges = std::size_t(range_count(n));
+    const bool limited = limit != gave_up;
     if (expected == 0) {
       const std::size_t total = count_ranges(n, count);
       resize(total);
@@ -491,20 +511,22 @@ class cpu {
       for (std::size_t r = 0; r < ranges; ++r) last[r] = offsets_[r + 1] - offsets_[r];
       return total;
     }
-    plan_regions(ranges, expected, last, room);
+    plan_regions(ranges, expected, last, room, limit);
     resize(regions_.back().end);
     for_each_range(n, [&](int r, std::size_t lo, std::size_t hi) {
       region& g = regions_[std::size_t(r)];
       g.stop = write(std::true_type{}, r, lo, hi, g.at, g.end);
-      g.leftover = g.stop < hi ? count(g.stop, hi) : 0;
+      g.hi = hi;
+      g.leftover = g.stop < hi && !limited ? count(g.stop, hi) : 0;
     });
     std::size_t total = 0;
-    bool overflow = false;
+    bool overflow = false;  // a range stopped early: its rest is unwritten (and unsettled)
     for (auto& g : regions_) {
       g.place = total;  // range r's kept entries, then its leftovers, in range order
       total += (g.at - g.begin) + g.leftover;
-      overflow |= g.leftover > 0;
+      overflow |= g.stop < g.hi;
     }
+    if (overflow && limited) return gave_up;
     if (total > regions_.back().end) resize(total);
     // Places are ascending and disjoint, as are the regions: moving those that go right from
     // the last, then those that go left from the first, never overwrites unmoved entries.
@@ -516,7 +538,7 @@ class cpu {
       for_each_range(n, [&](int r, std::size_t, std::size_t hi) {
         const region& g = regions_[std::size_t(r)];
         std::size_t at = g.place + (g.at - g.begin);
-        write(std::false_type{}, r, g.stop, hi, at, at + g.leftover);
+        if (g.stop < hi) write(std::false_type{}, r, g.stop, hi, at, at + g.leftover);
       });
     }
     for (std::size_t r = 0; r < ranges; ++r)
@@ -525,6 +547,7 @@ class cpu {
   }
 
   static constexpr std::size_t select_block = 16;
+  static constexpr std::size_t gave_up = std::size_t(-1);
 
   // Sizes the exceedance buffer to slots, keeping its contents. Grows by half at least, not
   // doubling (this buffer is N-sized), so that counts that vary from call to call settle its

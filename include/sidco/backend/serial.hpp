@@ -27,11 +27,14 @@ struct serial {
     return m;
   }
 
-  /// magnitudes, and the |x| > t written to exceedances as excess writes them.
+  /// magnitudes, and the |x| > t written to exceedances as excess writes them (none, and kept
+  /// false, when there are more than limit).
   template <bool Log, class Source, class T>
   moments magnitudes_above(const Source& source, double t, std::vector<T>& exceedances,
-                           std::size_t = 0) const {
+                           std::size_t, std::size_t limit, bool& kept) const {
     excess<false>(source, t, exceedances);
+    kept = exceedances.size() <= limit;
+    if (!kept) exceedances.clear();
     return magnitudes<Log>(source);
   }
 
