@@ -196,6 +196,23 @@ TEST_CASE_TEMPLATE("cpu selection settles error feedback exactly as the oracle d
   CHECK(ra == rb);
 }
 
+TEST_CASE("a range whose region fills just before its last kept value still settles the rest") {
+  // Two ranges of 65,536 values; a hint of 1 gives each a region of 64 slots. The first 60
+  // values of each range are kept: the next 16-value block might not fit, so the pass stops
+  // there with nothing left to write, and the rest of the range must still be settled.
+  const std::size_t n = std::size_t(1) << 17, half = n / 2;
+  std::vector<float> g(n, 0.001f), r0(n, 0.5f);
+  for (std::size_t i = 0; i < 60; ++i) g[i] = g[half + i] = 10.0f;
+  auto ra = r0, rb = r0;
+  const backend::feedback_source<float> sa{g.data(), ra.data(), n}, sb{g.data(), rb.data(), n};
+  sparse_vector<float> a(n), b(n);
+  backend::cpu(2).select_above<true>(sa, 1.0, a, 1);
+  backend::serial{}.select_above<true>(sb, 1.0, b);
+  CHECK(b.size() == 120);
+  CHECK(test::entries(a) == test::entries(b));
+  CHECK(ra == rb);
+}
+
 TEST_CASE("the kernels this build runs") {
   MESSAGE("backend::cpu kernels: " << std::string(backend::cpu::kernels));
 #if defined(SIDCO_HIGHWAY) && SIDCO_HIGHWAY && (defined(__AVX2__) || defined(__ARM_NEON))
