@@ -88,12 +88,12 @@ TEST_CASE("top_k and exact_k equal the brute-force Top-k on every real gradient 
 
 TEST_CASE("exact_k falls back correctly when the estimate keeps too few") {
   // The original SIDCo fit keeps 0.1x the target on the LSTM gradient: exact_k must rescan
-  // (lower the threshold, read the band) and still produce exactly Top-k.
+  // (lower the threshold, read the band, twice here) and still produce exactly Top-k.
   const auto g = test::load_gradient("lstm_it10.npy");
   presets::sidco_e_paper<select::exact_k> c;
   sparse_vector<float> out;
   const auto report = c.compress<float>(g, 0.01, out);
-  CHECK(report.rescans >= 1);
+  CHECK(report.rescans >= 2);  // three ascending runs merged into one
   CHECK(entries(out) == test::reference_top_k<float>(g, target_count(0.01, g.size())));
   // With error feedback, the residual keeps exactly what was not sent.
   feedback::residual<float> residual(g.size());

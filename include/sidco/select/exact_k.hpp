@@ -3,8 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
+#include <span>
 
 #include "sidco/core/error.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -41,13 +43,17 @@ struct exact_k {
     double t = k == source.size || !std::isfinite(threshold) ? -1.0 : threshold;
     backend.template select_above<false>(source, t, out, std::size_t(double(k) * (1 + slack)));
     selection_result result{out.size() - begin, 0};
+    // Each band is a run ascending by index: at most halvings, then (0, t], then all.
+    std::array<std::size_t, halvings + 2> band_starts{};
     while (out.size() - begin < k) {
       const double lower = t > 0 && result.rescans < halvings ? t / 2 : (t > 0 ? 0.0 : -1.0);
+      band_starts[std::size_t(result.rescans)] = out.size();
       backend.select_band(source, lower, t, out);
       t = lower;
       ++result.rescans;
     }
-    if (result.rescans) detail::sort_by_index(out, begin);
+    if (result.rescans)
+      detail::merge_runs(out, begin, std::span<const std::size_t>(band_starts.data(), std::size_t(result.rescans)));
     detail::keep_top_k(out, begin, k);
     detail::mark_sent(source, out, begin);
     return result;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -55,15 +56,23 @@ void keep_top_k(sparse_vector<T, Index>& out, std::size_t begin, std::size_t k) 
   out.truncate(begin + kept);
 }
 
-/// Sorts out's entries from position begin on by index (after a rescan appended a band).
+/// Merges out's entries from position begin on into one run ascending by index. They are
+/// runs that each ascend: the first from begin, the others from each of run_starts (a
+/// rescan appends one band per pass). Linear in the entries per run, with a temporary (the
+/// rescan is the cold path).
 template <class T, class Index>
-void sort_by_index(sparse_vector<T, Index>& out, std::size_t begin) {
+void merge_runs(sparse_vector<T, Index>& out, std::size_t begin,
+                std::span<const std::size_t> run_starts) {
   const auto values = out.mutable_values().subspan(begin);
   const auto indices = out.mutable_indices().subspan(begin);
   std::vector<std::pair<Index, T>> entries(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) entries[i] = {indices[i], values[i]};
-  std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const auto by_index = [](const auto& a, const auto& b) { return a.first < b.first; };
+  for (std::size_t r = 0; r < run_starts.size(); ++r) {
+    const std::size_t end = r + 1 < run_starts.size() ? run_starts[r + 1] : out.size();
+    std::inplace_merge(entries.begin(), entries.begin() + std::ptrdiff_t(run_starts[r] - begin),
+                       entries.begin() + std::ptrdiff_t(end - begin), by_index);
+  }
   for (std::size_t i = 0; i < values.size(); ++i) {
     indices[i] = entries[i].first;
     values[i] = entries[i].second;
