@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turns sidco-bench's JSON output into the tables of bench/README.md.
 
-Usage: bench/report.py bench/results/latest.json [--plot time_vs_n.png] > table.md
+Usage: bench/report.py latest.json [more.json ...] [--plot time_vs_n.png] > table.md
+(later files replace the runs they repeat: e.g. a run of the targets with repetitions)
 Ratios are of times measured in the same run: compress / streaming read (the bandwidth
 ceiling) and std::nth_element Top-k / compress (the speed-up over exact Top-k)."""
 import json
@@ -11,14 +12,18 @@ INPUTS = {0: "normal", 1: "laplace", 2: "lstm (real)", 3: "cnn (real)"}
 REAL_SIZES = {2: 3689196, 3: 900490}
 
 
-def load(path):
+def load(path, runs):
+    """Adds path's runs to runs (replacing those it repeats). With --benchmark_repetitions,
+    the median of the repetitions stands for each benchmark."""
     with open(path) as f:
         data = json.load(f)
-    runs = {}
     for b in data["benchmarks"]:
-        if b.get("run_type", "iteration") != "iteration":
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") != "median":
+                continue
+        elif b.get("repetitions", 1) > 1:
             continue
-        name, *args = b["name"].split("/")
+        name, *args = b["run_name"].split("/") if "run_name" in b else b["name"].split("/")
         kind, log2n, inverse = (int(a) for a in args[:3])
         unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b.get("time_unit", "ns")]
         runs[(name, kind, log2n, inverse)] = {
@@ -27,7 +32,7 @@ def load(path):
             "alloc_bytes": b.get("alloc_bytes"),
             "workspace_bytes": b.get("workspace_bytes"),
         }
-    return data.get("context", {}), runs
+    return data.get("context", {})
 
 
 def size_of(kind, log2n):
@@ -62,9 +67,16 @@ def plot(runs, path, kind=1, inverse=1000):
 
 
 def main():
-    context, runs = load(sys.argv[1])
-    if "--plot" in sys.argv:
-        plot(runs, sys.argv[sys.argv.index("--plot") + 1])
+    args = sys.argv[1:]
+    plot_path = None
+    if "--plot" in args:
+        plot_path = args[args.index("--plot") + 1]
+        del args[args.index("--plot"):args.index("--plot") + 2]
+    runs = {}
+    for path in args:
+        context = load(path, runs)
+    if plot_path:
+        plot(runs, plot_path)
     configs = sorted({(k, n, i) for (_, k, n, i) in runs})
     methods = []
     for (name, *_rest) in runs:
