@@ -241,10 +241,10 @@ class compressor {
 
   // Thresholds drift slowly between calls on one tensor, so the next moments pass keeps the
   // magnitudes above a margin below this call's first refinement threshold, at most half
-  // again as many as were above it (beyond that the pass gives up keeping them, which bounds the
-  // workspace where thresholds move fast). The margin doubles (to 20% at most) when a first
-  // threshold fell below what was kept, and halves when the kept magnitudes outnumbered
-  // those above the threshold by half.
+  // again as many as were above it (beyond that the pass gives up keeping them, which bounds
+  // the workspace where thresholds move fast). The margin doubles (to 20% at most) when a
+  // first threshold fell below what was kept, and halves when the kept magnitudes
+  // outnumbered those above the threshold by half.
   void plan_prefetch(bool did_prefetch, double first_threshold, std::size_t prefetched,
                      std::size_t first_count) {
     if (first_threshold < 0) {
