@@ -68,19 +68,7 @@ class cpu {
   template <bool Log, class Source, class T>
   moments excess(const Source& source, double t, std::vector<T>& exceedances,
                  std::size_t expected = 0) const {
-    const auto above = threshold_key<T>(t);
-    const std::size_t total = compact(
-        source.size, expected, last_exceeding_, exceedances.capacity(),
-        [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
-        [&]<bool Bounded>(std::bool_constant<Bounded>, int, std::size_t lo, std::size_t hi,
-                          std::size_t& at, std::size_t end) {
-          return write_magnitudes_above<Bounded>(source, lo, hi, above, exceedances.data(), at, end);
-        },
-        [&](std::size_t slots) { grow_exceedances(exceedances, slots); },
-        [&](std::size_t to, std::size_t from, std::size_t count) {
-          std::memmove(exceedances.data() + to, exceedances.data() + from, count * sizeof(T));
-        });
-    exceedances.resize(total);
+    const std::size_t total = keep_exceeding<false, false>(source, t, exceedances, expected, gave_up);
     // Every kept value is above t: count is total; an excess that rounds to 0 in T counts
     // as a zero and stays out of the fit's sample, as it should.
     return magnitudes<Log>(excess_source<T>{exceedances.data(), total, T(t)});
@@ -94,47 +82,11 @@ class cpu {
   template <bool Log, class Source, class T>
   moments magnitudes_above(const Source& source, double t, std::vector<T>& exceedances,
                            std::size_t expected, std::size_t limit, bool& kept) const {
-    kept = true;
     if (expected == 0) {
-      excess<false>(source, t, exceedances);
-      if (exceedances.size() > limit) {
-        kept = false;
-        exceedances.clear();
-      }
+      kept = keep_exceeding<false, false>(source, t, exceedances, 0, limit) != gave_up;
       return magnitudes<Log>(source);
     }
-    const auto above = threshold_key<T>(t);
-    const std::size_t ranges = std::size_t(range_count(source.size));
-    partials_.resize(ranges);
-    const std::size_t total = compact(
-        source.size, expected, last_exceeding_, exceedances.capacity(),
-        [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
-        [&]<bool Bounded>(std::bool_constant<Bounded>, int r, std::size_t lo, std::size_t hi,
-                          std::size_t& at, std::size_t end) {
-          // The bounded call covers each whole range once: it takes the moments too.
-          if constexpr (Bounded) {
-            std::size_t stop;
-            partials_[std::size_t(r)] = range_moments_writing<Log>(
-                source, lo, hi, above, exceedances.data(), at, end, stop);
-            return stop;
-          } else {
-            return write_magnitudes_above<false>(source, lo, hi, above, exceedances.data(), at, end);
-          }
-        },
-        [&](std::size_t slots) {
-          // Geometric growth, to a quarter over the limit at most: counts creeping up from
-          // call to call then allocate seldom, and the buffer stays bounded by the limit.
-          const std::size_t most =
-              std::max(slots, std::min(2 * exceedances.capacity(), limit + limit / 4));
-          if (slots > exceedances.capacity()) exceedances.reserve(most);
-          exceedances.resize(slots);
-        },
-        [&](std::size_t to, std::size_t from, std::size_t count) {
-          std::memmove(exceedances.data() + to, exceedances.data() + from, count * sizeof(T));
-        },
-        std::max(limit, ranges * 4 * select_block));
-    kept = total != gave_up;
-    exceedances.resize(kept ? total : 0);
+    kept = keep_exceeding<Log, true>(source, t, exceedances, expected, limit) != gave_up;
     moments all;
     for (const auto& m : partials_) all.merge(m);
     return all;
@@ -451,9 +403,51 @@ class cpu {
     return offsets_[ranges];
   }
 
-  // One range's share of the one-pass selection: [begin, end) of the output, at the next
-  // free slot, stop where the range's pass stopped, leftover kept after stop, place its
-  // final offset.
+  // The compaction of the |x| > t into exceedances (replacing its contents), in index order,
+  // for excess and magnitudes_above. With Moments, the one pass (given a hint) also leaves
+  // each range's moments of |x| in partials_. Returns the count, or gave_up (exceedances
+  // then empty) when more than about limit exceed t.
+  template <bool Log, bool Moments, class Source, class T>
+  std::size_t keep_exceeding(const Source& source, double t, std::vector<T>& exceedances,
+                             std::size_t expected, std::size_t limit) const {
+    const auto above = threshold_key<T>(t);
+    if constexpr (Moments) partials_.resize(std::size_t(range_count(source.size)));
+    const std::size_t total = compact(
+        source.size, expected, last_exceeding_, exceedances.capacity(),
+        [&](std::size_t lo, std::size_t hi) { return count_above_in(source, lo, hi, above); },
+        [&]<bool Bounded>(std::bool_constant<Bounded>, int r, std::size_t lo, std::size_t hi,
+                          std::size_t& at, std::size_t end) {
+          // The bounded call covers each whole range once: it takes the moments too.
+          if constexpr (Moments && Bounded) {
+            std::size_t stop;
+            partials_[std::size_t(r)] = range_moments_writing<Log>(
+                source, lo, hi, above, exceedances.data(), at, end, stop);
+            return stop;
+          } else {
+            return write_magnitudes_above<Bounded>(source, lo, hi, above, exceedances.data(), at, end);
+          }
+        },
+        [&](std::size_t slots) {
+          // Geometric growth, as this buffer is N-sized: by half without a limit, so that
+          // counts varying from call to call settle its size within a few calls; with one,
+          // doubling up to a quarter over the limit, so that it stays bounded by it.
+          const std::size_t capacity = exceedances.capacity();
+          const std::size_t most = limit == gave_up ? capacity + capacity / 2
+                                                    : std::min(2 * capacity, limit + limit / 4);
+          if (slots > capacity) exceedances.reserve(std::max(slots, most));
+          exceedances.resize(slots);
+        },
+        [&](std::size_t to, std::size_t from, std::size_t count) {
+          std::memmove(exceedances.data() + to, exceedances.data() + from, count * sizeof(T));
+        },
+        limit);
+    exceedances.resize(total == gave_up ? 0 : total);
+    return total;
+  }
+
+  // One range's share of a one-pass compaction: [begin, end) of the output, at the next free
+  // slot, stop where the range's pass stopped, hi where the range ends, leftover kept after
+  // stop, place its final offset.
   struct region {
     std::size_t begin, end, at, stop, hi, leftover, place;
   };
@@ -462,7 +456,8 @@ class cpu {
   // shared the last such compaction (evenly the first time), with a quarter more room (half
   // more the first time), plus room for whole blocks. When the buffer already has room for a
   // tenth more than the hint, the regions share that room instead, so that a count creeping
-  // up from call to call does not grow the buffer every time.
+  // up from call to call does not grow the buffer every time. Never more than limit in all
+  // (or than the room for whole blocks, if that is more).
   void plan_regions(std::size_t ranges, std::size_t expected, std::vector<std::size_t>& last,
                     std::size_t room, std::size_t limit) const {
     if (last.size() != ranges) last.assign(ranges, 0);
@@ -473,7 +468,7 @@ class cpu {
     const double wanted = slack * double(expected) + blocks;
     const double enough = 1.1 * double(expected) + blocks;
     double scale = double(room) >= enough ? double(room) / wanted : 1.0;
-    scale = std::min(scale, double(limit) / wanted);
+    scale = std::min(scale, std::max(double(limit), blocks) / wanted);
     regions_.resize(ranges);
     std::size_t end = 0;
     for (std::size_t r = 0; r < ranges; ++r) {
@@ -487,7 +482,8 @@ class cpu {
   // Compacts, in range order, what count(lo, hi) counts and write(bounded, r, lo, hi, at, end)
   // writes for range r (see write_above) into slots [0, total) of a buffer that resize(slots)
   // sizes, keeping its contents, and move(to, from, count) moves within. Returns total, or
-  // gave_up when a limit on the slots was given and the one pass would have exceeded it.
+  // gave_up, having written nothing it keeps, when a limit on the slots was given and the
+  // two passes count more, or the one pass would have exceeded it.
   //
   // With a hint of the count, one pass: each range writes into its own region, then the
   // regions are closed up (only kept entries move). A range that fills its region stops
@@ -501,6 +497,7 @@ class cpu {
     const bool limited = limit != gave_up;
     if (expected == 0) {
       const std::size_t total = count_ranges(n, count);
+      if (limited && total > limit) return gave_up;
       resize(total);
       for_each_range(n, [&](int r, std::size_t lo, std::size_t hi) {
         // A copy: the next range's thread reads offsets_[r + 1] as its end.
@@ -548,16 +545,6 @@ class cpu {
 
   static constexpr std::size_t select_block = 16;
   static constexpr std::size_t gave_up = std::size_t(-1);
-
-  // Sizes the exceedance buffer to slots, keeping its contents. Grows by half at least, not
-  // doubling (this buffer is N-sized), so that counts that vary from call to call settle its
-  // size within a few calls.
-  template <class T>
-  static void grow_exceedances(std::vector<T>& exceedances, std::size_t slots) {
-    if (slots > exceedances.capacity())
-      exceedances.reserve(std::max(slots, exceedances.capacity() + exceedances.capacity() / 2));
-    exceedances.resize(slots);
-  }
 
   // Writes |v| for |v| > t over [lo, hi) at out[at, end), with write_above's contract.
   // Without branches: store always, advance when kept (a quarter of the values are kept
