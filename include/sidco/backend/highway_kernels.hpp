@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "sidco/backend/source.hpp"
+#include "sidco/core/fast_log.hpp"
 #include "sidco/core/magnitude_key.hpp"
 
 #if defined(SIDCO_HIGHWAY) && SIDCO_HIGHWAY
@@ -158,18 +159,17 @@ HWY_INLINE V fast_log(D d, V a) {
   using T = hn::TFromD<D>;
   const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;
-  using U = hn::TFromD<decltype(du)>;
   using I = hn::TFromD<decltype(di)>;
-  constexpr int mantissa_bits = std::numeric_limits<T>::digits - 1;
-  constexpr U exponent_bias = U(std::numeric_limits<T>::max_exponent - 1);
-  constexpr U min_normal = U(1) << mantissa_bits;
-  constexpr U sqrt2_mantissa = sizeof(T) == 4 ? U(0x3504f3) : U(0x6a09e667f3bcdull);
+  using C = detail::fast_log_constants<T>;
+  constexpr int mantissa_bits = C::mantissa_bits;
+  constexpr auto exponent_bias = C::exponent_bias;
+  constexpr auto min_normal = C::min_normal;
   const auto tiny = hn::Lt(hn::BitCast(du, a), hn::Set(du, min_normal));
   const auto scale = hn::IfThenElse(tiny, hn::Set(du, (exponent_bias + mantissa_bits) << mantissa_bits),
                                     hn::Set(du, exponent_bias << mantissa_bits));
   const auto bits = hn::BitCast(du, hn::Mul(a, hn::BitCast(d, scale)));
   const auto mantissa = hn::And(bits, hn::Set(du, min_normal - 1));
-  const auto high = hn::Gt(mantissa, hn::Set(du, sqrt2_mantissa));
+  const auto high = hn::Gt(mantissa, hn::Set(du, C::sqrt2_mantissa));
   const auto m_exponent = hn::IfThenElse(high, hn::Set(du, exponent_bias - 1), hn::Set(du, exponent_bias));
   const V m = hn::BitCast(d, hn::Or(mantissa, hn::ShiftLeft<mantissa_bits>(m_exponent)));
   auto e = hn::Sub(hn::BitCast(di, hn::ShiftRight<mantissa_bits>(bits)), hn::Set(di, I(exponent_bias)));
@@ -178,17 +178,11 @@ HWY_INLINE V fast_log(D d, V a) {
   const V one = hn::Set(d, T(1));
   const V s = hn::Div(hn::Sub(m, one), hn::Add(m, one));
   const V s2 = hn::Mul(s, s);
-  V series;
-  if constexpr (sizeof(T) == 4) {
-    series = hn::MulAdd(s2, hn::Set(d, T(1) / 9), hn::Set(d, T(1) / 7));
-    series = hn::MulAdd(s2, series, hn::Set(d, T(1) / 5));
-    series = hn::MulAdd(s2, series, hn::Set(d, T(1) / 3));
-  } else {
-    series = hn::MulAdd(s2, hn::Set(d, T(1) / 17), hn::Set(d, T(1) / 15));
-    for (int odd = 13; odd >= 3; odd -= 2) series = hn::MulAdd(s2, series, hn::Set(d, T(1) / T(odd)));
-  }
-  series = hn::MulAdd(s2, series, one);
-  return hn::MulAdd(hn::ConvertTo(d, e), hn::Set(d, T(0.693147180559945309417)),
+  // Horner from 1/last_odd down to 1, as the scalar form's nested sum.
+  V series = hn::Set(d, T(1) / T(C::last_odd));
+  for (int odd = C::last_odd - 2; odd >= 1; odd -= 2)
+    series = hn::MulAdd(s2, series, hn::Set(d, T(1) / T(odd)));
+  return hn::MulAdd(hn::ConvertTo(d, e), hn::Set(d, C::ln2),
                     hn::Mul(hn::Add(s, s), series));
 }
 
