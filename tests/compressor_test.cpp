@@ -169,29 +169,25 @@ TEST_CASE("fixed stage counts are honoured and more stages refine the single-sta
 }
 
 namespace {
-// backend::cpu that counts its full passes over the source.
+// backend::cpu that counts its passes over the source, and the probes the moments pass takes.
 struct counting_cpu : backend::cpu {
-  mutable int moments_passes = 0, fused_passes = 0, excess_passes = 0;
+  int moments_passes = 0, probes = 0, tail_passes = 0;
+  template <class Stats, class Source>
+  void analyze(const Source& source, std::span<const segment> layout, std::span<const double> p,
+               std::span<moments> out) {
+    ++moments_passes;
+    probes += int(p.size());
+    backend::cpu::analyze<Stats>(source, layout, p, out);
+  }
   template <bool Log, class Source>
-  moments magnitudes(const Source& source) const {
-    if constexpr (!std::is_same_v<Source, backend::excess_source<float>>) ++moments_passes;
-    return backend::cpu::magnitudes<Log>(source);
-  }
-  template <bool Log, class Source, class T>
-  moments magnitudes_above(const Source& source, double t, std::vector<T>& kept, std::size_t hint,
-                           std::size_t limit, bool& complete) const {
-    ++fused_passes;
-    return backend::cpu::magnitudes_above<Log>(source, t, kept, hint, limit, complete);
-  }
-  template <bool Log, class Source, class T>
-  moments excess(const Source& source, double t, std::vector<T>& kept, std::size_t hint = 0) const {
-    ++excess_passes;
-    return backend::cpu::excess<Log>(source, t, kept, hint);
+  moments tail(const Source& source, double t) {
+    ++tail_passes;
+    return backend::cpu::tail<Log>(source, t);
   }
 };
 }  // namespace
 
-TEST_CASE("from the second call, the moments pass keeps what the refinement needs") {
+TEST_CASE("from the second call, the moments pass measures the tail the last stage fits") {
   for (const auto& file : {"lstm_it10.npy", "cnn_it200.npy", "ffn_it200.npy"}) {
     INFO(file);
     const auto g = test::load_gradient(file);
@@ -201,18 +197,23 @@ TEST_CASE("from the second call, the moments pass keeps what the refinement need
     sparse_vector<float> first, second;
     const auto r1 = c.compress<float>(g, 0.001, first);
     const auto& b = c.backend();
+    // First call: the moments pass, then one pass per stage before the last.
     CHECK(b.moments_passes == 1);
-    CHECK(b.fused_passes == 0);
-    CHECK(b.excess_passes == 1);
-    // Same input again: one fused pass, no refinement pass, and the same estimate up to the
-    // float sums' order (the kept list holds more values, as zeros of the excess).
+    CHECK(b.probes == 0);
+    CHECK(b.tail_passes == 2);
+    CHECK(r1.passes == 2);
+    // Same input again: one moments pass with one probe, where the last stage started, and
+    // no pass of its own. The tail there is the one the first call measured, so the estimate
+    // is the same.
     const auto r2 = c.compress<float>(g, 0.001, second);
-    CHECK(b.moments_passes == 1);
-    CHECK(b.fused_passes == 1);
-    CHECK(b.excess_passes == 1);
-    CHECK(r2.threshold == doctest::Approx(r1.threshold).epsilon(1e-5));
-    CHECK(double(r2.selected) == doctest::Approx(double(r1.selected)).epsilon(1e-3));
+    CHECK(b.moments_passes == 2);
+    CHECK(b.probes == 1);
+    CHECK(b.tail_passes == 2);
+    CHECK(r2.passes == 0);
+    CHECK(r2.threshold == doctest::Approx(r1.threshold).epsilon(1e-9));
+    CHECK(r2.selected == r1.selected);
     check_selection_exact<float>(g, second, r2);
+    CHECK(c.workspace_bytes() < g.size() * sizeof(float) / 100);
   }
 }
 
@@ -224,25 +225,43 @@ TEST_CASE("adaptive stage controller moves within [1, ceil(log2(1/delta))]") {
   CHECK(stages::max_for(1.0) == 1);
   CHECK(stages::max_for(1e-300) == 64);
   CHECK(stages::max_for(std::numeric_limits<double>::denorm_min()) == 64);
-  stages::adaptive a({.initial = 2, .period = 2});
+  // Without the density correction, the window's mean ratio moves the count.
+  stages::adaptive a({.initial = 2, .period = 2, .gain = 0});
   CHECK(a.count(0.01) == 2);
+  CHECK(a.aim(0.01) == 0.01);
   a.observe(1.6, 0.01);
   a.observe(1.4, 0.01);  // mean 1.5 > 1.25: one more stage
   CHECK(a.count(0.01) == 3);
   a.observe(0.5, 0.01);
   a.observe(0.6, 0.01);  // mean 0.55 < 0.8: one more stage
   CHECK(a.count(0.01) == 4);
-  a.observe(1.0, 0.01);
-  a.observe(1.02, 0.01);  // within 5%: try one fewer
-  CHECK(a.count(0.01) == 3);
   a.observe(1.15, 0.01);
-  a.observe(1.05, 0.01);  // mean 1.1: inside the band, outside the tight band: stay
-  CHECK(a.count(0.01) == 3);
+  a.observe(1.05, 0.01);  // mean 1.1: inside the band: stay
+  CHECK(a.count(0.01) == 4);
   for (int i = 0; i < 40; ++i) a.observe(3.0, 0.01);
   CHECK(a.count(0.01) == 7);   // capped at max_for(0.01)
   CHECK(a.count(0.1) == 4);    // and at a larger density's cap
+  CHECK(a.aim(0.01) == 0.01);  // no correction without gain
   CHECK_THROWS_AS(stages::adaptive({.period = 0}), sidco::error);
   CHECK_THROWS_AS(stages::adaptive({.low = 1.1}), sidco::error);
+  CHECK_THROWS_AS(stages::adaptive({.gain = 1.5}), sidco::error);
+  CHECK_THROWS_AS(stages::adaptive({.max_correction = 0.5}), sidco::error);
+}
+
+TEST_CASE("adaptive stages correct the aimed density by integral control, bounded") {
+  stages::adaptive a({.initial = 3, .period = 1000, .gain = 0.5});
+  a.observe(2.0, 0.01);  // twice the target: aim lower by 2^-0.5
+  CHECK(a.correction() == doctest::Approx(std::pow(2.0, -0.5)));
+  CHECK(a.aim(0.01) == doctest::Approx(0.01 * std::pow(2.0, -0.5)));
+  a.observe(0.5, 0.01);  // half the target: back up
+  CHECK(a.correction() == doctest::Approx(1.0));
+  for (int i = 0; i < 50; ++i) a.observe(0.0, 0.01);  // nothing kept, call after call
+  CHECK(a.correction() == doctest::Approx(4.0));        // bounded
+  CHECK(a.aim(0.5) == 1.0);                             // and never above 1
+  // A model that misses by more than the band on its own gets one more stage per window.
+  stages::adaptive b({.initial = 2, .period = 5, .gain = 0.5});
+  for (int i = 0; i < 5; ++i) b.observe(0.6, 0.01);
+  CHECK(b.count(0.01) == 3);
 }
 
 TEST_CASE_TEMPLATE("error feedback loses nothing over many steps", T, float, double) {

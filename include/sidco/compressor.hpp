@@ -2,21 +2,25 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <span>
 #include <type_traits>
-#include <vector>
 
+#include "sidco/backend/concept.hpp"
 #include "sidco/backend/cpu.hpp"
 #include "sidco/backend/serial.hpp"
 #include "sidco/backend/source.hpp"
+#include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/estimate/none.hpp"
 #include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"
+#include "sidco/policy_checks.hpp"
 #include "sidco/select/above_threshold.hpp"
 
 namespace sidco {
@@ -32,256 +36,238 @@ struct compress_report {
   double density = 0;          // selected / size
   int stages = 0;              // distribution fits or estimator steps (0: none needed)
   int rescans = 0;             // extra passes a selection made because too few were found
+  int passes = 0;              // passes the estimate made besides the moments pass
 
   double density_ratio() const { return density / target_density; }
 };
 
-/// The count a method aims at: max(1, floor(delta N)).
-inline std::size_t target_count(double delta, std::size_t size) {
-  return std::max<std::size_t>(1, std::size_t(std::floor(delta * double(size))));
-}
+namespace detail {
+
+// The memory space of a backend, or host memory for a type that is not one (so that a
+// type given on the wrong axis fails on the axis check alone).
+template <class B>
+struct memory_of {
+  using type = memory::host;
+};
+template <class B>
+  requires requires { typename B::memory; }
+struct memory_of<B> {
+  using type = typename B::memory;
+};
+
+// The estimator's view of the data: passes of their own over one source, counted.
+template <class Backend, class Source>
+struct estimator_pass {
+  Backend& backend;
+  const Source& source;
+  int passes = 0;
+
+  template <bool Log>
+  moments tail(double t) {
+    ++passes;
+    return backend.template tail<Log>(source, t);
+  }
+  std::size_t count_above(double t) {
+    ++passes;
+    return backend.count_above(source, t);
+  }
+  void gather_magnitudes(std::span<const std::size_t> positions, std::span<double> out) {
+    backend.gather_magnitudes(source, positions, out);
+  }
+};
+
+}  // namespace detail
 
 /// compressor<Estimator, Selection, Backend>: a moments pass (which also rejects bad input
-/// before anything is written), the estimator's threshold (with whatever refinement passes it
-/// asks for), then the selection. All policy choice is at compile time. One compressor per
-/// tensor: estimators such as adaptive stages and selections such as Random-k keep state.
+/// before anything is written, and measures the tails the estimator probes), the
+/// estimator's threshold (with whatever passes of its own it asks for), then the selection.
+/// All policy choice is at compile time. One compressor per tensor: estimators such as
+/// adaptive stages and selections such as Random-k keep state. Buffers (output, residual)
+/// live in the backend's memory space.
 template <class Estimator, class Selection = select::above_threshold,
           class Backend = backend::cpu>
 class compressor {
-  static_assert(!Selection::needs_threshold || Estimator::provides_threshold,
+  static_assert(!detail::backend_like<Selection>,
+                "compressor<Estimator, Selection, Backend>: a backend was given as the "
+                "Selection. Presets take the selection first, then the backend: write "
+                "sidco_e<select::above_threshold, backend::serial>, not sidco_e<backend::serial>");
+  static_assert(detail::selection_policy<Selection> || detail::backend_like<Selection>,
+                "compressor<Estimator, Selection, Backend>: Selection must be a selection policy "
+                "(select::above_threshold, exact_k, trimmed<P>, top_k or random_k)");
+  static_assert(detail::estimator_policy<Estimator>,
+                "compressor<Estimator, Selection, Backend>: Estimator must be an estimator "
+                "(estimate::statistical<...>, sampled, gaussian_k, redsync or none)");
+  static_assert(!detail::selection_policy<Backend>,
+                "compressor<Estimator, Selection, Backend>: a selection was given as the "
+                "Backend (backend::cpu, backend::serial or backend::cuda)");
+  static_assert(detail::selection_policy<Backend> || backend::diagnose<Backend>());
+  static_assert(!detail::needs_threshold<Selection>() || detail::provides_threshold<Estimator>(),
                 "this selection keeps values above a threshold: pair it with an estimator "
                 "that provides one (estimate::statistical, sampled, gaussian_k, redsync)");
-  static_assert(Selection::needs_threshold || std::is_same_v<Estimator, estimate::none>,
+  static_assert(!detail::selection_policy<Selection> || detail::needs_threshold<Selection>() ||
+                    std::is_same_v<Estimator, estimate::none>,
                 "top_k and random_k select without a threshold: use estimate::none");
+
+  using memory = typename detail::memory_of<Backend>::type;
+  template <class T>
+  using view = typename memory::template view<T>;
 
  public:
   using estimator_type = Estimator;
   using selection_type = Selection;
   using backend_type = Backend;
+  using memory_space = memory;
+  /// Most tails an estimator may ask the moments pass to measure.
+  static constexpr std::size_t max_probes = 4;
 
   compressor() = default;
   explicit compressor(Estimator estimator, Selection selection = {}, Backend backend = {})
-      : estimator_(std::move(estimator)), selection_(std::move(selection)), backend_(backend) {}
+      : estimator_(std::move(estimator)), selection_(std::move(selection)), backend_(std::move(backend)) {}
 
   /// Compresses gradient at density delta in (0, 1] into out (cleared first).
   template <class T, class Index>
-  compress_report compress(std::span<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index>& out) {
+  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
+                           sparse_vector<T, Index, memory>& out) {
     check_arguments(gradient.size(), delta, out);
-    return run(backend::plain_source<T>{gradient.data(), gradient.size()}, "gradient", delta, out);
+    return run(backend::plain_source<T, memory>{gradient.data(), gradient.size()}, "gradient", delta, out);
   }
 
   /// Compresses gradient + residual and leaves in residual what was not sent.
   template <class T, class Index>
-  compress_report compress(std::span<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index>& out, feedback::residual<T>& residual) {
+  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
+                           sparse_vector<T, Index, memory>& out, feedback::residual<T, memory>& residual) {
     check_arguments(gradient.size(), delta, out);
-    check_state_size("residual", residual.size(), gradient.size());
-    return run(backend::feedback_source<T>{gradient.data(), residual.data(), gradient.size()},
+    check::same_size("residual", residual.size(), gradient.size());
+    return run(backend::feedback_source<T, memory>{gradient.data(), residual.data(), gradient.size()},
                "gradient + residual", delta, out);
   }
 
   /// DGC: compresses the momentum-corrected accumulation and masks what was sent.
   template <class T, class Index>
-  compress_report compress(std::span<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index>& out, feedback::momentum<T>& state) {
+  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
+                           sparse_vector<T, Index, memory>& out, feedback::momentum<T, memory>& state) {
     check_arguments(gradient.size(), delta, out);
-    check_state_size("momentum", state.size(), gradient.size());
-    return run(backend::momentum_source<T>{gradient.data(), state.velocity_data(),
-                                           state.accumulation_data(), state.factor(),
-                                           gradient.size()},
+    check::same_size("momentum", state.size(), gradient.size());
+    return run(backend::momentum_source<T, memory>{gradient.data(), state.velocity_data(),
+                                                   state.accumulation_data(), state.factor(),
+                                                   gradient.size()},
                "momentum-corrected gradient", delta, out);
   }
 
-  /// Phase one, for compositions such as segmented: the moments pass (only counts when the
-  /// estimator fits nothing), which throws sidco::error on a non-finite value and writes
-  /// nothing the caller owns. When the last call's estimate made a refinement pass, this pass
-  /// also keeps the magnitudes above a margin below that pass's threshold, for the finish
-  /// that follows on the same source (its first refinement then needs no pass of its own).
-  template <class Source>
-  moments analyze(const Source& source, const char* what) {
-    using T = std::remove_cvref_t<decltype(source.value(0))>;
-    moments all;
-    kept_above_ = __builtin_huge_val();
-    if constexpr (Estimator::provides_threshold) {
-      auto& kept = exceedance_workspace<T>();
-      if (prefetch_threshold_ >= 0 && !kept.empty()) {
-        bool complete = false;
-        all = backend_.template magnitudes_above<Estimator::needs_log>(
-            source, prefetch_threshold_, kept, kept.size(), prefetch_limit_, complete);
-        if (complete)
-          kept_above_ = prefetch_threshold_;
-        else
-          prefetch_margin_ = std::max(min_prefetch_margin, prefetch_margin_ / 2);
-      } else {
-        all = backend_.template magnitudes<Estimator::needs_log>(source);
-      }
-    } else {
-      all = backend_.counts(source);
-    }
-    if (all.nonfinite) {
-      kept_above_ = __builtin_huge_val();
-      const std::size_t at = backend_.first_nonfinite(source);
-      detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ",
-                   double(source.value(at)), " at index ", source.base + at);
-    }
-    return all;
+  // Phases, for compositions such as segmented that run one pass over many tensors.
+
+  /// How many tails the estimator asks the next moments pass to measure, and where.
+  std::size_t probe_count() const {
+    if constexpr (requires { estimator_.probe_count(); })
+      return std::min(max_probes, estimator_.probe_count());
+    else
+      return 0;
+  }
+  void probe_thresholds(std::span<double> out) const {
+    if constexpr (requires { estimator_.probe_thresholds(out); }) estimator_.probe_thresholds(out);
   }
 
-  /// Phase two: estimate, then append the selection (indices base + i) to out.
-  template <class Source, class T, class Index>
-  compress_report finish(const Source& source, const moments& all, double delta,
-                         sparse_vector<T, Index>& out) {
-    const double estimation_delta = selection_.estimation_density(delta);
-    const std::size_t prefetched = exceedance_workspace<T>().size();
-    pass<Source, T> refine{backend_, source, exceedance_workspace<T>(), kept_above_};
-    const bool did_prefetch = kept_above_ < __builtin_huge_val();
-    kept_above_ = __builtin_huge_val();
-    const auto estimate = estimator_.estimate(all, estimation_delta, refine);
-    plan_prefetch(did_prefetch, refine.first_threshold, prefetched, refine.first_count);
-    const std::size_t before = out.size();
-    const auto picked =
-        selection_.select(backend_, source, estimate.threshold, target_count(delta, source.size), out);
+  /// The threshold for source (moments all and probes from the moments pass), with the
+  /// estimator's own passes made through backend, and the density it aimed at.
+  template <class Source>
+  std::pair<estimate::threshold_estimate, int> estimate_threshold(Backend& backend, const Source& source,
+                                                                   const moments& all,
+                                                                   std::span<const moments> probes,
+                                                                   double delta) {
+    detail::estimator_pass<Backend, Source> pass{backend, source};
+    const auto estimate = estimator_.estimate(all, probes, selection_.estimation_density(delta), pass);
+    return {estimate, pass.passes};
+  }
 
+  /// The report of a call whose selection appended selected entries (candidates before
+  /// trimming); adaptive estimators learn from it.
+  compress_report complete(const estimate::threshold_estimate& estimate, int passes,
+                           const select::selection_result& picked, std::size_t selected,
+                           const moments& all, double delta, std::size_t size) {
     compress_report report;
     report.threshold = estimate.threshold;
-    report.selected = out.size() - before;
+    report.selected = selected;
     report.candidates = picked.candidates;
-    report.size = source.size;
+    report.size = size;
     report.zeros = std::size_t(all.zeros);
     report.target_density = delta;
-    report.density = double(report.selected) / double(source.size);
+    report.density = double(selected) / double(size);
     report.stages = estimate.stages;
     report.rescans = picked.rescans;
+    report.passes = passes;
     // Adaptive estimators learn from what their threshold yielded, before any trimming.
     if constexpr (requires { estimator_.observe(0.0, 0.0); })
-      estimator_.observe(double(picked.candidates) / double(source.size), estimation_delta);
+      estimator_.observe(double(picked.candidates) / double(size), selection_.estimation_density(delta));
     return report;
   }
 
-  /// Bytes this compressor keeps between calls (the exceedances later stages scan).
+  /// Estimate, select (appending to out, indices base + i), report: after the moments pass.
+  template <class Source, class T, class Index>
+  compress_report finish(Backend& backend, const Source& source, const moments& all,
+                         std::span<const moments> probes, double delta, sparse_vector<T, Index, memory>& out) {
+    const auto [estimate, passes] = estimate_threshold(backend, source, all, probes, delta);
+    const std::size_t before = out.size();
+    const auto picked = selection_.select(backend, source, estimate.threshold, target_count(delta, source.size), out);
+    return complete(estimate, passes, picked, out.size() - before, all, delta, source.size);
+  }
+
+  /// Bytes this compressor keeps between calls besides its output.
   std::size_t workspace_bytes() const {
-    return exceedances_float_.capacity() * sizeof(float) +
-           exceedances_double_.capacity() * sizeof(double);
+    std::size_t bytes = 0;
+    if constexpr (requires { backend_.workspace_bytes(); }) bytes += backend_.workspace_bytes();
+    if constexpr (requires { estimator_.workspace_bytes(); }) bytes += estimator_.workspace_bytes();
+    if constexpr (requires { selection_.workspace_bytes(); }) bytes += selection_.workspace_bytes();
+    return bytes;
   }
 
   Estimator& estimator() { return estimator_; }
   const Estimator& estimator() const { return estimator_; }
   Selection& selection() { return selection_; }
+  Backend& backend() { return backend_; }
   const Backend& backend() const { return backend_; }
 
   template <class T, class Index>
-  static void check_arguments(std::size_t size, double delta, const sparse_vector<T, Index>&) {
-    if (!(delta > 0 && delta <= 1)) detail::fail("delta = ", delta, " is outside (0, 1]");
+  static void check_arguments(std::size_t size, double delta, const sparse_vector<T, Index, memory>&) {
+    check::density(delta);
     if (size == 0) detail::fail("gradient is empty");
-    if (size > sparse_vector<T, Index>::max_dense_size)
+    if (size > sparse_vector<T, Index, memory>::max_dense_size)
       detail::fail("gradient: size ", size, " exceeds the ", 8 * sizeof(Index),
-                   "-bit index range (", sparse_vector<T, Index>::max_dense_size,
+                   "-bit index range (", sparse_vector<T, Index, memory>::max_dense_size,
                    "); use sparse_vector<T, std::uint64_t>");
   }
 
-  static void check_state_size(const char* what, std::size_t state, std::size_t gradient) {
-    if (state != gradient)
-      detail::fail(what, ": size ", state, " does not match gradient size ", gradient);
+  /// Throws sidco::error naming what and the first non-finite value when the moments pass
+  /// found any. Reads only; nothing has been written yet.
+  template <class Source>
+  static void check_finite(Backend& backend, const Source& source, const moments& all, const char* what) {
+    if (all.nonfinite == 0) return;
+    const auto first = backend.first_nonfinite(source);
+    detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ", first.value,
+                 " at index ", source.base + first.index);
   }
 
  private:
-  // Checks the source (throwing before anything is written), then compresses it into out.
+  // The moments pass (probes included), checked before anything is written; then the rest.
   template <class Source, class T, class Index>
   compress_report run(const Source& source, const char* what, double delta,
-                      sparse_vector<T, Index>& out) {
-    const moments all = analyze(source, what);
+                      sparse_vector<T, Index, memory>& out) {
+    const std::size_t probe_total = probe_count();
+    std::array<double, max_probes> probes{};
+    probe_thresholds(std::span<double>(probes.data(), probe_total));
+    std::array<moments, 1 + max_probes> measured{};
+    const segment whole{0, source.size};
+    backend_.template analyze<typename Estimator::statistics>(
+        source, std::span<const segment>(&whole, 1), std::span<const double>(probes.data(), probe_total),
+        std::span<moments>(measured.data(), 1 + probe_total));
+    check_finite(backend_, source, measured[0], what);
     out.clear(source.size);
-    return finish(source, all, delta, out);
-  }
-
-  // The estimator's view of the data. Thresholds in a statistical estimate only rise between
-  // stages, so the magnitudes above the first are kept and later stages scan those alone; a
-  // lower threshold (a stage that overshot) reads the source again.
-  template <class Source, class T>
-  struct pass {
-    const Backend& backend;
-    const Source& source;
-    std::vector<T>& exceedances;
-    double kept_above = __builtin_huge_val();  // exceedances holds the |x| above this
-    double first_threshold = -1;               // the first t asked for (-1: none)
-    std::size_t first_count = 0;               // how many |x| exceed it
-
-    template <bool Log>
-    moments excess(double t) {
-      moments m = excess_moments<Log>(t);
-      if (first_threshold < 0) {
-        first_threshold = t;
-        first_count = std::size_t(m.count);
-      }
-      return m;
-    }
-
-    template <bool Log>
-    moments excess_moments(double t) {
-      if (t >= kept_above) {
-        // The backend's moments kernel over the kept magnitudes' excesses; the values not
-        // above t come out as zeros and are not part of the sample.
-        moments m = backend.template magnitudes<Log>(
-            backend::excess_source<T>{exceedances.data(), exceedances.size(), T(t)});
-        m.count -= m.zeros;
-        m.zeros = 0;
-        return m;
-      }
-      // What the last pass kept (this call's or the last call's) sizes the next one.
-      const std::size_t last_kept = exceedances.size();
-      exceedances.clear();
-      kept_above = t;
-      return backend.template excess<Log>(source, t, exceedances, last_kept);
-    }
-
-    std::size_t count_above(double t) const { return backend.count_above(source, t); }
-    double magnitude(std::size_t i) const { return std::fabs(double(source.value(i))); }
-  };
-
-  // Thresholds drift slowly between calls on one tensor, so the next moments pass keeps the
-  // magnitudes above a margin below this call's first refinement threshold, at most half
-  // again as many as were above it (beyond that the pass gives up keeping them, which bounds
-  // the workspace where thresholds move fast). The margin doubles (to 20% at most) when a
-  // first threshold fell below what was kept, and halves when the kept magnitudes
-  // outnumbered those above the threshold by half.
-  void plan_prefetch(bool did_prefetch, double first_threshold, std::size_t prefetched,
-                     std::size_t first_count) {
-    if (first_threshold < 0) {
-      prefetch_threshold_ = -1;
-      return;
-    }
-    if (did_prefetch && first_threshold < prefetch_threshold_)
-      prefetch_margin_ = std::min(0.2, 2 * prefetch_margin_);
-    else if (did_prefetch && double(prefetched) > 1.5 * double(first_count))
-      prefetch_margin_ = std::max(min_prefetch_margin, prefetch_margin_ / 2);
-    prefetch_threshold_ = (1 - prefetch_margin_) * first_threshold;
-    prefetch_limit_ = first_count + first_count / 2;
-  }
-
-  template <class T>
-  std::vector<T>& exceedance_workspace() {
-    if constexpr (std::is_same_v<T, float>)
-      return exceedances_float_;
-    else
-      return exceedances_double_;
+    return finish(backend_, source, measured[0],
+                  std::span<const moments>(measured.data() + 1, probe_total), delta, out);
   }
 
   Estimator estimator_{};
   Selection selection_{};
   Backend backend_{};
-  // |x| above the first refinement threshold (a quarter of the non-zeros by default): kept
-  // across calls so that a steady tensor allocates only on its first calls.
-  std::vector<float> exceedances_float_;
-  std::vector<double> exceedances_double_;
-  // Set by analyze when its pass kept the magnitudes above this; used by the next finish.
-  double kept_above_ = __builtin_huge_val();
-  // Where the next analyze keeps magnitudes from (negative: nowhere), and how far below the
-  // last first threshold that is.
-  double prefetch_threshold_ = -1;
-  double prefetch_margin_ = 0.05;
-  std::size_t prefetch_limit_ = 0;
-  static constexpr double min_prefetch_margin = 1.0 / 256;
 };
 
 }  // namespace sidco

@@ -1,4 +1,5 @@
-// From sparse back to dense: scatter-add of one or many sparse vectors.
+// From sparse back to dense (host memory): scatter-add of one or many sparse vectors. A
+// backend's scatter_add does the same in its own memory space.
 #pragma once
 
 #include <algorithm>
@@ -6,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "sidco/core/error.hpp"
+#include "sidco/backend/host/scatter_add.hpp"
 #include "sidco/core/sparse_vector.hpp"
 
 namespace sidco {
@@ -15,21 +16,13 @@ namespace detail {
 
 template <class T, class Index>
 void check_scatter_target(const sparse_vector<T, Index>& sparse, std::size_t dense_size) {
-  if (sparse.dense_size() != dense_size)
-    fail("dense: size ", dense_size, " does not match the sparse vector's dense size ",
-         sparse.dense_size());
-  for (std::size_t i = 0; i < sparse.size(); ++i)
-    if (std::size_t(sparse.indices()[i]) >= dense_size)
-      fail("sparse vector: index ", std::size_t(sparse.indices()[i]), " at position ", i,
-           " is out of range for dense size ", dense_size);
+  backend::host::check_scatter("sparse vector", sparse.dense_size(), sparse.indices().data(), sparse.size(),
+                               dense_size);
 }
 
-// The add itself, after check_scatter_target.
 template <class T, class Index>
 void add_checked(const sparse_vector<T, Index>& sparse, std::span<T> dense, T scale) {
-  const auto indices = sparse.indices();
-  const auto values = sparse.values();
-  for (std::size_t i = 0; i < indices.size(); ++i) dense[indices[i]] += scale * values[i];
+  backend::host::add_checked(sparse.indices().data(), sparse.values().data(), sparse.size(), dense.data(), scale);
 }
 
 }  // namespace detail
@@ -41,10 +34,10 @@ void scatter_add(const sparse_vector<T, Index>& sparse, std::span<T> dense, T sc
   detail::add_checked(sparse, dense, scale);
 }
 
-/// Sum (times scale) of many sparse vectors, e.g. what every worker sent, added into dense.
+/// Sum (times scale) of many sparse vectors, e.g. what every worker sent, added into dense
+/// in order.
 template <class T, class Index>
-void scatter_add(std::span<const sparse_vector<T, Index>> sparse, std::span<T> dense,
-                 T scale = T(1)) {
+void scatter_add(std::span<const sparse_vector<T, Index>> sparse, std::span<T> dense, T scale = T(1)) {
   for (const auto& s : sparse) detail::check_scatter_target(s, dense.size());
   for (const auto& s : sparse) detail::add_checked(s, dense, scale);
 }

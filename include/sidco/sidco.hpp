@@ -1,10 +1,15 @@
 // Umbrella header: the host parts of sidco.
 #pragma once
 
+#include "sidco/backend/concept.hpp"
+#include "sidco/backend/cpu.hpp"
+#include "sidco/backend/serial.hpp"
 #include "sidco/compressor.hpp"
+#include "sidco/core/checks.hpp"
 #include "sidco/core/config.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/decompress.hpp"
 #include "sidco/dist/exponential.hpp"
@@ -16,6 +21,7 @@
 #include "sidco/feedback/residual.hpp"
 #include "sidco/feedback/warmup.hpp"
 #include "sidco/io/npy.hpp"
+#include "sidco/memory/host.hpp"
 #include "sidco/presets.hpp"
 #include "sidco/segmented.hpp"
 #include "sidco/stages/stages.hpp"

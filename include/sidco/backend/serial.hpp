@@ -1,5 +1,6 @@
-// The serial CPU backend: plain loops, one element at a time. It is the oracle that every
-// faster backend is tested against, so it stays simple.
+// The serial backend: plain loops, one element at a time. It is the oracle that every
+// faster backend is tested against, so it stays simple. basic_serial works on any memory
+// space the host can address (host memory, or a test's instrumented memory).
 #pragma once
 
 #include <cmath>
@@ -7,48 +8,49 @@
 #include <cstdint>
 #include <limits>
 #include <span>
-#include <vector>
 
+#include "sidco/backend/host/keep_top_k.hpp"
+#include "sidco/backend/host/merge_runs.hpp"
+#include "sidco/backend/host/scatter_add.hpp"
+#include "sidco/backend/pass_statistics.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
+#include "sidco/memory/host.hpp"
 
 namespace sidco::backend {
 
-struct serial {
+template <class Memory>
+struct basic_serial {
+  using memory = Memory;
   static constexpr const char* name = "serial";
 
-  /// Moments of |x| over the whole source.
-  template <bool Log, class Source>
-  moments magnitudes(const Source& source) const {
-    moments m;
-    for (std::size_t i = 0; i < source.size; ++i)
-      m.template add<Log>(std::fabs(double(source.value(i))));
-    return m;
+  template <class Stats, class Source>
+  void analyze(const Source& source, std::span<const segment> layout, std::span<const double> probes,
+               std::span<moments> out) {
+    const std::size_t per = probes.size() / layout.size();
+    for (std::size_t s = 0; s < layout.size(); ++s) {
+      const segment g = layout[s];
+      moments* o = out.data() + s * (1 + per);
+      if constexpr (Stats::sums) {
+        o[0] = {};
+        for (std::size_t i = g.offset; i < g.end(); ++i)
+          o[0].template add<Stats::log>(std::fabs(double(source.value(i))));
+      } else {
+        o[0] = counts_in(source, g.offset, g.end());
+      }
+      for (std::size_t j = 0; j < per; ++j)
+        o[1 + j] = tail_in<Stats::tail_log>(source, probes[s * per + j], g.offset, g.end());
+    }
   }
 
-  /// magnitudes, and the |x| > t written to exceedances as excess writes them (none, and kept
-  /// false, when there are more than limit).
-  template <bool Log, class Source, class T>
-  moments magnitudes_above(const Source& source, double t, std::vector<T>& exceedances,
-                           std::size_t, std::size_t limit, bool& kept) const {
-    excess<false>(source, t, exceedances);
-    kept = exceedances.size() <= limit;
-    if (!kept) exceedances.clear();
-    return magnitudes<Log>(source);
-  }
-
-  /// Counts only (zeros and non-finite values), for methods that fit nothing. Integer
-  /// compares on the magnitude bits, without branches, so the compiler can vectorize it.
-  template <class Source>
-  moments counts(const Source& source) const {
-    return counts_in(source, 0, source.size);
-  }
-
-  /// The same over [lo, hi): the per-range kernel backend::cpu runs on each thread.
+  /// Counts only over [lo, hi) (zeros and non-finite values). Integer compares on the
+  /// magnitude bits, without branches, so the compiler can vectorize it; backend::cpu runs
+  /// it on each thread's range.
   template <class Source>
   static moments counts_in(const Source& source, std::size_t lo, std::size_t hi) {
-    using T = decltype(source.value(0));
+    using T = typename Source::value_type;
     using Key = magnitude_key_t<T>;
     const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
     std::uint64_t zeros = 0, nonfinite = 0;
@@ -64,83 +66,138 @@ struct serial {
     return m;
   }
 
-  /// Moments of |x| - t over the values with |x| > t (peaks over threshold); appends those
-  /// |x| to exceedances so that later stages need not read the whole source again.
-  template <bool Log, class Source, class T>
-  moments excess(const Source& source, double t, std::vector<T>& exceedances,
-                 std::size_t = 0) const {
-    moments m;
-    for (std::size_t i = 0; i < source.size; ++i) {
-      const T v = std::fabs(source.value(i));
-      if (double(v) > t) {
-        m.template add<Log>(double(v) - t);
-        exceedances.push_back(v);
-      }
-    }
-    return m;
+  template <bool Log, class Source>
+  moments tail(const Source& source, double t) {
+    return tail_in<Log>(source, t, 0, source.size);
   }
 
   template <class Source>
-  std::size_t count_above(const Source& source, double t) const {
+  std::size_t count_above(const Source& source, double t) {
     std::size_t n = 0;
     for (std::size_t i = 0; i < source.size; ++i) n += std::fabs(double(source.value(i))) > t;
     return n;
   }
 
-  /// counts[d] += how many magnitude keys have (key >> shift) == d.
   template <class Source>
-  void key_histogram(const Source& source, int shift, std::span<std::uint64_t> counts) const {
+  void key_histogram(const Source& source, int shift, std::span<std::uint64_t> counts) {
     for (std::size_t i = 0; i < source.size; ++i) ++counts[magnitude_key(source.value(i)) >> shift];
   }
 
-  /// Index of the first NaN or Inf, or size when there is none.
   template <class Source>
-  std::size_t first_nonfinite(const Source& source) const {
+  nonfinite_value first_nonfinite(const Source& source) {
     for (std::size_t i = 0; i < source.size; ++i)
-      if (!std::isfinite(source.value(i))) return i;
-    return source.size;
+      if (!std::isfinite(source.value(i))) return {i, double(source.value(i))};
+    return {source.size, 0.0};
   }
 
-  /// Appends every (base + i, x_i) with |x_i| > t to out, in index order, and settles the
-  /// source's state in the same pass: as sent where kept when Final, else all as unsent
-  /// (the selection decides later and calls mark_sent).
   template <bool Final, class Source, class T, class Index>
-  void select_above(const Source& source, double t, sparse_vector<T, Index>& out,
-                    std::size_t expected = 0) const {
-    out.reserve(out.size() + expected);
-    for (std::size_t i = 0; i < source.size; ++i) {
-      const T v = source.value(i);
-      const bool keep = std::fabs(double(v)) > t;
-      if (keep) out.push_back(Index(source.base + i), v);
-      if constexpr (Source::has_state) source.settle(i, v, Final && keep);
+  void select_above(const Source& source, std::span<const segment> layout, std::span<const double> thresholds,
+                    sparse_vector<T, Index, Memory>& out, std::size_t, std::span<std::size_t> kept) {
+    for (std::size_t s = 0; s < layout.size(); ++s) {
+      const std::size_t before = out.size();
+      for (std::size_t i = layout[s].offset; i < layout[s].end(); ++i) {
+        const T v = source.value(i);
+        const bool keep = std::fabs(double(v)) > thresholds[s];
+        if (keep) append(out, Index(source.base + i), v);
+        if constexpr (Source::has_state) source.settle(i, v, Final && keep);
+      }
+      kept[s] = out.size() - before;
     }
   }
 
-  /// After select_above<false>: appends (base + i, v) for low < |v| <= high, v re-read from
-  /// the settled state, in index order.
   template <class Source, class T, class Index>
-  void select_band(const Source& source, double low, double high,
-                   sparse_vector<T, Index>& out) const {
+  void select_band(const Source& source, double low, double high, sparse_vector<T, Index, Memory>& out) {
     for (std::size_t i = 0; i < source.size; ++i) {
       const T v = source.rescan_value(i);
       const double a = std::fabs(double(v));
-      if (a > low && a <= high) out.push_back(Index(source.base + i), v);
+      if (a > low && a <= high) append(out, Index(source.base + i), v);
     }
   }
 
-  /// Appends the entries at the given ascending local indices and settles every entry.
   template <class Source, class T, class Index>
   void select_indices(const Source& source, std::span<const std::size_t> chosen,
-                      sparse_vector<T, Index>& out) const {
+                      sparse_vector<T, Index, Memory>& out) {
     std::size_t next = 0;
     for (std::size_t i = 0; i < source.size; ++i) {
       const T v = source.value(i);
       const bool keep = next < chosen.size() && chosen[next] == i;
       next += keep;
-      if (keep) out.push_back(Index(source.base + i), v);
+      if (keep) append(out, Index(source.base + i), v);
       if constexpr (Source::has_state) source.settle(i, v, keep);
     }
   }
+
+  template <class Source>
+  void gather_magnitudes(const Source& source, std::span<const std::size_t> positions,
+                         std::span<double> out) {
+    for (std::size_t j = 0; j < positions.size(); ++j) out[j] = std::fabs(double(source.value(positions[j])));
+  }
+
+  template <class T, class Index>
+  void keep_top_k(sparse_vector<T, Index, Memory>& out, std::size_t begin, std::size_t k) {
+    const std::size_t kept = host::keep_top_k(Memory::address(out.index_data()) + begin,
+                                              Memory::address(out.value_data()) + begin,
+                                              out.size() - begin, k);
+    out.truncate(begin + kept);
+  }
+
+  template <class T, class Index>
+  void merge_runs(sparse_vector<T, Index, Memory>& out, std::size_t begin,
+                  std::span<const std::size_t> run_starts) {
+    merge_runs_of(out, begin, run_starts);
+  }
+
+  template <class Source, class T, class Index>
+  void mark_sent(const Source& source, const sparse_vector<T, Index, Memory>& out, std::size_t begin) {
+    if constexpr (Source::has_state) {
+      const Index* indices = Memory::address(out.indices().data());
+      for (std::size_t j = begin; j < out.size(); ++j) source.mark_sent(std::size_t(indices[j]) - source.base);
+    }
+  }
+
+  template <class T, class Index>
+  void scatter_add(const sparse_vector<T, Index, Memory>& in, typename Memory::template view<T> dense, T scale) {
+    scatter_add_of(in, dense, scale);
+  }
+
+  // Host-memory helpers backend::cpu shares.
+  template <class T, class Index>
+  static void merge_runs_of(sparse_vector<T, Index, Memory>& out, std::size_t begin,
+                            std::span<const std::size_t> run_starts) {
+    host::merge_runs(Memory::address(out.index_data()), Memory::address(out.value_data()), begin,
+                     out.size(), run_starts);
+  }
+
+  template <class T, class Index>
+  static void scatter_add_of(const sparse_vector<T, Index, Memory>& in, typename Memory::template view<T> dense,
+                             T scale) {
+    const Index* indices = Memory::address(in.indices().data());
+    host::check_scatter("sparse vector", in.dense_size(), indices, in.size(), dense.size());
+    host::add_checked(indices, Memory::address(in.values().data()), in.size(),
+                      Memory::address(dense.data()), scale);
+  }
+
+ private:
+  template <bool Log, class Source>
+  static moments tail_in(const Source& source, double t, std::size_t lo, std::size_t hi) {
+    moments m;
+    for (std::size_t i = lo; i < hi; ++i) {
+      const double a = std::fabs(double(source.value(i)));
+      if (a > t && a < __builtin_huge_val()) m.template add<Log>(a - t);
+    }
+    return m;
+  }
+
+  template <class T, class Index>
+  static void append(sparse_vector<T, Index, Memory>& out, Index index, T value) {
+    const std::size_t at = out.size();
+    out.resize(at + 1);
+    Memory::address(out.index_data())[at] = index;
+    Memory::address(out.value_data())[at] = value;
+  }
 };
+
+/// The serial oracle on host memory.
+using serial = basic_serial<memory::host>;
 
 }  // namespace sidco::backend

@@ -15,6 +15,7 @@
 #endif
 #include <mpi.h>
 
+#include "sidco/backend/host/scatter_add.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/sparse_vector.hpp"
 
@@ -129,9 +130,9 @@ class sparse_allreducer {
       report_.taken = path::dense;
       report_.bytes = dense_bytes;
       std::fill(dense.begin(), dense.end(), T(0));
-      const auto indices = mine.indices();
-      const auto values = mine.values();
-      for (std::size_t i = 0; i < indices.size(); ++i) dense[indices[i]] += values[i];
+      backend::host::check_scatter("sparse_allreduce: this rank's sparse vector", mine.dense_size(),
+                                   mine.indices().data(), mine.size(), dense.size());
+      backend::host::add_checked(mine.indices().data(), mine.values().data(), mine.size(), dense.data(), T(1));
       if (dense.size() > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_allreduce: dense size ", dense.size(), " exceeds MPI's int counts");
       detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, dense.data(), int(dense.size()), detail::mpi_type<T>(),
@@ -161,13 +162,12 @@ class sparse_allreducer {
     in_flight_ = false;
     detail::check_mpi(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), "MPI_Waitall");
     if (report_.taken == path::sparse) {
+      // Every rank's entries, in rank order: the same sums on every rank.
+      backend::host::check_scatter("sparse_allreduce: the gathered entries", dense_.size(), gathered_indices_.data(),
+                                   gathered_indices_.size(), dense_.size());
       std::fill(dense_.begin(), dense_.end(), T(0));
-      for (std::size_t i = 0; i < gathered_indices_.size(); ++i) {
-        const std::size_t at = gathered_indices_[i];
-        if (at >= dense_.size())
-          sidco::detail::fail("sparse_allreduce: a rank sent index ", at, " beyond dense size ", dense_.size());
-        dense_[at] += gathered_values_[i];
-      }
+      backend::host::add_checked(gathered_indices_.data(), gathered_values_.data(), gathered_indices_.size(),
+                                 dense_.data(), T(1));
     }
     if (op_ == reduction::average) {
       const T scale = T(1) / T(ranks_);

@@ -1,11 +1,13 @@
 // Magnitudes as unsigned integers that order the same way: the bits of |x|.
 #pragma once
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+
+#include "sidco/core/bit.hpp"
+#include "sidco/core/config.hpp"
 
 namespace sidco {
 
@@ -16,9 +18,9 @@ using magnitude_key_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::u
 /// The bits of v with the sign bit cleared (what std::fabs does, written so that
 /// compilers vectorize it).
 template <class T>
-magnitude_key_t<T> magnitude_key(T v) {
+SIDCO_HOST_DEVICE magnitude_key_t<T> magnitude_key(T v) {
   using Key = magnitude_key_t<T>;
-  return std::bit_cast<Key>(v) & (~Key(0) >> 1);
+  return detail::bit_cast<Key>(v) & (~Key(0) >> 1);
 }
 
 /// Signed keys: |v| > t exactly when signed_key(v) > threshold_key<T>(t), for every t
@@ -27,8 +29,22 @@ template <class T>
 using signed_key_t = std::make_signed_t<magnitude_key_t<T>>;
 
 template <class T>
-signed_key_t<T> signed_key(T v) {
+SIDCO_HOST_DEVICE signed_key_t<T> signed_key(T v) {
   return signed_key_t<T>(magnitude_key(v));
+}
+
+/// The key of +infinity: keys above it are NaN.
+template <class T>
+SIDCO_HOST_DEVICE constexpr signed_key_t<T> infinity_key() {
+  return sizeof(T) == 4 ? signed_key_t<T>(0x7f800000) : signed_key_t<T>(0x7ff0000000000000ll);
+}
+
+/// |v| > t for the key of v and above = threshold_key(t); NaN (keys above infinity's) never
+/// is, as in a double compare.
+template <class S>
+SIDCO_HOST_DEVICE bool key_exceeds(S key, S above) {
+  constexpr S infinity = sizeof(S) == 4 ? S(0x7f800000) : S(0x7ff0000000000000ll);
+  return (key > above) & (key <= infinity);
 }
 
 template <class T>
@@ -44,8 +60,8 @@ signed_key_t<T> threshold_key(double t) {
 
 /// The magnitude whose key is key.
 template <class T>
-T magnitude_of_key(magnitude_key_t<T> key) {
-  return std::bit_cast<T>(key);
+SIDCO_HOST_DEVICE T magnitude_of_key(magnitude_key_t<T> key) {
+  return detail::bit_cast<T>(key);
 }
 
 }  // namespace sidco

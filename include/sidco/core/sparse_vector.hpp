@@ -6,25 +6,30 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <span>
 #include <utility>
-#include <vector>
 
 #include "sidco/core/error.hpp"
+#include "sidco/memory/host.hpp"
 
 namespace sidco {
 
 /// Indices are strictly ascending after a compress. Index is 32-bit by default (a gradient
-/// of up to 2^32 values); use std::uint64_t beyond that. Storage is kept across clear(), so a
-/// vector reused for the same tensor and density allocates only on its first calls.
-template <class T, class Index = std::uint32_t>
+/// of up to 2^32 values); use std::uint64_t beyond that. The entries live in Memory (host
+/// memory by default; a backend's memory space otherwise, e.g. device memory for CUDA).
+/// Storage is kept across clear(), so a vector reused for the same tensor and density
+/// allocates only on its first calls.
+template <class T, class Index = std::uint32_t, class Memory = memory::host>
 class sparse_vector {
-  static_assert(std::floating_point<T>, "sparse_vector<T>: T must be float or double");
   static_assert(std::unsigned_integral<Index>, "sparse_vector<T, Index>: Index must be unsigned");
 
  public:
   using value_type = T;
   using index_type = Index;
+  using memory_space = Memory;
+  template <class U>
+  using view = typename Memory::template view<U>;
+  template <class U>
+  using pointer = typename Memory::template pointer<U>;
 
   /// The largest dense size whose every index fits in Index.
   static constexpr std::size_t max_dense_size =
@@ -49,28 +54,32 @@ class sparse_vector {
     values_.reserve(count);
   }
 
-  /// Appends one entry; the caller keeps indices ascending and below dense_size().
+  /// Appends one entry (host memory only); the caller keeps indices ascending and below
+  /// dense_size().
   void push_back(Index index, T value) {
     indices_.push_back(index);
     values_.push_back(value);
   }
 
   std::size_t size() const { return indices_.size(); }
-  bool empty() const { return indices_.empty(); }
+  bool empty() const { return size() == 0; }
   std::size_t dense_size() const { return dense_size_; }
   std::size_t capacity() const { return std::min(indices_.capacity(), values_.capacity()); }
   double density() const { return dense_size_ ? double(size()) / double(dense_size_) : 0.0; }
 
-  std::span<const Index> indices() const { return indices_; }
-  std::span<const T> values() const { return values_; }
+  /// The entries, in Memory (for host memory, std::span).
+  view<const Index> indices() const { return {pointer<const Index>(indices_.data()), size()}; }
+  view<const T> values() const { return {pointer<const T>(values_.data()), size()}; }
 
-  /// Mutable access for selection policies, which must keep indices ascending.
-  std::span<Index> mutable_indices() { return indices_; }
-  std::span<T> mutable_values() { return values_; }
+  /// Mutable access for backends, which keep indices ascending.
+  view<Index> mutable_indices() { return {indices_.data(), size()}; }
+  view<T> mutable_values() { return {values_.data(), size()}; }
+  pointer<Index> index_data() { return indices_.data(); }
+  pointer<T> value_data() { return values_.data(); }
 
-  /// Grows or shrinks to count entries; new ones are zero until a backend writes them.
-  /// Growth is geometric, so counts that creep up call after call (error feedback) do not
-  /// allocate on every call.
+  /// Grows or shrinks to count entries; new ones are unspecified until a backend writes
+  /// them. Growth is geometric, so counts that creep up call after call (error feedback) do
+  /// not allocate on every call.
   void resize(std::size_t count) {
     if (count > capacity()) reserve(std::max(count, 2 * capacity()));
     indices_.resize(count);
@@ -96,8 +105,8 @@ class sparse_vector {
 
  private:
   std::size_t dense_size_ = 0;
-  std::vector<Index> indices_;
-  std::vector<T> values_;
+  typename Memory::template buffer<Index> indices_;
+  typename Memory::template buffer<T> values_;
 };
 
 }  // namespace sidco

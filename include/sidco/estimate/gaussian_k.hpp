@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <span>
 
+#include "sidco/backend/pass_statistics.hpp"
+#include "sidco/core/checks.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/dist/normal.hpp"
 #include "sidco/estimate/result.hpp"
@@ -20,13 +23,15 @@ struct gaussian_k {
   static constexpr const char* name = "gaussian_k";
   static constexpr bool needs_log = false;
   static constexpr bool provides_threshold = true;
+  using statistics = backend::pass_statistics<true>;
 
   int max_adjustments = 5;
 
   template <class Pass>
-  threshold_estimate estimate(const moments& all, double delta, Pass& pass) const {
+  threshold_estimate estimate(const moments& all, std::span<const moments>, double delta,
+                              Pass& pass) const {
     const double n = double(all.count);
-    const double k = std::max(1.0, std::floor(delta * n));
+    const double k = double(target_count(delta, std::size_t(all.count)));
     const double sigma = std::sqrt(all.sum_sq / n);
     if (sigma == 0) return {0.0, 0};
     double t = dist::normal{sigma}.upper_quantile(delta);

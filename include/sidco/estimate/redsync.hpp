@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <span>
 
+#include "sidco/backend/pass_statistics.hpp"
+#include "sidco/core/checks.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/estimate/result.hpp"
 
@@ -19,14 +22,16 @@ struct redsync {
   static constexpr const char* name = "redsync";
   static constexpr bool needs_log = false;
   static constexpr bool provides_threshold = true;
+  using statistics = backend::pass_statistics<true>;
 
   int max_iterations = 12;
   double tolerance = 0.2;
 
   template <class Pass>
-  threshold_estimate estimate(const moments& all, double delta, Pass& pass) const {
+  threshold_estimate estimate(const moments& all, std::span<const moments>, double delta,
+                              Pass& pass) const {
     const double n = double(all.count);
-    const double k = std::max(1.0, std::floor(delta * n));
+    const double k = double(target_count(delta, std::size_t(all.count)));
     const double mean = all.sum / n;
     double low = 0, high = 1;
     double best = mean, best_kept = -1;

@@ -6,8 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
+#include "sidco/backend/pass_statistics.hpp"
+#include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/estimate/result.hpp"
@@ -18,12 +21,14 @@ namespace sidco::estimate {
 /// Samples about sample_fraction of the values (at least ceil(2/delta)) at random positions,
 /// takes the ceil(delta s)-th largest sampled magnitude as t and keeps |x| >= t. While fewer
 /// than k values reach t, t is lowered by lower_factor (at most max_lowerings times).
-/// The sample positions come from a seeded generator that advances every call.
+/// The sample positions come from a seeded generator that advances every call; the backend
+/// gathers the magnitudes there.
 class sampled {
  public:
   static constexpr const char* name = "dgc_sampled";
   static constexpr bool needs_log = false;
   static constexpr bool provides_threshold = true;
+  using statistics = backend::pass_statistics<false>;  // counts: the input check and N
 
   struct options {
     double sample_fraction = 0.01;
@@ -44,18 +49,20 @@ class sampled {
   }
 
   template <class Pass>
-  threshold_estimate estimate(const moments& all, double delta, Pass& pass) {
+  threshold_estimate estimate(const moments& all, std::span<const moments>, double delta, Pass& pass) {
     const std::size_t n = std::size_t(all.count);
     const double wanted = std::max(options_.sample_fraction * double(n), std::ceil(2 / delta));
     // Clamp before converting: 2/delta overflows size_t for tiny (valid) densities.
     const std::size_t samples = wanted >= double(n) ? n : std::size_t(wanted);
+    positions_.resize(samples);
     sample_.resize(samples);
-    for (auto& a : sample_) a = pass.magnitude(rng_.below(n));
+    for (auto& p : positions_) p = rng_.below(n);
+    pass.gather_magnitudes(positions_, sample_);
     const std::size_t top = std::min(samples, std::size_t(std::ceil(delta * double(samples))));
     std::nth_element(sample_.begin(), sample_.begin() + std::ptrdiff_t(top - 1), sample_.end(),
                      std::greater<double>());
     double t = sample_[top - 1];
-    const double k = std::max(1.0, std::floor(delta * double(n)));
+    const double k = double(target_count(delta, n));
     int passes = 0;
     // |x| >= t is |x| > (the double just below t): the selection's comparison.
     auto at_least = [](double v) { return std::nextafter(v, -std::numeric_limits<double>::infinity()); };
@@ -70,6 +77,7 @@ class sampled {
  private:
   options options_{};
   select::detail::splitmix64 rng_{0xd6c};
+  std::vector<std::size_t> positions_;
   std::vector<double> sample_;
 };
 

@@ -3,9 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
+#include "sidco/backend/pass_statistics.hpp"
+#include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/estimate/result.hpp"
@@ -17,14 +21,16 @@ namespace sidco::fit {
 /// fraction of the non-zeros. Stage m aims at its geometric share of the remaining ratio as
 /// measured by the previous pass (not a fixed fraction), so stage errors do not compound; a
 /// stage that overshoots is bracketed and the next threshold interpolates between the two
-/// measured points of the tail.
+/// measured points of the tail. From the second call on a tensor, the moments pass also
+/// measures the tail above where the last stage started the call before (the base), so the
+/// last stage fits from that one pass and no refinement pass is needed.
 struct zero_aware {
   static constexpr const char* name = "zero-aware";
 };
 
 /// The original SIDCo fit, kept for comparison: zeros are part of the sample, stage 1 keeps
 /// the first-stage fraction d1 and every later stage (delta/d1)^(1/(M-1)) of its input,
-/// whatever the passes measured.
+/// whatever the passes measured. Every stage after the first makes a pass of its own.
 struct paper {
   static constexpr const char* name = "paper";
 };
@@ -34,10 +40,11 @@ struct paper {
 namespace sidco::estimate {
 
 /// First fits the magnitudes in stage 1; Tail fits the excesses over the previous threshold
-/// in later stages (peaks over threshold). Stages picks the stage count; Fit is
-/// fit::zero_aware or fit::paper.
+/// in later stages (peaks over threshold). Stages picks the stage count (and, adaptive, the
+/// closed loop on the density); Fit is fit::zero_aware or fit::paper.
 ///
-/// A Pass gives `pass.template excess<Log>(t)`: the moments of |x| - t over |x| > t.
+/// A Pass gives `pass.template tail<Log>(t)`: the moments of |x| - t over |x| > t, from a
+/// pass of its own. Probes are tails the moments pass measured at probe_thresholds().
 template <class First, class Tail = First, class Stages = stages::adaptive,
           class Fit = fit::zero_aware>
 class statistical {
@@ -49,13 +56,14 @@ class statistical {
   using tail_model = Tail;
   using stage_policy = Stages;
   static constexpr bool provides_threshold = true;
+  /// The moments pass gathers ln|x| only when stage 1 needs it, ln of the probes' excesses
+  /// only when the tail model does.
+  static constexpr bool needs_log = First::needs_log;
+  using statistics = backend::pass_statistics<true, First::needs_log, Tail::needs_log>;
 
   struct options {
     double first_fraction = 0.25;  // d1: what stage 1 keeps when there are several stages
   };
-
-  /// The moments pass over the whole vector gathers ln|x| only when stage 1 needs it.
-  static constexpr bool needs_log = First::needs_log;
 
   statistical() = default;
   explicit statistical(Stages stage_policy, options o = {}) : stages_(stage_policy), options_(o) {
@@ -64,21 +72,30 @@ class statistical {
                    " is outside (0, 1)");
   }
 
+  /// How many tails the next moments pass should measure, and where.
+  std::size_t probe_count() const { return base_ > 0 ? 1 : 0; }
+  void probe_thresholds(std::span<double> out) const {
+    if (!out.empty()) out[0] = base_;
+  }
+
   template <class Pass>
-  threshold_estimate estimate(const moments& all, double delta, Pass& pass) {
+  threshold_estimate estimate(const moments& all, std::span<const moments> probes, double delta,
+                              Pass& pass) {
     if constexpr (std::is_same_v<Fit, fit::paper>)
       return estimate_paper(all.with_zeros_as_sample(), delta, pass);
     else
-      return estimate_zero_aware(all, delta, pass);
+      return estimate_zero_aware(all, probes, delta, pass);
   }
 
-  /// Feeds the achieved density of the last call back to an adaptive stage policy.
+  /// Feeds the achieved density of the last call back to the stage policy.
   void observe(double achieved_density, double delta) {
     stages_.observe(achieved_density / delta, delta);
   }
 
   const Stages& stage_policy_state() const { return stages_; }
   const options& settings() const { return options_; }
+  /// Where the next moments pass measures the tail (negative: nowhere).
+  double base() const { return base_; }
 
  private:
   // A measured point of the tail: n values of |x| lie above t; excess holds their moments.
@@ -95,21 +112,52 @@ class statistical {
     return lo.t + (hi_t - lo.t) * std::log(lo.n / k) / std::log(lo.n / hi_n);
   }
 
+  // The last stage's extrapolation ratio in an M-stage schedule: stage 1 keeps
+  // first_fraction of the non-zeros, the others share the rest geometrically.
+  double base_ratio(double nonzero, double k, int stage_count) const {
+    const double first = options_.first_fraction * nonzero;
+    return std::pow(first / k, 1.0 / double(stage_count - 1));
+  }
+
   template <class Pass>
-  threshold_estimate estimate_zero_aware(const moments& all, double delta, Pass& pass) {
+  threshold_estimate estimate_zero_aware(const moments& all, std::span<const moments> probes,
+                                         double delta, Pass& pass) {
+    const double aim = stages_.aim(delta);
     const double nonzero = double(all.nonzero());
-    const double k = std::max(1.0, delta * double(all.count));
+    const double k = double(target_count(aim, std::size_t(all.count)));
     // Nothing to fit: keep every non-zero (all of them are within budget, or they are all
     // equal and no threshold can split them).
-    if (nonzero <= k || all.max == all.min) return {0.0, 0};
+    if (nonzero <= k || all.max == all.min) {
+      base_ = -1;
+      return {0.0, 0};
+    }
 
     const int stage_count = stages_.count(delta);
     const double target = k / nonzero;
+    const bool one_step = stage_count == 1 || target >= options_.first_fraction;
     tail_point lo{0.0, nonzero, all};
     // Upper end of the bracket: at least one value reaches the maximum. Becomes a measured
     // point once a pass finds fewer than k values above a threshold.
     double hi_t = all.max, hi_n = 1;
     bool hi_measured = false;
+
+    if (!one_step && !probes.empty() && base_ > 0 && base_ < all.max) {
+      const moments& measured = probes[0];
+      const double n = double(measured.count);
+      if (n >= k) {
+        // The last stage, fitted from the tail the moments pass measured at the base.
+        lo = {base_, n, measured};
+        double t = n == k ? base_ : base_ + fit_tail(measured, k / n);
+        if (!(t >= lo.t && t < hi_t)) t = interpolate(lo, hi_t, hi_n, k);
+        t = std::min(t, std::nextafter(hi_t, 0.0));
+        place_base(all, lo, k, stage_count);
+        return {t, stage_count};
+      }
+      // The base now keeps too few: it brackets the tail from above; refit from stage 1.
+      hi_t = base_;
+      hi_n = n;
+      hi_measured = true;
+    }
 
     for (int stage = 0; stage < stage_count; ++stage) {
       double t;
@@ -117,7 +165,6 @@ class statistical {
         t = interpolate(lo, hi_t, hi_n, k);
       } else {
         if (stage == 0) {
-          const bool one_step = stage_count == 1 || target >= options_.first_fraction;
           t = First::fit(all).upper_quantile(one_step ? target : options_.first_fraction);
         } else {
           const double rho = std::pow(k / lo.n, 1.0 / double(stage_count - stage));
@@ -128,13 +175,20 @@ class statistical {
         if (!(t > lo.t && t < hi_t)) t = interpolate(lo, hi_t, hi_n, k);
         t = std::min(t, std::nextafter(hi_t, 0.0));
       }
-      if (stage == stage_count - 1) return {t, stage_count};
+      if (stage == stage_count - 1 || one_step) {
+        // The next call measures the tail where this last stage started.
+        base_ = one_step || lo.t <= 0 ? -1 : lo.t;
+        return {t, stage_count};
+      }
 
-      const moments excess = pass.template excess<Tail::needs_log>(t);
+      const moments excess = pass.template tail<Tail::needs_log>(t);
       const double n = double(excess.count);
       if (n >= k) {
         lo = {t, n, excess};
-        if (n == k) return {t, stage + 1};
+        if (n == k) {
+          base_ = t;
+          return {t, stage + 1};
+        }
       } else {
         hi_t = t;
         hi_n = n;
@@ -142,6 +196,22 @@ class statistical {
       }
     }
     return {lo.t, stage_count};  // not reached: the last stage returns above
+  }
+
+  // Keeps the base where the last stage of an M-stage schedule would start (within a
+  // factor of two of its count), else moves it there for the next call: up along this
+  // call's tail fit, or down by interpolating between the non-zeros and the base.
+  void place_base(const moments& all, const tail_point& base, double k, int stage_count) {
+    const double wanted = base_ratio(double(all.nonzero()), k, stage_count) * k;
+    if (base.n >= wanted / 2 && base.n <= 2 * wanted) return;
+    double next;
+    if (wanted < base.n) {
+      next = base.t + fit_tail(base.excess, wanted / base.n);
+    } else {
+      const tail_point zero{0.0, double(all.nonzero()), all};
+      next = interpolate(zero, base.t, base.n, wanted);
+    }
+    if (std::isfinite(next) && next > 0 && next < all.max) base_ = next;
   }
 
   template <class Pass>
@@ -153,7 +223,7 @@ class statistical {
     const double rho = std::pow(delta / options_.first_fraction, 1.0 / double(stage_count - 1));
     double t = First::fit(sample).upper_quantile(options_.first_fraction);
     for (int stage = 1; stage < stage_count; ++stage) {
-      const moments excess = pass.template excess<Tail::needs_log>(t);
+      const moments excess = pass.template tail<Tail::needs_log>(t);
       if (excess.count == 0) return {t, stage};
       t += fit_tail(excess, rho);
     }
@@ -167,6 +237,7 @@ class statistical {
 
   Stages stages_{};
   options options_{};
+  double base_ = -1;
 };
 
 }  // namespace sidco::estimate

@@ -1,12 +1,12 @@
 // DGC's momentum correction with momentum-factor masking, as a feedback layer.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <span>
-#include <vector>
 
+#include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
+#include "sidco/feedback/residual.hpp"
+#include "sidco/memory/host.hpp"
 
 namespace sidco::feedback {
 
@@ -14,31 +14,43 @@ namespace sidco::feedback {
 /// v <- v + u; v is compressed, and where an entry is sent both u and v are cleared
 /// (momentum-factor masking), so stale momentum does not keep pushing it. What is not sent
 /// stays in v: sum of everything sent + v equals the sum of all u.
-template <class T>
+template <class T, class Memory = memory::host>
 class momentum {
  public:
+  using memory_space = Memory;
+  using view_type = typename Memory::template view<T>;
+  using const_view_type = typename Memory::template view<const T>;
+
   momentum() = default;
-  momentum(std::size_t size, T factor) : factor_(factor), velocity_(size, T(0)), accumulation_(size, T(0)) {
-    if (!(factor >= T(0) && factor < T(1)))
-      detail::fail("momentum: factor = ", double(factor), " is outside [0, 1)");
+  momentum(std::size_t size, T factor) : factor_(checked(factor)), velocity_(size), accumulation_(size) {}
+  /// Both state vectors in memory the caller owns (used as they are, not cleared).
+  momentum(view_type velocity, view_type accumulation, T factor)
+      : factor_(checked(factor)), velocity_(velocity), accumulation_(accumulation) {
+    check::same_size("momentum: accumulation", accumulation.size(), velocity.size());
   }
 
   std::size_t size() const { return velocity_.size(); }
   T factor() const { return factor_; }
-  std::span<const T> velocity() const { return velocity_; }
-  std::span<const T> accumulation() const { return accumulation_; }
-  T* velocity_data() { return velocity_.data(); }
-  T* accumulation_data() { return accumulation_.data(); }
+  const_view_type velocity() const { return {velocity_.view().data(), size()}; }
+  const_view_type accumulation() const { return {accumulation_.view().data(), size()}; }
+  typename Memory::template pointer<T> velocity_data() { return velocity_.view().data(); }
+  typename Memory::template pointer<T> accumulation_data() { return accumulation_.view().data(); }
 
   void reset() {
-    std::fill(velocity_.begin(), velocity_.end(), T(0));
-    std::fill(accumulation_.begin(), accumulation_.end(), T(0));
+    Memory::zero(velocity_.view());
+    Memory::zero(accumulation_.view());
   }
 
  private:
+  static T checked(T factor) {
+    if (!(factor >= T(0) && factor < T(1)))
+      detail::fail("momentum: factor = ", double(factor), " is outside [0, 1)");
+    return factor;
+  }
+
   T factor_ = T(0.9);
-  std::vector<T> velocity_;
-  std::vector<T> accumulation_;
+  detail::state_storage<T, Memory> velocity_;
+  detail::state_storage<T, Memory> accumulation_;
 };
 
 }  // namespace sidco::feedback

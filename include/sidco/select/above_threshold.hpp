@@ -3,24 +3,24 @@
 
 #include <cstddef>
 
-#include "sidco/core/sparse_vector.hpp"
+#include "sidco/backend/concept.hpp"
 #include "sidco/select/result.hpp"
+#include "sidco/select/single_threshold.hpp"
 
 namespace sidco::select {
 
 /// The count is whatever the threshold yields; one compaction pass, error feedback fused.
+/// Per layer, one pass serves every layer with its own threshold (fuses_layers).
 struct above_threshold {
   static constexpr const char* name = "above_threshold";
   static constexpr bool needs_threshold = true;
+  static constexpr bool fuses_layers = true;
 
   double estimation_density(double delta) const { return delta; }
 
-  template <class Backend, class Source, class T, class Index>
-  selection_result select(const Backend& backend, const Source& source, double threshold,
-                          std::size_t k, sparse_vector<T, Index>& out) {
-    const std::size_t begin = out.size();
-    backend.template select_above<true>(source, threshold, out, k);
-    return {out.size() - begin, 0};
+  template <backend::backend Backend, class Source, class Out>
+  selection_result select(Backend& backend, const Source& source, double threshold, std::size_t k, Out& out) {
+    return {detail::select_above<true>(backend, source, threshold, out, k), 0};
   }
 };
 

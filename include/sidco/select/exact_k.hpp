@@ -8,10 +8,10 @@
 #include <cstddef>
 #include <span>
 
+#include "sidco/backend/concept.hpp"
 #include "sidco/core/error.hpp"
-#include "sidco/core/sparse_vector.hpp"
-#include "sidco/select/keep_top_k.hpp"
 #include "sidco/select/result.hpp"
+#include "sidco/select/single_threshold.hpp"
 
 namespace sidco::select {
 
@@ -22,6 +22,7 @@ namespace sidco::select {
 struct exact_k {
   static constexpr const char* name = "exact_k";
   static constexpr bool needs_threshold = true;
+  static constexpr bool fuses_layers = false;
   static constexpr int halvings = 8;
 
   double slack = 0.5;
@@ -34,15 +35,15 @@ struct exact_k {
 
   double estimation_density(double delta) const { return std::min(1.0, delta * (1 + slack)); }
 
-  template <class Backend, class Source, class T, class Index>
-  selection_result select(const Backend& backend, const Source& source, double threshold,
-                          std::size_t k, sparse_vector<T, Index>& out) {
+  template <backend::backend Backend, class Source, class Out>
+  selection_result select(Backend& backend, const Source& source, double threshold, std::size_t k, Out& out) {
     const std::size_t begin = out.size();
     k = std::min(k, source.size);
     // A threshold that is not finite (a degenerate fit) cannot be halved: take everything.
     double t = k == source.size || !std::isfinite(threshold) ? -1.0 : threshold;
-    backend.template select_above<false>(source, t, out, std::size_t(double(k) * (1 + slack)));
-    selection_result result{out.size() - begin, 0};
+    selection_result result{detail::select_above<false>(backend, source, t, out,
+                                                        std::size_t(double(k) * (1 + slack))),
+                            0};
     // Each band is a run ascending by index: at most halvings, then (0, t], then all.
     std::array<std::size_t, halvings + 2> band_starts{};
     while (out.size() - begin < k) {
@@ -53,9 +54,9 @@ struct exact_k {
       ++result.rescans;
     }
     if (result.rescans)
-      detail::merge_runs(out, begin, std::span<const std::size_t>(band_starts.data(), std::size_t(result.rescans)));
-    detail::keep_top_k(out, begin, k);
-    detail::mark_sent(source, out, begin);
+      backend.merge_runs(out, begin, std::span<const std::size_t>(band_starts.data(), std::size_t(result.rescans)));
+    backend.keep_top_k(out, begin, k);
+    backend.mark_sent(source, out, begin);
     return result;
   }
 };
@@ -68,18 +69,16 @@ struct trimmed {
   static_assert(SlackPercent >= 0, "trimmed<SlackPercent>: the slack cannot be negative");
   static constexpr const char* name = "trimmed";
   static constexpr bool needs_threshold = true;
+  static constexpr bool fuses_layers = false;
 
   double estimation_density(double delta) const { return delta; }
 
-  template <class Backend, class Source, class T, class Index>
-  selection_result select(const Backend& backend, const Source& source, double threshold,
-                          std::size_t k, sparse_vector<T, Index>& out) {
+  template <backend::backend Backend, class Source, class Out>
+  selection_result select(Backend& backend, const Source& source, double threshold, std::size_t k, Out& out) {
     const std::size_t begin = out.size();
-    backend.template select_above<false>(source, threshold, out, k);
-    const std::size_t candidates = out.size() - begin;
-    if (double(candidates) > double(k) * (1 + SlackPercent / 100.0))
-      detail::keep_top_k(out, begin, k);
-    detail::mark_sent(source, out, begin);
+    const std::size_t candidates = detail::select_above<false>(backend, source, threshold, out, k);
+    if (double(candidates) > double(k) * (1 + SlackPercent / 100.0)) backend.keep_top_k(out, begin, k);
+    backend.mark_sent(source, out, begin);
     return {candidates, 0};
   }
 };

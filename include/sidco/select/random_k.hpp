@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "sidco/core/sparse_vector.hpp"
+#include "sidco/backend/concept.hpp"
 #include "sidco/select/result.hpp"
 
 namespace sidco::select {
@@ -62,14 +62,14 @@ class random_k {
  public:
   static constexpr const char* name = "random_k";
   static constexpr bool needs_threshold = false;
+  static constexpr bool fuses_layers = false;
 
   explicit random_k(std::uint64_t seed = 0x51dc0) : seed_(seed) {}
 
   double estimation_density(double delta) const { return delta; }
 
-  template <class Backend, class Source, class T, class Index>
-  selection_result select(const Backend& backend, const Source& source, double,
-                          std::size_t k, sparse_vector<T, Index>& out) {
+  template <backend::backend Backend, class Source, class Out>
+  selection_result select(Backend& backend, const Source& source, double, std::size_t k, Out& out) {
     detail::splitmix64 rng{seed_ ^ (calls_++ * 0xd1b54a32d192ed03ull) ^
                            (std::uint64_t(source.base) * 0x8cb92ba72f3d8dd7ull)};
     detail::uniform_subset(source.size, std::min(k, source.size), rng, chosen_);

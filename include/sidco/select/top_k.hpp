@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <limits>
 
+#include "sidco/backend/concept.hpp"
 #include "sidco/core/magnitude_key.hpp"
-#include "sidco/core/sparse_vector.hpp"
-#include "sidco/select/keep_top_k.hpp"
 #include "sidco/select/result.hpp"
+#include "sidco/select/single_threshold.hpp"
 
 namespace sidco::select {
 
@@ -23,13 +23,14 @@ namespace sidco::select {
 struct top_k {
   static constexpr const char* name = "top_k";
   static constexpr bool needs_threshold = false;
+  static constexpr bool fuses_layers = false;
   static constexpr int bucket_bits = 12;
 
   double estimation_density(double delta) const { return delta; }
 
-  template <class Backend, class Source, class T, class Index>
-  selection_result select(const Backend& backend, const Source& source, double,
-                          std::size_t k, sparse_vector<T, Index>& out) {
+  template <backend::backend Backend, class Source, class Out>
+  selection_result select(Backend& backend, const Source& source, double, std::size_t k, Out& out) {
+    using T = typename Source::value_type;
     using Key = magnitude_key_t<T>;
     // Magnitude keys have a clear top bit: the next 12 bits are the bucket.
     constexpr int shift = int(8 * sizeof(Key)) - 1 - bucket_bits;
@@ -43,10 +44,10 @@ struct top_k {
     const double t = bucket == 0 ? -1.0
                                  : std::nextafter(double(magnitude_of_key<T>(Key(bucket) << shift)),
                                                   -std::numeric_limits<double>::infinity());
-    backend.template select_above<false>(source, t, out, above + counts[bucket]);
-    const std::size_t candidates = out.size() - begin;
-    detail::keep_top_k(out, begin, k);
-    detail::mark_sent(source, out, begin);
+    const std::size_t candidates =
+        detail::select_above<false>(backend, source, t, out, std::size_t(above + counts[bucket]));
+    backend.keep_top_k(out, begin, k);
+    backend.mark_sent(source, out, begin);
     return {candidates, 0};
   }
 };

@@ -1,4 +1,5 @@
-// Stage-count policies: how many fits (and refinement passes) a statistical estimate uses.
+// Stage-count policies: how many fits a statistical estimate uses, and (adaptive) the
+// closed loop that makes the achieved density converge to the one asked for.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@ inline int max_for(double delta) {
 struct single {
   static constexpr const char* name = "single";
   int count(double) const { return 1; }
+  double aim(double delta) const { return delta; }
   void observe(double, double) {}
 };
 
@@ -29,14 +31,17 @@ struct fixed {
   static_assert(M <= 32, "stages::fixed<M>: more than 32 stages never pays for its passes");
   static constexpr const char* name = "fixed";
   int count(double) const { return M; }
+  double aim(double delta) const { return delta; }
   void observe(double, double) {}
 };
 
-/// The stage count adapts over calls so that the achieved density tracks the target: every
-/// `period` calls the mean of achieved/target is compared with [low, high]. Outside it, one
-/// more stage (each stage is a count-corrected refinement, so more stages fit closer in
-/// either direction); inside the tighter [1 - tight, 1 + tight], one fewer (cheaper).
-/// The count stays within [1, max_for(delta)]. One object per tensor: it keeps state.
+/// Closed-loop density. After every call, the density the estimate aims at is corrected from
+/// what was achieved: ln(correction) -= gain ln(achieved / target), an integral controller
+/// bounded to [1/max_correction, max_correction], so the mean achieved density converges to
+/// the target within a few dozen calls and follows a drifting gradient. Every `period`
+/// calls, a correction outside [low, high] (a model that misses by that much on its own)
+/// adds a stage, up to max_for(delta): more stages start the last fit closer to the target.
+/// One object per tensor: it keeps state.
 class adaptive {
  public:
   static constexpr const char* name = "adaptive";
@@ -46,7 +51,8 @@ class adaptive {
     int period = 5;
     double low = 0.8;
     double high = 1.25;
-    double tight = 0.05;
+    double gain = 0.3;            // 0: no correction (the stage count alone adapts)
+    double max_correction = 4.0;  // the aim stays within [delta / 4, 4 delta] (and <= 1)
   };
 
   adaptive() = default;
@@ -55,8 +61,9 @@ class adaptive {
     if (o.period < 1) detail::fail("adaptive stages: period = ", o.period, " is below 1");
     if (!(o.low > 0 && o.low < 1 && o.high > 1))
       detail::fail("adaptive stages: band [", o.low, ", ", o.high, "] must contain 1");
-    if (!(o.tight >= 0 && 1 - o.tight > o.low && 1 + o.tight < o.high))
-      detail::fail("adaptive stages: tight = ", o.tight, " must lie inside the band");
+    if (!(o.gain >= 0 && o.gain <= 1)) detail::fail("adaptive stages: gain = ", o.gain, " is outside [0, 1]");
+    if (!(o.max_correction >= 1 && o.max_correction <= 1e6))
+      detail::fail("adaptive stages: max_correction = ", o.max_correction, " is outside [1, 1e6]");
     current_ = o.initial;
   }
 
@@ -66,27 +73,39 @@ class adaptive {
     return std::clamp(start, 1, top);
   }
 
+  /// The density to aim the estimate at: delta times the correction, at most 1.
+  double aim(double delta) const { return std::min(1.0, delta * correction()); }
+
   /// Called after every compress with achieved/target density.
   void observe(double ratio, double delta) {
     current_ = count(delta);
+    if (options_.gain > 0) {
+      // A call that kept nothing (or everything) still moves the aim, by a bounded step.
+      const double bounded = std::clamp(ratio, 1.0 / 16, 16.0);
+      const double limit = std::log(options_.max_correction);
+      log_correction_ = std::clamp(log_correction_ - options_.gain * std::log(bounded), -limit, limit);
+    }
     sum_ratio_ += ratio;
     if (++seen_ < options_.period) return;
     const double mean = sum_ratio_ / seen_;
     seen_ = 0;
     sum_ratio_ = 0;
-    if (mean < options_.low || mean > options_.high)
-      current_ = std::min(current_ + 1, max_for(delta));
-    else if (std::fabs(mean - 1) <= options_.tight)
-      current_ = std::max(current_ - 1, 1);
+    // Without a correction, the window's mean ratio is what the model misses by.
+    const double miss = options_.gain > 0 ? 1 / correction() : mean;
+    if (miss < options_.low || miss > options_.high) current_ = std::min(current_ + 1, max_for(delta));
   }
 
   int current() const { return current_; }
+  /// The factor the aimed density is multiplied by (1: none yet).
+  double correction() const { return std::exp(log_correction_); }
+  const options& settings() const { return options_; }
 
  private:
   options options_{};
   int current_ = 0;
   int seen_ = 0;
   double sum_ratio_ = 0;
+  double log_correction_ = 0;
 };
 
 }  // namespace sidco::stages

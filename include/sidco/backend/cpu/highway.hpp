@@ -6,14 +6,17 @@
 // selections and counts exactly, sums to the float lanes' rounding.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
+#include "sidco/backend/cpu/lanes.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/fast_log.hpp"
 #include "sidco/core/magnitude_key.hpp"
+#include "sidco/memory/host.hpp"
 
 #if defined(SIDCO_HIGHWAY) && SIDCO_HIGHWAY
 // Highway 1.0.3 refuses -march=native on AVX-512 VNNI/VBMI2 CPUs without this.
@@ -50,11 +53,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <class Source>
 struct loads : std::false_type {};
 template <class T>
-struct loads<plain_source<T>> : std::true_type {};
+struct loads<plain_source<T, memory::host>> : std::true_type {};
 template <class T>
-struct loads<feedback_source<T>> : std::true_type {};
-template <class T>
-struct loads<excess_source<T>> : std::true_type {};
+struct loads<feedback_source<T, memory::host>> : std::true_type {};
 
 /// Sources the kernels read whole vectors from. The momentum source is left to the portable
 /// loops: its fused multiply-add must round exactly as the oracle's does.
@@ -66,26 +67,18 @@ template <class Source, class Index>
 inline constexpr bool selects = handles<Source> && sizeof(Index) == sizeof(typename Source::value_type);
 
 template <class D, class T>
-HWY_INLINE auto load(D d, const plain_source<T>& s, std::size_t i) {
+HWY_INLINE auto load(D d, const plain_source<T, memory::host>& s, std::size_t i) {
   return hn::LoadU(d, s.gradient + i);
 }
 template <class D, class T>
-HWY_INLINE auto load(D d, const feedback_source<T>& s, std::size_t i) {
+HWY_INLINE auto load(D d, const feedback_source<T, memory::host>& s, std::size_t i) {
   return hn::Add(hn::LoadU(d, s.gradient + i), hn::LoadU(d, s.residual + i));
-}
-template <class D, class T>
-HWY_INLINE auto load(D d, const excess_source<T>& s, std::size_t i) {
-  // a - t, with negative results (and -0) as +0, bit for bit as excess_source::value.
-  const hn::RebindToSigned<D> di;
-  const auto bits = hn::BitCast(di, hn::Sub(hn::LoadU(d, s.magnitudes + i), hn::Set(d, s.threshold)));
-  return hn::BitCast(d, hn::AndNot(hn::ShiftRight<8 * sizeof(T) - 1>(bits), bits));
 }
 
 // Leaves v in the residual, or +0 where sent.
 template <bool Final, class D, class V, class M, class Source>
 HWY_INLINE void settle(D d, const Source& s, std::size_t i, V v, M sent) {
-  if constexpr (std::is_same_v<Source, feedback_source<typename Source::value_type>>)
-    hn::StoreU(Final ? hn::IfThenZeroElse(sent, v) : v, d, s.residual + i);
+  if constexpr (Source::has_state) hn::StoreU(Final ? hn::IfThenZeroElse(sent, v) : v, d, s.residual + i);
 }
 
 // |v| > t for above = threshold_key(t), never for NaN: integer compares on the magnitude bits.
@@ -135,24 +128,6 @@ std::size_t write_above(const Source& s, std::size_t lo, std::size_t hi, S above
   return i;
 }
 
-/// Compaction of the magnitudes |x_i| > t into out[at...], over whole vectors from lo, with
-/// the same room rule as write_above; returns where it stopped.
-template <class Source, class S, class T>
-std::size_t write_magnitudes_above(const Source& s, std::size_t lo, std::size_t hi, S above,
-                                   T* out, std::size_t& at, std::size_t end) {
-  const hn::ScalableTag<T> d;
-  const std::size_t lanes = hn::Lanes(d);
-  std::size_t i = lo;
-  for (; i + lanes <= hi && at + lanes <= end; i += lanes) {
-    const auto v = load(d, s, i);
-    const auto keep = exceeds(d, v, above);
-    if (hn::AllFalse(d, keep)) continue;
-    hn::StoreU(hn::Compress(hn::Abs(v), keep), d, out + at);
-    at += hn::CountTrue(d, keep);
-  }
-  return i;
-}
-
 /// fast_log's algorithm on a vector of positive finite values (same constants and steps).
 template <class D, class V>
 HWY_INLINE V fast_log(D d, V a) {
@@ -186,29 +161,29 @@ HWY_INLINE V fast_log(D d, V a) {
                     hn::Mul(hn::Add(s, s), series));
 }
 
-/// Per-lane partial moments of |x| over one block of whole vectors, for the caller to
-/// gather in double: the same lanes and order as the portable kernel.
-template <class T, class Key>
-struct lane_moments {
-  static constexpr std::size_t max_lanes = 64 / sizeof(T);
-  alignas(64) T sum[max_lanes], sum_sq[max_lanes], sum_log[max_lanes];
-  alignas(64) Key zeros[max_lanes], nonfinite[max_lanes], low[max_lanes], high[max_lanes];
-  std::size_t lanes;
-};
-
-/// Fills out with [i, i + block) of s; block is a multiple of the lane count, which is at
-/// most 64 bytes' worth (checked by the caller).
-template <bool Log, class Source, class T = typename Source::value_type>
-void block_moments(const Source& s, std::size_t i, std::size_t block,
-                   lane_moments<T, magnitude_key_t<T>>& out) {
+/// Fills out's lanes with [i, i + block) of s: moments of |x| and, for each probe, the
+/// count above it and the sums of the excesses (ln of them when TailLog). block is a
+/// multiple of the lane count, which is at most 64 bytes' worth.
+template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
+void block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
+                      cpu_detail::lane_statistics<T, Probes>& out) {
   const hn::ScalableTag<T> d;
   const hn::RebindToUnsigned<decltype(d)> du;
+  const hn::RebindToSigned<decltype(d)> di;
+  using V = decltype(hn::Zero(d));
+  using VU = decltype(hn::Zero(du));
   using Key = magnitude_key_t<T>;
   const auto infinity = hn::Set(du, magnitude_key(std::numeric_limits<T>::infinity()));
   const auto one_key = hn::Set(du, magnitude_key(T(1)));
   const auto no_sign = hn::Set(du, ~Key(0) >> 1);
-  auto sum = hn::Zero(d), sum_sq = hn::Zero(d), sum_log = hn::Zero(d);
-  auto zeros = hn::Zero(du), nonfinite = hn::Zero(du), low = infinity, high = hn::Zero(du);
+  V sum = hn::Zero(d), sum_sq = hn::Zero(d), sum_log = hn::Zero(d);
+  VU zeros = hn::Zero(du), nonfinite = hn::Zero(du), low = infinity, high = hn::Zero(du);
+  std::array<V, Probes> tail_sum, tail_sq, tail_log;
+  std::array<VU, Probes> tail_count;
+  for (std::size_t p = 0; p < Probes; ++p) {
+    tail_sum[p] = tail_sq[p] = tail_log[p] = hn::Zero(d);
+    tail_count[p] = hn::Zero(du);
+  }
   const std::size_t lanes = hn::Lanes(d);
   for (std::size_t b = 0; b < block; b += lanes) {
     const auto key = hn::And(hn::BitCast(du, load(d, s, i + b)), no_sign);
@@ -225,6 +200,18 @@ void block_moments(const Source& s, std::size_t i, std::size_t block,
       sum_log = hn::Add(sum_log, fast_log(d, hn::BitCast(d, hn::IfThenElse(positive, key, one_key))));
     low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
     high = hn::Max(high, kept);
+    // Tails: the finite non-zeros above each probe (kept is 0 elsewhere, below any probe).
+    for (std::size_t p = 0; p < Probes; ++p) {
+      const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
+      const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
+      tail_count[p] = hn::Sub(tail_count[p], hn::VecFromMask(du, hn::RebindMask(du, above)));
+      tail_sum[p] = hn::Add(tail_sum[p], excess);
+      tail_sq[p] = hn::MulAdd(excess, excess, tail_sq[p]);
+      if constexpr (TailLog) {
+        const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, T(1)));
+        tail_log[p] = hn::Add(tail_log[p], fast_log(d, safe));
+      }
+    }
   }
   out.lanes = lanes;
   hn::Store(sum, d, out.sum);
@@ -234,6 +221,18 @@ void block_moments(const Source& s, std::size_t i, std::size_t block,
   hn::Store(nonfinite, du, out.nonfinite);
   hn::Store(low, du, out.low);
   hn::Store(high, du, out.high);
+  for (std::size_t p = 0; p < Probes; ++p) {
+    hn::Store(tail_sum[p], d, out.tails[p].sum);
+    hn::Store(tail_sq[p], d, out.tails[p].sum_sq);
+    hn::Store(tail_log[p], d, out.tails[p].sum_log);
+    hn::Store(tail_count[p], du, out.tails[p].count);
+  }
+}
+
+/// The lane count for T: whole vectors below it are left to scalar code.
+template <class T>
+std::size_t lanes() {
+  return hn::Lanes(hn::ScalableTag<T>());
 }
 
 #else
@@ -244,16 +243,14 @@ inline constexpr bool handles = false;
 template <class Source, class Index>
 inline constexpr bool selects = false;
 // Named by backend::cpu in branches it discards when the kernels are absent.
-template <class T, class Key>
-struct lane_moments;
-template <bool Log, class... Args>
-void block_moments(Args&&...) = delete;
+template <bool Log, bool TailLog, std::size_t Probes, class... Args>
+void block_statistics(Args&&...) = delete;
 template <bool Final, class... Args>
 std::size_t write_above(Args&&...) = delete;
 template <class... Args>
-std::size_t write_magnitudes_above(Args&&...) = delete;
-template <class... Args>
 std::size_t count_above(Args&&...) = delete;
+template <class T>
+std::size_t lanes() = delete;
 #endif
 
 }  // namespace sidco::backend::simd

@@ -1,0 +1,79 @@
+// Per-lane partial statistics of one block, filled by the SIMD loops (Highway's or the
+// portable ones) and gathered into moments in double, lane by lane, in the same order.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+
+#include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/moments.hpp"
+
+namespace sidco::backend::cpu_detail {
+
+/// A probe threshold t >= 0 as the kernels compare and subtract it: |x| > t exactly when
+/// signed_key(x) > key; excesses are |x| - value (value: the largest T not above t).
+template <class T>
+struct probe_at {
+  signed_key_t<T> key;
+  T value;
+};
+
+template <class T>
+probe_at<T> make_probe(double t) {
+  const auto key = threshold_key<T>(t < 0 ? 0.0 : t);
+  return {key, magnitude_of_key<T>(magnitude_key_t<T>(key))};
+}
+
+/// Lanes of one block: moments of |x| (sums in T, counts, smallest and largest keys) and,
+/// for each of Probes thresholds, the count above it and the excesses' sums.
+template <class T, std::size_t Probes>
+struct lane_statistics {
+  using Key = magnitude_key_t<T>;
+  static constexpr std::size_t max_lanes = 64 / sizeof(T);
+  struct tail_lanes {
+    alignas(64) T sum[max_lanes];
+    alignas(64) T sum_sq[max_lanes];
+    alignas(64) T sum_log[max_lanes];
+    alignas(64) Key count[max_lanes];
+  };
+  alignas(64) T sum[max_lanes];
+  alignas(64) T sum_sq[max_lanes];
+  alignas(64) T sum_log[max_lanes];
+  alignas(64) Key zeros[max_lanes];
+  alignas(64) Key nonfinite[max_lanes];
+  alignas(64) Key low[max_lanes];
+  alignas(64) Key high[max_lanes];
+  tail_lanes tails[Probes == 0 ? 1 : Probes];
+  std::size_t lanes = max_lanes;
+
+  /// Merges the block's lanes (block values in all) into out[0] and the tails into
+  /// out[1 + j], in double.
+  void gather_into(std::size_t block, moments* out) const {
+    const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
+    moments m;
+    m.count = block;
+    for (std::size_t j = 0; j < lanes; ++j) {
+      m.zeros += zeros[j];
+      m.nonfinite += nonfinite[j];
+      m.sum += double(sum[j]);
+      m.sum_sq += double(sum_sq[j]);
+      m.sum_log += double(sum_log[j]);
+      if (low[j] != infinity) m.min = std::min(m.min, double(magnitude_of_key<T>(low[j])));
+      m.max = std::max(m.max, double(magnitude_of_key<T>(high[j])));
+    }
+    out[0].merge(m);
+    for (std::size_t p = 0; p < Probes; ++p) {
+      moments t;
+      for (std::size_t j = 0; j < lanes; ++j) {
+        t.count += tails[p].count[j];
+        t.sum += double(tails[p].sum[j]);
+        t.sum_sq += double(tails[p].sum_sq[j]);
+        t.sum_log += double(tails[p].sum_log[j]);
+      }
+      out[1 + p].merge(t);
+    }
+  }
+};
+
+}  // namespace sidco::backend::cpu_detail

@@ -1,0 +1,129 @@
+// The moments pass over one piece of a source: moments of |x| and the tails above a few
+// probe thresholds, in blocks summed in T lanes (Highway's or portable loops), then added
+// in double. Every test is an integer compare on the magnitude bits: float compares may
+// trap on NaN, which stops the compiler from vectorizing them; for non-negative floats the
+// bits order like the values, so min and max are integer too.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include "sidco/backend/cpu/highway.hpp"
+#include "sidco/backend/cpu/lanes.hpp"
+#include "sidco/backend/cpu/tuning.hpp"
+#include "sidco/core/fast_log.hpp"
+#include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/moments.hpp"
+
+namespace sidco::backend::cpu_detail {
+
+// The portable block loop: 64 bytes of lanes, masks rather than ?: selects (which GCC
+// takes for control flow and will not vectorize).
+template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
+void portable_block(const Source& source, std::size_t i, std::size_t block, const probe_at<T>* probes,
+                    lane_statistics<T, Probes>& out) {
+  using Key = magnitude_key_t<T>;
+  using S = signed_key_t<T>;
+  constexpr std::size_t lanes = lane_statistics<T, Probes>::max_lanes;
+  const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
+  std::fill(std::begin(out.sum), std::end(out.sum), T(0));
+  std::fill(std::begin(out.sum_sq), std::end(out.sum_sq), T(0));
+  std::fill(std::begin(out.sum_log), std::end(out.sum_log), T(0));
+  std::fill(std::begin(out.zeros), std::end(out.zeros), Key(0));
+  std::fill(std::begin(out.nonfinite), std::end(out.nonfinite), Key(0));
+  std::fill(std::begin(out.low), std::end(out.low), infinity);
+  std::fill(std::begin(out.high), std::end(out.high), Key(0));
+  for (std::size_t p = 0; p < Probes; ++p) {
+    auto& t = out.tails[p];
+    std::fill(std::begin(t.sum), std::end(t.sum), T(0));
+    std::fill(std::begin(t.sum_sq), std::end(t.sum_sq), T(0));
+    std::fill(std::begin(t.sum_log), std::end(t.sum_log), T(0));
+    std::fill(std::begin(t.count), std::end(t.count), Key(0));
+  }
+  out.lanes = lanes;
+  for (std::size_t b = 0; b < block; b += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) {
+      const Key key = magnitude_key(source.value(i + b + j));
+      const Key finite = key < infinity;
+      const Key positive = finite & (key != 0);
+      const Key mask = Key(0) - positive;
+      const Key kept = key & mask;
+      const T x = magnitude_of_key<T>(kept);
+      out.zeros[j] += finite & (key == 0);
+      out.nonfinite[j] += Key(1) - finite;
+      out.sum[j] += x;
+      out.sum_sq[j] += x * x;
+      if constexpr (Log)
+        out.sum_log[j] += fast_log(magnitude_of_key<T>(kept | (~mask & magnitude_key(T(1)))));
+      out.low[j] = std::min(out.low[j], kept | (~mask & infinity));
+      out.high[j] = std::max(out.high[j], kept);
+      for (std::size_t p = 0; p < Probes; ++p) {
+        const Key above = Key(S(kept) > probes[p].key);
+        const Key above_mask = Key(0) - above;
+        // The excess where above, else +0: bits masked, never multiplied (x - value may be
+        // any value where not above).
+        const T excess = magnitude_of_key<T>(detail::bit_cast<Key>(T(x - probes[p].value)) & above_mask);
+        auto& t = out.tails[p];
+        t.count[j] += above;
+        t.sum[j] += excess;
+        t.sum_sq[j] += excess * excess;
+        if constexpr (TailLog)
+          t.sum_log[j] += fast_log(magnitude_of_key<T>((magnitude_key(excess) & above_mask) |
+                                                       (~above_mask & magnitude_key(T(1)))));
+      }
+    }
+  }
+}
+
+// Adds |x| over [lo, hi) value by value, with the tails.
+template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
+void add_values(const Source& source, std::size_t lo, std::size_t hi, const probe_at<T>* probes, moments* out) {
+  for (std::size_t i = lo; i < hi; ++i) {
+    const T v = source.value(i);
+    const T a = std::fabs(v);
+    out[0].add<false>(double(a));
+    const bool positive = std::isfinite(a) && a > 0;
+    if constexpr (Log)
+      if (positive) out[0].sum_log += double(fast_log(a));
+    for (std::size_t p = 0; p < Probes; ++p) {
+      if (!positive || !(signed_key(v) > probes[p].key)) continue;
+      const T excess = T(a - probes[p].value);
+      moments& t = out[1 + p];
+      ++t.count;
+      t.sum += double(excess);
+      t.sum_sq += double(excess) * double(excess);
+      if constexpr (TailLog) t.sum_log += double(fast_log(excess));
+    }
+  }
+}
+
+/// Moments of |x| over [lo, hi) into out[0], the tails above probes[p] into out[1 + p]
+/// (merged into what out holds): whole blocks, then whole vectors, then values.
+template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
+void piece_statistics(const Source& source, std::size_t lo, std::size_t hi, const probe_at<T>* probes, moments* out) {
+  constexpr std::size_t block = tuning::moments_block;
+  lane_statistics<T, Probes> lanes{};  // zeroed once per piece: GCC cannot see the SIMD stores
+  std::size_t i = lo;
+  if constexpr (simd::handles<Source>) {
+    for (; i + block <= hi; i += block) {
+      simd::block_statistics<Log, TailLog, Probes>(source, i, block, probes, lanes);
+      lanes.gather_into(block, out);
+    }
+    const std::size_t vectors = (hi - i) / simd::lanes<T>() * simd::lanes<T>();
+    if (vectors > 0) {
+      simd::block_statistics<Log, TailLog, Probes>(source, i, vectors, probes, lanes);
+      lanes.gather_into(vectors, out);
+      i += vectors;
+    }
+  } else {
+    for (; i + block <= hi; i += block) {
+      portable_block<Log, TailLog, Probes>(source, i, block, probes, lanes);
+      lanes.gather_into(block, out);
+    }
+  }
+  add_values<Log, TailLog, Probes>(source, i, hi, probes, out);
+}
+
+}  // namespace sidco::backend::cpu_detail

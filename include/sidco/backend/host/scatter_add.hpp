@@ -1,0 +1,31 @@
+// Scatter-add of sparse entries into a dense host buffer: the one add loop that
+// decompress, scatter_add and the MPI all-reduce share.
+#pragma once
+
+#include <cstddef>
+
+#include "sidco/core/error.hpp"
+
+namespace sidco::backend::host {
+
+/// Everything a scatter-add checks before its first write: the sparse vector's dense size
+/// and every index against the dense buffer's size. `what` names the sparse side.
+template <class Index>
+void check_scatter(const char* what, std::size_t sparse_dense_size, const Index* indices,
+                   std::size_t count, std::size_t dense_size) {
+  if (sparse_dense_size != dense_size)
+    detail::fail("dense: size ", dense_size, " does not match the ", what, "'s dense size ",
+                 sparse_dense_size);
+  for (std::size_t i = 0; i < count; ++i)
+    if (std::size_t(indices[i]) >= dense_size)
+      detail::fail(what, ": index ", std::size_t(indices[i]), " at position ", i,
+                   " is out of range for dense size ", dense_size);
+}
+
+/// dense[indices[i]] += scale values[i], after check_scatter.
+template <class T, class Index>
+void add_checked(const Index* indices, const T* values, std::size_t count, T* dense, T scale) {
+  for (std::size_t i = 0; i < count; ++i) dense[indices[i]] += scale * values[i];
+}
+
+}  // namespace sidco::backend::host

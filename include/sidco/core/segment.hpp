@@ -1,0 +1,36 @@
+// One tensor's place in a flat gradient buffer, and the check that a layout tiles it.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "sidco/core/error.hpp"
+
+namespace sidco {
+
+/// Values [offset, offset + size) of the flat buffer.
+struct segment {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+
+  std::size_t end() const { return offset + size; }
+};
+
+namespace check {
+
+/// Segments must tile [0, total) in order, none empty. Returns the total.
+inline std::size_t layout(std::span<const segment> segments) {
+  if (segments.empty()) detail::fail("layout is empty");
+  std::size_t expected = 0;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].offset != expected)
+      detail::fail("layout: segment ", i, " starts at ", segments[i].offset, ", expected ",
+                   expected, " (segments must tile the gradient in order)");
+    if (segments[i].size == 0) detail::fail("layout: segment ", i, " is empty");
+    expected += segments[i].size;
+  }
+  return expected;
+}
+
+}  // namespace check
+}  // namespace sidco
