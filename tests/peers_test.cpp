@@ -229,7 +229,7 @@ TEST_CASE_TEMPLATE("DGC momentum correction and masking follow the recurrences e
     const auto g = laplace_with_zeros<T>(n, 50 + step);
     std::vector<T> accumulated(n);
     for (std::size_t i = 0; i < n; ++i) {
-      u[i] = m * u[i] + g[i];
+      u[i] = std::fma(m, u[i], g[i]);  // one rounding, as the library does
       v[i] = v[i] + u[i];
       velocity_sum[i] += double(u[i]);
     }

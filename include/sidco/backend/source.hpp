@@ -26,6 +26,21 @@ SIDCO_HOST_DEVICE T unless_sent(T v, bool sent) {
   return detail::bit_cast<T>(U(detail::bit_cast<U>(v) & (U(0) - U(!sent))));
 }
 
+/// a b + c rounded once: written out, so that no compiler or backend contracts it one way
+/// in one place and another way in another (the momentum recurrence must give the same bits
+/// in every backend).
+template <class T>
+SIDCO_HOST_DEVICE T fused_multiply_add(T a, T b, T c) {
+#if defined(__CUDA_ARCH__)
+  return fma(a, b, c);
+#else
+  if constexpr (sizeof(T) == 4)
+    return __builtin_fmaf(a, b, c);
+  else
+    return __builtin_fma(a, b, c);
+#endif
+}
+
 /// The gradient as it is.
 template <class T, class Memory = memory::host>
 struct plain_source {
@@ -66,8 +81,8 @@ struct feedback_source {
   }
 };
 
-/// DGC's momentum correction: u <- m u + g, v <- v + u, compress v; where sent, momentum
-/// factor masking clears both u and v (Lin et al., ICLR 2018).
+/// DGC's momentum correction: u <- m u + g (one fused multiply-add), v <- v + u, compress
+/// v; where sent, momentum factor masking clears both u and v (Lin et al., ICLR 2018).
 template <class T, class Memory = memory::host>
 struct momentum_source {
   using value_type = T;
@@ -81,11 +96,11 @@ struct momentum_source {
   std::size_t base = 0;
 
   SIDCO_HOST_DEVICE T value(std::size_t i) const {
-    return accumulation[i] + (momentum * velocity[i] + gradient[i]);
+    return accumulation[i] + fused_multiply_add(momentum, velocity[i], gradient[i]);
   }
   SIDCO_HOST_DEVICE T rescan_value(std::size_t i) const { return accumulation[i]; }
   SIDCO_HOST_DEVICE void settle(std::size_t i, T v, bool sent) const {
-    velocity[i] = unless_sent(T(momentum * velocity[i] + gradient[i]), sent);
+    velocity[i] = unless_sent(fused_multiply_add(momentum, velocity[i], gradient[i]), sent);
     accumulation[i] = unless_sent(v, sent);
   }
   SIDCO_HOST_DEVICE void mark_sent(std::size_t i) const {

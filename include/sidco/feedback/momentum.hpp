@@ -10,7 +10,7 @@
 
 namespace sidco::feedback {
 
-/// Per-tensor state of DGC (Lin et al., ICLR 2018): velocity u <- m u + g and accumulation
+/// Per-tensor state of DGC (Lin et al., ICLR 2018): velocity u <- m u + g (fused) and accumulation
 /// v <- v + u; v is compressed, and where an entry is sent both u and v are cleared
 /// (momentum-factor masking), so stale momentum does not keep pushing it. What is not sent
 /// stays in v: sum of everything sent + v equals the sum of all u.

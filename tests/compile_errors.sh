@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Mistakes that must not compile, each with the sentence its error must contain: a backend
+# that lacks one member of the contract, and types given on the wrong axis of a compressor.
+# Arguments: the C++ compiler, then its flags (include paths).
+set -uo pipefail
+compiler=$1
+shift
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+
+expect_error() {
+  local name=$1 sentence=$2 body=$3
+  printf '#include <sidco/sidco.hpp>\n%s\n' "$body" > "$tmp/$name.cpp"
+  if "$compiler" -std=c++20 -fsyntax-only "$@" "$tmp/$name.cpp" > "$tmp/$name.log" 2>&1; then
+    echo "FAIL $name: compiled"
+    failed=1
+  elif ! grep -qF "$sentence" "$tmp/$name.log"; then
+    echo "FAIL $name: the error does not say \"$sentence\":"
+    head -20 "$tmp/$name.log"
+    failed=1
+  else
+    echo "ok   $name: \"$sentence\""
+  fi
+}
+
+# The control: the same harness compiles a correct composition.
+printf '#include <sidco/sidco.hpp>\nint main() { sidco::presets::sidco_e<sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }\n' > "$tmp/control.cpp"
+if ! "$compiler" -std=c++20 -fsyntax-only "$@" "$tmp/control.cpp" > "$tmp/control.log" 2>&1; then
+  echo "FAIL the control does not compile:"
+  head -20 "$tmp/control.log"
+  exit 1
+fi
+
+expect_error missing_member "sidco backend: missing count_above(source, t)" '
+struct no_count : sidco::backend::serial {
+  template <class Source> void count_above(const Source&, double) = delete;
+};
+int main() { sidco::presets::gaussian_k<sidco::select::above_threshold, no_count> c; (void)c; }' "$@"
+
+expect_error missing_memory "sidco backend: missing \`memory\`" '
+struct no_memory { static constexpr const char* name = "none"; };
+int main() { sidco::presets::top_k<no_memory> c; (void)c; }' "$@"
+
+expect_error backend_as_selection "a backend was given as the Selection" '
+int main() { sidco::presets::sidco_e<sidco::backend::serial> c; (void)c; }' "$@"
+
+expect_error selection_as_backend "a selection was given as the Backend" '
+int main() { sidco::compressor<sidco::estimate::none, sidco::select::top_k, sidco::select::top_k> c; (void)c; }' "$@"
+
+expect_error not_an_estimator "Estimator must be an estimator" '
+int main() { sidco::compressor<sidco::backend::cpu> c; (void)c; }' "$@"
+
+exit $failed
