@@ -202,17 +202,22 @@ TEST_CASE("from the second call, the moments pass measures the tail the last sta
     CHECK(b.probes == 0);
     CHECK(b.tail_passes == 2);
     CHECK(r1.passes == 2);
-    // Same input again: one moments pass with one probe, where the last stage started, and
-    // no pass of its own. The tail there is the one the first call measured, so the estimate
-    // is the same.
+    // Same input again: one moments pass with one probe, at the measured point nearest
+    // where the last stage starts, and no pass of its own; the last stage fits from the
+    // probe and delivers as well as the first call did.
     const auto r2 = c.compress<float>(g, 0.001, second);
     CHECK(b.moments_passes == 2);
     CHECK(b.probes == 1);
     CHECK(b.tail_passes == 2);
     CHECK(r2.passes == 0);
-    CHECK(r2.threshold == doctest::Approx(r1.threshold).epsilon(1e-9));
-    CHECK(r2.selected == r1.selected);
+    INFO("first call ", r1.density_ratio(), ", second ", r2.density_ratio());
+    // Whole vector and fixed stages: no closed loop, so within 25% of the first call (whose
+    // ratio on these files is 0.70-1.37).
+    CHECK(std::fabs(std::log(r2.density_ratio() / r1.density_ratio())) <= std::log(1.25));
     check_selection_exact<float>(g, second, r2);
+    // And so on, call after call, on the same input.
+    for (int call = 0; call < 5; ++call) CHECK(c.compress<float>(g, 0.001, second).passes == 0);
+    CHECK(b.tail_passes == 2);
     CHECK(c.workspace_bytes() < g.size() * sizeof(float) / 100);
   }
 }

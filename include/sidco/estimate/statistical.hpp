@@ -135,83 +135,120 @@ class statistical {
     const int stage_count = stages_.count(delta);
     const double target = k / nonzero;
     const bool one_step = stage_count == 1 || target >= options_.first_fraction;
+    // Where an M-stage schedule starts its last stage: the count the base aims at.
+    const double wanted = one_step ? k : base_ratio(nonzero, k, stage_count) * k;
     tail_point lo{0.0, nonzero, all};
     // Upper end of the bracket: at least one value reaches the maximum. Becomes a measured
     // point once a pass finds fewer than k values above a threshold.
     double hi_t = all.max, hi_n = 1;
     bool hi_measured = false;
+    int stage = 0;
+    bool probed = false;        // the last stage starts at the probe: no pass was made
+    tail_point candidate = lo;  // measured points nearest `wanted`: the next call's base
 
     if (!one_step && !probes.empty() && base_ > 0 && base_ < all.max) {
       const moments& measured = probes[0];
       const double n = double(measured.count);
       if (n >= k) {
-        // The last stage, fitted from the tail the moments pass measured at the base.
+        // The probe is a measured stage: as many stages follow as its distance from k needs
+        // at the schedule's last-stage ratio (one, when it is where the last stage starts).
         lo = {base_, n, measured};
-        double t = n == k ? base_ : base_ + fit_tail(measured, k / n);
-        if (!(t >= lo.t && t < hi_t)) t = interpolate(lo, hi_t, hi_n, k);
-        t = std::min(t, std::nextafter(hi_t, 0.0));
-        place_base(all, lo, k, stage_count);
-        return {t, stage_count};
+        candidate = lo;
+        const int remaining =
+            n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
+        stage = std::max(1, stage_count - remaining);
+        probed = stage == stage_count - 1;
+      } else {
+        // The base now keeps too few: it brackets the tail from above; refit from stage 1.
+        hi_t = base_;
+        hi_n = n;
+        hi_measured = true;
       }
-      // The base now keeps too few: it brackets the tail from above; refit from stage 1.
-      hi_t = base_;
-      hi_n = n;
-      hi_measured = true;
     }
 
-    for (int stage = 0; stage < stage_count; ++stage) {
+    for (int extra = 0;;) {
+      if (lo.n == k) return finish(all, candidate, wanted, probed, lo.t, stage_count);
       double t;
-      if (hi_measured) {
+      bool fitted = true;
+      if (hi_measured && hi_n >= k / close_bracket) {
         t = interpolate(lo, hi_t, hi_n, k);
       } else {
         if (stage == 0) {
           t = First::fit(all).upper_quantile(one_step ? target : options_.first_fraction);
         } else {
-          const double rho = std::pow(k / lo.n, 1.0 / double(stage_count - stage));
+          const double rho = std::pow(k / lo.n, 1.0 / double(std::max(1, stage_count - stage)));
           t = lo.t + fit_tail(lo.excess, rho);
         }
         // A fit that is not finite, or lands outside the bracket, is replaced by the
         // interpolation, which cannot leave it.
-        if (!(t > lo.t && t < hi_t)) t = interpolate(lo, hi_t, hi_n, k);
+        if (!(t > lo.t && t < hi_t)) {
+          t = interpolate(lo, hi_t, hi_n, k);
+          fitted = false;
+        }
         t = std::min(t, std::nextafter(hi_t, 0.0));
       }
-      if (stage == stage_count - 1 || one_step) {
-        // The next call measures the tail where this last stage started.
-        base_ = one_step || lo.t <= 0 ? -1 : lo.t;
-        return {t, stage_count};
+      const bool last = stage >= stage_count - 1 || one_step;
+      if (last && (fitted || hi_measured || extra == max_extra_passes))
+        return finish(all, candidate, wanted, probed, t, stage_count);
+      if (last) {
+        // The model does not reach k inside the data and nothing above was measured:
+        // measure halfway to the maximum, which brackets the tail or raises the lower end.
+        ++extra;
+        t = lo.t + (hi_t - lo.t) / 2;
       }
 
       const moments excess = pass.template tail<Tail::needs_log>(t);
+      probed = false;
       const double n = double(excess.count);
       if (n >= k) {
         lo = {t, n, excess};
-        if (n == k) {
-          base_ = t;
-          return {t, stage + 1};
-        }
+        if (std::fabs(std::log(n / wanted)) < std::fabs(std::log(candidate.n / wanted))) candidate = lo;
       } else {
         hi_t = t;
         hi_n = n;
         hi_measured = true;
       }
+      stage = std::min(stage + 1, stage_count - 1);
     }
-    return {lo.t, stage_count};  // not reached: the last stage returns above
   }
 
-  // Keeps the base where the last stage of an M-stage schedule would start (within a
-  // factor of two of its count), else moves it there for the next call: up along this
-  // call's tail fit, or down by interpolating between the non-zeros and the base.
-  void place_base(const moments& all, const tail_point& base, double k, int stage_count) {
-    const double wanted = base_ratio(double(all.nonzero()), k, stage_count) * k;
-    if (base.n >= wanted / 2 && base.n <= 2 * wanted) return;
-    double next;
-    if (wanted < base.n) {
-      next = base.t + fit_tail(base.excess, wanted / base.n);
-    } else {
-      const tail_point zero{0.0, double(all.nonzero()), all};
-      next = interpolate(zero, base.t, base.n, wanted);
+  // A last stage whose model leaves the data measures at most this many more points.
+  static constexpr int max_extra_passes = 2;
+  // A measured upper bracket within this factor of k is close enough to interpolate to
+  // (an exponential tail through both ends); farther, the model's fit is better.
+  static constexpr double close_bracket = 4;
+  // The base follows the threshold's drift from call to call by at most this factor.
+  static constexpr double max_drift = 1.25;
+
+  // The estimate, after choosing where the next call's moments pass measures the tail:
+  // near `wanted` (where an M-stage schedule starts its last stage). The candidate is the
+  // probe when it served, else the measured point nearest `wanted`; it is kept within a
+  // factor of two of that count, else moved there for the next call (up along its tail's
+  // fit, or down by interpolating between the non-zeros and it). Thresholds that drift (a
+  // residual growing under error feedback scales every value call after call) move the
+  // base along by the last step's drift, bounded.
+  threshold_estimate finish(const moments& all, const tail_point& candidate, double wanted, bool probed,
+                            double t, int stages) {
+    base_ = -1;
+    if (candidate.t > 0) {
+      base_ = candidate.t;
+      if (!(candidate.n >= wanted / 2 && candidate.n <= 2 * wanted)) {
+        double next;
+        if (wanted < candidate.n) {
+          next = candidate.t + fit_tail(candidate.excess, wanted / candidate.n);
+        } else {
+          const tail_point zero{0.0, double(all.nonzero()), all};
+          next = interpolate(zero, candidate.t, candidate.n, wanted);
+        }
+        // A move the fit cannot make (its threshold leaves the data) is left to the
+        // next call's passes.
+        if (std::isfinite(next) && next > 0 && next < all.max) base_ = next;
+      }
+      if (last_threshold_ > 0 && t > 0) base_ *= std::clamp(t / last_threshold_, 1 / max_drift, max_drift);
     }
-    if (std::isfinite(next) && next > 0 && next < all.max) base_ = next;
+    (void)probed;
+    last_threshold_ = t;
+    return {t, stages};
   }
 
   template <class Pass>
@@ -237,7 +274,8 @@ class statistical {
 
   Stages stages_{};
   options options_{};
-  double base_ = -1;
+  double base_ = -1;            // where the next moments pass measures the tail
+  double last_threshold_ = -1;  // this call's threshold, for the next call's drift
 };
 
 }  // namespace sidco::estimate

@@ -80,8 +80,9 @@ class adaptive {
   void observe(double ratio, double delta) {
     current_ = count(delta);
     if (options_.gain > 0) {
-      // A call that kept nothing (or everything) still moves the aim, by a bounded step.
-      const double bounded = std::clamp(ratio, 1.0 / 16, 16.0);
+      // One call moves the aim by a bounded step (at most gain ln 2), so that an outlying
+      // call (one that kept nothing, or far too much) does not throw the loop off.
+      const double bounded = std::clamp(ratio, 0.5, 2.0);
       const double limit = std::log(options_.max_correction);
       log_correction_ = std::clamp(log_correction_ - options_.gain * std::log(bounded), -limit, limit);
     }
