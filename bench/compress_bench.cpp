@@ -1,6 +1,11 @@
 // Google Benchmark suite: every method next to the baselines, measured in the same run.
 // Arguments: input / log2 N / 1/delta. Inputs: 0 normal and 1 Laplace values (30% exact
-// zeros, N = 2^log2N), 2 the real LSTM gradient and 3 the real CNN gradient (N fixed).
+// zeros, N = 2^log2N), 2 the real LSTM gradient and 3 the real CNN gradient (N fixed, with
+// their layers from the bundled manifest), 4 a 2^25-value transformer-like bucket of 170
+// layers (384 to 4M values, each its own scale; the embedding 97% zeros), 5 and 6 a
+// transformer language model's real gradients (17.7M values, 52 layers; plain at iteration
+// 200 and with error feedback at 100) when SIDCO_LM_GRADIENTS names the directory that
+// ../shared/tools/make_lm_gradients.py (or scripts/lm_gradients.sh) wrote.
 // Counters: density_ratio (achieved / target), alloc_bytes (heap bytes a warm call
 // allocates: 0 means the output and O(threads) scratch are all it uses), workspace_bytes
 // (what the compressor keeps between calls). bench/report.py turns the JSON output into the
@@ -10,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <new>
 #include <random>
 #include <string>
@@ -17,6 +23,8 @@
 
 #include <benchmark/benchmark.h>
 #include <sidco/sidco.hpp>
+
+#include "../examples/manifest.hpp"
 
 #ifndef SIDCO_GRADIENTS_DIR
 #error "SIDCO_GRADIENTS_DIR is set by bench/meson.build"
@@ -53,19 +61,63 @@ std::vector<float> synthetic(int kind, std::size_t n) {
   return g;
 }
 
-const std::vector<float>& input(const benchmark::State& state) {
-  static std::vector<float> cache[4][32];
+// A transformer-like bucket of 2^25 values: token embedding (4M, 97% zeros), 14 blocks of
+// LayerNorm gains and biases, attention and MLP weights and biases (d = 384), the final
+// LayerNorm and the LM head, the rest of 2^25 in the head; every layer its own scale.
+struct bucket {
+  std::vector<float> values;
+  std::vector<sidco::segment> layout;
+};
+
+bucket transformer_bucket() {
+  const std::size_t d = 384, total = std::size_t(1) << 25;
+  std::vector<std::size_t> sizes = {std::size_t(4) << 20};
+  for (int block = 0; block < 14; ++block)
+    for (std::size_t size : {d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d}) sizes.push_back(size);
+  sizes.push_back(d);
+  sizes.push_back(d);
+  std::size_t used = 0;
+  for (std::size_t size : sizes) used += size;
+  sizes.push_back(total - used);  // the LM head
+  bucket b;
+  b.values.resize(total);
+  std::mt19937_64 rng(7);
+  std::exponential_distribution<float> exponential(1.f);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::size_t offset = 0;
+  for (std::size_t l = 0; l < sizes.size(); ++l) {
+    b.layout.push_back({offset, sizes[l]});
+    const float scale = std::pow(10.f, -4.f + 2.f * u(rng));
+    const float zeros = l == 0 ? 0.97f : 0.f;
+    for (std::size_t i = offset; i < offset + sizes[l]; ++i)
+      b.values[i] = u(rng) < zeros ? 0.f : (u(rng) < 0.5f ? -scale : scale) * exponential(rng);
+    offset += sizes[l];
+  }
+  return b;
+}
+
+const char* lm_directory() { return std::getenv("SIDCO_LM_GRADIENTS"); }
+
+// Inputs 2-6 carry their layers; 0 and 1 are one layer.
+const bucket& input(const benchmark::State& state) {
+  static std::map<std::pair<int, int>, bucket> cache;
   const int kind = int(state.range(0));
   const int log2n = kind < 2 ? int(state.range(1)) : 0;
-  auto& g = cache[kind][log2n];
-  if (g.empty()) {
-    if (kind < 2)
-      g = synthetic(kind, std::size_t(1) << log2n);
-    else
-      g = sidco::io::load_npy<float>(std::string(SIDCO_GRADIENTS_DIR) +
-                                     (kind == 2 ? "/lstm_it10.npy" : "/cnn_it200.npy"));
+  auto& b = cache[{kind, log2n}];
+  if (!b.values.empty()) return b;
+  if (kind < 2) {
+    b.values = synthetic(kind, std::size_t(1) << log2n);
+  } else if (kind == 4) {
+    b = transformer_bucket();
+  } else {
+    const bool lm = kind >= 5;
+    const std::string dir = lm ? std::string(lm_directory() ? lm_directory() : "") : SIDCO_GRADIENTS_DIR;
+    const std::string file = kind == 2 ? "lstm_it10.npy" : kind == 3 ? "cnn_it200.npy" : kind == 5 ? "gpt_it200.npy" : "gpt_ef_it100.npy";
+    b.values = sidco::io::load_npy<float>(dir + "/" + file);
+    b.layout = manifest::load_layers(dir + "/manifest.json").at(file);
   }
-  return g;
+  if (b.layout.empty()) b.layout = {{0, b.values.size()}};
+  return b;
 }
 
 double density_of(const benchmark::State& state) { return 1.0 / double(state.range(2)); }
@@ -77,7 +129,7 @@ void set_bytes(benchmark::State& state, std::size_t n) {
 // Baseline: the bandwidth ceiling, one threaded read of every value (sum of |x| in
 // independent lanes, so that it vectorizes).
 void streaming_read(benchmark::State& state) {
-  const auto& g = input(state);
+  const auto& g = input(state).values;
   for (auto _ : state) {
     double total = 0;
 #if defined(_OPENMP)
@@ -97,7 +149,7 @@ void streaming_read(benchmark::State& state) {
 // Baseline: exact Top-k by std::nth_element on magnitudes (one thread, as the standard
 // library gives it).
 void nth_element_top_k(benchmark::State& state) {
-  const auto& g = input(state);
+  const auto& g = input(state).values;
   const std::size_t k = sidco::target_count(density_of(state), g.size());
   std::vector<float> magnitudes(g.size());
   for (auto _ : state) {
@@ -109,19 +161,50 @@ void nth_element_top_k(benchmark::State& state) {
   set_bytes(state, g.size());
 }
 
-template <class Compressor, bool Feedback>
+// Compressor is a compressor, or segmented<compressor> over the input's layers.
+template <class Compressor>
+Compressor make(const bucket& b) {
+  if constexpr (requires { Compressor(b.layout); })
+    return Compressor(b.layout);
+  else
+    return Compressor{};
+}
+
+// Four gradients of the same distribution: the input rotated by a quarter each time (a
+// layer's values stay in that layer only for the one-layer inputs, which are the ones it is
+// used on). Error feedback over them behaves as in training, where the gradient changes
+// every step; over one gradient repeated, every unsent value grows by itself each call.
+const std::vector<std::vector<float>>& fresh_gradients(const benchmark::State& state) {
+  static std::map<std::pair<int, int>, std::vector<std::vector<float>>> cache;
+  auto& all = cache[{int(state.range(0)), int(state.range(1))}];
+  if (all.empty()) {
+    const auto& g = input(state).values;
+    for (std::size_t q = 0; q < 4; ++q) {
+      std::vector<float> rotated(g.size());
+      std::rotate_copy(g.begin(), g.begin() + std::ptrdiff_t(q * g.size() / 4), g.end(), rotated.begin());
+      all.push_back(std::move(rotated));
+    }
+  }
+  return all;
+}
+
+// Feedback: 0 none, 1 error feedback over the same gradient every call, 2 over four
+// different ones in turn.
+template <class Compressor, int Feedback>
 void compress(benchmark::State& state) {
-  const auto& g = input(state);
+  const auto& g = input(state).values;
   const double delta = density_of(state);
-  Compressor c;
+  Compressor c = make<Compressor>(input(state));
   sidco::sparse_vector<float> out;
   sidco::feedback::residual<float> residual(g.size());
+  const auto* fresh = Feedback == 2 ? &fresh_gradients(state) : nullptr;
+  std::size_t calls = 0;
   auto call = [&] {
-    return Feedback ? c.template compress<float>(g, delta, out, residual)
-                    : c.template compress<float>(g, delta, out);
+    const auto& gradient = fresh ? (*fresh)[calls++ % fresh->size()] : g;
+    return Feedback ? c.template compress<float>(gradient, delta, out, residual)
+                    : c.template compress<float>(gradient, delta, out);
   };
-  call();  // warm: buffers sized, as across training steps
-  call();
+  for (int warm = 0; warm < (Feedback == 2 ? 8 : 2); ++warm) call();  // buffers sized, as across steps
   double achieved = 0;
   const std::size_t before = allocated_bytes.load();
   for (auto _ : state) achieved = call().density;
@@ -143,6 +226,17 @@ void synthetic_and_real(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond);
 }
 
+// The inputs with layers: the real LSTM and CNN, the transformer-like bucket, and the LM's
+// gradients when generated.
+void layered_inputs(benchmark::internal::Benchmark* b) {
+  for (int inverse_density : {10, 100, 1000}) {
+    for (int kind : {2, 3, 4}) b->Args({kind, 0, inverse_density});
+    if (lm_directory())
+      for (int kind : {5, 6}) b->Args({kind, 0, inverse_density});
+  }
+  b->Unit(benchmark::kMillisecond);
+}
+
 using namespace sidco::presets;
 using sidco_e_fixed3 = sidco_with<sidco::dist::exponential, sidco::dist::exponential,
                                   sidco::stages::fixed<3>, sidco::fit::zero_aware,
@@ -152,8 +246,8 @@ using sidco_e_serial = sidco_e_single<sidco::select::above_threshold, sidco::bac
 BENCHMARK(streaming_read)->Apply(synthetic_and_real);
 BENCHMARK(nth_element_top_k)->Apply(synthetic_and_real);
 #define SIDCO_BENCH(type, name)                                                     \
-  BENCHMARK(compress<type, false>)->Name(name)->Apply(synthetic_and_real);          \
-  BENCHMARK(compress<type, true>)->Name(name "_feedback")->Apply(synthetic_and_real)
+  BENCHMARK(compress<type, 0>)->Name(name)->Apply(synthetic_and_real);              \
+  BENCHMARK(compress<type, 1>)->Name(name "_feedback")->Apply(synthetic_and_real)
 SIDCO_BENCH(sidco_e_single<>, "sidco_e_single");
 SIDCO_BENCH(sidco_e_fixed3, "sidco_e_fixed3");
 SIDCO_BENCH(sidco_e<>, "sidco_e");
@@ -167,6 +261,22 @@ SIDCO_BENCH(redsync<>, "redsync");
 SIDCO_BENCH(random_k<>, "random_k");
 SIDCO_BENCH(sidco_e_serial, "sidco_e_single_serial");
 #undef SIDCO_BENCH
+// Error feedback as in training: a different gradient every call.
+BENCHMARK(compress<sidco_e_single<>, 2>)->Name("sidco_e_single_feedback_fresh")->Apply(synthetic_and_real);
+BENCHMARK(compress<sidco_e<>, 2>)->Name("sidco_e_feedback_fresh")->Apply(synthetic_and_real);
+BENCHMARK(compress<sidco_gp<>, 2>)->Name("sidco_gp_feedback_fresh")->Apply(synthetic_and_real);
+
+// Per layer, against the same presets on the whole vector and per-layer Top-k.
+BENCHMARK(streaming_read)->Name("layers/streaming_read")->Apply(layered_inputs);
+#define SIDCO_LAYERED(type, name)                                                                     \
+  BENCHMARK(compress<type, 0>)->Name("layers/" name "/whole")->Apply(layered_inputs);                \
+  BENCHMARK(compress<sidco::segmented<type>, 0>)->Name("layers/" name)->Apply(layered_inputs);       \
+  BENCHMARK(compress<sidco::segmented<type>, 1>)->Name("layers/" name "_feedback")->Apply(layered_inputs)
+SIDCO_LAYERED(sidco_e<>, "sidco_e");
+SIDCO_LAYERED(sidco_gp<>, "sidco_gp");
+SIDCO_LAYERED(sidco_e_single<>, "sidco_e_single");
+SIDCO_LAYERED(top_k<>, "top_k");
+#undef SIDCO_LAYERED
 
 }  // namespace
 

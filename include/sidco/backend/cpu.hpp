@@ -193,25 +193,27 @@ class cpu {
     });
   }
 
+  /// Reads only the chosen values; with state, one pass settles every value as unsent (a
+  /// loop that vectorizes), then the chosen ones are marked sent, as the oracle's one
+  /// pass leaves them.
   template <class Source, class T, class Index>
   void select_indices(const Source& source, std::span<const std::size_t> chosen, sparse_vector<T, Index>& out) {
     const std::size_t start = out.size();
     out.resize(start + chosen.size());
     Index* const indices = out.index_data() + start;
     T* const values = out.value_data() + start;
-    threads_.for_each(source.size, [&](int, std::size_t lo, std::size_t hi) {
-      std::size_t next = std::size_t(std::lower_bound(chosen.begin(), chosen.end(), lo) - chosen.begin());
-      for (std::size_t i = lo; i < hi; ++i) {
-        const T v = source.value(i);
-        const bool keep = next < chosen.size() && chosen[next] == i;
-        if (keep) {
-          indices[next] = Index(source.base + i);
-          values[next] = v;
-          ++next;
-        }
-        if constexpr (Source::has_state) source.settle(i, v, keep);
+    threads_.for_each(chosen.size(), [&](int, std::size_t lo, std::size_t hi) {
+      for (std::size_t j = lo; j < hi; ++j) {
+        indices[j] = Index(source.base + chosen[j]);
+        values[j] = source.value(chosen[j]);
       }
     });
+    if constexpr (Source::has_state) {
+      threads_.for_each(source.size, [&](int, std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) source.settle(i, source.value(i), false);
+      });
+      for (std::size_t j : chosen) source.mark_sent(j);
+    }
   }
 
   template <class Source>
@@ -250,15 +252,21 @@ class cpu {
   }
 
  private:
+  // One piece's statistics, merged into out (this range's slots). Accumulated on the stack
+  // and written once: the ranges' slots sit side by side, and writing them block after
+  // block would bounce their cache lines between threads.
   template <class Stats, class Source, class P>
   static void piece(const Source& source, std::size_t lo, std::size_t hi, const P* probes, std::size_t per,
                     moments* out) {
     if constexpr (!Stats::sums) {
       out[0].merge(host::counts_in(source, lo, hi));
-    } else if (per == 0) {
-      cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 0>(source, lo, hi, probes, out);
-    } else if (per == 1) {
-      cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 1>(source, lo, hi, probes, out);
+    } else if (per <= 1) {
+      moments local[2];
+      if (per == 0)
+        cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 0>(source, lo, hi, probes, local);
+      else
+        cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 1>(source, lo, hi, probes, local);
+      for (std::size_t w = 0; w <= per; ++w) out[w].merge(local[w]);
     } else {
       // Several probes: one at a time (no estimator asks for more than one).
       for (std::size_t p = 0; p < per; ++p) {

@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "sidco/core/arithmetic.hpp"
 #include "sidco/core/bit.hpp"
 #include "sidco/core/config.hpp"
+#include "sidco/core/float_traits.hpp"
 #include "sidco/memory/host.hpp"
 
 namespace sidco::backend {
@@ -22,23 +24,8 @@ namespace sidco::backend {
 /// vectorize.
 template <class T>
 SIDCO_HOST_DEVICE T unless_sent(T v, bool sent) {
-  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  return detail::bit_cast<T>(U(detail::bit_cast<U>(v) & (U(0) - U(!sent))));
-}
-
-/// a b + c rounded once: written out, so that no compiler or backend contracts it one way
-/// in one place and another way in another (the momentum recurrence must give the same bits
-/// in every backend).
-template <class T>
-SIDCO_HOST_DEVICE T fused_multiply_add(T a, T b, T c) {
-#if defined(__CUDA_ARCH__)
-  return fma(a, b, c);
-#else
-  if constexpr (sizeof(T) == 4)
-    return __builtin_fmaf(a, b, c);
-  else
-    return __builtin_fma(a, b, c);
-#endif
+  using U = typename float_traits<T>::key;
+  return detail::bit_cast<T>(U(detail::bit_cast<U>(v) & U(U(0) - U(!sent))));
 }
 
 /// The gradient as it is.
@@ -72,7 +59,7 @@ struct feedback_source {
   std::size_t size;
   std::size_t base = 0;
 
-  SIDCO_HOST_DEVICE T value(std::size_t i) const { return gradient[i] + residual[i]; }
+  SIDCO_HOST_DEVICE T value(std::size_t i) const { return detail::add(gradient[i], residual[i]); }
   SIDCO_HOST_DEVICE T rescan_value(std::size_t i) const { return residual[i]; }
   SIDCO_HOST_DEVICE void settle(std::size_t i, T v, bool sent) const { residual[i] = unless_sent(v, sent); }
   SIDCO_HOST_DEVICE void mark_sent(std::size_t i) const { residual[i] = T(0); }
@@ -81,7 +68,8 @@ struct feedback_source {
   }
 };
 
-/// DGC's momentum correction: u <- m u + g (one fused multiply-add), v <- v + u, compress
+/// DGC's momentum correction: u <- m u + g (one fused multiply-add, so that every backend
+/// gives the same bits), v <- v + u, compress
 /// v; where sent, momentum factor masking clears both u and v (Lin et al., ICLR 2018).
 template <class T, class Memory = memory::host>
 struct momentum_source {
@@ -96,11 +84,11 @@ struct momentum_source {
   std::size_t base = 0;
 
   SIDCO_HOST_DEVICE T value(std::size_t i) const {
-    return accumulation[i] + fused_multiply_add(momentum, velocity[i], gradient[i]);
+    return detail::add(accumulation[i], detail::fused_multiply_add(momentum, velocity[i], gradient[i]));
   }
   SIDCO_HOST_DEVICE T rescan_value(std::size_t i) const { return accumulation[i]; }
   SIDCO_HOST_DEVICE void settle(std::size_t i, T v, bool sent) const {
-    velocity[i] = unless_sent(fused_multiply_add(momentum, velocity[i], gradient[i]), sent);
+    velocity[i] = unless_sent(detail::fused_multiply_add(momentum, velocity[i], gradient[i]), sent);
     accumulation[i] = unless_sent(v, sent);
   }
   SIDCO_HOST_DEVICE void mark_sent(std::size_t i) const {

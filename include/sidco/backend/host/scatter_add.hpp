@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "sidco/core/arithmetic.hpp"
 #include "sidco/core/error.hpp"
 
 namespace sidco::backend::host {
@@ -22,10 +23,11 @@ void check_scatter(const char* what, std::size_t sparse_dense_size, const Index*
                    " is out of range for dense size ", dense_size);
 }
 
-/// dense[indices[i]] += scale values[i], after check_scatter.
+/// dense[indices[i]] += scale values[i] (rounded once), after check_scatter.
 template <class T, class Index>
 void add_checked(const Index* indices, const T* values, std::size_t count, T* dense, T scale) {
-  for (std::size_t i = 0; i < count; ++i) dense[indices[i]] += scale * values[i];
+  for (std::size_t i = 0; i < count; ++i)
+    dense[indices[i]] = detail::fused_multiply_add(scale, values[i], dense[indices[i]]);
 }
 
 }  // namespace sidco::backend::host

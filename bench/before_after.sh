@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs the target rows of two sidco-bench builds in one sitting, alternately (ROUNDS rounds of
+# 9 repetitions each, default 2), and prints median times and after/before ratios.
+#   bench/before_after.sh OLD/bench/sidco-bench NEW/bench/sidco-bench [OUT_DIR]
+set -euo pipefail
+before=$1
+after=$2
+out=${3:-bench/results}
+rounds=${ROUNDS:-2}
+filter='^(streaming_read|nth_element_top_k|sidco_e_single|sidco_e_single_feedback|sidco_e_fixed3|sidco_e|sidco_e_feedback|sidco_e_exact_k|sidco_gp|sidco_gamma_gp|top_k|dgc|redsync|random_k|sidco_e_single_serial)/[01]/25/1000$'
+mkdir -p "$out"
+for round in $(seq 1 "$rounds"); do
+  for which in before after; do
+    binary=$before
+    [ "$which" = after ] && binary=$after
+    OMP_NUM_THREADS=2 "$binary" --benchmark_min_time=0.3 --benchmark_repetitions=9 \
+      --benchmark_report_aggregates_only=false --benchmark_filter="$filter" \
+      --benchmark_out="$out/$which-$round.json" --benchmark_out_format=json > /dev/null 2>&1
+  done
+done
+/usr/bin/python3 - "$out" "$rounds" <<'PY'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+times = {"before": {}, "after": {}}
+for which in times:
+    for r in range(1, rounds + 1):
+        for b in json.load(open(f"{out}/{which}-{r}.json"))["benchmarks"]:
+            if b.get("run_type") == "aggregate":
+                continue
+            scale = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+            times[which].setdefault(b["run_name"], []).append(b["real_time"] * scale * 1e3)
+print("| row (N = 2^25, δ = 0.001) | before (ms) | after (ms) | after / before |")
+print("|---|---|---|---|")
+for name in times["before"]:
+    if name not in times["after"]:
+        continue
+    b, a = statistics.median(times["before"][name]), statistics.median(times["after"][name])
+    print(f"| {name} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
+PY

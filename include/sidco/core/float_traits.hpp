@@ -1,0 +1,38 @@
+// The bit layout of the floating-point types sidco compresses: the unsigned integer of the
+// same width, the sign bit and the bits of +infinity. float and double here; the CUDA
+// backend adds __half and __nv_bfloat16 (backend/cuda/half.cuh), and converts them to
+// float for arithmetic (to_float).
+#pragma once
+
+#include <cstdint>
+
+#include "sidco/core/config.hpp"
+
+namespace sidco {
+
+template <class T>
+struct float_traits;
+
+template <>
+struct float_traits<float> {
+  using key = std::uint32_t;
+  using accumulator = float;  // the type sums of this type run in, lane by lane
+  static constexpr key infinity = 0x7f800000u;
+  static constexpr key sign = 0x80000000u;
+};
+
+template <>
+struct float_traits<double> {
+  using key = std::uint64_t;
+  using accumulator = double;
+  static constexpr key infinity = 0x7ff0000000000000ull;
+  static constexpr key sign = 0x8000000000000000ull;
+};
+
+/// v as the accumulator type (float for float and the 16-bit types, double for double).
+template <class T>
+SIDCO_HOST_DEVICE typename float_traits<T>::accumulator to_accumulator(T v) {
+  return static_cast<typename float_traits<T>::accumulator>(v);
+}
+
+}  // namespace sidco

@@ -1,0 +1,100 @@
+// Device memory: the memory space of backend::cuda. Buffers are cudaMalloc'd, grow
+// geometrically and keep their contents; pointers and views are device addresses the host
+// never dereferences. Whole-buffer operations (zero, copies to and from host vectors) are
+// synchronous: they are for setting up and inspecting, not for the hot path.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "sidco/backend/cuda/check.cuh"
+
+namespace sidco::memory {
+
+/// Owned device storage: data(), size(), capacity(), resize() (keeps contents; new
+/// elements unspecified), reserve(), clear(). Copies copy the device contents.
+template <class T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(std::size_t size) { resize(size); }
+  device_buffer(const device_buffer& other) { *this = other; }
+  device_buffer(device_buffer&& other) noexcept { swap(other); }
+  device_buffer& operator=(const device_buffer& other) {
+    if (this == &other) return *this;
+    resize(other.size_);
+    if (size_) SIDCO_CUDA(cudaMemcpy(data_, other.data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice));
+    return *this;
+  }
+  device_buffer& operator=(device_buffer&& other) noexcept {
+    swap(other);
+    return *this;
+  }
+  ~device_buffer() {
+    if (data_) cudaFree(data_);
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::size_t capacity() const { return capacity_; }
+
+  void reserve(std::size_t count) {
+    if (count <= capacity_) return;
+    T* grown = nullptr;
+    SIDCO_CUDA(cudaMalloc(&grown, count * sizeof(T)));
+    if (size_) {
+      const cudaError_t copied = cudaMemcpy(grown, data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice);
+      if (copied != cudaSuccess) cudaFree(grown);
+      SIDCO_CUDA(copied);
+    }
+    if (data_) cudaFree(data_);
+    data_ = grown;
+    capacity_ = count;
+  }
+  void resize(std::size_t count) {
+    if (count > capacity_) reserve(std::max(count, capacity_ + capacity_ / 2));
+    size_ = count;
+  }
+  void clear() { size_ = 0; }
+  void swap(device_buffer& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    std::swap(capacity_, other.capacity_);
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0, capacity_ = 0;
+};
+
+struct device {
+  static constexpr const char* name = "device";
+  template <class T>
+  using buffer = device_buffer<T>;
+  template <class T>
+  using pointer = T*;
+  template <class T>
+  using view = std::span<T>;
+
+  template <class T>
+  static void zero(view<T> v) {
+    if (v.empty()) return;
+    SIDCO_CUDA(cudaMemset(v.data(), 0, v.size() * sizeof(T)));
+    SIDCO_CUDA(cudaDeviceSynchronize());
+  }
+  template <class T>
+  static void copy_to_host(view<const T> from, std::span<T> to) {
+    if (!from.empty()) SIDCO_CUDA(cudaMemcpy(to.data(), from.data(), from.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  }
+  template <class T>
+  static void copy_from_host(std::span<const T> from, view<T> to) {
+    if (!from.empty()) SIDCO_CUDA(cudaMemcpy(to.data(), from.data(), from.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+};
+
+}  // namespace sidco::memory
