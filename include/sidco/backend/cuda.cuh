@@ -50,9 +50,9 @@ namespace sidco::backend {
 
 class cuda {
   template <class T>
-  using device_buffer = memory::device_buffer<T>;
+  using device_buffer = sidco::memory::device_buffer<T>;
   template <class T, class Index>
-  using output = sparse_vector<T, Index, memory::device>;
+  using output = sparse_vector<T, Index, sidco::memory::device>;
 
  public:
   using memory = sidco::memory::device;
@@ -142,7 +142,8 @@ class cuda {
     const segment whole{0, source.size};
     const cuda_detail::in_band<T> band{threshold_key<T>(low), threshold_key<T>(high)};
     std::size_t kept = 0;
-    compact<true, false, false>(source, {&whole, 1}, {&band, 1}, out, {&kept, 1});
+    compact<true, false, false>(source, {&whole, 1}, std::span<const cuda_detail::in_band<T>>(&band, 1), out,
+                                {&kept, 1});
   }
 
   template <class Source, class T, class Index>

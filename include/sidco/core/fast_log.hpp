@@ -3,11 +3,11 @@
 // of max(|ln a|, 1) over all positive finite inputs, denormals included (tested).
 #pragma once
 
-#include <bit>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
+#include "sidco/core/bit.hpp"
 #include "sidco/core/config.hpp"
 
 namespace sidco {
@@ -43,12 +43,12 @@ SIDCO_HOST_DEVICE T fast_log(T a) {
   // control flow, and either stops the compiler from vectorizing the calling loop.
   using S = std::make_signed_t<U>;
   constexpr U min_normal = C::min_normal;
-  const U tiny = U(std::bit_cast<U>(a) < min_normal);  // denormal: scale into range first
-  const T scaled = a * std::bit_cast<T>((exponent_bias + tiny * U(mantissa_bits)) << mantissa_bits);
-  const U bits = std::bit_cast<U>(scaled);
+  const U tiny = U(detail::bit_cast<U>(a) < min_normal);  // denormal: scale into range first
+  const T scaled = a * detail::bit_cast<T>((exponent_bias + tiny * U(mantissa_bits)) << mantissa_bits);
+  const U bits = detail::bit_cast<U>(scaled);
   const U mantissa = bits & (min_normal - 1);
   const U high = U(mantissa > C::sqrt2_mantissa);
-  const T m = std::bit_cast<T>(mantissa | ((exponent_bias - high) << mantissa_bits));
+  const T m = detail::bit_cast<T>(mantissa | ((exponent_bias - high) << mantissa_bits));
   const T e = T(S(bits >> mantissa_bits) - S(exponent_bias) + S(high) - S(tiny) * S(mantissa_bits));
   const T s = (m - T(1)) / (m + T(1));
   const T s2 = s * s;

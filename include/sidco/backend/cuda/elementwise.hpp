@@ -57,14 +57,16 @@ struct thread_statistics {
     if constexpr (Log) sum_log += fast_log(a);
     low = key < low ? key : low;
     high = key > high ? key : high;
-    for (std::size_t p = 0; p < Probes; ++p) {
-      if (!(signed_key_t<T>(key) > probes[p].key)) continue;
-      const A excess = a - probes[p].value;
-      tail_sums& t = tails[p];
-      ++t.count;
-      t.sum += excess;
-      t.sum_sq += excess * excess;
-      if constexpr (TailLog) t.sum_log += fast_log(excess);
+    if constexpr (Probes > 0) {
+      for (std::size_t p = 0; p < Probes; ++p) {
+        if (!(signed_key_t<T>(key) > probes[p].key)) continue;
+        const A excess = a - probes[p].value;
+        tail_sums& t = tails[p];
+        ++t.count;
+        t.sum += excess;
+        t.sum_sq += excess * excess;
+        if constexpr (TailLog) t.sum_log += fast_log(excess);
+      }
     }
   }
 
@@ -82,13 +84,15 @@ struct thread_statistics {
       m.max = double(to_accumulator(magnitude_of_key<T>(high)));
     }
     out[0] = m;
-    for (std::size_t p = 0; p < Probes; ++p) {
-      moments t;
-      t.count = tails[p].count;
-      t.sum = double(tails[p].sum);
-      t.sum_sq = double(tails[p].sum_sq);
-      t.sum_log = double(tails[p].sum_log);
-      out[1 + p] = t;
+    if constexpr (Probes > 0) {
+      for (std::size_t p = 0; p < Probes; ++p) {
+        moments t;
+        t.count = tails[p].count;
+        t.sum = double(tails[p].sum);
+        t.sum_sq = double(tails[p].sum_sq);
+        t.sum_log = double(tails[p].sum_log);
+        out[1 + p] = t;
+      }
     }
   }
 };

@@ -1,0 +1,159 @@
+// The CUDA backend's Google Benchmark suite: the same names as sidco-bench, arguments
+// input / log2 N / 1/delta (input 1: Laplace values with 30% exact zeros), measured with a
+// device-to-device copy of the gradient (the bandwidth ceiling: read and write every value
+// once) and Top-k by cub::DeviceRadixSort (sort the magnitude keys with their indices,
+// keep the first k) in the same run. Times are per call, synchronized. Skips every
+// benchmark (and reports why) without a GPU.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cub/device/device_radix_sort.cuh>
+#include <sidco/backend/cuda.cuh>
+#include <sidco/sidco.hpp>
+
+namespace {
+
+using device = sidco::memory::device;
+
+bool have_gpu() {
+  static const bool found = [] {
+    int devices = 0;
+    const bool ok = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+    cudaGetLastError();
+    return ok;
+  }();
+  return found;
+}
+
+const sidco::memory::device_buffer<float>& input(const benchmark::State& state) {
+  static std::map<int, sidco::memory::device_buffer<float>> cache;
+  const int log2n = int(state.range(1));
+  auto& b = cache[log2n];
+  if (b.size() == 0) {
+    std::vector<float> g(std::size_t(1) << log2n);
+    std::mt19937_64 rng(43);
+    std::exponential_distribution<float> exponential(1e3f);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (auto& v : g) v = u(rng) < 0.3f ? 0.f : (u(rng) < 0.5f ? -1.f : 1.f) * exponential(rng);
+    b.resize(g.size());
+    device::copy_from_host(std::span<const float>(g), std::span<float>(b.data(), g.size()));
+  }
+  return b;
+}
+
+double density_of(const benchmark::State& state) { return 1.0 / double(state.range(2)); }
+
+void set_bytes(benchmark::State& state, std::size_t n) {
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(n * sizeof(float)));
+}
+
+void device_copy(benchmark::State& state) {
+  if (!have_gpu()) return state.SkipWithError("no CUDA device");
+  const auto& g = input(state);
+  sidco::memory::device_buffer<float> copy(g.size());
+  for (auto _ : state) {
+    cudaMemcpy(copy.data(), g.data(), g.size() * sizeof(float), cudaMemcpyDeviceToDevice);
+    cudaDeviceSynchronize();
+  }
+  set_bytes(state, g.size());
+}
+
+// Magnitude keys (the bits of |x|) sorted descending with their indices: the first k are
+// the Top-k (ties in the sort's order).
+__global__ void keys_and_indices(const float* g, std::size_t n, std::uint32_t* keys, std::uint32_t* indices) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    keys[i] = sidco::magnitude_key(g[i]);
+    indices[i] = std::uint32_t(i);
+  }
+}
+
+void radix_sort_top_k(benchmark::State& state) {
+  if (!have_gpu()) return state.SkipWithError("no CUDA device");
+  const auto& g = input(state);
+  const std::size_t n = g.size();
+  sidco::memory::device_buffer<std::uint32_t> keys(n), indices(n), sorted_keys(n), sorted_indices(n);
+  std::size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, keys.data(), sorted_keys.data(), indices.data(),
+                                            sorted_indices.data(), std::int64_t(n));
+  sidco::memory::device_buffer<unsigned char> temp(bytes);
+  for (auto _ : state) {
+    keys_and_indices<<<4096, 256>>>(g.data(), n, keys.data(), indices.data());
+    cub::DeviceRadixSort::SortPairsDescending(temp.data(), bytes, keys.data(), sorted_keys.data(), indices.data(),
+                                              sorted_indices.data(), std::int64_t(n));
+    cudaDeviceSynchronize();
+  }
+  set_bytes(state, n);
+}
+
+template <class Compressor, bool Feedback>
+void compress(benchmark::State& state) {
+  if (!have_gpu()) return state.SkipWithError("no CUDA device");
+  const auto& g = input(state);
+  const double delta = density_of(state);
+  const std::span<const float> view(g.data(), g.size());
+  Compressor c;
+  sidco::sparse_vector<float, std::uint32_t, device> out;
+  sidco::feedback::residual<float, device> residual(g.size());
+  auto call = [&] {
+    const auto report = Feedback ? c.template compress<float>(view, delta, out, residual)
+                                 : c.template compress<float>(view, delta, out);
+    c.backend().synchronize();
+    return report;
+  };
+  call();
+  call();
+  double achieved = 0;
+  for (auto _ : state) achieved = call().density;
+  set_bytes(state, g.size());
+  state.counters["density_ratio"] = achieved / delta;
+  state.counters["workspace_bytes"] = double(c.workspace_bytes());
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (int inverse_density : {100, 1000})
+    for (int log2n : {20, 23, 26}) b->Args({1, log2n, inverse_density});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+using namespace sidco::presets;
+using cuda = sidco::backend::cuda;
+using above = sidco::select::above_threshold;
+
+BENCHMARK(device_copy)->Apply(sizes);
+BENCHMARK(radix_sort_top_k)->Apply(sizes);
+#define SIDCO_BENCH(type, name)                                            \
+  BENCHMARK(compress<type, false>)->Name(name)->Apply(sizes);              \
+  BENCHMARK(compress<type, true>)->Name(name "_feedback")->Apply(sizes)
+using e_single = sidco_e_single<above, cuda>;
+using e_adaptive = sidco_e<above, cuda>;
+using gp_adaptive = sidco_gp<above, cuda>;
+SIDCO_BENCH(e_single, "sidco_e_single");
+SIDCO_BENCH(e_adaptive, "sidco_e");
+SIDCO_BENCH(gp_adaptive, "sidco_gp");
+SIDCO_BENCH(sidco_e_exact<cuda>, "sidco_e_exact_k");
+SIDCO_BENCH(top_k<cuda>, "top_k");
+SIDCO_BENCH(random_k<cuda>, "random_k");
+#undef SIDCO_BENCH
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (have_gpu()) {
+    cudaDeviceProp properties{};
+    cudaGetDeviceProperties(&properties, 0);
+    benchmark::AddCustomContext("gpu", properties.name);
+  } else {
+    std::printf("no CUDA device: every benchmark is skipped\n");
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,229 @@
+// Sparse all-reduce of device buffers over NCCL: every rank contributes a sparse vector in
+// device memory; every rank gets the dense sum (or average) of all of them, with the same
+// bits on every rank.
+//
+// Counts are exchanged first (one small all-gather, carrying each rank's dense size,
+// density and an error flag), then the payload by one padded ncclAllGather of indices and
+// one of values, each rank's block as long as the largest count. Padded all-gather rather
+// than grouped ncclSend/ncclRecv: it is a single collective NCCL runs on its ring or tree
+// algorithms, where P^2 point-to-point messages are not, and SIDCo's counts differ between
+// ranks by a few percent, so the padding costs little. The blocks are then scatter-added in
+// rank order (no atomics: indices within one vector are distinct), so every rank adds the
+// same numbers in the same order. When the gathered entries would outweigh the dense
+// vector (delta P >~ 1) it reduces densely with ncclAllReduce instead.
+//
+// Needs NCCL (in the CUDA toolkit: nccl.h, -lnccl) and the CUDA backend's memory.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "sidco/backend/cuda/check.cuh"
+#include "sidco/backend/cuda/half.cuh"
+#include "sidco/backend/cuda/kernels.cuh"
+#include "sidco/comm/report.hpp"
+#include "sidco/core/error.hpp"
+#include "sidco/core/sparse_vector.hpp"
+#include "sidco/memory/device.cuh"
+
+namespace sidco::comm {
+
+namespace nccl_detail {
+
+inline void check(ncclResult_t status, const char* call) {
+  if (status != ncclSuccess)
+    sidco::detail::fail("NCCL: ", call, " failed: ", ncclGetErrorString(status));
+}
+
+template <class T>
+ncclDataType_t type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, __half>) return ncclFloat16;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return ncclUint32;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
+  else static_assert(sizeof(T) == 0, "nccl_allreducer: no NCCL type for this element type");
+}
+
+template <class T>
+__global__ void scale_values(T* values, std::size_t count, float scale) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    values[i] = T(float(to_accumulator(values[i])) * scale);
+}
+
+}  // namespace nccl_detail
+
+#define SIDCO_NCCL(call) ::sidco::comm::nccl_detail::check((call), #call)
+
+/// One per tensor and communicator: keeps its device buffers, so steady training allocates
+/// only on its first steps. Every rank calls allreduce (or, when its compress threw,
+/// abandon) the same number of times; ranks whose dense sizes or densities differ, or that
+/// abandon, make every rank throw the same sidco::error naming the rank, and none hangs.
+template <class T, class Index = std::uint32_t>
+class nccl_allreducer {
+ public:
+  nccl_allreducer(ncclComm_t comm, cudaStream_t stream = nullptr) : comm_(comm), stream_(stream) {
+    SIDCO_NCCL(ncclCommCount(comm_, &ranks_));
+    SIDCO_NCCL(ncclCommUserRank(comm_, &rank_));
+  }
+
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }
+
+  /// dense (device memory, overwritten) = sum or average over ranks of their sparse
+  /// vectors. Returns once the result is complete on the stream.
+  allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, std::span<T> dense,
+                             reduction op = reduction::average) {
+    const std::uint64_t ok = dense.size() == mine.dense_size() ? 1 : 0;
+    exchange_headers(mine.dense_size(), mine.size(), delta, ok ? status::ok : status::dense_mismatch, "");
+    allreduce_report report;
+    report.ranks = ranks_;
+    std::size_t total = 0, largest = 0;
+    for (int r = 0; r < ranks_; ++r) {
+      total += headers_[std::size_t(r)].count;
+      largest = std::max<std::size_t>(largest, headers_[std::size_t(r)].count);
+    }
+    report.gathered = total;
+    const std::size_t sparse_bytes = largest * std::size_t(ranks_) * (sizeof(Index) + sizeof(T));
+    const std::size_t dense_bytes = dense.size() * sizeof(T);
+    SIDCO_CUDA(cudaMemsetAsync(dense.data(), 0, dense_bytes, stream_));
+    if (sparse_bytes >= dense_bytes) {
+      report.taken = path::dense;
+      report.bytes = dense_bytes;
+      add(mine.indices().data(), mine.values().data(), mine.size(), dense);
+      SIDCO_NCCL(ncclAllReduce(dense.data(), dense.data(), dense.size(), nccl_detail::type<T>(), ncclSum, comm_, stream_));
+    } else {
+      report.taken = path::sparse;
+      report.bytes = sparse_bytes;
+      // Each rank's block padded to the largest count.
+      padded_indices_.resize(largest * std::size_t(ranks_));
+      padded_values_.resize(largest * std::size_t(ranks_));
+      send_indices_.resize(std::max<std::size_t>(largest, 1));
+      send_values_.resize(std::max<std::size_t>(largest, 1));
+      if (!mine.empty()) {
+        SIDCO_CUDA(cudaMemcpyAsync(send_indices_.data(), mine.indices().data(), mine.size() * sizeof(Index),
+                                   cudaMemcpyDeviceToDevice, stream_));
+        SIDCO_CUDA(cudaMemcpyAsync(send_values_.data(), mine.values().data(), mine.size() * sizeof(T),
+                                   cudaMemcpyDeviceToDevice, stream_));
+      }
+      if (largest > 0) {
+        SIDCO_NCCL(ncclGroupStart());
+        SIDCO_NCCL(ncclAllGather(send_indices_.data(), padded_indices_.data(), largest, nccl_detail::type<Index>(), comm_, stream_));
+        SIDCO_NCCL(ncclAllGather(send_values_.data(), padded_values_.data(), largest, nccl_detail::type<T>(), comm_, stream_));
+        SIDCO_NCCL(ncclGroupEnd());
+      }
+      check_indices(largest, dense.size());
+      for (int r = 0; r < ranks_; ++r)
+        add(padded_indices_.data() + std::size_t(r) * largest, padded_values_.data() + std::size_t(r) * largest,
+            headers_[std::size_t(r)].count, dense);
+    }
+    if (op == reduction::average && ranks_ > 1) {
+      nccl_detail::scale_values<<<grid(dense.size()), backend::cuda_detail::block_threads, 0, stream_>>>(
+          dense.data(), dense.size(), 1.0f / float(ranks_));
+      SIDCO_CUDA(cudaGetLastError());
+    }
+    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    return report;
+  }
+
+  /// For a rank whose compress threw: joins the exchange the others are in, so that none
+  /// hangs, and throws (as every rank does) the error naming this rank and reason.
+  [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
+    exchange_headers(dense_size, 0, delta, status::failed, reason.what());
+    sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
+  }
+
+ private:
+  enum class status : std::uint64_t { ok, dense_mismatch, failed };
+  struct header {
+    std::uint64_t dense_size, count, delta_bits, state;
+    char reason[224];
+  };
+
+  static unsigned grid(std::size_t n) {
+    return unsigned(std::clamp<std::size_t>((n + 255) / 256, 1, 4096));
+  }
+
+  // All-gathers every rank's header; throws the same error on every rank when one failed
+  // or disagrees.
+  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, status state, const char* reason) {
+    header mine{dense_size, count, 0, std::uint64_t(state), {}};
+    std::memcpy(&mine.delta_bits, &delta, sizeof delta);
+    std::strncpy(mine.reason, reason, sizeof mine.reason - 1);
+    send_header_.resize(sizeof(header));
+    header_bytes_.resize(sizeof(header) * std::size_t(ranks_));
+    SIDCO_CUDA(cudaMemcpyAsync(send_header_.data(), &mine, sizeof mine, cudaMemcpyHostToDevice, stream_));
+    SIDCO_NCCL(ncclAllGather(send_header_.data(), header_bytes_.data(), sizeof(header), ncclUint8, comm_, stream_));
+    headers_.resize(std::size_t(ranks_));
+    SIDCO_CUDA(cudaMemcpyAsync(headers_.data(), header_bytes_.data(), sizeof(header) * std::size_t(ranks_),
+                               cudaMemcpyDeviceToHost, stream_));
+    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    for (int r = 0; r < ranks_; ++r) {
+      const header& h = headers_[std::size_t(r)];
+      if (h.state == std::uint64_t(status::failed))
+        sidco::detail::fail("sparse_allreduce: rank ", r, " failed: ", std::string(h.reason, strnlen(h.reason, sizeof h.reason)));
+      if (h.state == std::uint64_t(status::dense_mismatch))
+        sidco::detail::fail("sparse_allreduce: rank ", r,
+                            " passed a dense buffer whose size does not match its sparse vector's dense size ", h.dense_size);
+    }
+    for (int r = 0; r < ranks_; ++r) {
+      const header& h = headers_[std::size_t(r)];
+      if (h.dense_size != headers_[0].dense_size)
+        sidco::detail::fail("sparse_allreduce: rank ", r, " has dense size ", h.dense_size, ", rank 0 has ", headers_[0].dense_size);
+      if (h.delta_bits != headers_[0].delta_bits) {
+        double theirs, first;
+        std::memcpy(&theirs, &h.delta_bits, sizeof theirs);
+        std::memcpy(&first, &headers_[0].delta_bits, sizeof first);
+        sidco::detail::fail("sparse_allreduce: rank ", r, " has density ", theirs, ", rank 0 has ", first);
+      }
+    }
+  }
+
+  // Every gathered index below the dense size, checked before anything is added (every
+  // rank sees the same entries, so every rank throws the same error).
+  void check_indices(std::size_t largest, std::size_t dense_size) {
+    largest_.resize(1);
+    SIDCO_CUDA(cudaMemsetAsync(largest_.data(), 0, sizeof(unsigned long long), stream_));
+    for (int r = 0; r < ranks_; ++r) {
+      const std::size_t count = headers_[std::size_t(r)].count;
+      if (count == 0) continue;
+      backend::cuda_detail::largest_index<<<grid(count), backend::cuda_detail::block_threads, 0, stream_>>>(
+          padded_indices_.data() + std::size_t(r) * largest, count, largest_.data());
+    }
+    SIDCO_CUDA(cudaGetLastError());
+    unsigned long long top = 0;
+    SIDCO_CUDA(cudaMemcpyAsync(&top, largest_.data(), sizeof top, cudaMemcpyDeviceToHost, stream_));
+    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    if (top >= dense_size)
+      sidco::detail::fail("sparse_allreduce: a rank sent index ", top, " beyond dense size ", dense_size);
+  }
+
+  void add(const Index* indices, const T* values, std::size_t count, std::span<T> dense) {
+    if (count == 0) return;
+    backend::cuda_detail::scatter_add<<<grid(count), backend::cuda_detail::block_threads, 0, stream_>>>(
+        indices, values, count, dense.data(), T(1));
+    SIDCO_CUDA(cudaGetLastError());
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  int ranks_ = 1, rank_ = 0;
+  std::vector<header> headers_;
+  memory::device_buffer<unsigned char> send_header_, header_bytes_;
+  memory::device_buffer<Index> send_indices_, padded_indices_;
+  memory::device_buffer<T> send_values_, padded_values_;
+  memory::device_buffer<unsigned long long> largest_;
+};
+
+}  // namespace sidco::comm

@@ -1,0 +1,35 @@
+"""sidco for PyTorch: gradient sparsification as custom ops and a DDP communication hook.
+
+    import sidco_torch
+    state = sidco_torch.State(method="sidco-e", density=0.01, process_group=None, start_iter=2)
+    ddp_model.register_comm_hook(state, sidco_torch.hook)
+    ...
+    print(state.stats())   # the last step's statistics, per bucket
+
+Importable with PYTHONPATH pointing at the directory that holds this package next to the
+built ops library (libsidco_torch_ops.so): `build/python` after `meson compile -C build`,
+or the installed site directory. SIDCO_TORCH_LIBRARY overrides where the library is.
+"""
+import os as _os
+
+import torch as _torch
+
+
+def _load():
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    candidates = [_os.environ.get("SIDCO_TORCH_LIBRARY", ""), _os.path.join(here, "libsidco_torch_ops.so")]
+    for path in candidates:
+        if path and _os.path.exists(path):
+            _torch.ops.load_library(path)
+            return path
+    raise ImportError("sidco_torch: the ops library libsidco_torch_ops.so is not next to this package "
+                      f"({here}); build it (meson compile -C build) and put build/python on PYTHONPATH, "
+                      "or set SIDCO_TORCH_LIBRARY")
+
+
+library_path = _load()
+
+from .ops import Compressor, compress, decompress, scatter_add_  # noqa: E402
+from .hook import State, hook  # noqa: E402
+
+__all__ = ["Compressor", "compress", "decompress", "scatter_add_", "State", "hook", "library_path"]

@@ -1,0 +1,208 @@
+// backend::cuda against the serial oracle and end to end: the same kernel comparisons as
+// backend::cpu's (tests/backend_oracle.hpp), every preset on device memory, __half and
+// __nv_bfloat16 gradients, error feedback, and no allocation per warm call. Exits 77
+// (skipped) without a GPU.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <sidco/backend/cuda.cuh>
+#include <sidco/sidco.hpp>
+
+#include "../backend_oracle.hpp"
+#include "../reference.hpp"
+#include "../support.hpp"
+
+using namespace sidco;
+using device = memory::device;
+using move = test::transfer<device>;
+
+// Heap allocations by the host so far (host_allocations.cpp replaces operator new).
+long host_allocations();
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  cudaDeviceProp properties{};
+  cudaGetDeviceProperties(&properties, 0);
+  std::printf("device: %s\n", properties.name);
+  doctest::Context context(argc, argv);
+  return context.run();
+}
+
+TEST_CASE_TEMPLATE("cuda kernels equal the serial oracle at short lengths and alignments", T, float, double) {
+  const auto data = test::mixed_values<T>(3 * backend::cuda::tile + 65 + 3, 17, true);
+  backend::cuda gpu;
+  for (std::size_t misalign = 0; misalign < 4; misalign += 3)
+    for (std::size_t n = 1; n + misalign <= data.size(); n += (n < 40 ? 1 : 977))
+      test::oracle<backend::cuda>::compare_kernels<T>(gpu, std::span<const T>(data.data() + misalign, n),
+                                                      "misaligned by " + std::to_string(misalign));
+}
+
+TEST_CASE("cuda kernels equal the serial oracle on the real gradients") {
+  backend::cuda gpu;
+  for (const auto& file : {"ffn_it10.npy", "cnn_it200.npy", "lstm_it10.npy"}) {
+    const auto g = test::load_gradient(file);
+    test::oracle<backend::cuda>::compare_kernels<float>(gpu, g, file);
+  }
+}
+
+TEST_CASE_TEMPLATE("cuda selection settles error feedback exactly as the oracle does", T, float, double) {
+  const auto g = test::mixed_values<T>(200003, 5, false);
+  const auto r0 = test::mixed_values<T>(200003, 6, false);
+  backend::cuda gpu;
+  test::oracle<backend::cuda>::compare_feedback<T>(gpu, g, r0);
+}
+
+namespace {
+
+// Every preset on device memory against the serial oracle on the host: exact methods give
+// the same entries; threshold methods keep exactly |x| > their threshold, which is the
+// oracle's to float sums' rounding.
+template <class Device, class Host>
+void same_method(const char* name, const std::vector<float>& g, double delta, bool exact) {
+  INFO(name, " at ", delta);
+  const auto gradient = move::upload<float>(g);
+  Device d;
+  Host h;
+  sparse_vector<float, std::uint32_t, device> out_d;
+  sparse_vector<float> out_h;
+  feedback::residual<float, device> residual_d(g.size());
+  feedback::residual<float> residual_h(g.size());
+  for (int call = 0; call < 3; ++call) {
+    const auto rd = d.template compress<float>(std::span<const float>(gradient.data(), g.size()), delta, out_d, residual_d);
+    const auto rh = h.template compress<float>(g, delta, out_h, residual_h);
+    d.backend().synchronize();
+    if (exact) {
+      CHECK(move::entries(out_d) == test::entries(out_h));
+      CHECK(move::download<const float>(residual_d.values()) ==
+            std::vector<float>(residual_h.values().begin(), residual_h.values().end()));
+    } else {
+      CHECK(rd.threshold == doctest::Approx(rh.threshold).epsilon(1e-4));
+      CHECK(double(rd.selected) == doctest::Approx(double(rh.selected)).epsilon(0.01));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every preset on device memory behaves as on the host") {
+  const auto g = test::load_gradient("cnn_it200.npy");
+  using namespace presets;
+  for (double delta : {0.01, 0.001}) {
+    same_method<top_k<backend::cuda>, top_k<backend::serial>>("top-k", g, delta, true);
+    same_method<random_k<backend::cuda>, random_k<backend::serial>>("random-k", g, delta, true);
+    same_method<sidco_e_exact<backend::cuda>, sidco_e_exact<backend::serial>>("sidco-e exact_k", g, delta, true);
+    same_method<sidco_e<select::above_threshold, backend::cuda>, sidco_e<select::above_threshold, backend::serial>>(
+        "sidco-e", g, delta, false);
+    same_method<sidco_gp<select::above_threshold, backend::cuda>, sidco_gp<select::above_threshold, backend::serial>>(
+        "sidco-gp", g, delta, false);
+    same_method<sidco_gamma_gp<select::above_threshold, backend::cuda>,
+                sidco_gamma_gp<select::above_threshold, backend::serial>>("sidco-gamma-gp", g, delta, false);
+    same_method<dgc<select::trimmed<20>, backend::cuda>, dgc<select::trimmed<20>, backend::serial>>("dgc", g, delta, false);
+    same_method<redsync_trimmed<backend::cuda>, redsync_trimmed<backend::serial>>("redsync-trimmed", g, delta, false);
+  }
+}
+
+TEST_CASE("per layer on the device: one pass for every layer, as on the host") {
+  const auto g = test::load_gradient("ffn_it200.npy");
+  const std::vector<segment> layout = {{0, 1000}, {1000, 64}, {1064, g.size() - 1064}};
+  const auto gradient = move::upload<float>(g);
+  segmented<presets::sidco_e<select::above_threshold, backend::cuda>> d(layout);
+  segmented<presets::top_k<backend::cuda>> top_d(layout);
+  segmented<presets::top_k<backend::serial>> top_h(layout);
+  sparse_vector<float, std::uint32_t, device> out_d;
+  sparse_vector<float> out_h;
+  const auto report = d.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.01, out_d);
+  d.backend().synchronize();
+  CHECK(report.density_ratio() >= 0.8);
+  CHECK(report.density_ratio() <= 1.25);
+  top_d.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.01, out_d);
+  top_h.compress<float>(g, 0.01, out_h);
+  top_d.backend().synchronize();
+  CHECK(move::entries(out_d) == test::entries(out_h));
+}
+
+TEST_CASE_TEMPLATE("half and bfloat16 gradients: exact Top-k, threshold selections, feedback", H, __half, __nv_bfloat16) {
+  const auto g32 = test::load_gradient("cnn_it200.npy");
+  std::vector<H> g(g32.size());
+  std::vector<float> as_float(g32.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    g[i] = H(g32[i]);
+    as_float[i] = float(g[i]);
+  }
+  const auto gradient = move::upload<H>(g);
+  const std::span<const H> view(gradient.data(), g.size());
+  for (double delta : {0.01, 0.001}) {
+    INFO("delta ", delta);
+    presets::top_k<backend::cuda> top;
+    sparse_vector<H, std::uint32_t, device> out;
+    top.compress<H>(view, delta, out);
+    top.backend().synchronize();
+    const auto kept = move::entries(out);
+    const auto want = test::reference_top_k<float>(as_float, target_count(delta, g.size()));
+    REQUIRE(kept.size() == want.size());
+    for (std::size_t j = 0; j < kept.size(); ++j) {
+      CHECK(kept[j].first == want[j].first);
+      CHECK(float(kept[j].second) == want[j].second);
+    }
+    presets::sidco_gp<select::above_threshold, backend::cuda> gp;
+    feedback::residual<H, device> residual(g.size());
+    const auto report = gp.compress<H>(view, delta, out, residual);
+    gp.backend().synchronize();
+    CHECK(report.density_ratio() >= 0.5);
+    CHECK(report.density_ratio() <= 2.0);
+    // Exactly the values above the threshold, and sent + residual = gradient, per element.
+    const auto entries = move::entries(out);
+    const auto left = move::download<const H>(residual.values());
+    std::vector<float> rebuilt(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) rebuilt[i] = float(left[i]);
+    std::size_t above = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) above += std::fabs(double(as_float[i])) > report.threshold;
+    CHECK(entries.size() == above);
+    for (const auto& [i, v] : entries) {
+      CHECK(std::fabs(double(float(v))) > report.threshold);
+      CHECK(rebuilt[i] == 0.f);
+      rebuilt[i] = float(v);
+    }
+    CHECK(rebuilt == as_float);
+  }
+}
+
+TEST_CASE("a warm call allocates nothing on the host or the device") {
+  const auto g = test::load_gradient("lstm_it10.npy");
+  const auto gradient = move::upload<float>(g);
+  presets::sidco_e<select::above_threshold, backend::cuda> c;
+  sparse_vector<float, std::uint32_t, device> out;
+  feedback::residual<float, device> residual(g.size());
+  for (int call = 0; call < 4; ++call)
+    c.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.001, out, residual);
+  c.backend().synchronize();
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  cudaMemGetInfo(&free_before, &total);
+  const long before = host_allocations();
+  for (int call = 0; call < 5; ++call)
+    c.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.001, out, residual);
+  c.backend().synchronize();
+  cudaMemGetInfo(&free_after, &total);
+  CHECK(host_allocations() - before == 0);
+  CHECK(free_after == free_before);
+}
+
+TEST_CASE("a CUDA failure is a sidco::error naming the call") {
+  memory::device_buffer<float> huge;
+  CHECK_THROWS_WITH_AS(huge.reserve(std::size_t(1) << 50), doctest::Contains("cudaMalloc"), sidco::error);
+  cudaGetLastError();
+}

@@ -1,0 +1,143 @@
+// The NCCL sparse all-reduce in one process over every visible GPU (one rank each): the
+// result equals the rank-order sum of what each rank sent, on every rank, bit for bit;
+// uneven and empty counts; the dense fallback; mismatched sizes and an abandoning rank make
+// every rank throw the same error. With one GPU the ranks are one (the multi-rank checks
+// say so and are skipped); without a GPU the program exits 77 (skipped).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sidco/comm/nccl.cuh>
+#include <sidco/sidco.hpp>
+
+using namespace sidco;
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::printf("FAIL %s\n", what.c_str());
+    ++failures;
+  }
+}
+
+// Runs f(rank) on one host thread per rank (NCCL calls of one collective must overlap).
+void on_every_rank(int ranks, const std::function<void(int)>& f) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back([&, r] {
+    cudaSetDevice(r);
+    f(r);
+  });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  const int ranks = devices;
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(ranks));
+  std::vector<int> ids(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) ids[std::size_t(r)] = r;
+  if (ncclCommInitAll(comms.data(), ranks, ids.data()) != ncclSuccess) {
+    std::printf("FAIL ncclCommInitAll\n");
+    return 1;
+  }
+  std::printf("%d rank(s), one per GPU%s\n", ranks, ranks < 2 ? " (multi-rank checks skipped: one GPU)" : "");
+
+  const std::size_t n = 100000;
+  // Rank r sends entries at a rank-dependent density (rank 1 none at all when there is one).
+  std::vector<std::vector<std::uint32_t>> sent_indices(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<float>> sent_values(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    std::mt19937 rng(unsigned(r + 1));
+    for (std::uint32_t i = 0; i < n; ++i)
+      if (r != 1 && rng() % (50 + 10 * unsigned(r)) == 0) {
+        sent_indices[std::size_t(r)].push_back(i);
+        sent_values[std::size_t(r)].push_back(float(int(rng() % 2001) - 1000) * 1e-3f);
+      }
+  }
+  std::vector<float> expected(n, 0.f);
+  for (int r = 0; r < ranks; ++r)
+    for (std::size_t j = 0; j < sent_indices[std::size_t(r)].size(); ++j)
+      expected[sent_indices[std::size_t(r)][j]] += sent_values[std::size_t(r)][j];
+  for (auto& v : expected) v *= 1.0f / float(ranks);
+
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(ranks));
+  std::vector<comm::allreduce_report> reports(static_cast<std::size_t>(ranks));
+  on_every_rank(ranks, [&](int r) {
+    comm::nccl_allreducer<float> reducer(comms[std::size_t(r)]);
+    sparse_vector<float, std::uint32_t, memory::device> mine(n);
+    mine.resize(sent_indices[std::size_t(r)].size());
+    memory::device::copy_from_host(std::span<const std::uint32_t>(sent_indices[std::size_t(r)]), mine.mutable_indices());
+    memory::device::copy_from_host(std::span<const float>(sent_values[std::size_t(r)]), mine.mutable_values());
+    memory::device_buffer<float> dense(n);
+    reports[std::size_t(r)] = reducer.allreduce(mine, 0.02, std::span<float>(dense.data(), n));
+    results[std::size_t(r)].resize(n);
+    memory::device::copy_to_host(std::span<const float>(dense.data(), n), std::span<float>(results[std::size_t(r)]));
+  });
+  for (int r = 0; r < ranks; ++r) {
+    expect(reports[std::size_t(r)].taken == comm::path::sparse, "sparse path taken on rank " + std::to_string(r));
+    // The rank-order sum, then the average: within float rounding of the host's, and every
+    // rank's bits the same as rank 0's.
+    double worst = 0;
+    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, double(std::fabs(results[std::size_t(r)][i] - expected[i])));
+    expect(worst <= 1e-6, "average matches on rank " + std::to_string(r));
+    expect(std::memcmp(results[std::size_t(r)].data(), results[0].data(), n * sizeof(float)) == 0,
+          "rank " + std::to_string(r) + " has rank 0's bits");
+  }
+
+  // Dense fallback: every rank sends everything.
+  on_every_rank(ranks, [&](int r) {
+    comm::nccl_allreducer<float> reducer(comms[std::size_t(r)]);
+    sparse_vector<float, std::uint32_t, memory::device> mine(1000);
+    std::vector<std::uint32_t> all(1000);
+    std::vector<float> ones(1000, 1.f);
+    for (std::uint32_t i = 0; i < 1000; ++i) all[i] = i;
+    mine.resize(1000);
+    memory::device::copy_from_host(std::span<const std::uint32_t>(all), mine.mutable_indices());
+    memory::device::copy_from_host(std::span<const float>(ones), mine.mutable_values());
+    memory::device_buffer<float> dense(1000);
+    const auto report = reducer.allreduce(mine, 1.0, std::span<float>(dense.data(), 1000), comm::reduction::sum);
+    std::vector<float> out(1000);
+    memory::device::copy_to_host(std::span<const float>(dense.data(), 1000), std::span<float>(out));
+    expect(report.taken == comm::path::dense, "dense path for a full vector");
+    expect(out[0] == float(ranks) && out[999] == float(ranks), "dense sum");
+  });
+
+  // Errors: a mismatched density (multi-rank only), and a rank that abandons.
+  if (ranks >= 2) {
+    std::vector<std::string> messages(static_cast<std::size_t>(ranks));
+    on_every_rank(ranks, [&](int r) {
+      comm::nccl_allreducer<float> reducer(comms[std::size_t(r)]);
+      sparse_vector<float, std::uint32_t, memory::device> mine(10);
+      memory::device_buffer<float> dense(10);
+      try {
+        if (r == 1) reducer.abandon(std::runtime_error("gradient contains NaN"), 10, 0.1);
+        reducer.allreduce(mine, 0.1, std::span<float>(dense.data(), 10));
+      } catch (const sidco::error& e) {
+        messages[std::size_t(r)] = e.what();
+      }
+    });
+    for (int r = 0; r < ranks; ++r)
+      expect(messages[std::size_t(r)].find("rank 1 failed: gradient contains NaN") != std::string::npos,
+            "rank " + std::to_string(r) + " names the failing rank: '" + messages[std::size_t(r)] + "'");
+  }
+  for (auto c : comms) ncclCommDestroy(c);
+  std::printf("%s\n", failures ? "FAILED" : "NCCL sparse all-reduce checks passed");
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,123 @@
+// What backend::cuda computes per element, checked on the host (it runs on machines without
+// a GPU): one thread's moments and tails against the serial oracle, the predicates, the
+// radix digit and the Top-k rank, and how layouts split into the blocks' pieces.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <sidco/backend/cuda/elementwise.hpp>
+#include <sidco/backend/cuda/pieces.hpp>
+#include <sidco/backend/serial.hpp>
+
+#include "backend_oracle.hpp"
+
+using namespace sidco;
+using namespace sidco::backend::cuda_detail;
+
+TEST_CASE_TEMPLATE("one thread's statistics equal the serial oracle's moments and tails", T, float, double) {
+  const auto x = test::mixed_values<T>(3000, 31, true);
+  const backend::plain_source<T> source{x.data(), x.size()};
+  for (double t : {0.0, 0.001, 0.004, 1e30}) {
+    INFO("probe ", t);
+    const auto key = threshold_key<T>(t);
+    const device_probe<T> probe{key, typename float_traits<T>::accumulator(magnitude_of_key<T>(magnitude_key_t<T>(key)))};
+    thread_statistics<T, 1> mine;
+    for (T v : x) mine.template add<true, true>(v, &probe);
+    moments got[2];
+    mine.to_moments(got);
+    moments want[2];
+    const segment whole{0, x.size()};
+    backend::serial{}.analyze<backend::pass_statistics<true, true, true>>(source, {&whole, 1}, {&t, 1}, want);
+    // One thread sums 3,000 values in the accumulator type: float rounding grows with the
+    // count, so the tolerance is that of one long lane.
+    const double tolerance = std::is_same_v<T, float> ? 2e-5 : 1e-13;
+    test::check_same_moments(got[0], want[0], tolerance);
+    test::check_same_tail<T>(got[1], want[1], t, want[0].max);
+    // Merging two halves' bundles gives the whole.
+    thread_statistics<T, 1> first, second;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      (i < 1000 ? first : second).template add<true, true>(x[i], &probe);
+    moments_bundle<2> a, b;
+    first.to_moments(a.m);
+    second.to_moments(b.m);
+    const auto both = merge_bundles{}(a, b);
+    CHECK(both.m[0].count == want[0].count);
+    CHECK(both.m[0].zeros == want[0].zeros);
+    CHECK(both.m[0].nonfinite == want[0].nonfinite);
+    CHECK(both.m[1].count == want[1].count);
+    CHECK(both.m[0].max == want[0].max);
+    CHECK(both.m[0].min == want[0].min);
+  }
+}
+
+TEST_CASE_TEMPLATE("the selection and band predicates decide as the oracle's double compares", T, float, double) {
+  const auto x = test::mixed_values<T>(5000, 32, true);
+  for (double t : {-1.0, 0.0, 1e-40, 0.002, 0.01, std::numeric_limits<double>::quiet_NaN()}) {
+    const above_key<T> above{threshold_key<T>(t)};
+    const in_band<T> band{threshold_key<T>(t), threshold_key<T>(t + 0.003)};
+    for (T v : x) {
+      const double a = std::fabs(double(v));
+      REQUIRE(above(v) == (a > t));
+      REQUIRE(band(v) == (a > t && a <= t + 0.003));
+    }
+  }
+}
+
+TEST_CASE("the radix digit and the Top-k rank find the k-th largest key as a sort does") {
+  auto x = test::mixed_values<float>(4000, 33, false);
+  const std::size_t k = 137;
+  std::vector<std::uint32_t> keys;
+  for (float v : x) keys.push_back(magnitude_key(v));
+  std::vector<std::uint32_t> sorted = keys;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  // The device's rounds: histogram the digit of the entries matching the prefix so far.
+  std::uint32_t prefix = 0, mask = 0;
+  std::size_t needed = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    std::size_t bins[256] = {};
+    const radix_digit<float> digit{prefix, mask, shift};
+    for (float v : x)
+      if (const int d = digit(v); d >= 0) ++bins[d];
+    int d = 255;
+    for (; d > 0 && bins[d] < needed; --d) needed -= bins[d];
+    prefix |= std::uint32_t(d) << shift;
+    mask |= 0xffu << shift;
+  }
+  CHECK(prefix == sorted[k - 1]);
+  const top_k_rank<float> rank{prefix};
+  std::size_t above = 0, ties = 0;
+  for (float v : x) {
+    above += rank(v) > 0;
+    ties += rank(v) == 0;
+  }
+  CHECK(above + needed == k);
+  CHECK(ties >= needed);
+}
+
+TEST_CASE("layouts split into pieces of at most a tile inside one segment, in order") {
+  piece_plan plan;
+  const std::vector<segment> layout = {{0, 10}, {10, 1000}, {1010, 1}, {1011, 300}};
+  CHECK(plan.plan(layout, 256));
+  CHECK_FALSE(plan.plan(layout, 256));  // the same layout: nothing to refresh
+  std::size_t next = 0;
+  for (const piece& p : plan.pieces()) {
+    CHECK(p.offset == next);
+    CHECK(p.size >= 1);
+    CHECK(p.size <= 256);
+    CHECK(p.offset >= layout[p.segment].offset);
+    CHECK(p.offset + p.size <= layout[p.segment].end());
+    next += p.size;
+  }
+  CHECK(next == 1311);
+  const auto& first = plan.segment_first();
+  REQUIRE(first.size() == 5);
+  CHECK(first[0] == 0);
+  CHECK(first[1] == 1);
+  CHECK(first[2] == 5);  // 1000 values: 4 pieces
+  CHECK(first[3] == 6);
+  CHECK(first[4] == plan.pieces().size());
+  CHECK(plan.plan(std::vector<segment>{{0, 1311}}, 256));
+  CHECK(plan.pieces().size() == 6);
+}
