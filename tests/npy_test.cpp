@@ -1,6 +1,9 @@
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -8,6 +11,26 @@
 #include <sidco/io/npy.hpp>
 
 #include "support.hpp"
+
+namespace {
+std::atomic<std::size_t> largest_allocation{0};
+// What reading any file may allocate beyond its own size: the file stream's buffer
+// (8 KiB in libstdc++) and small strings, never anything a header claims.
+constexpr std::size_t stream_buffer_allowance = 16384;
+}
+
+// The largest single heap allocation, for the test that a hostile file allocates nothing
+// beyond its own size. Not inlined: GCC would otherwise pair the inlined free() with other
+// allocators and warn.
+[[gnu::noinline]] void* operator new(std::size_t size) {
+  std::size_t seen = largest_allocation.load();
+  while (size > seen && !largest_allocation.compare_exchange_weak(seen, size)) {
+  }
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -77,8 +100,83 @@ TEST_CASE("npy: missing or malformed files are clear errors") {
             .find("is not 1-D") != std::string::npos);
   CHECK(message(write_npy("short.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }",
                           floats({1, 2})))
-            .find("truncated data (expected 5 values)") != std::string::npos);
+            .find("truncated data (expected 5 values, 8 bytes are present)") != std::string::npos);
   CHECK(message(write_npy("fortran.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }",
                           floats({1})))
             .find("Fortran") != std::string::npos);
+}
+
+// Files an adversary writes (and a fuzzer found): every one a sidco::error with its
+// message, and never a crash, a hang or a huge allocation.
+TEST_CASE("npy: hostile headers are refused, each with its reason") {
+  auto message = [](const std::string& path) -> std::string {
+    try {
+      sidco::io::load_npy<float>(path);
+    } catch (const sidco::error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
+  const struct {
+    const char* name;
+    std::string header;
+    std::string payload;
+    const char* expected;
+  } cases[] = {
+      {"claims 1e9", f4 + "(1000000000,), }", floats({1, 2}), "truncated data (expected 1000000000 values, 8 bytes"},
+      {"claims 1e15", f4 + "(1000000000000000,), }", "", "truncated data (expected 1000000000000000 values"},
+      {"claims 2^62", f4 + "(4611686018427387904,), }", "", "truncated data (expected 4611686018427387904 values"},
+      {"claims 1e30", f4 + "(1000000000000000000000000000000,), }", "", "does not fit in 64 bits"},
+      {"negative", f4 + "(-10,), }", floats({1}), "has a negative dimension"},
+      {"no tuple", f4 + "(10), }", floats({1}), "is not a tuple (1-D is written (N,))"},
+      {"empty tuple", f4 + "(), }", "", "is not 1-D"},
+      {"two dimensions", f4 + "(2, 2), }", floats({1, 2, 3, 4}), "is not 1-D"},
+      {"duplicate key", "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", floats({1}),
+       "has the key 'descr' twice"},
+      {"unbalanced", "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), ", floats({1}), "expected a key"},
+      {"unbalanced shape", f4 + "(1,, }", floats({1}), "is not a tuple of integers"},
+      {"trailing text", f4 + "(1,), } x", floats({1}), "unexpected text after the dict"},
+      {"unknown key", "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", floats({1}), "unknown key 'x'"},
+      {"missing shape", "{'descr': '<f4', 'fortran_order': False}", floats({1}), "has no 'shape' field"},
+      {"not a bool", "{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }", floats({1}), "is not True or False"},
+      {"extra bytes", f4 + "(1,), }", floats({1, 2}), "the header claims 1 values but 8 bytes follow it"},
+      {"big-endian", "{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", floats({1}), "dtype '>f4'"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    largest_allocation = 0;
+    const auto path = write_npy(std::string(c.name) + ".npy", c.header, c.payload);
+    const auto got = message(path);
+    INFO(got);
+    CHECK(got.find(c.expected) != std::string::npos);
+    CHECK(got.find(path) != std::string::npos);  // names the file
+    CHECK(largest_allocation.load() <= std::filesystem::file_size(path) + stream_buffer_allowance);
+  }
+  CHECK(sidco::io::load_npy<float>(write_npy("zero.npy", f4 + "(0,), }", "")).empty());
+}
+
+TEST_CASE("npy: a header length of 0xFFFFFFF0 or one longer than the file is refused unread") {
+  const auto path = (std::filesystem::temp_directory_path() / "sidco_npy_long_header.npy").string();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write("\x93NUMPY\x02\x00\xf0\xff\xff\xff{}", 14);
+  }
+  largest_allocation = 0;
+  CHECK_THROWS_WITH_AS(sidco::io::load_npy<float>(path), doctest::Contains("exceeds the 1048576-byte limit"),
+                       sidco::error);
+  CHECK(largest_allocation.load() <= stream_buffer_allowance);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write("\x93NUMPY\x02\x00\x00\x10\x00\x00{}", 14);  // 4 KiB claimed, 2 bytes present
+  }
+  CHECK_THROWS_WITH_AS(sidco::io::load_npy<float>(path), doctest::Contains("truncated header"), sidco::error);
+}
+
+TEST_CASE("npy: a file claiming 10^12 values allocates nothing beyond its own size") {
+  largest_allocation = 0;
+  const auto path = write_npy("claims_1e12.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }",
+                              std::string(64, '\0'));
+  CHECK_THROWS_AS(sidco::io::load_npy<double>(path), sidco::error);
+  CHECK(largest_allocation.load() <= stream_buffer_allowance);
 }
