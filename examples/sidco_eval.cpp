@@ -155,9 +155,26 @@ double parse_double(const std::string& flag, const char* text) {
   return v;
 }
 
+int run(int argc, char** argv);
+
 }  // namespace
 
+// Everything is validated before any work; whatever still goes wrong is reported, never a
+// crash: exit 2 for usage errors, 1 for bad input or a failed method.
 int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "sidco-eval: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "sidco-eval: unknown error\n";
+  }
+  return 1;
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   const auto methods = all_methods();
   std::vector<std::string> inputs, chosen;
   std::vector<double> densities;
@@ -180,12 +197,17 @@ int main(int argc, char** argv) {
     } else if (arg == "--method") {
       chosen.push_back(value());
     } else if (arg == "--density") {
-      densities.push_back(parse_double(arg, value()));
+      const char* text = value();
+      const double d = parse_double(arg, text);
+      if (!(d > 0 && d <= 1)) usage_error(arg + " " + text + " is outside (0, 1]");
+      densities.push_back(d);
     } else if (arg == "--layers") {
       layers_path = value();
     } else if (arg == "--repeat") {
-      repeat = int(parse_double(arg, value()));
-      if (repeat < 1) usage_error("--repeat must be at least 1");
+      const char* text = value();
+      const double r = parse_double(arg, text);
+      if (!(r >= 1 && r <= 1e6 && r == std::floor(r))) usage_error(arg + " " + text + " is not a whole number in [1, 1e6]");
+      repeat = int(r);
     } else {
       usage_error("unknown argument '" + arg + "'");
     }
@@ -218,6 +240,44 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Every input read and checked before any work.
+  struct loaded {
+    std::string file;
+    std::vector<float> values;
+    std::vector<sidco::segment> layout;
+  };
+  std::vector<loaded> gradients;
+  for (const auto& path : inputs) {
+    loaded g;
+    g.file = std::filesystem::path(path).filename().string();
+    try {
+      g.values = sidco::io::load_npy<float>(path);
+    } catch (const sidco::error& e) {
+      std::cerr << "sidco-eval: " << e.what() << "\n";
+      return 1;
+    }
+    if (g.values.empty()) {
+      std::cerr << "sidco-eval: " << path << " holds no values: nothing to compress\n";
+      return 1;
+    }
+    if (!layers_path.empty()) {
+      const auto found = layouts.find(g.file);
+      if (found == layouts.end()) {
+        std::cerr << "sidco-eval: manifest '" << layers_path << "' has no entry for " << g.file << "\n";
+        return 1;
+      }
+      g.layout = found->second;
+      std::size_t total = 0;
+      for (const auto& segment : g.layout) total += segment.size;
+      if (total != g.values.size()) {
+        std::cerr << "sidco-eval: manifest '" << layers_path << "': the layers of " << g.file << " add up to " << total
+                  << " values, the file holds " << g.values.size() << "\n";
+        return 1;
+      }
+    }
+    gradients.push_back(std::move(g));
+  }
+
   if (csv)
     std::cout << "file,method,target_density,achieved_density,ratio,threshold,stages,selected,"
                  "time_ms,elements_per_s,speedup_vs_nth_element\n";
@@ -225,26 +285,11 @@ int main(int argc, char** argv) {
     std::printf("%-18s %-22s %8s %10s %6s %11s %3s %9s %10s %8s\n", "file", "method", "target",
                 "achieved", "ratio", "threshold", "st", "ms/call", "Melem/s", "vs nth");
   int failures = 0;
-  for (const auto& path : inputs) {
-    std::vector<float> g;
-    try {
-      g = sidco::io::load_npy<float>(path);
-    } catch (const sidco::error& e) {
-      std::cerr << "sidco-eval: " << e.what() << "\n";
-      return 1;
-    }
-    const std::string file = std::filesystem::path(path).filename().string();
-    std::vector<sidco::segment> layout;
-    std::string suffix;
-    if (!layers_path.empty()) {
-      const auto found = layouts.find(file);
-      if (found == layouts.end()) {
-        std::cerr << "sidco-eval: manifest '" << layers_path << "' has no entry for " << file << "\n";
-        return 1;
-      }
-      layout = found->second;
-      suffix = "/layers";
-    }
+  for (const auto& input : gradients) {
+    const std::vector<float>& g = input.values;
+    const std::string& file = input.file;
+    const std::vector<sidco::segment>& layout = input.layout;
+    const std::string suffix = layout.empty() ? "" : "/layers";
     sparse out;
     for (double delta : densities) {
       // The baseline's time, measured in the same run, for the speed-up column.
@@ -282,3 +327,5 @@ int main(int argc, char** argv) {
   }
   return failures ? 1 : 0;
 }
+
+}  // namespace

@@ -32,4 +32,32 @@ if "$eval_bin" --input "$tmp/bad.npy" 2> "$tmp/err"; then echo "malformed file a
 grep -q "bad magic" "$tmp/err"
 if "$eval_bin" --method nope 2> "$tmp/err"; then echo "unknown method accepted"; exit 1; fi
 grep -q "unknown method 'nope'" "$tmp/err"
+# Bad arguments and hostile inputs: a clear message and a non-zero exit, never a crash
+# (exit codes above 128 are signals).
+expect_refusal() {
+  local expected=$1
+  shift
+  set +e
+  "$eval_bin" "$@" > /dev/null 2> "$tmp/err"
+  local status=$?
+  set -e
+  if [ "$status" -eq 0 ] || [ "$status" -ge 128 ]; then echo "sidco-eval $* exited $status"; cat "$tmp/err"; exit 1; fi
+  grep -qF -- "$expected" "$tmp/err" || { echo "sidco-eval $*: no '$expected' in:"; cat "$tmp/err"; exit 1; }
+}
+for d in 2 1.5 -0.5 0 inf nan; do
+  expect_refusal "--density $d is outside (0, 1]" --input "$data/ffn_it10.npy" --density "$d"
+done
+expect_refusal "--repeat 0 is not a whole number" --repeat 0
+expect_refusal "--density 'abc' is not a number" --density abc
+npy() {  # npy FILE HEADER [PAYLOAD_BYTES]: a version-1 file with that header dict
+  /usr/bin/python3 -c 'import struct, sys
+header = sys.argv[2].encode()
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + bytes(int(sys.argv[3])))' "$1" "$2" "${3:-0}"
+}
+npy "$tmp/empty.npy" "{'descr': '<f4', 'fortran_order': False, 'shape': (0,), }"
+expect_refusal "holds no values" --input "$tmp/empty.npy"
+npy "$tmp/huge.npy" "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000,), }" 8
+expect_refusal "truncated data (expected 1000000000 values" --input "$tmp/huge.npy"
+npy "$tmp/negative.npy" "{'descr': '<f4', 'fortran_order': False, 'shape': (-10,), }" 40
+expect_refusal "negative dimension" --input "$tmp/negative.npy"
 echo "sidco-eval checks passed"
