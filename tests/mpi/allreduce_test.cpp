@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -135,7 +136,7 @@ TEST_CASE("mismatched inputs are a clear error on every rank, not a hang") {
   } catch (const sidco::error& e) {
     message = e.what();
   }
-  CHECK(message.find("rank 1 has density 0.02") != std::string::npos);
+  CHECK(message.find("rank 1 has density 0.02, rank 0 has 0.01") != std::string::npos);
 
   // A dense buffer of the wrong size on one rank is an error everywhere too.
   std::vector<float> wrong(rank == 0 ? 99 : 100);
@@ -150,6 +151,39 @@ TEST_CASE("mismatched inputs are a clear error on every rank, not a hang") {
   // And the communicator still works afterwards.
   std::vector<float> fine(100);
   CHECK(allreducer.allreduce(same, 0.01, std::span<float>(fine)).gathered == 0);
+}
+
+TEST_CASE("a rank whose compress throws joins the exchange: every rank throws the same error") {
+  // Rank 1's gradient holds a NaN (with one rank, rank 0's); the others' are fine, and
+  // rank 2 (when there is one) selects nothing at all.
+  const int rank = rank_of(), failing = size_of() > 1 ? 1 : 0;
+  const std::size_t n = 5000;
+  std::vector<float> g = gradient_for<float>(rank, n, 2);
+  if (rank == failing) g[1234] = std::numeric_limits<float>::quiet_NaN();
+  presets::sidco_e<> compressor;
+  comm::sparse_allreducer<float> allreducer(MPI_COMM_WORLD);
+  sparse_vector<float> mine;
+  std::vector<float> dense(n, 5.f);
+  std::string message;
+  try {
+    try {
+      compressor.compress<float>(g, 0.01, mine);
+    } catch (const sidco::error& e) {
+      allreducer.abandon(e, n, 0.01);
+    }
+    allreducer.allreduce(mine, 0.01, std::span<float>(dense));
+  } catch (const sidco::error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("sparse_allreduce: rank " + std::to_string(failing) +
+                     " failed: sidco: gradient contains 1 non-finite value(s); the first is nan at index 1234") !=
+        std::string::npos);
+  CHECK(dense == std::vector<float>(n, 5.f));  // untouched
+  // The next exchange works.
+  g[1234] = 0.f;
+  compressor.compress<float>(g, 0.01, mine);
+  CHECK(allreducer.allreduce(mine, 0.01, std::span<float>(dense)).ranks == size_of());
 }
 
 int main(int argc, char** argv) {

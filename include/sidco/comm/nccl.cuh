@@ -30,6 +30,7 @@
 #include "sidco/backend/cuda/check.cuh"
 #include "sidco/backend/cuda/half.cuh"
 #include "sidco/backend/cuda/kernels.cuh"
+#include "sidco/comm/header.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -86,7 +87,7 @@ class nccl_allreducer {
   allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, std::span<T> dense,
                              reduction op = reduction::average) {
     const std::uint64_t ok = dense.size() == mine.dense_size() ? 1 : 0;
-    exchange_headers(mine.dense_size(), mine.size(), delta, ok ? status::ok : status::dense_mismatch, "");
+    exchange_headers(mine.dense_size(), mine.size(), delta, ok ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
     allreduce_report report;
     report.ranks = ranks_;
     std::size_t total = 0, largest = 0;
@@ -140,54 +141,29 @@ class nccl_allreducer {
   /// For a rank whose compress threw: joins the exchange the others are in, so that none
   /// hangs, and throws (as every rank does) the error naming this rank and reason.
   [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
-    exchange_headers(dense_size, 0, delta, status::failed, reason.what());
+    exchange_headers(dense_size, 0, delta, detail::rank_status::failed, reason.what());
     sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
   }
 
  private:
-  enum class status : std::uint64_t { ok, dense_mismatch, failed };
-  struct header {
-    std::uint64_t dense_size, count, delta_bits, state;
-    char reason[224];
-  };
-
   static unsigned grid(std::size_t n) {
     return unsigned(std::clamp<std::size_t>((n + 255) / 256, 1, 4096));
   }
 
-  // All-gathers every rank's header; throws the same error on every rank when one failed
+  // Every rank's header, all-gathered first; the same error on every rank when one failed
   // or disagrees.
-  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, status state, const char* reason) {
-    header mine{dense_size, count, 0, std::uint64_t(state), {}};
-    std::memcpy(&mine.delta_bits, &delta, sizeof delta);
-    std::strncpy(mine.reason, reason, sizeof mine.reason - 1);
-    send_header_.resize(sizeof(header));
-    header_bytes_.resize(sizeof(header) * std::size_t(ranks_));
+  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, detail::rank_status state,
+                        const char* reason) {
+    const detail::rank_header mine = detail::make_header(dense_size, count, delta, state, reason);
+    send_header_.resize(sizeof mine);
+    header_bytes_.resize(sizeof mine * std::size_t(ranks_));
     SIDCO_CUDA(cudaMemcpyAsync(send_header_.data(), &mine, sizeof mine, cudaMemcpyHostToDevice, stream_));
-    SIDCO_NCCL(ncclAllGather(send_header_.data(), header_bytes_.data(), sizeof(header), ncclUint8, comm_, stream_));
+    SIDCO_NCCL(ncclAllGather(send_header_.data(), header_bytes_.data(), sizeof mine, ncclUint8, comm_, stream_));
     headers_.resize(std::size_t(ranks_));
-    SIDCO_CUDA(cudaMemcpyAsync(headers_.data(), header_bytes_.data(), sizeof(header) * std::size_t(ranks_),
+    SIDCO_CUDA(cudaMemcpyAsync(headers_.data(), header_bytes_.data(), sizeof mine * std::size_t(ranks_),
                                cudaMemcpyDeviceToHost, stream_));
     SIDCO_CUDA(cudaStreamSynchronize(stream_));
-    for (int r = 0; r < ranks_; ++r) {
-      const header& h = headers_[std::size_t(r)];
-      if (h.state == std::uint64_t(status::failed))
-        sidco::detail::fail("sparse_allreduce: rank ", r, " failed: ", std::string(h.reason, strnlen(h.reason, sizeof h.reason)));
-      if (h.state == std::uint64_t(status::dense_mismatch))
-        sidco::detail::fail("sparse_allreduce: rank ", r,
-                            " passed a dense buffer whose size does not match its sparse vector's dense size ", h.dense_size);
-    }
-    for (int r = 0; r < ranks_; ++r) {
-      const header& h = headers_[std::size_t(r)];
-      if (h.dense_size != headers_[0].dense_size)
-        sidco::detail::fail("sparse_allreduce: rank ", r, " has dense size ", h.dense_size, ", rank 0 has ", headers_[0].dense_size);
-      if (h.delta_bits != headers_[0].delta_bits) {
-        double theirs, first;
-        std::memcpy(&theirs, &h.delta_bits, sizeof theirs);
-        std::memcpy(&first, &headers_[0].delta_bits, sizeof first);
-        sidco::detail::fail("sparse_allreduce: rank ", r, " has density ", theirs, ", rank 0 has ", first);
-      }
-    }
+    detail::check_headers(headers_);
   }
 
   // Every gathered index below the dense size, checked before anything is added (every
@@ -219,7 +195,7 @@ class nccl_allreducer {
   ncclComm_t comm_;
   cudaStream_t stream_;
   int ranks_ = 1, rank_ = 0;
-  std::vector<header> headers_;
+  std::vector<detail::rank_header> headers_;
   memory::device_buffer<unsigned char> send_header_, header_bytes_;
   memory::device_buffer<Index> send_indices_, padded_indices_;
   memory::device_buffer<T> send_values_, padded_values_;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <string>
 #include <limits>
 #include <span>
 #include <type_traits>
@@ -16,6 +18,7 @@
 #include <mpi.h>
 
 #include "sidco/backend/host/scatter_add.hpp"
+#include "sidco/comm/header.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -47,10 +50,11 @@ inline void check_mpi(int status, const char* what) {
 /// One per tensor (or per communicator and tensor size): keeps the gather buffers, so that
 /// steady training allocates only on its first steps. Not thread-safe; one call at a time.
 ///
-/// Every rank calls with the same dense size and density; a rank whose arguments differ makes
-/// every rank throw sidco::error naming the rank and the values (no hang, no crash). Counts
-/// may differ: nothing is padded or dropped. The result is identical on every rank (entries
-/// are added in rank order).
+/// Every rank calls with the same dense size and density; a rank whose arguments differ, or
+/// whose compress threw and that calls abandon(), makes every rank throw the same
+/// sidco::error naming the rank and the values or the reason (no hang, no crash). Counts may
+/// differ: nothing is padded or dropped. The result is identical on every rank (entries are
+/// added in rank order).
 template <class T, class Index = std::uint32_t>
 class sparse_allreducer {
  public:
@@ -75,25 +79,8 @@ class sparse_allreducer {
   void start(const sparse_vector<T, Index>& mine, double delta, std::span<T> dense,
              reduction op = reduction::average) {
     if (in_flight_) sidco::detail::fail("sparse_allreduce: start() called twice without wait()");
-    // Every rank's view of the call, so that a mismatch is an error on all of them.
-    const std::uint64_t local_ok = dense.size() == mine.dense_size();
-    std::uint64_t delta_bits;
-    std::memcpy(&delta_bits, &delta, sizeof delta);
-    const std::uint64_t header[4] = {mine.dense_size(), mine.size(), delta_bits, local_ok};
-    headers_.resize(4 * std::size_t(ranks_));
-    detail::check_mpi(MPI_Allgather(header, 4, MPI_UINT64_T, headers_.data(), 4, MPI_UINT64_T, comm_),
-                      "MPI_Allgather of sizes");
-    for (int r = 0; r < ranks_; ++r) {
-      const std::uint64_t* h = headers_.data() + 4 * std::size_t(r);
-      double their_delta;
-      std::memcpy(&their_delta, &h[2], sizeof their_delta);
-      if (h[3] == 0)
-        sidco::detail::fail("sparse_allreduce: rank ", r, " passed a dense buffer whose size does not match its sparse vector's dense size ", h[0]);
-      if (h[0] != headers_[0])
-        sidco::detail::fail("sparse_allreduce: rank ", r, " has dense size ", h[0], ", rank 0 has ", headers_[0]);
-      if (h[2] != headers_[2])
-        sidco::detail::fail("sparse_allreduce: rank ", r, " has density ", their_delta, ", rank 0 has ", delta);
-    }
+    exchange_headers(mine.dense_size(), mine.size(), delta,
+                     dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
     dense_ = dense;
     op_ = op;
     report_ = {};
@@ -102,7 +89,7 @@ class sparse_allreducer {
     displacements_.resize(std::size_t(ranks_));
     std::size_t total = 0;
     for (int r = 0; r < ranks_; ++r) {
-      const std::uint64_t count = headers_[4 * std::size_t(r) + 1];
+      const std::uint64_t count = headers_[std::size_t(r)].count;
       if (count > std::uint64_t(std::numeric_limits<int>::max()) ||
           total + count > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_allreduce: ", total + count, " entries exceed MPI's int counts");
@@ -144,6 +131,15 @@ class sparse_allreducer {
     in_flight_ = true;
   }
 
+  /// For a rank whose compress threw (say, on a NaN): joins the exchange the other ranks are
+  /// in, so that none of them hangs, and throws, as every rank does, the sidco::error that
+  /// names this rank and the reason. Call it where the others call allreduce or start.
+  [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
+    if (in_flight_) sidco::detail::fail("sparse_allreduce: abandon() while an exchange is in flight");
+    exchange_headers(dense_size, 0, delta, detail::rank_status::failed, reason.what());
+    sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
+  }
+
   /// Completes the last start(): dense holds the sum or average.
   allreduce_report wait() {
     if (!in_flight_) sidco::detail::fail("sparse_allreduce: wait() without start()");
@@ -165,6 +161,17 @@ class sparse_allreducer {
   }
 
  private:
+  // Every rank's header, all-gathered first; the same error on every rank when one failed
+  // or disagrees.
+  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, detail::rank_status state,
+                        const char* reason) {
+    const detail::rank_header mine = detail::make_header(dense_size, count, delta, state, reason);
+    headers_.resize(std::size_t(ranks_));
+    detail::check_mpi(MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, headers_.data(), int(sizeof mine), MPI_BYTE, comm_),
+                      "MPI_Allgather of sizes");
+    detail::check_headers(headers_);
+  }
+
   MPI_Comm comm_;
   int ranks_ = 1, rank_ = 0;
   bool in_flight_ = false;
@@ -172,7 +179,7 @@ class sparse_allreducer {
   std::span<T> dense_;
   allreduce_report report_;
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  std::vector<std::uint64_t> headers_;
+  std::vector<detail::rank_header> headers_;
   std::vector<int> counts_, displacements_;
   std::vector<Index> gathered_indices_;
   std::vector<T> gathered_values_;
