@@ -11,8 +11,10 @@
 //   keep_top_k: one per 8-bit digit of the key (4 for float) and 1 more
 //   scatter_add: 1 (the index check, before anything is written)
 //   first_nonfinite (the error path): 2
-// So a single-stage or steady multi-stage SIDCo compress makes 2; its buffers are reused,
-// so a warm call allocates nothing on the host or the device.
+// So a single-stage or steady multi-stage SIDCo compress makes 2. What goes up to the
+// device (probes, thresholds, offsets, positions) is staged in page-locked memory, whose
+// copies leave the stream running (from pageable memory each would synchronize it); buffers
+// are reused, so a warm call allocates nothing on the host or the device.
 //
 // Block layout: every pass hands each thread block one piece of the layout (at most
 // `tile` values inside one segment), so per-layer passes cost one launch whatever the
@@ -132,25 +134,24 @@ class cuda {
   template <bool Final, class Source, class T, class Index>
   void select_above(const Source& source, std::span<const segment> layout, std::span<const double> thresholds,
                     output<T, Index>& out, std::size_t, std::span<std::size_t> kept) {
-    auto keys = host_scratch<cuda_detail::above_key<T>>(predicate_bytes_, layout.size());
+    auto* keys = predicate_staging_.fill<cuda_detail::above_key<T>>(layout.size());
     for (std::size_t s = 0; s < layout.size(); ++s) keys[s] = {threshold_key<T>(thresholds[s])};
-    compact<false, true, Final>(source, layout, std::span<const cuda_detail::above_key<T>>(keys), out, kept);
+    compact<false, true, Final, cuda_detail::above_key<T>>(source, layout, out, kept);
   }
 
   template <class Source, class T, class Index>
   void select_band(const Source& source, double low, double high, output<T, Index>& out) {
     const segment whole{0, source.size};
-    const cuda_detail::in_band<T> band{threshold_key<T>(low), threshold_key<T>(high)};
+    *predicate_staging_.fill<cuda_detail::in_band<T>>(1) = {threshold_key<T>(low), threshold_key<T>(high)};
     std::size_t kept = 0;
-    compact<true, false, false>(source, {&whole, 1}, std::span<const cuda_detail::in_band<T>>(&band, 1), out,
-                                {&kept, 1});
+    compact<true, false, false, cuda_detail::in_band<T>>(source, {&whole, 1}, out, {&kept, 1});
   }
 
   template <class Source, class T, class Index>
   void select_indices(const Source& source, std::span<const std::size_t> chosen, output<T, Index>& out) {
     const std::size_t start = out.size();
     out.resize(start + chosen.size());
-    auto* positions = upload(positions_, chosen);
+    auto* positions = upload_positions(chosen);
     if (!chosen.empty())
       cuda_detail::write_chosen<<<grid(chosen.size()), cuda_detail::block_threads, 0, stream_>>>(
           source, positions, chosen.size(), out.index_data() + start, out.value_data() + start);
@@ -279,7 +280,8 @@ class cuda {
            segment_table_.capacity() * sizeof(std::uint32_t) + counts_.capacity() * sizeof(std::uint32_t) +
            offsets_.capacity() * sizeof(std::size_t) + counters_.capacity() * sizeof(unsigned long long) +
            predicates_.capacity() + positions_.capacity() * sizeof(std::size_t) + ranks_.capacity() * sizeof(std::uint32_t) +
-           flags_.capacity() + staging_indices_.capacity() + staging_values_.capacity();
+           flags_.capacity() + staging_indices_.capacity() + staging_values_.capacity() + predicate_staging_.capacity() +
+           offset_staging_.capacity() + position_staging_.capacity();
   }
 
  private:
@@ -295,12 +297,13 @@ class cuda {
     constexpr std::size_t width = 1 + Probes;
     const std::size_t per = probes.size() / layout.size();
     refresh_pieces(layout);
-    auto host_probes = host_scratch<cuda_detail::device_probe<T>>(predicate_bytes_, layout.size() * Probes);
-    for (std::size_t p = 0; p < host_probes.size(); ++p) {
+    const std::size_t probe_count = layout.size() * Probes;
+    auto* host_probes = predicate_staging_.fill<cuda_detail::device_probe<T>>(probe_count);
+    for (std::size_t p = 0; p < probe_count; ++p) {
       const auto key = threshold_key<T>(probes[p] < 0 ? 0.0 : probes[p]);
       host_probes[p] = {key, to_accumulator(magnitude_of_key<T>(magnitude_key_t<T>(key)))};
     }
-    const auto* device_probes = upload(predicates_, std::span<const cuda_detail::device_probe<T>>(host_probes));
+    const auto* device_probes = upload<cuda_detail::device_probe<T>>(predicates_, predicate_staging_, probe_count);
     const std::size_t pieces = plan_.pieces().size(), segments = layout.size();
     bundles_.resize(pieces * sizeof(cuda_detail::moments_bundle<width>));
     merged_.resize(segments * sizeof(cuda_detail::moments_bundle<width>));
@@ -318,12 +321,13 @@ class cuda {
   }
 
   // The two-pass compaction: per-piece counts (one sync), offsets, then each block writes
-  // its piece's kept entries in order, settling as it goes (Settle).
-  template <bool Rescan, bool Settle, bool Final, class Source, class Predicate, class T, class Index>
-  void compact(const Source& source, std::span<const segment> layout, std::span<const Predicate> predicates,
-               output<T, Index>& out, std::span<std::size_t> kept) {
+  // its piece's kept entries in order, settling as it goes (Settle). The predicates, one a
+  // segment, are in predicate_staging_.
+  template <bool Rescan, bool Settle, bool Final, class Predicate, class Source, class T, class Index>
+  void compact(const Source& source, std::span<const segment> layout, output<T, Index>& out,
+               std::span<std::size_t> kept) {
     refresh_pieces(layout);
-    const auto* device_predicates = upload(predicates_, predicates);
+    const auto* device_predicates = upload<Predicate>(predicates_, predicate_staging_, layout.size());
     const std::size_t pieces = plan_.pieces().size();
     counts_.resize(pieces);
     cuda_detail::count_pieces<Rescan><<<unsigned(pieces), cuda_detail::block_threads, 0, stream_>>>(
@@ -332,10 +336,10 @@ class cuda {
     host_counts_.resize(pieces);
     copy_back(host_counts_.data(), counts_.data(), pieces);
     const std::size_t start = out.size();
-    host_offsets_.resize(pieces);
+    auto* host_offsets = offset_staging_.fill<std::size_t>(pieces);
     std::size_t total = 0;
     for (std::size_t p = 0; p < pieces; ++p) {
-      host_offsets_[p] = total;
+      host_offsets[p] = total;
       total += host_counts_[p];
     }
     const auto& first = plan_.segment_first();
@@ -344,7 +348,7 @@ class cuda {
       for (std::uint32_t p = first[s]; p < first[s + 1]; ++p) kept[s] += host_counts_[p];
     }
     out.resize(start + total);
-    auto* offsets = upload(offsets_, std::span<const std::size_t>(host_offsets_));
+    auto* offsets = upload<std::size_t>(offsets_, offset_staging_, pieces);
     cuda_detail::write_pieces<Rescan, Settle, Final><<<unsigned(pieces), cuda_detail::block_threads, 0, stream_>>>(
         source, piece_table_.data(), device_predicates, offsets, out.index_data() + start, out.value_data() + start);
     SIDCO_CUDA(cudaGetLastError());
@@ -353,7 +357,7 @@ class cuda {
   template <class Source>
   void gather(const Source& source, std::span<const std::size_t> positions, std::span<double> out, bool magnitude) {
     if (positions.empty()) return;
-    auto* device_positions = upload(positions_, positions);
+    auto* device_positions = upload_positions(positions);
     double* values = staging<double>(staging_values_, positions.size());
     cuda_detail::gather_magnitudes<<<grid(positions.size()), cuda_detail::block_threads, 0, stream_>>>(
         source, device_positions, positions.size(), values, magnitude);
@@ -363,25 +367,31 @@ class cuda {
 
   void refresh_pieces(std::span<const segment> layout) {
     if (!plan_.plan(layout, tile)) return;
-    upload(piece_table_, std::span<const cuda_detail::piece>(plan_.pieces()));
-    upload(segment_table_, std::span<const std::uint32_t>(plan_.segment_first()));
+    // Rare (a new layout): straight from pageable memory, which synchronizes once.
+    piece_table_.resize(plan_.pieces().size());
+    segment_table_.resize(plan_.segment_first().size());
+    SIDCO_CUDA(cudaMemcpy(piece_table_.data(), plan_.pieces().data(), plan_.pieces().size() * sizeof(cuda_detail::piece),
+                          cudaMemcpyHostToDevice));
+    SIDCO_CUDA(cudaMemcpy(segment_table_.data(), plan_.segment_first().data(),
+                          plan_.segment_first().size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice));
   }
 
-  // Host data into a device buffer of the same element type, grown as needed.
+  // count values of U from a staging to a device byte buffer grown to hold them.
   template <class U>
-  U* upload(device_buffer<U>& to, std::span<const U> from) {
-    to.resize(std::max<std::size_t>(from.size(), 1));
-    if (!from.empty())
-      SIDCO_CUDA(cudaMemcpyAsync(to.data(), from.data(), from.size() * sizeof(U), cudaMemcpyHostToDevice, stream_));
+  const U* upload(device_buffer<unsigned char>& to, sidco::memory::upload_staging& from, std::size_t count) {
+    to.resize(std::max<std::size_t>(count * sizeof(U), 1));
+    from.upload(to.data(), count * sizeof(U), stream_);
+    return reinterpret_cast<const U*>(to.data());
+  }
+  template <class U>
+  U* upload(device_buffer<U>& to, sidco::memory::upload_staging& from, std::size_t count) {
+    to.resize(std::max<std::size_t>(count, 1));
+    from.upload(to.data(), count * sizeof(U), stream_);
     return to.data();
   }
-  // Host data of any trivially copyable type into a byte buffer.
-  template <class U>
-  const U* upload(device_buffer<unsigned char>& to, std::span<const U> from) {
-    to.resize(std::max<std::size_t>(from.size_bytes(), 1));
-    if (!from.empty())
-      SIDCO_CUDA(cudaMemcpyAsync(to.data(), from.data(), from.size_bytes(), cudaMemcpyHostToDevice, stream_));
-    return reinterpret_cast<const U*>(to.data());
+  const std::size_t* upload_positions(std::span<const std::size_t> positions) {
+    std::copy(positions.begin(), positions.end(), position_staging_.fill<std::size_t>(positions.size()));
+    return upload<std::size_t>(positions_, position_staging_, positions.size());
   }
 
   template <class U>
@@ -432,10 +442,10 @@ class cuda {
   device_buffer<unsigned long long> counters_;
   device_buffer<char> flags_;
   device_buffer<unsigned char> staging_indices_, staging_values_;
+  sidco::memory::upload_staging predicate_staging_, offset_staging_, position_staging_;
   std::vector<std::uint32_t> host_counts_;
-  std::vector<std::size_t> host_offsets_;
   std::vector<unsigned long long> host_counters_;
-  std::vector<unsigned char> predicate_bytes_, result_bytes_, probe_bytes_, pair_bytes_;
+  std::vector<unsigned char> result_bytes_, probe_bytes_, pair_bytes_;
 };
 
 }  // namespace sidco::backend

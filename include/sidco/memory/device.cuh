@@ -72,6 +72,48 @@ class device_buffer {
   std::size_t size_ = 0, capacity_ = 0;
 };
 
+/// Page-locked host memory that uploads go through: cudaMemcpyAsync from it leaves the
+/// stream running, where from pageable memory it would synchronize it first. Before it is
+/// refilled it waits for its last upload (long done, in steady use). Copies start empty.
+class upload_staging {
+ public:
+  upload_staging() = default;
+  upload_staging(const upload_staging&) {}
+  upload_staging& operator=(const upload_staging&) { return *this; }
+  ~upload_staging() {
+    if (event_) cudaEventDestroy(event_);
+    if (data_) cudaFreeHost(data_);
+  }
+
+  /// Room for count values of U, filled by the caller, then upload()ed.
+  template <class U>
+  U* fill(std::size_t count) {
+    if (event_) SIDCO_CUDA(cudaEventSynchronize(event_));
+    const std::size_t bytes = std::max<std::size_t>(count * sizeof(U), 1);
+    if (bytes > capacity_) {
+      if (data_) cudaFreeHost(data_);
+      data_ = nullptr;
+      SIDCO_CUDA(cudaMallocHost(&data_, bytes));
+      capacity_ = bytes;
+    }
+    return static_cast<U*>(data_);
+  }
+
+  /// The first bytes of the staging to device memory at to, on stream.
+  void upload(void* to, std::size_t bytes, cudaStream_t stream) {
+    if (!event_) SIDCO_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    if (bytes) SIDCO_CUDA(cudaMemcpyAsync(to, data_, bytes, cudaMemcpyHostToDevice, stream));
+    SIDCO_CUDA(cudaEventRecord(event_, stream));
+  }
+
+  std::size_t capacity() const { return capacity_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+  cudaEvent_t event_ = nullptr;
+};
+
 struct device {
   static constexpr const char* name = "device";
   template <class T>
