@@ -143,7 +143,6 @@ class statistical {
     double hi_t = all.max, hi_n = 1;
     bool hi_measured = false;
     int stage = 0;
-    bool probed = false;        // the last stage starts at the probe: no pass was made
     tail_point candidate = lo;  // measured points nearest `wanted`: the next call's base
 
     if (!one_step && !probes.empty() && base_ > 0 && base_ < all.max) {
@@ -157,7 +156,6 @@ class statistical {
         const int remaining =
             n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
         stage = std::max(1, stage_count - remaining);
-        probed = stage == stage_count - 1;
       } else {
         // The base now keeps too few: it brackets the tail from above; refit from stage 1.
         hi_t = base_;
@@ -167,7 +165,7 @@ class statistical {
     }
 
     for (int extra = 0;;) {
-      if (lo.n == k) return finish(all, candidate, wanted, probed, lo.t, stage_count);
+      if (lo.n == k) return finish(all, candidate, wanted, lo.t, stage_count);
       double t;
       bool fitted = true;
       if (hi_measured && hi_n >= k / close_bracket) {
@@ -189,7 +187,7 @@ class statistical {
       }
       const bool last = stage >= stage_count - 1 || one_step;
       if (last && (fitted || hi_measured || extra == max_extra_passes))
-        return finish(all, candidate, wanted, probed, t, stage_count);
+        return finish(all, candidate, wanted, t, stage_count);
       if (last) {
         // The model does not reach k inside the data and nothing above was measured:
         // measure halfway to the maximum, which brackets the tail or raises the lower end.
@@ -198,7 +196,6 @@ class statistical {
       }
 
       const moments excess = pass.template tail<Tail::needs_log>(t);
-      probed = false;
       const double n = double(excess.count);
       if (n >= k) {
         lo = {t, n, excess};
@@ -227,8 +224,7 @@ class statistical {
   // fit, or down by interpolating between the non-zeros and it). Thresholds that drift (a
   // residual growing under error feedback scales every value call after call) move the
   // base along by the last step's drift, bounded.
-  threshold_estimate finish(const moments& all, const tail_point& candidate, double wanted, bool probed,
-                            double t, int stages) {
+  threshold_estimate finish(const moments& all, const tail_point& candidate, double wanted, double t, int stages) {
     base_ = -1;
     if (candidate.t > 0) {
       base_ = candidate.t;
@@ -246,7 +242,6 @@ class statistical {
       }
       if (last_threshold_ > 0 && t > 0) base_ *= std::clamp(t / last_threshold_, 1 / max_drift, max_drift);
     }
-    (void)probed;
     last_threshold_ = t;
     return {t, stages};
   }
