@@ -1,8 +1,9 @@
 #include <sidco/sidco.hpp>
 #include <cstdio>
 
-int main() {
-  std::vector<float> grad = sidco::io::load_npy<float>(SIDCO_GRADIENTS_DIR "/ffn_it200.npy");
+int main(int argc, char** argv) {
+  if (argc != 2) return std::fprintf(stderr, "usage: quickstart GRADIENT.npy\n"), 2;
+  std::vector<float> grad = sidco::io::load_npy<float>(argv[1]);
   sidco::presets::sidco_e<> compressor;          // SIDCo-E, adaptive stages
   sidco::feedback::residual<float> residual(grad.size());  // error feedback state
   sidco::sparse_vector<float> sent;              // ascending 32-bit indices + values

@@ -9,8 +9,6 @@
 #include <type_traits>
 
 #include "sidco/backend/concept.hpp"
-#include "sidco/backend/cpu.hpp"
-#include "sidco/backend/serial.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
@@ -24,6 +22,12 @@
 #include "sidco/select/above_threshold.hpp"
 
 namespace sidco {
+
+namespace backend {
+// The default backend, defined in sidco/backend/cpu.hpp (presets.hpp and sidco.hpp include
+// it): this header stays free of OpenMP and Highway for users of other backends.
+class cpu;
+}  // namespace backend
 
 /// What one compress call did, so that a user can check it against what was asked.
 struct compress_report {

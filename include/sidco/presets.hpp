@@ -1,6 +1,8 @@
 // The published methods by name. Presets are type aliases, nothing more.
 #pragma once
 
+#include "sidco/backend/cpu.hpp"
+#include "sidco/backend/serial.hpp"
 #include "sidco/compressor.hpp"
 #include "sidco/dist/exponential.hpp"
 #include "sidco/dist/gamma.hpp"

@@ -176,6 +176,9 @@ concept backend = contract::has_memory<B> && contract::has_name<B> && contract::
 /// True, or a compile error whose first line names what B lacks.
 template <class B>
 consteval bool diagnose() {
+  static_assert(requires { sizeof(B); },
+                "sidco backend: the backend's type is incomplete: include its header "
+                "(sidco/backend/cpu.hpp for backend::cpu, sidco/backend/cuda.cuh for backend::cuda)");
   static_assert(contract::has_memory<B>,
                 "sidco backend: missing `memory`, the memory space its buffers live in "
                 "(memory::host for a CPU backend)");

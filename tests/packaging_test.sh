@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# sidco consumed as users do: (1) as a Meson subproject, where it must build and install
+# nothing but its dependency object; (2) installed, through find_package(sidco) from a tiny
+# CMake project, whose imported target must carry what it needs to compile and run.
+# Arguments: SOURCE_ROOT BUILD_DIR.
+set -euo pipefail
+source_root=$1
+build_dir=$(cd "$2" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+cat > "$tmp/main.cpp" <<'CPP'
+#include <cstdio>
+#include <vector>
+#include <sidco/sidco.hpp>
+int main() {
+  std::vector<float> g(100000);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
+  sidco::presets::sidco_e<> compressor;
+  sidco::sparse_vector<float> out;
+  const auto report = compressor.compress<float>(g, 0.01, out);
+  std::printf("kept %zu\n", report.selected);
+  return report.selected > 0 ? 0 : 1;
+}
+CPP
+
+echo "== as a Meson subproject"
+mkdir -p "$tmp/meson/subprojects"
+cp "$tmp/main.cpp" "$tmp/meson/"
+ln -s "$source_root" "$tmp/meson/subprojects/sidco"
+cat > "$tmp/meson/meson.build" <<'MESON'
+project('consumer', 'cpp', default_options: ['cpp_std=c++20'])
+sidco_dep = dependency('sidco', fallback: ['sidco', 'sidco_dep'])
+executable('app', 'main.cpp', dependencies: sidco_dep)
+MESON
+meson setup "$tmp/meson/build" "$tmp/meson" > "$tmp/meson.log" 2>&1 || { cat "$tmp/meson.log"; exit 1; }
+targets=$(meson introspect --targets "$tmp/meson/build" | /usr/bin/python3 -c 'import json, sys; print(" ".join(sorted(t["name"] for t in json.load(sys.stdin))))')
+[ "$targets" = "app" ] || { echo "the subproject adds targets: $targets"; exit 1; }
+installed=$(meson introspect --installed "$tmp/meson/build")
+[ "$installed" = "{}" ] || { echo "the subproject installs files: $installed"; exit 1; }
+meson compile -C "$tmp/meson/build" > "$tmp/meson-compile.log" 2>&1 || { cat "$tmp/meson-compile.log"; exit 1; }
+"$tmp/meson/build/app"
+echo "only the consumer's target; nothing installed"
+
+echo "== installed, through find_package(sidco)"
+meson install -C "$build_dir" --destdir "$tmp/stage" --no-rebuild > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; exit 1; }
+prefix=$(meson introspect --buildoptions "$build_dir" | /usr/bin/python3 -c 'import json, sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "prefix"))')
+config=$(find "$tmp/stage$prefix" -name sidcoConfig.cmake | head -1)
+[ -n "$config" ] || { echo "no sidcoConfig.cmake was installed"; exit 1; }
+mkdir -p "$tmp/cmake"
+cp "$tmp/main.cpp" "$tmp/cmake/"
+cat > "$tmp/cmake/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.18)
+project(consumer CXX)
+find_package(sidco 0.1 REQUIRED)
+add_executable(app main.cpp)
+target_link_libraries(app PRIVATE sidco::sidco)
+CMAKE
+cmake -S "$tmp/cmake" -B "$tmp/cmake/build" -DCMAKE_PREFIX_PATH="$tmp/stage$prefix" -DCMAKE_BUILD_TYPE=Release \
+  > "$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; exit 1; }
+cmake --build "$tmp/cmake/build" > "$tmp/cmake-build.log" 2>&1 || { cat "$tmp/cmake-build.log"; exit 1; }
+"$tmp/cmake/build/app"
+echo "the CMake consumer builds and runs against $(dirname "$config")"
