@@ -2,7 +2,8 @@
 # (only what is missing; silent when everything is there) and configures a build directory.
 
 sidco_packages=(meson ninja-build g++ clang cmake pkg-config doctest-dev libboost-math-dev
-                libbenchmark-dev libhwy-dev libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin libtorch-dev)
+                libbenchmark-dev libhwy-dev libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin libtorch-dev
+                python3-torch python3-numpy libopenblas0-pthread)
 
 sidco_install_missing() {
   local missing=()

@@ -32,7 +32,7 @@ run_suite() {
 CXX=g++ run_suite build -Dhighway=enabled
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 CXX=clang++ run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dhighway=disabled -Dfuzz=true \
+  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dtorch=disabled -Dhighway=disabled -Dfuzz=true \
   -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" -Dcpp_args=-fno-sanitize-recover=all
 
 if [ "$skipped" -gt 0 ]; then

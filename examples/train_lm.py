@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""Data-parallel training of a word-level LSTM language model on WikiText-2 (trained on
+valid.txt, evaluated on test.txt, examples/data/wikitext-2), with the gradient exchanged by
+DistributedDataParallel through a communication hook: none (dense all-reduce), powersgd
+(PyTorch's own hook) or a sidco_torch method at a density, with error feedback. P CPU
+processes over gloo on 127.0.0.1. Writes one CSV row per step (and the test perplexity
+every --eval-every steps) for scripts/plot_lm.py.
+
+  PYTHONPATH=build/python /usr/bin/python3 examples/train_lm.py --method sidco-e \
+      --density 0.01 --ranks 2 --steps 600 --csv runs/sidco-e-0.01.csv
+"""
+import argparse
+import csv
+import math
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data", "wikitext-2")
+
+
+def tokenize(path, vocabulary=None):
+    words = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            words += line.split() + ["<eos>"]
+    if vocabulary is None:
+        vocabulary = {w: i for i, w in enumerate(sorted(set(words) | {"<unk>"}))}
+    unk = vocabulary["<unk>"]
+    return torch.tensor([vocabulary.get(w, unk) for w in words], dtype=torch.long), vocabulary
+
+
+class LSTMModel(nn.Module):
+    def __init__(self, vocab, dim, layers, dropout):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, dim, layers, dropout=dropout, batch_first=False)
+        self.drop = nn.Dropout(dropout)
+        self.decode = nn.Linear(dim, vocab)
+
+    def forward(self, x, hidden):
+        out, hidden = self.lstm(self.drop(self.embed(x)), hidden)
+        return self.decode(self.drop(out)), hidden
+
+
+def batchify(data, batch):
+    n = data.numel() // batch
+    return data[: n * batch].view(batch, n).t().contiguous()  # (time, batch)
+
+
+def evaluate(model, data, bptt, batch):
+    model.eval()
+    hidden = None
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, data.size(0) - 1, bptt):
+            x, y = data[i: i + bptt], data[i + 1: i + 1 + bptt]
+            x = x[: y.size(0)]
+            out, hidden = model(x, hidden)
+            total += nn.functional.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1), reduction="sum").item()
+            count += y.numel()
+    model.train()
+    return math.exp(total / count)
+
+
+def powersgd_bytes(model, rank):
+    """What PowerSGD's hook sends per step: P and Q (rank r) for every matrix, the rest dense."""
+    total = 0
+    for p in model.parameters():
+        if p.dim() > 1:
+            n, m = p.shape[0], p.numel() // p.shape[0]
+            total += 4 * rank * (n + m)
+        else:
+            total += 4 * p.numel()
+    return total
+
+
+def worker(rank, a, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    train, vocabulary = tokenize(os.path.join(DATA, "valid.txt"))
+    test, _ = tokenize(os.path.join(DATA, "test.txt"), vocabulary)
+    # Each rank trains on its own contiguous shard of the text.
+    shard = train.numel() // a.ranks
+    train = batchify(train[rank * shard: (rank + 1) * shard], a.batch)
+    test = batchify(test[: a.eval_words], 10)
+    torch.manual_seed(a.seed)
+    model = LSTMModel(len(vocabulary), a.dim, a.layers, a.dropout)
+    parameters = sum(p.numel() for p in model.parameters())
+    # One bucket for every method: PowerSGD's hook issues collectives from future
+    # callbacks, which gloo cannot keep in order across ranks once there are several
+    # buckets (it aborts); DDP splits off a 1 MB first bucket unless told otherwise.
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+    ddp = DDP(model, bucket_cap_mb=1024)
+    hook_state = None
+    if a.method == "powersgd":
+        hook_state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
+                                            start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+        ddp.register_comm_hook(hook_state, powersgd.powerSGD_hook)
+    elif a.method != "none":
+        import sidco_torch
+        hook_state = sidco_torch.State(method=a.method, density=a.density, start_iter=2)
+        ddp.register_comm_hook(hook_state, sidco_torch.hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+    writer = None
+    if rank == 0 and a.csv:
+        os.makedirs(os.path.dirname(os.path.abspath(a.csv)), exist_ok=True)
+        csv_file = open(a.csv, "w", newline="")
+        writer = csv.writer(csv_file)
+        writer.writerow(["step", "wall_seconds", "train_loss", "test_perplexity", "bytes_sent", "density",
+                         "step_seconds", "compress_seconds", "communicate_seconds"])
+    started = time.perf_counter()
+    hidden, position, step = None, 0, 0
+    while step < a.steps:
+        if position + a.bptt + 1 > train.size(0):
+            position, hidden = 0, None
+        x, y = train[position: position + a.bptt], train[position + 1: position + 1 + a.bptt]
+        position += a.bptt
+        if hidden is not None:
+            hidden = tuple(h.detach() for h in hidden)
+        step_started = time.perf_counter()
+        out, hidden = ddp(x, hidden)
+        loss = nn.functional.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(ddp.parameters(), a.clip)
+        optimizer.step()
+        step += 1
+        step_seconds = time.perf_counter() - step_started
+        losses = torch.tensor([loss.item()])
+        dist.all_reduce(losses)
+        if a.method in ("none", "powersgd") or (hook_state is not None and step <= 2):
+            sent = 4 * parameters if a.method == "none" or step <= 2 else powersgd_bytes(model, a.powersgd_rank)
+            density, compress, communicate = 1.0, 0.0, 0.0
+        else:
+            stats = hook_state.stats().values()
+            sent = sum(s["bytes_sent"] for s in stats)
+            density = sum(s["selected"] for s in stats) / sum(s["size"] for s in stats)
+            compress = sum(s["compress_seconds"] for s in stats)
+            communicate = sum(s["communicate_seconds"] for s in stats)
+        perplexity = ""
+        if step % a.eval_every == 0 or step == a.steps:
+            perplexity = evaluate(model, test, a.bptt, 10)
+        if writer:
+            writer.writerow([step, f"{time.perf_counter() - started:.3f}", f"{losses.item() / a.ranks:.5f}",
+                             f"{perplexity:.3f}" if perplexity != "" else "", sent, f"{density:.6g}",
+                             f"{step_seconds:.4f}", f"{compress:.4f}", f"{communicate:.4f}"])
+            if perplexity != "":
+                print(f"{a.method} {a.density if a.method not in ('none', 'powersgd') else ''} step {step}: "
+                      f"train loss {losses.item() / a.ranks:.3f}, test perplexity {perplexity:.1f}, "
+                      f"{time.perf_counter() - started:.0f} s", flush=True)
+    if writer:
+        csv_file.close()
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", default="sidco-e",
+                    help="none, powersgd, or a sidco_torch method (sidco-e, sidco-gp, top-k, dgc, random-k, ...)")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=20)
+    ap.add_argument("--bptt", type=int, default=35)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--dropout", type=float, default=0.2)
+    ap.add_argument("--lr", type=float, default=1.0)
+    ap.add_argument("--clip", type=float, default=0.25)
+    ap.add_argument("--powersgd-rank", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-words", type=int, default=30000, help="test words the perplexity is measured on")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--csv", default="")
+    a = ap.parse_args()
+    if not 0 < a.density <= 1:
+        ap.error(f"--density {a.density} is outside (0, 1]")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(a, port), nprocs=a.ranks, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
