@@ -1,24 +1,13 @@
 // Counts heap allocations to show that a compress call reusing its output allocates nothing.
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
 #include <doctest/doctest.h>
 #include <sidco/sidco.hpp>
 
+#include "counting_new.hpp"
 #include "support.hpp"
 
 namespace {
-std::atomic<long> allocations{0};
-}
-
-void* operator new(std::size_t size) {
-  ++allocations;
-  if (void* p = std::malloc(size ? size : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+auto& allocations = sidco::test::heap_allocations;
+}  // namespace
 
 TEST_CASE("no allocation after the first call at a given size and density") {
   const auto g = sidco::test::load_gradient("cnn_it200.npy");

@@ -60,6 +60,16 @@ std::string floats(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
+// What reading path as float32 throws, or "(no error)".
+std::string load_error(const std::string& path) {
+  try {
+    sidco::io::load_npy<float>(path);
+  } catch (const sidco::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 }  // namespace
 
 TEST_CASE("npy: float32 and float64, versions 1 and 2, converted to either type") {
@@ -80,28 +90,20 @@ TEST_CASE("npy: the bundled real gradients load with the sizes the manifest give
 }
 
 TEST_CASE("npy: missing or malformed files are clear errors") {
-  auto message = [](const std::string& path) -> std::string {
-    try {
-      sidco::io::load_npy<float>(path);
-    } catch (const sidco::error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
-  CHECK(message("/nonexistent/x.npy").find("cannot open") != std::string::npos);
+  CHECK(load_error("/nonexistent/x.npy").find("cannot open") != std::string::npos);
   const auto text = (std::filesystem::temp_directory_path() / "sidco_npy_text.npy").string();
   std::ofstream(text) << "hello, this is not numpy";
-  CHECK(message(text).find("bad magic") != std::string::npos);
-  CHECK(message(write_npy("i4.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (1,), }",
+  CHECK(load_error(text).find("bad magic") != std::string::npos);
+  CHECK(load_error(write_npy("i4.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (1,), }",
                           "abcd"))
             .find("dtype '<i4'") != std::string::npos);
-  CHECK(message(write_npy("2d.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }",
+  CHECK(load_error(write_npy("2d.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }",
                           floats({1, 2, 3, 4})))
             .find("is not 1-D") != std::string::npos);
-  CHECK(message(write_npy("short.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }",
+  CHECK(load_error(write_npy("short.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }",
                           floats({1, 2})))
             .find("truncated data (expected 5 values, 8 bytes are present)") != std::string::npos);
-  CHECK(message(write_npy("fortran.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }",
+  CHECK(load_error(write_npy("fortran.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }",
                           floats({1})))
             .find("Fortran") != std::string::npos);
 }
@@ -109,14 +111,6 @@ TEST_CASE("npy: missing or malformed files are clear errors") {
 // Files an adversary writes (and a fuzzer found): every one a sidco::error with its
 // message, and never a crash, a hang or a huge allocation.
 TEST_CASE("npy: hostile headers are refused, each with its reason") {
-  auto message = [](const std::string& path) -> std::string {
-    try {
-      sidco::io::load_npy<float>(path);
-    } catch (const sidco::error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   const std::string f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
   const struct {
     const char* name;
@@ -147,7 +141,7 @@ TEST_CASE("npy: hostile headers are refused, each with its reason") {
     INFO(c.name);
     largest_allocation = 0;
     const auto path = write_npy(std::string(c.name) + ".npy", c.header, c.payload);
-    const auto got = message(path);
+    const auto got = load_error(path);
     INFO(got);
     CHECK(got.find(c.expected) != std::string::npos);
     CHECK(got.find(path) != std::string::npos);  // names the file

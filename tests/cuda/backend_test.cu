@@ -21,6 +21,8 @@
 #include "../reference.hpp"
 #include "../support.hpp"
 
+#include "device.hpp"
+
 using namespace sidco;
 using device = memory::device;
 using move = test::transfer<device>;
@@ -29,9 +31,7 @@ using move = test::transfer<device>;
 long host_allocations();
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (!sidco::test::cuda_device_present()) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }

@@ -11,6 +11,8 @@
 #include <sidco/dist/exponential.hpp>
 #include <sidco/dist/generalized_pareto.hpp>
 
+#include "device.hpp"
+
 namespace {
 
 constexpr int threads = 256;
@@ -49,9 +51,7 @@ bool close(double a, double b, double rel) { return std::fabs(a - b) <= rel * st
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (!sidco::test::cuda_device_present()) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }

@@ -18,6 +18,8 @@
 #include <sidco/comm/nccl.cuh>
 #include <sidco/sidco.hpp>
 
+#include "device.hpp"
+
 using namespace sidco;
 
 namespace {
@@ -43,13 +45,11 @@ void on_every_rank(int ranks, const std::function<void(int)>& f) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (!sidco::test::cuda_device_present()) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
-  const int ranks = devices;
+  const int ranks = sidco::test::cuda_device_count();
   std::vector<ncclComm_t> comms(static_cast<std::size_t>(ranks));
   std::vector<int> ids(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) ids[std::size_t(r)] = r;
