@@ -8,8 +8,9 @@ ceiling) and std::nth_element Top-k / compress (the speed-up over exact Top-k)."
 import json
 import sys
 
-INPUTS = {0: "normal", 1: "laplace", 2: "lstm (real)", 3: "cnn (real)"}
-REAL_SIZES = {2: 3689196, 3: 900490}
+INPUTS = {0: "normal", 1: "laplace", 2: "lstm (real)", 3: "cnn (real)", 4: "transformer bucket (170 layers)",
+          5: "gpt lm (real, it 200)", 6: "gpt lm with error feedback (real, it 100)"}
+REAL_SIZES = {2: 3689196, 3: 900490, 4: 1 << 25, 5: 17717713, 6: 17717713}
 
 
 def load(path, runs):
@@ -23,8 +24,9 @@ def load(path, runs):
                 continue
         elif b.get("repetitions", 1) > 1:
             continue
-        name, *args = b["run_name"].split("/") if "run_name" in b else b["name"].split("/")
-        kind, log2n, inverse = (int(a) for a in args[:3])
+        parts = (b["run_name"] if "run_name" in b else b["name"]).split("/")
+        name = "/".join(parts[:-3])
+        kind, log2n, inverse = (int(a) for a in parts[-3:])
         unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b.get("time_unit", "ns")]
         runs[(name, kind, log2n, inverse)] = {
             "seconds": b["real_time"] * unit,
@@ -66,6 +68,19 @@ def plot(runs, path, kind=1, inverse=1000):
     fig.savefig(path, dpi=110)
 
 
+def print_targets(rows, form):
+    """One row a target: its value on Laplace and on normal values at N = 2^25, δ = 0.001."""
+    for label, f, goal in rows:
+        cells = []
+        for kind in (1, 0):
+            try:
+                cells.append(form.format(f((kind, 25, 1000))))
+            except (TypeError, ZeroDivisionError, KeyError):
+                cells.append("—")
+        print(f"| {label} | {cells[0]} | {cells[1]} | {goal} |")
+    print()
+
+
 def main():
     args = sys.argv[1:]
     plot_path = None
@@ -77,10 +92,10 @@ def main():
         context = load(path, runs)
     if plot_path:
         plot(runs, plot_path)
-    configs = sorted({(k, n, i) for (_, k, n, i) in runs})
+    configs = sorted({(k, n, i) for (name, k, n, i) in runs if not name.startswith("layers/")})
     methods = []
     for (name, *_rest) in runs:
-        if name not in methods and name not in ("streaming_read", "nth_element_top_k"):
+        if name not in methods and name not in ("streaming_read", "nth_element_top_k") and not name.startswith("layers/"):
             methods.append(name)
 
     def t(name, config):
@@ -108,15 +123,51 @@ def main():
         ("nth_element / radix Top-k", lambda c: t("nth_element_top_k", c) / t("top_k", c), "≥ 3"),
         ("SIDCo-E single-stage: cpu / serial backend speed-up", lambda c: t("sidco_e_single_serial", c) / t("sidco_e_single", c), "—"),
     ]
-    for label, f, goal in rows:
-        cells = []
-        for kind in (1, 0):
-            try:
-                cells.append(f"{f((kind, 25, 1000)):.2f}")
-            except (TypeError, ZeroDivisionError):
-                cells.append("—")
-        print(f"| {label} | {cells[0]} | {cells[1]} | {goal} |")
+    print_targets(rows, "{:.2f}")
+
+    # Issue 14: the default method at the cost of two reads, per layer too.
+    print("### Targets of the two-read default (N = 2^25, δ = 0.001)")
     print()
+    print("| target | laplace | normal | goal |")
+    print("|---|---|---|---|")
+    rows = [
+        ("SIDCo-E adaptive (default) / single-stage", lambda c: t("sidco_e", c) / t("sidco_e_single", c), "≤ 1.2"),
+        ("SIDCo-E adaptive / streaming read", lambda c: t("sidco_e", c) / t("streaming_read", c), "≤ 2.5"),
+        ("radix Top-k / SIDCo-E adaptive", lambda c: t("top_k", c) / t("sidco_e", c), "≥ 2"),
+        ("SIDCo-E adaptive with / without error feedback (a fresh gradient each call)",
+         lambda c: t("sidco_e_feedback_fresh", c) / t("sidco_e", c), "≤ 1.3"),
+        ("the same, one gradient repeated (the residual ramps)",
+         lambda c: t("sidco_e_feedback", c) / t("sidco_e", c), "—"),
+        ("workspace kept / input bytes (%)",
+         lambda c: 100 * (runs[("sidco_e",) + c]["workspace_bytes"] or 0) / (4 * size_of(c[0], c[1])), "≤ 10"),
+    ]
+    print_targets(rows, "{:.3g}")
+
+    layered = sorted({(k, n, i) for (name, k, n, i) in runs if name.startswith("layers/")})
+    if layered:
+        print("### Per layer (segmented), against the whole vector and per-layer Top-k")
+        print()
+        print("Times in ms; ratios of times from the same run; [achieved / target density].")
+        print()
+        print("| input | δ | read | SIDCo-E whole | SIDCo-E per layer | per layer / whole (≤ 1.25) | "
+              "Top-k per layer | Top-k / SIDCo-E per layer (≥ 2) | SIDCo-GP per layer | with feedback |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for c in layered:
+            def ms(name):
+                r = runs.get((name,) + c)
+                return r["seconds"] * 1e3 if r else None
+            def ratio(name):
+                r = runs.get((name,) + c)
+                return f" [{r['density_ratio']:.2f}]" if r and r["density_ratio"] is not None else ""
+            whole, per_layer, top = ms("layers/sidco_e/whole"), ms("layers/sidco_e"), ms("layers/top_k")
+            gp, feedback, read = ms("layers/sidco_gp"), ms("layers/sidco_e_feedback"), ms("layers/streaming_read")
+            cell = lambda v: f"{v:.2f}" if v is not None else "—"
+            print(f"| {INPUTS[c[0]]} | {1 / c[2]:g} | {cell(read)} | {cell(whole)}{ratio('layers/sidco_e/whole')} | "
+                  f"{cell(per_layer)}{ratio('layers/sidco_e')} | "
+                  f"{per_layer / whole if per_layer and whole else float('nan'):.2f} | {cell(top)} | "
+                  f"{top / per_layer if top and per_layer else float('nan'):.1f} | {cell(gp)}{ratio('layers/sidco_gp')} | "
+                  f"{cell(feedback)}{ratio('layers/sidco_e_feedback')} |")
+        print()
     print("Heap bytes allocated per warm call (`alloc_bytes`) and kept between calls "
           "(`workspace_bytes`), laplace, N = 2^25, δ = 0.001:")
     print()
