@@ -218,7 +218,10 @@ std::vector<T> read_npy(std::istream& in, std::size_t size, const std::string& n
 /// Loads a 1-D little-endian float32 or float64 array from a .npy file, converted to T.
 template <class T>
 std::vector<T> load_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::ifstream in;
+  // Unbuffered: the reads are few and large, and a hostile file then costs no stream buffer.
+  in.rdbuf()->pubsetbuf(nullptr, 0);
+  in.open(path, std::ios::binary | std::ios::ate);
   if (!in) sidco::detail::fail("npy file '", path, "': cannot open");
   const auto end = in.tellg();
   if (end < 0) sidco::detail::fail("npy file '", path, "': cannot tell its size");
