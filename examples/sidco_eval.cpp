@@ -250,12 +250,7 @@ int run(int argc, char** argv) {
   for (const auto& path : inputs) {
     loaded g;
     g.file = std::filesystem::path(path).filename().string();
-    try {
-      g.values = sidco::io::load_npy<float>(path);
-    } catch (const sidco::error& e) {
-      std::cerr << "sidco-eval: " << e.what() << "\n";
-      return 1;
-    }
+    g.values = sidco::io::load_npy<float>(path);  // a bad file: main reports it, exit 1
     if (g.values.empty()) {
       std::cerr << "sidco-eval: " << path << " holds no values: nothing to compress\n";
       return 1;

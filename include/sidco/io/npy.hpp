@@ -23,6 +23,12 @@ namespace sidco::io {
 
 namespace detail {
 
+/// Throws the sidco::error every reader failure becomes: the file's name, then what.
+template <class... Parts>
+[[noreturn]] void npy_fail(const std::string& name, const Parts&... parts) {
+  sidco::detail::fail("npy file '", name, "': ", parts...);
+}
+
 /// The longest header read: numpy writes a few hundred bytes; version 1 allows 64 KiB.
 inline constexpr std::size_t max_header_bytes = std::size_t(1) << 20;
 
@@ -63,7 +69,6 @@ class npy_header_parser {
         ++at_;
         continue;
       }
-      skip_space();
       if (peek() != '}') fail("header: expected ',' or '}' at byte ", at_);
     }
     ++at_;  // '}'
@@ -78,7 +83,7 @@ class npy_header_parser {
  private:
   template <class... Parts>
   [[noreturn]] void fail(const Parts&... parts) const {
-    sidco::detail::fail("npy file '", name_, "': ", parts...);
+    npy_fail(name_, parts...);
   }
   char peek() const { return at_ < text_.size() ? text_[at_] : '\0'; }
   void skip_space() {
@@ -118,7 +123,7 @@ class npy_header_parser {
     const std::size_t start = at_;
     if (peek() != '(') fail("header: 'shape' is not a tuple");
     ++at_;
-    std::vector<std::size_t> dims;
+    std::size_t dims = 0, first = 0;
     while (true) {
       skip_space();
       if (peek() == ')') break;
@@ -131,7 +136,7 @@ class npy_header_parser {
           fail("header: a dimension of shape ", shape_text(start), " does not fit in 64 bits");
         value = value * 10 + digit;
       }
-      dims.push_back(value);
+      if (dims++ == 0) first = value;
       skip_space();
       if (peek() == ',') {
         ++at_;
@@ -139,11 +144,11 @@ class npy_header_parser {
       }
       if (peek() != ')') fail("header: shape ", shape_text(start), " is not a tuple of integers");
       // A single integer in parentheses is not a tuple: numpy writes (N,).
-      if (dims.size() == 1) fail("header: shape ", shape_text(start), " is not a tuple (1-D is written (N,))");
+      if (dims == 1) fail("header: shape ", shape_text(start), " is not a tuple (1-D is written (N,))");
     }
     ++at_;
-    if (dims.size() != 1) fail("shape ", shape_text(start), " is not 1-D");
-    return dims[0];
+    if (dims != 1) fail("shape ", shape_text(start), " is not 1-D");
+    return first;
   }
   std::string shape_text(std::size_t start) const {
     const std::size_t end = text_.find(')', start);
@@ -161,7 +166,7 @@ class npy_header_parser {
 /// in errors), converted to T.
 template <class T>
 std::vector<T> read_npy(std::istream& in, std::size_t size, const std::string& name) {
-  auto fail = [&](const auto&... parts) { sidco::detail::fail("npy file '", name, "': ", parts...); };
+  auto fail = [&](const auto&... parts) { detail::npy_fail(name, parts...); };
   char magic[8];
   if (size < 10 || !in.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0)
     fail("not a .npy file (bad magic)");
@@ -185,11 +190,9 @@ std::vector<T> read_npy(std::istream& in, std::size_t size, const std::string& n
   if (header.fortran_order) fail("Fortran-ordered arrays are not supported");
   const std::size_t item = is_f4 ? 4 : 8;
   const std::size_t present = size - data_offset;
-  if (header.count > present / item || header.count * item != present) {
-    if (header.count > present / item)
-      fail("truncated data (expected ", header.count, " values, ", present, " bytes are present)");
-    fail("the header claims ", header.count, " values but ", present, " bytes follow it");
-  }
+  if (header.count > present / item)
+    fail("truncated data (expected ", header.count, " values, ", present, " bytes are present)");
+  if (header.count * item != present) fail("the header claims ", header.count, " values but ", present, " bytes follow it");
 
   std::vector<T> out(header.count);
   auto read_as = [&](auto tag) {
@@ -222,9 +225,9 @@ std::vector<T> load_npy(const std::string& path) {
   // Unbuffered: the reads are few and large, and a hostile file then costs no stream buffer.
   in.rdbuf()->pubsetbuf(nullptr, 0);
   in.open(path, std::ios::binary | std::ios::ate);
-  if (!in) sidco::detail::fail("npy file '", path, "': cannot open");
+  if (!in) detail::npy_fail(path, "cannot open");
   const auto end = in.tellg();
-  if (end < 0) sidco::detail::fail("npy file '", path, "': cannot tell its size");
+  if (end < 0) detail::npy_fail(path, "cannot tell its size");
   in.seekg(0);
   return read_npy<T>(in, std::size_t(end), path);
 }
