@@ -136,15 +136,17 @@ class cuda {
                     output<T, Index>& out, std::size_t, std::span<std::size_t> kept) {
     auto* keys = predicate_staging_.fill<cuda_detail::above_key<T>>(layout.size());
     for (std::size_t s = 0; s < layout.size(); ++s) keys[s] = {threshold_key<T>(thresholds[s])};
-    compact<false, true, Final, cuda_detail::above_key<T>>(source, layout, out, kept);
+    const auto* predicates = upload<cuda_detail::above_key<T>>(predicates_, predicate_staging_, layout.size());
+    compact<false, true, Final>(source, layout, predicates, out, kept);
   }
 
   template <class Source, class T, class Index>
   void select_band(const Source& source, double low, double high, output<T, Index>& out) {
     const segment whole{0, source.size};
     *predicate_staging_.fill<cuda_detail::in_band<T>>(1) = {threshold_key<T>(low), threshold_key<T>(high)};
+    const auto* band = upload<cuda_detail::in_band<T>>(predicates_, predicate_staging_, 1);
     std::size_t kept = 0;
-    compact<true, false, false, cuda_detail::in_band<T>>(source, {&whole, 1}, out, {&kept, 1});
+    compact<true, false, false>(source, {&whole, 1}, band, out, {&kept, 1});
   }
 
   template <class Source, class T, class Index>
@@ -321,13 +323,12 @@ class cuda {
   }
 
   // The two-pass compaction: per-piece counts (one sync), offsets, then each block writes
-  // its piece's kept entries in order, settling as it goes (Settle). The predicates, one a
-  // segment, are in predicate_staging_.
-  template <bool Rescan, bool Settle, bool Final, class Predicate, class Source, class T, class Index>
-  void compact(const Source& source, std::span<const segment> layout, output<T, Index>& out,
-               std::span<std::size_t> kept) {
+  // its piece's kept entries in order, settling as it goes (Settle). device_predicates: one
+  // a segment, in device memory.
+  template <bool Rescan, bool Settle, bool Final, class Source, class Predicate, class T, class Index>
+  void compact(const Source& source, std::span<const segment> layout, const Predicate* device_predicates,
+               output<T, Index>& out, std::span<std::size_t> kept) {
     refresh_pieces(layout);
-    const auto* device_predicates = upload<Predicate>(predicates_, predicate_staging_, layout.size());
     const std::size_t pieces = plan_.pieces().size();
     counts_.resize(pieces);
     cuda_detail::count_pieces<Rescan><<<unsigned(pieces), cuda_detail::block_threads, 0, stream_>>>(

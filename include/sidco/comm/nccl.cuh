@@ -86,8 +86,8 @@ class nccl_allreducer {
   /// vectors. Returns once the result is complete on the stream.
   allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, std::span<T> dense,
                              reduction op = reduction::average) {
-    const std::uint64_t ok = dense.size() == mine.dense_size() ? 1 : 0;
-    exchange_headers(mine.dense_size(), mine.size(), delta, ok ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
+    exchange_headers(mine.dense_size(), mine.size(), delta,
+                     dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
     allreduce_report report;
     report.ranks = ranks_;
     std::size_t total = 0, largest = 0;
