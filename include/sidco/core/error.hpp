@@ -1,28 +1,64 @@
-// The one exception type sidco throws for invalid arguments, and helpers that name them.
+// The two exception types sidco throws, and the helpers that build their messages.
 #pragma once
 
+#include <charconv>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <type_traits>
 
 namespace sidco {
 
-/// Thrown for invalid arguments. The message names the argument and its value; the call
-/// that threw has changed none of the caller's buffers or state.
+/// An invalid argument. The message names the argument and its value; the call that threw
+/// has changed none of the caller's buffers or state.
 class error : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
 
+/// A failure outside the arguments' control: a device, a network or a peer rank. The
+/// message says what failed and where; what the call had written by then is unspecified
+/// (each throwing function says which state it leaves), and state that another rank
+/// depends on must be treated as lost (see the exchange's documentation).
+class runtime_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 
+/// Appends part to out; floating-point values in their shortest round-trip form, so that
+/// two values that differ are never printed alike.
+template <class Part>
+void append_part(std::ostringstream& out, const Part& part) {
+  if constexpr (std::is_floating_point_v<Part>) {
+    char text[64];
+    const auto written = std::to_chars(text, text + sizeof text, part);
+    out.write(text, written.ptr - text);
+  } else {
+    out << part;
+  }
+}
+
+template <class... Parts>
+std::string message(const Parts&... parts) {
+  std::ostringstream out;
+  out << "sidco: ";
+  (append_part(out, parts), ...);
+  return out.str();
+}
+
+/// Throws sidco::error with "sidco: " and the parts.
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  std::ostringstream message;
-  message.precision(10);
-  message << "sidco: ";
-  (message << ... << parts);
-  throw error(message.str());
+  throw error(message(parts...));
+}
+
+/// Throws sidco::runtime_error with "sidco: " and the parts.
+template <class... Parts>
+[[noreturn]] void fail_at_run_time(const Parts&... parts) {
+  throw runtime_error(message(parts...));
 }
 
 }  // namespace detail
