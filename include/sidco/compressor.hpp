@@ -15,6 +15,7 @@
 #include "sidco/core/moments.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
+#include "sidco/core/state_io.hpp"
 #include "sidco/estimate/none.hpp"
 #include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"
@@ -222,6 +223,29 @@ class compressor {
     if constexpr (requires { estimator_.workspace_bytes(); }) bytes += estimator_.workspace_bytes();
     if constexpr (requires { selection_.workspace_bytes(); }) bytes += selection_.workspace_bytes();
     return bytes;
+  }
+
+  /// What this compressor keeps between calls besides buffers (adaptive stages, where the
+  /// next call probes, generators' positions), for a checkpoint: load_state of what
+  /// save_state wrote makes every later call give the same bits as this compressor's would.
+  /// A state of another method, or a damaged one, is refused and nothing changes.
+  void save_state(state_writer& out) const {
+    out.name("sidco.compressor");
+    out.name(Estimator::name);
+    out.name(Selection::name);
+    if constexpr (stateful<Estimator>) estimator_.save_state(out);
+    if constexpr (stateful<Selection>) selection_.save_state(out);
+  }
+  void load_state(state_reader& in) {
+    in.expect("sidco.compressor");
+    in.expect(Estimator::name);
+    in.expect(Selection::name);
+    Estimator estimator = estimator_;
+    Selection selection = selection_;
+    if constexpr (stateful<Estimator>) estimator.load_state(in);
+    if constexpr (stateful<Selection>) selection.load_state(in);
+    estimator_ = std::move(estimator);
+    selection_ = std::move(selection);
   }
 
   Estimator& estimator() { return estimator_; }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <span>
@@ -77,6 +78,28 @@ class segmented {
     check::same_size("residual", residual.size(), gradient.size());
     return run(backend::feedback_source<T, memory>{gradient.data(), residual.data(), gradient.size()},
                "gradient + residual", delta, out);
+  }
+
+  /// Segment i's compressor state (compressor::save_state): one per segment, so that a
+  /// tensor's state can follow it into another layout.
+  void save_segment_state(std::size_t i, state_writer& out) const { compressors_.at(i).save_state(out); }
+  void load_segment_state(std::size_t i, state_reader& in) { compressors_.at(i).load_state(in); }
+
+  /// Every segment's state, in order; a state of another layout or method is refused and
+  /// nothing changes.
+  void save_state(state_writer& out) const {
+    out.name("sidco.segmented");
+    out.word(compressors_.size());
+    for (const auto& c : compressors_) c.save_state(out);
+  }
+  void load_state(state_reader& in) {
+    in.expect("sidco.segmented");
+    const std::uint64_t count = in.word("segmented: segment count");
+    if (count != compressors_.size())
+      detail::fail("state: segmented: holds ", count, " segments, the layout has ", compressors_.size());
+    std::vector<Compressor> loaded = compressors_;
+    for (auto& c : loaded) c.load_state(in);
+    compressors_ = std::move(loaded);
   }
 
   /// Bytes kept between calls besides the output.

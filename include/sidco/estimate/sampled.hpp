@@ -13,6 +13,7 @@
 #include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/state_io.hpp"
 #include "sidco/estimate/result.hpp"
 #include "sidco/select/random_k.hpp"
 
@@ -72,6 +73,16 @@ class sampled {
       ++passes;
     }
     return {at_least(t), 1};
+  }
+
+ /// The generator's position (the seed it started from is an option).
+  void save_state(state_writer& out) const {
+    out.name(name);
+    out.word(rng_.state);
+  }
+  void load_state(state_reader& in) {
+    in.expect(name);
+    rng_.state = in.word("dgc_sampled: generator");
   }
 
  private:

@@ -12,6 +12,7 @@
 #include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/state_io.hpp"
 #include "sidco/estimate/result.hpp"
 #include "sidco/stages/stages.hpp"
 
@@ -55,6 +56,7 @@ class statistical {
   using first_model = First;
   using tail_model = Tail;
   using stage_policy = Stages;
+  static constexpr const char* name = "statistical";
   static constexpr bool provides_threshold = true;
   /// The moments pass gathers ln|x| only when stage 1 needs it, ln of the probes' excesses
   /// only when the tail model does.
@@ -96,6 +98,35 @@ class statistical {
   const options& settings() const { return options_; }
   /// Where the next moments pass measures the tail (negative: nowhere).
   double base() const { return base_; }
+
+  /// The stage policy's state, where the next call probes, and the last threshold.
+  void save_state(state_writer& out) const {
+    out.name(First::name);
+    out.name(Tail::name);
+    out.name(Stages::name);
+    out.name(Fit::name);
+    if constexpr (stateful<Stages>) stages_.save_state(out);
+    out.number(base_);
+    out.number(last_threshold_);
+  }
+  void load_state(state_reader& in) {
+    in.expect(First::name);
+    in.expect(Tail::name);
+    in.expect(Stages::name);
+    in.expect(Fit::name);
+    Stages stages = stages_;
+    if constexpr (stateful<Stages>) stages.load_state(in);
+    const double base = in.number("statistical: base");
+    const double last = in.number("statistical: last threshold");
+    // Both are -1 (none yet) or a finite threshold >= 0.
+    if (!(base == -1 || (base >= 0 && std::isfinite(base))))
+      detail::fail("state: statistical: base = ", base, " is neither -1 nor a finite threshold");
+    if (!(last == -1 || (last >= 0 && std::isfinite(last))))
+      detail::fail("state: statistical: last threshold = ", last, " is neither -1 nor a finite threshold");
+    stages_ = stages;
+    base_ = base;
+    last_threshold_ = last;
+  }
 
  private:
   // A measured point of the tail: n values of |x| lie above t; excess holds their moments.

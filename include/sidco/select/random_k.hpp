@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sidco/backend/concept.hpp"
+#include "sidco/core/state_io.hpp"
 #include "sidco/select/result.hpp"
 
 namespace sidco::select {
@@ -80,6 +81,19 @@ class random_k {
 
   std::uint64_t seed() const { return seed_; }
   std::uint64_t calls() const { return calls_; }
+
+  /// The call count; the seed is saved to refuse a state drawn from another seed.
+  void save_state(state_writer& out) const {
+    out.name(name);
+    out.word(seed_);
+    out.word(calls_);
+  }
+  void load_state(state_reader& in) {
+    in.expect(name);
+    const std::uint64_t seed = in.word("random_k: seed");
+    if (seed != seed_) sidco::detail::fail("state: random_k: drawn with seed ", seed, ", this selection has seed ", seed_);
+    calls_ = in.word("random_k: calls");
+  }
 
  private:
   std::uint64_t seed_;

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "sidco/core/error.hpp"
+#include "sidco/core/state_io.hpp"
 
 namespace sidco::stages {
 
@@ -100,6 +103,31 @@ class adaptive {
   /// The factor the aimed density is multiplied by (1: none yet).
   double correction() const { return std::exp(log_correction_); }
   const options& settings() const { return options_; }
+
+  /// The loop's state (not its options, which the constructor sets).
+  void save_state(state_writer& out) const {
+    out.name(name);
+    out.word(std::uint64_t(current_));
+    out.word(std::uint64_t(seen_));
+    out.number(sum_ratio_);
+    out.number(log_correction_);
+  }
+  void load_state(state_reader& in) {
+    in.expect(name);
+    const double limit = std::log(options_.max_correction);
+    const int current = int(detail::checked_state(double(in.word("adaptive stages: current")), 0, 64,
+                                                  "adaptive stages: current"));
+    const int seen = int(detail::checked_state(double(in.word("adaptive stages: seen")), 0, options_.period,
+                                               "adaptive stages: seen"));
+    const double sum_ratio = detail::checked_state(in.number("adaptive stages: sum of ratios"), 0,
+                                                   std::numeric_limits<double>::max(), "adaptive stages: sum of ratios");
+    const double log_correction = detail::checked_state(in.number("adaptive stages: correction"), -limit, limit,
+                                                        "adaptive stages: log correction");
+    current_ = current;
+    seen_ = seen;
+    sum_ratio_ = sum_ratio;
+    log_correction_ = log_correction;
+  }
 
  private:
   options options_{};

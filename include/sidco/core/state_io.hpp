@@ -1,0 +1,92 @@
+// A policy's state between calls (adaptive stages, a generator's position) as bytes, so
+// that a checkpoint restores a compressor bit for bit and a resumed run repeats an
+// uninterrupted one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "sidco/core/bit.hpp"
+#include "sidco/core/error.hpp"
+
+namespace sidco {
+
+/// Appends 64-bit little-endian words: integers as they are, doubles by their bits, and
+/// names that the reader checks, so that a state cannot be loaded into another policy.
+class state_writer {
+ public:
+  void word(std::uint64_t v) {
+    for (int b = 0; b < 8; ++b) bytes_.push_back(std::byte(v >> (8 * b)));
+  }
+  void number(double v) { word(detail::bit_cast<std::uint64_t>(v)); }
+  void name(std::string_view text) {
+    word(text.size());
+    for (char c : text) bytes_.push_back(std::byte(c));
+  }
+
+  const std::vector<std::byte>& bytes() const { return bytes_; }
+  std::vector<std::byte> take() { return std::move(bytes_); }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+/// Reads what a state_writer wrote; anything short, misnamed or left over is a sidco::error
+/// naming what was expected.
+class state_reader {
+ public:
+  explicit state_reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+
+  std::uint64_t word(const char* what) {
+    if (bytes_.size() - at_ < 8) detail::fail("state: ends before ", what, " (", bytes_.size(), " bytes)");
+    std::uint64_t v = 0;
+    for (int b = 0; b < 8; ++b) v |= std::uint64_t(bytes_[at_ + std::size_t(b)]) << (8 * b);
+    at_ += 8;
+    return v;
+  }
+  double number(const char* what) { return detail::bit_cast<double>(word(what)); }
+
+  /// The next name must be expected: a state of another policy or method is refused.
+  void expect(std::string_view expected) {
+    const std::uint64_t length = word("a name");
+    if (length > bytes_.size() - at_)
+      detail::fail("state: a name of ", length, " bytes runs past its end (", bytes_.size(), " bytes)");
+    const std::string_view found(reinterpret_cast<const char*>(bytes_.data() + at_), std::size_t(length));
+    if (found != expected)
+      detail::fail("state: holds '", found, "' where '", expected, "' was expected (a state of another method?)");
+    at_ += std::size_t(length);
+  }
+
+  /// Every byte must have been read.
+  void finish() const {
+    if (at_ != bytes_.size())
+      detail::fail("state: ", bytes_.size() - at_, " bytes left over after ", at_, " (a state of another method?)");
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t at_ = 0;
+};
+
+/// A policy with state between calls: save_state(writer) const and load_state(reader),
+/// which either restores everything or throws having changed nothing.
+template <class P>
+concept stateful = requires(const P& p, P& q, state_writer& w, state_reader& r) {
+  p.save_state(w);
+  q.load_state(r);
+};
+
+namespace detail {
+
+/// A value read from a state that must lie in [low, high] (and not be NaN).
+inline double checked_state(double v, double low, double high, const char* what) {
+  if (!(v >= low && v <= high)) fail("state: ", what, " = ", v, " is outside [", low, ", ", high, "]");
+  return v;
+}
+
+}  // namespace detail
+}  // namespace sidco
