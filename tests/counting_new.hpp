@@ -10,10 +10,12 @@ namespace sidco::test {
 inline std::atomic<long> heap_allocations{0};
 }  // namespace sidco::test
 
-void* operator new(std::size_t size) {
+// Out of line: inlined into callers, GCC 12 pairs the free() below with the caller's new and
+// warns (-Wmismatched-new-delete) although the pair is this file's own.
+[[gnu::noinline]] void* operator new(std::size_t size) {
   ++sidco::test::heap_allocations;
   if (void* p = std::malloc(size ? size : 1)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }

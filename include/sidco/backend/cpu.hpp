@@ -51,45 +51,48 @@ class cpu {
 
   int threads() const { return threads_.threads(); }
 
+  /// Each segment is gathered in units of tuning::moments_unit values from its start, each
+  /// unit alone, and the units folded in order: a segment's moments depend on its values
+  /// only, not on the thread count or where the segment lies in the buffer.
   template <class Stats, class Source>
   void analyze(const Source& source, std::span<const segment> layout, std::span<const double> probes,
                std::span<moments> out) {
     using T = typename Source::value_type;
+    constexpr std::size_t unit = cpu_detail::tuning::moments_unit;
     const std::size_t segments = layout.size(), per = probes.size() / segments, width = 1 + per;
     auto& converted = probe_storage<T>();
     converted.resize(probes.size());
     for (std::size_t p = 0; p < probes.size(); ++p) converted[p] = cpu_detail::make_probe<T>(probes[p]);
     const cpu_detail::probe_at<T>* keys = converted.data();
-    // Each range's partials: one slot of width moments per segment it overlaps.
-    const int ranges = threads_.count(source.size);
-    first_segment_.resize(std::size_t(ranges));
-    slot_.assign(std::size_t(ranges) + 1, 0);
-    for (int r = 0; r < ranges; ++r) {
-      const std::size_t lo = cpu_detail::thread_ranges::begin(source.size, ranges, r);
-      const std::size_t hi = r + 1 == ranges ? source.size : cpu_detail::thread_ranges::begin(source.size, ranges, r + 1);
-      const std::size_t first = cpu_detail::segment_at(layout, lo);
-      const std::size_t last = hi > lo ? cpu_detail::segment_at(layout, hi - 1) : first;
-      first_segment_[std::size_t(r)] = first;
-      slot_[std::size_t(r) + 1] = slot_[std::size_t(r)] + (last - first + 1) * width;
-    }
-    partials_.assign(slot_.back(), moments{});
-    threads_.for_each(source.size, [&](int r, std::size_t lo, std::size_t hi) {
-      moments* slot = partials_.data() + slot_[std::size_t(r)];
-      const std::size_t first = first_segment_[std::size_t(r)];
-      cpu_detail::for_each_piece(layout, lo, hi, [&](std::size_t s, std::size_t a, std::size_t b) {
-        piece<Stats>(source, a, b, keys + s * per, per, slot + (s - first) * width);
-        return true;
-      });
+    // first_unit_[s]: segment s's first unit; units are numbered across the layout.
+    first_unit_.resize(segments + 1);
+    first_unit_[0] = 0;
+    for (std::size_t s = 0; s < segments; ++s)
+      first_unit_[s + 1] = first_unit_[s] + (layout[s].size + unit - 1) / unit;
+    const std::size_t units = first_unit_[segments];
+    partials_.assign(units * width, moments{});
+    threads_.for_each(source.size, [&](int, std::size_t lo, std::size_t hi) {
+      // The units that start in [lo, hi), whole (a unit belongs to the range it starts in).
+      if (lo >= hi) return;
+      std::size_t s = cpu_detail::segment_at(layout, lo);
+      std::size_t at = layout[s].offset + (lo - layout[s].offset + unit - 1) / unit * unit;
+      while (s < segments && at < hi) {
+        if (at >= layout[s].end()) {
+          if (++s < segments) at = layout[s].offset;
+          continue;
+        }
+        const std::size_t u = first_unit_[s] + (at - layout[s].offset) / unit;
+        const std::size_t end = std::min(at + unit, layout[s].end());
+        piece<Stats>(source, at, end, keys + s * per, per, partials_.data() + u * width);
+        at = end;
+      }
     });
-    // Merged in range order: deterministic for a given thread count.
-    std::fill(out.begin(), out.end(), moments{});
-    for (int r = 0; r < ranges; ++r) {
-      const std::size_t first = first_segment_[std::size_t(r)];
-      const std::size_t touched = (slot_[std::size_t(r) + 1] - slot_[std::size_t(r)]) / width;
-      for (std::size_t s = 0; s < touched; ++s)
-        for (std::size_t w = 0; w < width; ++w)
-          out[(first + s) * width + w].merge(partials_[slot_[std::size_t(r)] + s * width + w]);
-    }
+    for (std::size_t s = 0; s < segments; ++s)
+      for (std::size_t w = 0; w < width; ++w) {
+        moments folded;
+        for (std::size_t u = first_unit_[s]; u < first_unit_[s + 1]; ++u) folded.merge(partials_[u * width + w]);
+        out[s * width + w] = folded;
+      }
   }
 
   template <bool Log, class Source>
@@ -241,12 +244,12 @@ class cpu {
     host::scatter_add_of(in, dense, scale);
   }
 
-  /// Bytes of scratch kept between calls: O(threads + segments), never O(N).
+  /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit).
   std::size_t workspace_bytes() const {
     return partials_.capacity() * sizeof(moments) +
            probes_float_.capacity() * sizeof(cpu_detail::probe_at<float>) +
            probes_double_.capacity() * sizeof(cpu_detail::probe_at<double>) +
-           (first_segment_.capacity() + slot_.capacity() + offsets_.capacity()) * sizeof(std::size_t) +
+           (first_unit_.capacity() + offsets_.capacity()) * sizeof(std::size_t) +
            histograms_.capacity() * sizeof(std::uint64_t) + keys_.capacity() * sizeof(std::int64_t) +
            selection_.workspace_bytes();
   }
@@ -305,11 +308,11 @@ class cpu {
 
   cpu_detail::thread_ranges threads_;
   cpu_detail::compaction selection_;
-  // Scratch for one call: O(threads + segments).
+  // Scratch for one call: O(threads + segments + units).
   std::vector<moments> partials_;
   std::vector<cpu_detail::probe_at<float>> probes_float_;
   std::vector<cpu_detail::probe_at<double>> probes_double_;
-  std::vector<std::size_t> first_segment_, slot_, offsets_;
+  std::vector<std::size_t> first_unit_, offsets_;
   std::vector<std::uint64_t> histograms_;
   std::vector<std::int64_t> keys_;
 };

@@ -204,6 +204,34 @@ HWY_INLINE V fast_log(D d, V a) {
                     hn::Mul(hn::Add(s, s), series));
 }
 
+// Adds x and x^2 to the double accumulators sum[0..1] and square[0..1]: float lanes
+// promoted to double (the low half into [0], the high half into [1]); double lanes into [0].
+template <class D, class V, class VD>
+HWY_INLINE void add_in_double(D d, V x, VD (&sum)[2], VD (&square)[2]) {
+  if constexpr (sizeof(hn::TFromD<D>) == 4) {
+    const hn::Repartition<double, D> dd;
+    const hn::Half<D> dh;
+    const auto low = hn::PromoteTo(dd, hn::LowerHalf(dh, x));
+    const auto high = hn::PromoteTo(dd, hn::UpperHalf(dh, x));
+    sum[0] = hn::Add(sum[0], low);
+    sum[1] = hn::Add(sum[1], high);
+    square[0] = hn::MulAdd(low, low, square[0]);
+    square[1] = hn::MulAdd(high, high, square[1]);
+  } else {
+    (void)d;
+    sum[0] = hn::Add(sum[0], x);
+    square[0] = hn::MulAdd(x, x, square[0]);
+  }
+}
+
+// Stores what add_in_double accumulated as one double per T lane, in lane order.
+template <class D, class VD>
+HWY_INLINE void store_double(D, const VD (&v)[2], double* out) {
+  const hn::Repartition<double, D> dd;
+  hn::Store(v[0], dd, out);
+  if constexpr (sizeof(hn::TFromD<D>) == 4) hn::Store(v[1], dd, out + hn::Lanes(dd));
+}
+
 /// Fills out's lanes with [i, i + block) of s: moments of |x| and, for each probe, the
 /// count above it and the sums of the excesses (ln of them when TailLog). block is a
 /// multiple of the lane count, which is at most 64 bytes' worth.
@@ -213,18 +241,23 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
   const hn::ScalableTag<T> d;
   const hn::RebindToUnsigned<decltype(d)> du;
   const hn::RebindToSigned<decltype(d)> di;
+  const hn::Repartition<double, decltype(d)> dd;
   using V = decltype(hn::Zero(d));
   using VU = decltype(hn::Zero(du));
+  using VD = decltype(hn::Zero(dd));
   using Key = magnitude_key_t<T>;
   const auto infinity = hn::Set(du, magnitude_key(std::numeric_limits<T>::infinity()));
   const auto one_key = hn::Set(du, magnitude_key(T(1)));
   const auto no_sign = hn::Set(du, ~Key(0) >> 1);
-  V sum = hn::Zero(d), sum_sq = hn::Zero(d), sum_log = hn::Zero(d);
+  VD sum[2] = {hn::Zero(dd), hn::Zero(dd)}, sum_sq[2] = {hn::Zero(dd), hn::Zero(dd)};
+  V sum_log = hn::Zero(d);
   VU zeros = hn::Zero(du), nonfinite = hn::Zero(du), low = infinity, high = hn::Zero(du);
-  std::array<V, Probes> tail_sum, tail_sq, tail_log;
+  std::array<VD[2], Probes> tail_sum, tail_sq;
+  std::array<V, Probes> tail_log;
   std::array<VU, Probes> tail_count;
   for (std::size_t p = 0; p < Probes; ++p) {
-    tail_sum[p] = tail_sq[p] = tail_log[p] = hn::Zero(d);
+    tail_sum[p][0] = tail_sum[p][1] = tail_sq[p][0] = tail_sq[p][1] = hn::Zero(dd);
+    tail_log[p] = hn::Zero(d);
     tail_count[p] = hn::Zero(du);
   }
   const std::size_t lanes = hn::Lanes(d);
@@ -237,8 +270,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
     const auto x = hn::BitCast(d, kept);
     zeros = hn::Sub(zeros, hn::VecFromMask(du, hn::And(finite, zero)));
     nonfinite = hn::Sub(nonfinite, hn::VecFromMask(du, hn::Not(finite)));
-    sum = hn::Add(sum, x);
-    sum_sq = hn::MulAdd(x, x, sum_sq);
+    add_in_double(d, x, sum, sum_sq);
     if constexpr (Log)
       sum_log = hn::Add(sum_log, fast_log(d, hn::BitCast(d, hn::IfThenElse(positive, key, one_key))));
     low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
@@ -248,8 +280,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
       const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
       const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
       tail_count[p] = hn::Sub(tail_count[p], hn::VecFromMask(du, hn::RebindMask(du, above)));
-      tail_sum[p] = hn::Add(tail_sum[p], excess);
-      tail_sq[p] = hn::MulAdd(excess, excess, tail_sq[p]);
+      add_in_double(d, excess, tail_sum[p], tail_sq[p]);
       if constexpr (TailLog) {
         const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, T(1)));
         tail_log[p] = hn::Add(tail_log[p], fast_log(d, safe));
@@ -257,16 +288,16 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
     }
   }
   out.lanes = lanes;
-  hn::Store(sum, d, out.sum);
-  hn::Store(sum_sq, d, out.sum_sq);
+  store_double(d, sum, out.sum);
+  store_double(d, sum_sq, out.sum_sq);
   hn::Store(sum_log, d, out.sum_log);
   hn::Store(zeros, du, out.zeros);
   hn::Store(nonfinite, du, out.nonfinite);
   hn::Store(low, du, out.low);
   hn::Store(high, du, out.high);
   for (std::size_t p = 0; p < Probes; ++p) {
-    hn::Store(tail_sum[p], d, out.tails[p].sum);
-    hn::Store(tail_sq[p], d, out.tails[p].sum_sq);
+    store_double(d, tail_sum[p], out.tails[p].sum);
+    store_double(d, tail_sq[p], out.tails[p].sum_sq);
     hn::Store(tail_log[p], d, out.tails[p].sum_log);
     hn::Store(tail_count[p], du, out.tails[p].count);
   }

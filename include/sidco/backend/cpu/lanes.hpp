@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <limits>
 
+#include "sidco/core/float_traits.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
 
@@ -25,21 +26,24 @@ probe_at<T> make_probe(double t) {
   return {key, magnitude_of_key<T>(magnitude_key_t<T>(key))};
 }
 
-/// Lanes of one block: moments of |x| (sums in T, counts, smallest and largest keys) and,
-/// for each of Probes thresholds, the count above it and the excesses' sums.
+/// Lanes of one block: moments of |x| (counts, smallest and largest keys; sums of |x| and
+/// |x|^2 in double, where no square of a float overflows or underflows; sums of ln|x|, which
+/// lie within +-745, in T's accumulator) and, for each of Probes thresholds, the count above
+/// it and the excesses' sums alike.
 template <class T, std::size_t Probes>
 struct lane_statistics {
   using Key = magnitude_key_t<T>;
+  using Log = typename float_traits<T>::accumulator;
   static constexpr std::size_t max_lanes = 64 / sizeof(T);
   struct tail_lanes {
-    alignas(64) T sum[max_lanes];
-    alignas(64) T sum_sq[max_lanes];
-    alignas(64) T sum_log[max_lanes];
+    alignas(64) double sum[max_lanes];
+    alignas(64) double sum_sq[max_lanes];
+    alignas(64) Log sum_log[max_lanes];
     alignas(64) Key count[max_lanes];
   };
-  alignas(64) T sum[max_lanes];
-  alignas(64) T sum_sq[max_lanes];
-  alignas(64) T sum_log[max_lanes];
+  alignas(64) double sum[max_lanes];
+  alignas(64) double sum_sq[max_lanes];
+  alignas(64) Log sum_log[max_lanes];
   alignas(64) Key zeros[max_lanes];
   alignas(64) Key nonfinite[max_lanes];
   alignas(64) Key low[max_lanes];
@@ -56,8 +60,8 @@ struct lane_statistics {
     for (std::size_t j = 0; j < lanes; ++j) {
       m.zeros += zeros[j];
       m.nonfinite += nonfinite[j];
-      m.sum += double(sum[j]);
-      m.sum_sq += double(sum_sq[j]);
+      m.sum += sum[j];
+      m.sum_sq += sum_sq[j];
       m.sum_log += double(sum_log[j]);
       if (low[j] != infinity) m.min = std::min(m.min, double(magnitude_of_key<T>(low[j])));
       m.max = std::max(m.max, double(magnitude_of_key<T>(high[j])));
@@ -67,8 +71,8 @@ struct lane_statistics {
       moments t;
       for (std::size_t j = 0; j < lanes; ++j) {
         t.count += tails[p].count[j];
-        t.sum += double(tails[p].sum[j]);
-        t.sum_sq += double(tails[p].sum_sq[j]);
+        t.sum += tails[p].sum[j];
+        t.sum_sq += tails[p].sum_sq[j];
         t.sum_log += double(tails[p].sum_log[j]);
       }
       out[1 + p].merge(t);

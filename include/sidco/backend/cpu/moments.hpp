@@ -1,6 +1,6 @@
 // The moments pass over one piece of a source: moments of |x| and the tails above a few
-// probe thresholds, in blocks summed in T lanes (Highway's or portable loops), then added
-// in double. Every test is an integer compare on the magnitude bits: float compares may
+// probe thresholds, in blocks summed in lanes (Highway's or portable loops; |x| and |x|^2 in
+// double), then added in double. Every test is an integer compare on the magnitude bits: float compares may
 // trap on NaN, which stops the compiler from vectorizing them; for non-negative floats the
 // bits order like the values, so min and max are integer too.
 #pragma once
@@ -28,18 +28,19 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
   using S = signed_key_t<T>;
   constexpr std::size_t lanes = lane_statistics<T, Probes>::max_lanes;
   const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
-  std::fill(std::begin(out.sum), std::end(out.sum), T(0));
-  std::fill(std::begin(out.sum_sq), std::end(out.sum_sq), T(0));
-  std::fill(std::begin(out.sum_log), std::end(out.sum_log), T(0));
+  using L = typename lane_statistics<T, Probes>::Log;
+  std::fill(std::begin(out.sum), std::end(out.sum), 0.0);
+  std::fill(std::begin(out.sum_sq), std::end(out.sum_sq), 0.0);
+  std::fill(std::begin(out.sum_log), std::end(out.sum_log), L(0));
   std::fill(std::begin(out.zeros), std::end(out.zeros), Key(0));
   std::fill(std::begin(out.nonfinite), std::end(out.nonfinite), Key(0));
   std::fill(std::begin(out.low), std::end(out.low), infinity);
   std::fill(std::begin(out.high), std::end(out.high), Key(0));
   for (std::size_t p = 0; p < Probes; ++p) {
     auto& t = out.tails[p];
-    std::fill(std::begin(t.sum), std::end(t.sum), T(0));
-    std::fill(std::begin(t.sum_sq), std::end(t.sum_sq), T(0));
-    std::fill(std::begin(t.sum_log), std::end(t.sum_log), T(0));
+    std::fill(std::begin(t.sum), std::end(t.sum), 0.0);
+    std::fill(std::begin(t.sum_sq), std::end(t.sum_sq), 0.0);
+    std::fill(std::begin(t.sum_log), std::end(t.sum_log), L(0));
     std::fill(std::begin(t.count), std::end(t.count), Key(0));
   }
   out.lanes = lanes;
@@ -53,8 +54,8 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
       const T x = magnitude_of_key<T>(kept);
       out.zeros[j] += finite & (key == 0);
       out.nonfinite[j] += Key(1) - finite;
-      out.sum[j] += x;
-      out.sum_sq[j] += x * x;
+      out.sum[j] += double(x);
+      out.sum_sq[j] += double(x) * double(x);
       if constexpr (Log)
         out.sum_log[j] += fast_log(magnitude_of_key<T>(kept | (~mask & magnitude_key(T(1)))));
       out.low[j] = std::min(out.low[j], kept | (~mask & infinity));
@@ -67,8 +68,8 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
         const T excess = magnitude_of_key<T>(detail::bit_cast<Key>(T(x - probes[p].value)) & above_mask);
         auto& t = out.tails[p];
         t.count[j] += above;
-        t.sum[j] += excess;
-        t.sum_sq[j] += excess * excess;
+        t.sum[j] += double(excess);
+        t.sum_sq[j] += double(excess) * double(excess);
         if constexpr (TailLog)
           t.sum_log[j] += fast_log(magnitude_of_key<T>((magnitude_key(excess) & above_mask) |
                                                        (~above_mask & magnitude_key(T(1)))));

@@ -12,11 +12,16 @@ struct tuning {
   // Thread ranges end on multiples of this many values, so that no two threads write the
   // same cache line of a residual (64 values covers 64-byte lines for double too).
   static constexpr std::size_t range_alignment = 64;
-  // Values per moments block: summed in T lanes while the block is in L1 (4 KB of floats),
-  // then added in double. Longer blocks lose float precision (the oracle test's 2e-6
-  // relative tolerance holds at 1024 with a margin); shorter ones spend more time in the
-  // double gathering.
+  // Values per moments block: summed in lanes while the block is in L1 (4 KB of floats),
+  // then added into the unit's moments. The sums of ln|x| run in T's accumulator lanes:
+  // longer blocks lose float precision there (the oracle test's 2e-6 relative tolerance
+  // holds at 1024 with a margin); shorter ones spend more time gathering.
   static constexpr std::size_t moments_block = 1024;
+  // Values per moments unit: each unit of a segment is summed alone and the units folded in
+  // order, so that sums do not depend on thread ranges. Large enough that a unit's partial
+  // (64 bytes per statistic) is noise next to its data (256 KB of floats), small enough
+  // that ranges of 2^15+ values split into units evenly.
+  static constexpr std::size_t moments_unit = std::size_t(1) << 16;
   // Values per block of the portable selection loop: one max-reduction decides whether a
   // block holds anything to keep (at 0.1% density most blocks do not).
   static constexpr std::size_t select_block = 16;
