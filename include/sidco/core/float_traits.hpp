@@ -19,6 +19,8 @@ struct float_traits<float> {
   using accumulator = float;  // the type sums of this type run in, lane by lane
   static constexpr key infinity = 0x7f800000u;
   static constexpr key sign = 0x80000000u;
+  static constexpr const char* name = "float32";
+  static constexpr std::uint8_t wire_code = 1;  // how exchanges name the type on the wire
 };
 
 template <>
@@ -27,6 +29,8 @@ struct float_traits<double> {
   using accumulator = double;
   static constexpr key infinity = 0x7ff0000000000000ull;
   static constexpr key sign = 0x8000000000000000ull;
+  static constexpr const char* name = "float64";
+  static constexpr std::uint8_t wire_code = 2;
 };
 
 /// v as the accumulator type (float for float and the 16-bit types, double for double).

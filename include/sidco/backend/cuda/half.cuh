@@ -21,6 +21,8 @@ struct float_traits<__half> {
   using accumulator = float;
   static constexpr key infinity = 0x7c00u;
   static constexpr key sign = 0x8000u;
+  static constexpr const char* name = "float16";
+  static constexpr std::uint8_t wire_code = 3;
 };
 
 template <>
@@ -29,6 +31,8 @@ struct float_traits<__nv_bfloat16> {
   using accumulator = float;
   static constexpr key infinity = 0x7f80u;
   static constexpr key sign = 0x8000u;
+  static constexpr const char* name = "bfloat16";
+  static constexpr std::uint8_t wire_code = 4;
 };
 
 namespace detail {

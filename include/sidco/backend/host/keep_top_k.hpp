@@ -10,10 +10,11 @@
 namespace sidco::backend::host {
 
 /// Keeps, of the count entries, exactly k: the k largest magnitudes, ties going to the
-/// lower index (Top-k's deterministic rule), in their order. Returns the new count.
+/// lower index (Top-k's deterministic rule), in their order, and calls dropped(index, value)
+/// for each of the others, in order. Returns the new count.
 /// Precondition: every entry whose magnitude equals the k-th largest is in the run.
-template <class T, class Index>
-std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t k) {
+template <class T, class Index, class Dropped>
+std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t k, Dropped&& dropped) {
   using Key = magnitude_key_t<T>;
   if (count <= k) return count;
 
@@ -44,9 +45,16 @@ std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t
       values[kept] = values[r];
       indices[kept] = indices[r];
       ++kept;
+    } else {
+      dropped(indices[r], values[r]);
     }
   }
   return kept;
+}
+
+template <class T, class Index>
+std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t k) {
+  return keep_top_k(indices, values, count, k, [](Index, T) {});
 }
 
 }  // namespace sidco::backend::host
