@@ -111,7 +111,7 @@ def worker(rank, a, port):
     elif a.method != "none":
         import sidco_torch
         hook_state = sidco_torch.State(method=a.method, density=a.density, start_iter=2)
-        ddp.register_comm_hook(hook_state, sidco_torch.hook)
+        sidco_torch.register(ddp, hook_state)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
     writer = None
     if rank == 0 and a.csv:
@@ -119,7 +119,7 @@ def worker(rank, a, port):
         csv_file = open(a.csv, "w", newline="")
         writer = csv.writer(csv_file)
         writer.writerow(["step", "wall_seconds", "train_loss", "test_perplexity", "bytes_sent", "density",
-                         "step_seconds", "compress_seconds", "communicate_seconds"])
+                         "step_seconds", "compress_seconds", "exchange_seconds"])
     started = time.perf_counter()
     hidden, position, step = None, 0, 0
     while step < a.steps:
@@ -148,7 +148,7 @@ def worker(rank, a, port):
             sent = sum(s["bytes_sent"] for s in stats)
             density = sum(s["selected"] for s in stats) / sum(s["size"] for s in stats)
             compress = sum(s["compress_seconds"] for s in stats)
-            communicate = sum(s["communicate_seconds"] for s in stats)
+            communicate = sum(s["exchange_seconds"] for s in stats)
         perplexity = ""
         if step % a.eval_every == 0 or step == a.steps:
             perplexity = evaluate(model, test, a.bptt, 10)

@@ -1,10 +1,11 @@
 """sidco for PyTorch: gradient sparsification as custom ops and a DDP communication hook.
 
     import sidco_torch
-    state = sidco_torch.State(method="sidco-e", density=0.01, process_group=None, start_iter=2)
-    ddp_model.register_comm_hook(state, sidco_torch.hook)
+    state = sidco_torch.State(method="sidco-e", density=0.01)
+    sidco_torch.register(ddp_model, state)   # = register_comm_hook(state, sidco_torch.hook), keyed by name
     ...
-    print(state.stats())   # the last step's statistics, per bucket
+    print(state.stats())                     # the last step's statistics, per bucket
+    torch.save({"sidco": state.state_dict(), ...}, path)   # and state.load_state_dict(...) to resume
 
 Importable with PYTHONPATH pointing at the directory that holds this package next to the
 built ops library (libsidco_torch_ops.so): `build/python` after `meson compile -C build`,
@@ -29,7 +30,8 @@ def _load():
 
 library_path = _load()
 
-from .ops import Compressor, compress, decompress, scatter_add_  # noqa: E402
-from .hook import State, hook  # noqa: E402
+from .ops import METHODS, Compressor, compress, decompress, scatter_add_  # noqa: E402
+from .hook import State, hook, register  # noqa: E402
 
-__all__ = ["Compressor", "compress", "decompress", "scatter_add_", "State", "hook", "library_path"]
+__all__ = ["METHODS", "Compressor", "compress", "decompress", "scatter_add_", "State", "hook", "register",
+           "library_path"]

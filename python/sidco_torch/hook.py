@@ -1,128 +1,431 @@
-"""A DistributedDataParallel communication hook that sends each bucket sparsified.
+"""A DistributedDataParallel communication hook that sends each bucket sparsified, in one
+collective that overlaps the rest of the backward pass.
 
-Per bucket: the residual (error feedback) is added, the bucket is compressed per layer
-(the bucket's parameters give the layout), every rank's count is all-gathered, then the
-(index, value) payload padded to the largest count (gloo rejects uneven all-gathers); the
-entries are scatter-added in rank order (the same bits on every rank), averaged, and
-returned in a completed future. Every collective is issued from the hook body, never from
-a future's callback (collectives from callbacks run on other threads and hang or abort
-gloo once there are several buckets). DDP rebuilds its buckets after the first iteration:
-the first start_iter iterations run dense (as PowerSGD's start_powerSGD_iter), and per-bucket
-state is keyed by the bucket's index and layout, so a rebuild cannot misalign it. Buckets
-below min_bucket_elements, and densities where the gathered entries would outweigh the
-dense bucket (density x ranks >~ 1), are all-reduced densely.
+Per bucket, in the hook body: one C++ call compresses the bucket per tensor (with error
+feedback), trims each tensor to a fixed capacity (what is trimmed goes back into the
+residual) and packs the result into a payload of fixed size: a 64-byte header, 32-bit
+indices, values in the bucket's dtype. One asynchronous all-gather of equal-sized payloads
+is issued and its future returned at once; the decode (every rank's entries added in rank
+order and averaged, one C++ call) runs in the future's then(), which does local work only.
+
+A rank whose compression fails (a NaN, a damaged state) still sends a payload, carrying its
+error; every rank's decode then raises the same error naming that rank, and what each rank
+sent goes back into its residual. Nothing hangs, nothing desynchronizes.
+
+State is kept per parameter (each tensor's residual, adaptive stages and capacity are its
+own), so DDP's bucket rebuild and a new DDP wrapper find it again, and state_dict() /
+load_state_dict() resume a run bit for bit.
 """
+import math
+import numbers
+import struct
 import time
+import warnings
+import weakref
+import zlib
 
 import torch
 import torch.distributed as dist
 
-from .ops import Compressor, scatter_add_
+from .ops import METHODS, _codec, _options_dict
+
+_STATE_FORMAT = 1
+
+
+def _shortest(value, dtype):
+    """The shortest decimal that rounds to the same dtype value (float32 0.01 is 0.01)."""
+    exact = torch.tensor(value, dtype=dtype)
+    for digits in range(1, 18):
+        candidate = float(f"{value:.{digits}g}")
+        if torch.tensor(candidate, dtype=dtype) == exact:
+            return candidate
+    return value
+
+
+def _real_scalar(value, what):
+    """A Python, numpy or 0-d tensor real as a float; a 16- or 32-bit float as the shortest
+    decimal that names it (numpy.float32(0.01) is 0.01, not 0.009999999776)."""
+    narrow = None
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"sidco_torch.State: {what} must be a real scalar, got a tensor of shape "
+                            f"{tuple(value.shape)} and dtype {value.dtype}")
+        if value.dtype in (torch.float16, torch.bfloat16, torch.float32):
+            narrow = value.dtype
+        value = value.item()
+    else:
+        dtype = getattr(value, "dtype", None)  # a numpy scalar
+        itemsize = getattr(dtype, "itemsize", 8)
+        if getattr(dtype, "kind", "") == "f" and itemsize < 8:
+            narrow = torch.float32 if itemsize == 4 else torch.float16
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"sidco_torch.State: {what} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    return _shortest(value, narrow) if narrow is not None and math.isfinite(value) else value
+
+
+def _bits(x):
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+class _Layer:
+    """A parameter's state outside any bucket: from load_state_dict, or between layouts."""
+
+    def __init__(self, size, dtype, residual, compressor):
+        self.size, self.dtype, self.residual, self.compressor = size, dtype, residual, compressor
 
 
 class _Bucket:
-    def __init__(self, state, size, layers, dtype):
-        self.compressor = Compressor(state.method, **state.options)
-        self.residual = torch.zeros(size, dtype=dtype) if state.feedback else None
-        self.size = size
-        self.layers = layers
+    """One bucket layout's codec, residual and receive buffers."""
+
+    def __init__(self, state, keys, sizes, dtype, world):
+        self.keys = keys
+        self.sizes = sizes
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.dtype = dtype
+        self.codec = _codec(state.method, state.options, sizes, dtype, state.density, state.capacity_slack)
+        numel = sum(sizes)
+        self.residual = torch.zeros(numel, dtype=dtype) if state.feedback else None
+        self.inbox = [torch.empty(self.codec.payload_bytes(), dtype=torch.uint8) for _ in range(world)]
 
 
 class State:
-    """What the hook keeps between steps. method: a sidco_torch.Compressor method
-    (sidco-e, sidco-gp, sidco-gamma-gp, top-k, dgc, random-k, ...); density in (0, 1];
+    """What the hook keeps between steps.
+
+    method: a sidco_torch method (sidco_torch.METHODS); density in (0, 1], any real scalar;
     process_group: None for the default group; start_iter: iterations all-reduced densely
-    first; feedback: error feedback (recommended); options: passed to the compressor."""
+    first; min_bucket_elements: smaller buckets are all-reduced densely; feedback: error
+    feedback (recommended); capacity_slack: each tensor sends at most ceil(slack k) entries,
+    k = max(1, floor(density n)); options: passed to the compressor (seed).
+
+    One State serves one model. Register it with sidco_torch.register(ddp_model, state) so
+    that its state_dict() is keyed by parameter name; with ddp_model.register_comm_hook(state,
+    sidco_torch.hook) it is keyed by the order DDP first hands the parameters over, which is
+    the same in every run of the same model."""
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
-                 min_bucket_elements=1024, feedback=True, **options):
-        if not (isinstance(density, (int, float)) and 0 < density <= 1):
-            raise ValueError(f"sidco_torch.State: density = {density} is outside (0, 1]")
-        if not (isinstance(start_iter, int) and start_iter >= 0):
-            raise ValueError(f"sidco_torch.State: start_iter = {start_iter} is not a non-negative integer")
-        if not (isinstance(min_bucket_elements, int) and min_bucket_elements >= 0):
-            raise ValueError(f"sidco_torch.State: min_bucket_elements = {min_bucket_elements} is not a "
+                 min_bucket_elements=1024, feedback=True, capacity_slack=1.25, **options):
+        density = _real_scalar(density, "density")
+        if not 0 < density <= 1:
+            raise ValueError(f"sidco_torch.State: density = {density!r} is outside (0, 1]")
+        capacity_slack = _real_scalar(capacity_slack, "capacity_slack")
+        if not 1 <= capacity_slack <= 1000:
+            raise ValueError(f"sidco_torch.State: capacity_slack = {capacity_slack!r} is outside [1, 1000]")
+        if not (isinstance(start_iter, int) and not isinstance(start_iter, bool) and start_iter >= 0):
+            raise ValueError(f"sidco_torch.State: start_iter = {start_iter!r} is not a non-negative integer")
+        if not (isinstance(min_bucket_elements, int) and not isinstance(min_bucket_elements, bool)
+                and min_bucket_elements >= 0):
+            raise ValueError(f"sidco_torch.State: min_bucket_elements = {min_bucket_elements!r} is not a "
                              "non-negative integer")
-        Compressor(method, **options)  # an unknown method or option fails here, with its message
+        _codec(method, options, [1], torch.float32, density, capacity_slack)  # unknown method or option: here
         self.method = method
-        self.density = float(density)
+        self._density = density
         self.process_group = process_group
         self.start_iter = start_iter
         self.min_bucket_elements = min_bucket_elements
-        self.feedback = feedback
-        self.options = options
+        self.feedback = bool(feedback)
+        self.capacity_slack = capacity_slack
+        self.options = dict(options)
         self.iteration = 0
-        self._buckets = {}
+        self._reset()
+
+    def _reset(self):
+        self._buckets = {}      # parameter keys -> _Bucket
+        self._owner = {}        # parameter key -> (_Bucket, layer index)
+        self._pending = {}      # parameter key -> _Layer, not yet in a bucket
         self._stats = {}
+        self._keys = {}         # id(parameter) -> (weakref, key)
+        self._keying = None     # "names" (attach) or "order" (DDP's), once known
+        self._module = None
+        self._complete = False  # a whole iteration has been seen: the model's parameters are known
+        self._agreed = False
+        self._warned = set()
+
+    @property
+    def density(self):
+        return self._density
+
+    # ----- registration and parameter keys
+
+    def attach(self, module):
+        """Keys the state by module's parameter names (register() calls this). Attaching the
+        same module again (say, to a new DDP wrapper) keeps every residual."""
+        served = self._module() if self._module is not None else None
+        if served is not None and served is not module:
+            raise ValueError("sidco_torch.State: this State already serves another model "
+                             f"({type(served).__name__}); one State serves one model: give "
+                             f"{type(module).__name__} a State of its own")
+        if self._keying == "order":
+            raise ValueError("sidco_torch.State: this State keys its parameters by DDP's order (the hook ran, "
+                             "or an order-keyed state was loaded, before attach()); attach or register first")
+        for name, p in module.named_parameters():
+            if p.requires_grad and p.dtype not in (torch.float32, torch.float64):
+                raise TypeError(f"sidco_torch.State: parameter {name} is {p.dtype}; sidco_torch compresses "
+                                "float32 and float64 buckets")
+            self._keys[id(p)] = (weakref.ref(p), name)
+        self._module = weakref.ref(module)
+        self._keying = "names"
+
+    def _key(self, p):
+        entry = self._keys.get(id(p))
+        if entry is not None and entry[0]() is p:
+            return entry[1]
+        if self._keying == "names" or self._complete:
+            if self._keying == "names" and self._module is None:
+                raise ValueError("sidco_torch.State: this State holds a state keyed by parameter names: "
+                                 "register it with sidco_torch.register(ddp_model, state)")
+            raise ValueError("sidco_torch.State: a bucket holds a parameter of another model (shape "
+                             f"{tuple(p.shape)}); one State serves one model: give each model its own State")
+        self._keying = "order"
+        key = f"#{len(self._keys)}"
+        self._keys[id(p)] = (weakref.ref(p), key)
+        return key
+
+    # ----- statistics
 
     def stats(self):
-        """The last step's statistics, per bucket index: path (dense or sparse), size,
-        selected, density (achieved), target_density, threshold (-1 when per layer),
-        stages, compress_seconds, communicate_seconds, bytes_sent (per rank)."""
+        """The last step's statistics, per bucket index: path (sparse or dense, and the reason
+        when dense), size, selected, candidates, trimmed, capacity, density (achieved),
+        target_density, threshold (-1 when per layer), stages, compress_seconds,
+        exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
+        (per rank), failed."""
         return {index: dict(s) for index, s in self._stats.items()}
 
-    def _bucket(self, index, size, layers, dtype):
-        bucket = self._buckets.get(index)
-        if bucket is None or bucket.size != size or bucket.layers != layers:
-            bucket = self._buckets[index] = _Bucket(self, size, layers, dtype)
-        return bucket
+    # ----- checkpoints
+
+    def state_dict(self):
+        """Everything a resumed run needs to repeat an uninterrupted one bit for bit: the
+        iteration, and per parameter its residual and its compressor's state (adaptive
+        stages, generators), keyed by parameter name (or DDP's order without register())."""
+        layers = {key: {"size": layer.size, "dtype": layer.dtype, "residual": layer.residual,
+                        "compressor": layer.compressor} for key, layer in self._pending.items()}
+        for key, (bucket, i) in self._owner.items():
+            layers[key] = self._export(bucket, i)
+        return {"format": _STATE_FORMAT, "method": self.method, "density": self.density,
+                "capacity_slack": self.capacity_slack, "feedback": self.feedback, "options": dict(self.options),
+                "iteration": self.iteration, "keys": self._keying or "order", "layers": layers}
+
+    def load_state_dict(self, state_dict):
+        """Restores what state_dict() returned: checked whole before anything changes."""
+        d = state_dict
+        if not isinstance(d, dict) or d.get("format") != _STATE_FORMAT:
+            raise ValueError(f"sidco_torch.State.load_state_dict: not a sidco_torch state (format "
+                             f"{d.get('format') if isinstance(d, dict) else type(d).__name__})")
+        for field in ("method", "density", "capacity_slack", "feedback", "options"):
+            mine = getattr(self, field)
+            if d[field] != mine:
+                raise ValueError(f"sidco_torch.State.load_state_dict: the state has {field} {d[field]!r}, this "
+                                 f"State {mine!r}; make the State as the state was made")
+        if d["keys"] not in ("names", "order") or (self._keying is not None and d["keys"] != self._keying):
+            raise ValueError(f"sidco_torch.State.load_state_dict: the state is keyed by parameter {d['keys']}, "
+                             f"this State by {self._keying}: register both alike (sidco_torch.register names "
+                             "them)")
+        iteration = d["iteration"]
+        if not (isinstance(iteration, int) and iteration >= 0):
+            raise ValueError(f"sidco_torch.State.load_state_dict: iteration {iteration!r}")
+        layers = {}
+        for key, entry in d["layers"].items():
+            layers[key] = self._checked_layer(key, entry)
+        # Everything checked: apply.
+        self._keying = d["keys"]
+        self.iteration = iteration
+        self._pending = {}
+        for key, layer in layers.items():
+            owner = self._owner.get(key)
+            if owner is not None:
+                self._import(owner[0], owner[1], layer)
+            else:
+                self._pending[key] = layer
+
+    def _checked_layer(self, key, entry):
+        where = f"sidco_torch.State.load_state_dict: layer {key}"
+        size, dtype, residual, compressor = entry["size"], entry["dtype"], entry["residual"], entry["compressor"]
+        if not (isinstance(size, int) and size > 0):
+            raise ValueError(f"{where}: size {size!r}")
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"{where}: dtype {dtype!r}")
+        if self.feedback != (residual is not None):
+            raise ValueError(f"{where}: residual {'missing' if residual is None else 'present'} with feedback "
+                             f"{self.feedback}")
+        if residual is not None and (not isinstance(residual, torch.Tensor) or residual.dtype != dtype
+                                     or residual.numel() != size):
+            raise ValueError(f"{where}: residual is not a {dtype} tensor of {size} values")
+        if not (isinstance(compressor, torch.Tensor) and compressor.dtype == torch.uint8 and compressor.dim() == 1):
+            raise ValueError(f"{where}: compressor state is not a uint8 tensor")
+        # A damaged compressor state is refused here, not at the first step.
+        _codec(self.method, self.options, [size], dtype, self.density, self.capacity_slack).load_layer_state(
+            0, compressor.contiguous())
+        current = self._owner.get(key)
+        if current is not None and (current[0].sizes[current[1]] != size or current[0].dtype != dtype):
+            raise ValueError(f"{where}: {size} {dtype} values, the model's parameter has "
+                             f"{current[0].sizes[current[1]]} {current[0].dtype}")
+        return _Layer(size, dtype, None if residual is None else residual.detach().clone().contiguous(),
+                      compressor.detach().clone().contiguous())
+
+    def _export(self, bucket, i):
+        size = bucket.sizes[i]
+        residual = None
+        if bucket.residual is not None:
+            residual = bucket.residual[bucket.offsets[i]: bucket.offsets[i] + size].clone()
+        return {"size": size, "dtype": bucket.dtype, "residual": residual, "compressor": bucket.codec.layer_state(i)}
+
+    def _import(self, bucket, i, layer):
+        if layer.size != bucket.sizes[i] or layer.dtype != bucket.dtype:
+            raise ValueError(f"sidco_torch.State: layer {bucket.keys[i]} was saved with {layer.size} {layer.dtype} "
+                             f"values; the model's parameter has {bucket.sizes[i]} {bucket.dtype}")
+        if bucket.residual is not None:
+            bucket.residual[bucket.offsets[i]: bucket.offsets[i] + layer.size].copy_(layer.residual)
+        bucket.codec.load_layer_state(i, layer.compressor)
+
+    def __getstate__(self):
+        # The process group cannot be pickled (PowerSGD's state drops it too).
+        return {"config": dict(method=self.method, density=self.density, start_iter=self.start_iter,
+                               min_bucket_elements=self.min_bucket_elements, feedback=self.feedback,
+                               capacity_slack=self.capacity_slack, **self.options),
+                "state": self.state_dict()}
+
+    def __setstate__(self, pickled):
+        self.__init__(**pickled["config"])
+        self.load_state_dict(pickled["state"])  # names come back with attach() or register()
+
+    # ----- the hook's bookkeeping
+
+    def _agree(self, group, world):
+        """Every rank's configuration, compared once (the first hook call of this State in this
+        process): a difference would make the payloads' sizes differ."""
+        fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
+                  ("density", _bits(self.density)), ("capacity_slack", _bits(self.capacity_slack)),
+                  ("feedback", int(self.feedback)), ("start_iter", self.start_iter),
+                  ("min_bucket_elements", self.min_bucket_elements),
+                  ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
+                  ("iteration", self.iteration), ("ranks", world)]
+        mine = torch.tensor([v for _, v in fields], dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine, group=group)
+        shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
+                 "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0]}
+        for rank, theirs in enumerate(everyone):
+            for j, (name, _) in enumerate(fields):
+                if theirs[j] != everyone[0][j]:
+                    show = shown.get(name, lambda v: v)
+                    raise ValueError(f"sidco_torch.State: rank {rank} has {name} {show(int(theirs[j]))}, rank 0 has "
+                                     f"{show(int(everyone[0][j]))}; every rank must make its State alike")
+        self._agreed = True
+
+    def _bucket(self, bucket, world):
+        """The bucket's state, and what went wrong on this rank alone (None: nothing). A
+        problem of one rank must travel in its payload, never be raised before the
+        collective, or the other ranks would wait for it."""
+        params = bucket.parameters()
+        sizes = [p.numel() for p in params]
+        buffer = bucket.buffer()
+        if sum(sizes) != buffer.numel():
+            raise ValueError(f"sidco_torch.State: bucket {bucket.index()} holds {buffer.numel()} values, its "
+                             f"parameters {sum(sizes)}")
+        keys = tuple(self._key(p) for p in params)
+        b = self._buckets.get(keys)
+        if b is not None and b.dtype == buffer.dtype and len(b.inbox) == world:
+            return b, None
+        b = _Bucket(self, keys, sizes, buffer.dtype, world)
+        # Each parameter's state follows it: from the bucket that held it, or a loaded state.
+        try:
+            for i, key in enumerate(keys):
+                owner = self._owner.get(key)
+                if owner is not None:
+                    self._import(b, i, _Layer(**self._export(*owner)))
+                elif key in self._pending:
+                    self._import(b, i, self._pending[key])
+        except Exception as e:  # noqa: BLE001 - any of it is this rank's failure to report
+            return b, f"{type(e).__name__}: {e}"
+        for i, key in enumerate(keys):
+            self._pending.pop(key, None)
+            self._owner[key] = (b, i)
+        self._buckets[keys] = b
+        owners = {id(owner[0]) for owner in self._owner.values()}
+        for other in [k for k, v in self._buckets.items() if id(v) not in owners]:
+            del self._buckets[other]
+        return b, None
+
+    def _dense_reason(self, buffer, world, iteration):
+        if iteration < self.start_iter:
+            return f"iteration {iteration} < start_iter {self.start_iter}"
+        if buffer.numel() < self.min_bucket_elements:
+            return f"{buffer.numel()} values < min_bucket_elements {self.min_bucket_elements}"
+        value = buffer.element_size()
+        # The gathered payloads against a ring all-reduce's 2 x the bucket.
+        if world * self.density * self.capacity_slack * (4 + value) >= 2 * value:
+            return (f"density x ranks x capacity_slack = {self.density * world * self.capacity_slack:.3g} "
+                    f"makes the gathered entries outweigh a dense all-reduce")
+        return None
 
 
-def _dense(state, bucket, group, world, started):
+def register(ddp_model, state, comm_hook=None):
+    """ddp_model.register_comm_hook(state, comm_hook or sidco_torch.hook), with state keyed by
+    the model's parameter names (a checkpoint then survives a change of bucket size or
+    parameter order). comm_hook: a hook that wraps sidco_torch.hook, if any."""
+    state.attach(ddp_model.module)
+    ddp_model.register_comm_hook(state, comm_hook or hook)
+
+
+def _dense(state, bucket, group, world, reason):
     buffer = bucket.buffer()
-    dist.all_reduce(buffer, group=group)
-    buffer.div_(world)
-    state._stats[bucket.index()] = {
-        "path": "dense", "size": buffer.numel(), "selected": buffer.numel(), "density": 1.0,
-        "target_density": state.density, "threshold": 0.0, "stages": 0, "compress_seconds": 0.0,
-        "communicate_seconds": time.perf_counter() - started, "bytes_sent": buffer.numel() * buffer.element_size()}
-    return buffer
+    if reason not in state._warned and not reason.startswith("iteration"):
+        state._warned.add(reason)
+        warnings.warn(f"sidco_torch: bucket {bucket.index()} is all-reduced densely: {reason}", stacklevel=3)
+    stats = {"path": "dense", "reason": reason, "size": buffer.numel(), "selected": buffer.numel(),
+             "candidates": buffer.numel(), "trimmed": 0, "capacity": buffer.numel(), "density": 1.0,
+             "target_density": state.density, "threshold": 0.0, "stages": 0, "compress_seconds": 0.0,
+             "decode_seconds": 0.0, "bytes_sent": buffer.numel() * buffer.element_size(), "failed": False}
+    state._stats[bucket.index()] = stats
+    sent = time.perf_counter()
+    buffer.div_(world)  # first: the sum of averages cannot overflow where the sum could
+
+    def done(future):
+        stats["exchange_seconds"] = time.perf_counter() - sent
+        return future.value()[0]
+
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
 
 
 def hook(state, bucket):
-    """The communication hook: ddp_model.register_comm_hook(state, sidco_torch.hook)."""
-    started = time.perf_counter()
+    """The communication hook: sidco_torch.register(ddp_model, state), or
+    ddp_model.register_comm_hook(state, sidco_torch.hook)."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
-    buffer = bucket.buffer()
-    size = buffer.numel()
-    future = torch.futures.Future()
-    if (state.iteration < state.start_iter or size < state.min_bucket_elements
-            or state.density * world >= 1):
-        result = _dense(state, bucket, group, world, started)
-    else:
-        layers = [g.numel() for g in bucket.gradients()]
-        if sum(layers) != size:
-            layers = []  # a layout DDP did not give: one estimate for the bucket
-        b = state._bucket(bucket.index(), size, layers, buffer.dtype)
-        indices, values = b.compressor.compress(buffer, state.density, layers, b.residual)
-        report = b.compressor.report()
-        compressed = time.perf_counter()
-        # Counts first, then the payload padded to the largest count.
-        count = torch.tensor([indices.numel()], dtype=torch.int64)
-        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(counts, count, group=group)
-        counts = [int(c.item()) for c in counts]
-        largest = max(counts)
-        padded_indices = torch.zeros(largest, dtype=torch.int64)
-        padded_values = torch.zeros(largest, dtype=values.dtype)
-        padded_indices[:indices.numel()] = indices
-        padded_values[:values.numel()] = values
-        all_indices = [torch.empty(largest, dtype=torch.int64) for _ in range(world)]
-        all_values = [torch.empty(largest, dtype=values.dtype) for _ in range(world)]
-        dist.all_gather(all_indices, padded_indices, group=group)
-        dist.all_gather(all_values, padded_values, group=group)
-        buffer.zero_()
-        for r in range(world):  # rank order: the same sums on every rank
-            scatter_add_(buffer, all_indices[r][:counts[r]], all_values[r][:counts[r]])
-        buffer.div_(world)
-        result = buffer
-        state._stats[bucket.index()] = {
-            "path": "sparse", "size": size, "selected": indices.numel(), "density": indices.numel() / size,
-            "target_density": state.density, "threshold": report["threshold"], "stages": int(report["stages"]),
-            "compress_seconds": compressed - started, "communicate_seconds": time.perf_counter() - compressed,
-            "bytes_sent": largest * (8 + values.element_size()) + 8}
+    if not state._agreed:
+        state._agree(group, world)
+    for p in bucket.parameters():
+        state._key(p)  # a parameter of another model is refused on every path
+    iteration = state.iteration
     if bucket.is_last():
         state.iteration += 1
-    future.set_result(result)
-    return future
+        state._complete = True
+    buffer = bucket.buffer()
+    reason = state._dense_reason(buffer, world, iteration)
+    if reason is not None:
+        return _dense(state, bucket, group, world, reason)
+    started = time.perf_counter()
+    b, problem = state._bucket(bucket, world)
+    if problem is None:
+        payload = torch.ops.sidco.encode(buffer, b.residual, b.codec, bucket.index(), iteration)
+    else:
+        payload = torch.ops.sidco.encode_failure(buffer, b.codec, problem, bucket.index(), iteration)
+    report = b.codec.report()
+    encoded = time.perf_counter()
+    stats = {"path": "sparse", "size": buffer.numel(), "selected": int(report["selected"]),
+             "candidates": int(report["candidates"]), "trimmed": int(report["trimmed"]),
+             "capacity": int(report["capacity"]), "density": report["density"], "target_density": state.density,
+             "threshold": report["threshold"], "stages": int(report["stages"]), "compress_seconds": encoded - started,
+             "bytes_sent": int(report["payload_bytes"]), "failed": bool(report["failed"])}
+    state._stats[bucket.index()] = stats
+    inbox = b.inbox
+
+    def decode(future):
+        future.value()  # a failed all-gather raises here
+        began = time.perf_counter()
+        stats["exchange_seconds"] = began - encoded
+        torch.ops.sidco.decode(inbox, buffer, b.residual, b.codec)
+        stats["decode_seconds"] = time.perf_counter() - began
+        return buffer
+
+    return dist.all_gather(inbox, payload, group=group, async_op=True).get_future().then(decode)

@@ -1,20 +1,37 @@
-"""Thin Python names over the custom ops (torch.ops.sidco.*)."""
+"""Python names over the custom ops (torch.ops.sidco.*) and classes (torch.classes.sidco.*)."""
 import torch
+
+#: Every method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
+METHODS = dict(torch.ops.sidco.methods())
+
+_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def _options_dict(options):
+    return {k: float(v) for k, v in options.items()}
+
+
+def _codec(method, options, layer_sizes, dtype, density, slack):
+    """A bucket's codec: its compressor per layer, capacity and payload format."""
+    if dtype not in _DTYPES:
+        raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
+    return torch.classes.sidco.Codec(method, _options_dict(options), [int(n) for n in layer_sizes], _DTYPES[dtype],
+                                     float(density), float(slack))
 
 
 class Compressor:
     """One tensor's compressor (its adaptive state and per-layer layout persist across
-    calls). method: sidco-e, sidco-gp, sidco-gamma-gp, sidco-e-single, sidco-e-exact, top-k,
-    random-k, dgc, gaussian-k, redsync. options: seed (random-k)."""
+    calls). method: one of sidco_torch.METHODS; options: seed (random-k)."""
 
     def __init__(self, method="sidco-e", **options):
-        self._impl = torch.classes.sidco.Compressor(method, {k: float(v) for k, v in options.items()})
+        self._impl = torch.classes.sidco.Compressor(method, _options_dict(options))
         self.method = method
 
     def compress(self, gradient, density, layer_sizes=None, residual=None):
         """(indices int64, values) of gradient (+ residual, which keeps what is not sent) at
         density; estimated per layer when layer_sizes is given."""
-        return self._impl.compress(gradient, float(density), list(layer_sizes or []), residual)
+        return torch.ops.sidco.compress(gradient, float(density), [int(n) for n in layer_sizes or []], residual,
+                                        self._impl)
 
     def report(self):
         """What the last compress did: threshold, selected, density, stages, ..."""

@@ -1,0 +1,122 @@
+// The state the ops keep between calls, as TorchScript custom classes: Compressor (one
+// tensor's compressor, for sidco_torch.compress) and Codec (one DDP bucket's compressor,
+// capacity and payload, for the communication hook). The element work is in the ops
+// registered per dispatch key (cpu/ops.cpp); the classes hold what those ops need, per
+// device, created on first use.
+#pragma once
+
+#include <torch/custom_class.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sidco/comm/capacity.hpp>
+#include <sidco/comm/wire.hpp>
+#include <sidco/core/segment.hpp>
+#include <sidco/methods.hpp>
+
+#include "engine.hpp"
+
+namespace sidco_torch {
+
+/// What a Codec is: the method and its options, the bucket's layers, the element type, the
+/// density and the capacity's slack.
+struct codec_settings {
+  std::string method;
+  sidco::methods::options options;
+  std::vector<sidco::segment> layout;  // the bucket's tensors, in order
+  at::ScalarType dtype = at::kFloat;
+  double density = 0.01;
+  double slack = 1.25;
+};
+
+/// What the last encode and decode did, for State.stats().
+struct codec_report {
+  sidco::compress_report compress;  // of the whole bucket (threshold: -1 when per layer)
+  std::size_t trimmed = 0;          // entries over capacity, returned to the residual
+  bool failed = false;              // the compress threw (the payload carries its message)
+  sidco::comm::exchange_report exchange;
+};
+
+/// One device's side of a Codec: encode a bucket into the payload, decode every rank's
+/// payloads into the bucket.
+class codec_impl {
+ public:
+  virtual ~codec_impl() = default;
+  virtual at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
+                            const sidco::comm::wire_fields& fields) = 0;
+  /// A payload that reports this rank's failure (message) to every rank.
+  virtual at::Tensor encode_failure(const std::string& message, const sidco::comm::wire_fields& fields) = 0;
+  virtual void decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
+                      const c10::optional<at::Tensor>& residual) = 0;
+  virtual std::vector<std::byte> save_layer(std::size_t i) const = 0;
+  virtual void load_layer(std::size_t i, std::span<const std::byte> bytes) = 0;
+  virtual const codec_report& report() const = 0;
+};
+
+/// The CPU side (cpu/ops.cpp).
+std::unique_ptr<codec_impl> make_cpu_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
+                                           const sidco::comm::capacity_plan& plan);
+
+class Codec : public torch::CustomClassHolder {
+ public:
+  Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
+        std::string dtype, double density, double slack);
+
+  const codec_settings& settings() const { return settings_; }
+  const sidco::comm::wire_format& format() const { return format_; }
+  /// The implementation for device (created on first use).
+  codec_impl& on(const at::Device& device) const;
+
+  std::int64_t payload_bytes() const { return std::int64_t(format_.bytes()); }
+  std::int64_t capacity() const { return std::int64_t(format_.capacity); }
+  std::vector<std::int64_t> layer_capacities() const;
+  c10::Dict<std::string, double> report() const;
+  at::Tensor layer_state(std::int64_t layer) const;
+  void load_layer_state(std::int64_t layer, const at::Tensor& state);
+
+ private:
+  std::size_t layer_index(std::int64_t layer) const;
+
+  codec_settings settings_;
+  sidco::comm::capacity_plan plan_;
+  sidco::comm::wire_format format_;
+  mutable std::unique_ptr<codec_impl> cpu_;
+};
+
+/// sidco_torch.Compressor's state: per element type, a whole-tensor engine and the last
+/// per-layer one (rebuilt when the layer sizes change).
+class compressor_impl {
+ public:
+  virtual ~compressor_impl() = default;
+  virtual std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
+                                                      const std::vector<std::int64_t>& layers,
+                                                      const c10::optional<at::Tensor>& residual) = 0;
+  virtual const sidco::compress_report& report() const = 0;
+};
+
+std::unique_ptr<compressor_impl> make_cpu_compressor(const std::string& method, const sidco::methods::options& options);
+
+class Compressor : public torch::CustomClassHolder {
+ public:
+  Compressor(std::string method, c10::Dict<std::string, double> options);
+
+  compressor_impl& on(const at::Device& device);
+  c10::Dict<std::string, double> report() const;
+  std::string method() const { return method_; }
+
+ private:
+  std::string method_;
+  sidco::methods::options options_;
+  std::unique_ptr<compressor_impl> cpu_;
+  compressor_impl* last_ = nullptr;
+};
+
+/// The options dictionary a method takes (known: seed).
+sidco::methods::options parse_options(const c10::Dict<std::string, double>& options);
+
+}  // namespace sidco_torch

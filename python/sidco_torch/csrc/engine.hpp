@@ -1,0 +1,130 @@
+// One tensor's compressor behind a run-time method name: the one place the binding turns
+// sidco's compile-time presets (methods.hpp) into an object chosen by a string, whole or
+// per layer, for one element type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <sidco/methods.hpp>
+#include <sidco/segmented.hpp>
+
+namespace sidco_torch {
+
+/// How a per-layer engine shares the density among layers.
+enum class layer_budget {
+  shared,     // sidco::segmented's default: in proportion, a sparse layer's surplus to the others
+  per_layer,  // every layer at the density asked for: a layer's result depends on it alone
+};
+
+template <class T, class Index>
+class engine {
+ public:
+  virtual ~engine() = default;
+  /// gradient (+ residual, read and written in place, when not null) at delta into out.
+  virtual sidco::compress_report compress(std::span<const T> gradient, double delta, T* residual,
+                                          sidco::sparse_vector<T, Index>& out) = 0;
+  /// Layers (1 when whole) and each one's report from the last call.
+  virtual std::size_t layers() const = 0;
+  virtual const sidco::compress_report& layer_report(std::size_t i) const = 0;
+  /// Layer i's compressor state (sidco::compressor::save_state), and its restoration.
+  virtual std::vector<std::byte> save(std::size_t i) const = 0;
+  virtual void load(std::size_t i, std::span<const std::byte> bytes) = 0;
+};
+
+namespace detail {
+
+template <class T, class Index, class Compressor>
+class whole final : public engine<T, Index> {
+ public:
+  explicit whole(Compressor c) : compressor_(std::move(c)) {}
+
+  sidco::compress_report compress(std::span<const T> gradient, double delta, T* residual,
+                                  sidco::sparse_vector<T, Index>& out) override {
+    if (residual) {
+      sidco::feedback::residual<T> state(std::span<T>(residual, gradient.size()));
+      return last_ = compressor_.template compress<T>(gradient, delta, out, state);
+    }
+    return last_ = compressor_.template compress<T>(gradient, delta, out);
+  }
+  std::size_t layers() const override { return 1; }
+  const sidco::compress_report& layer_report(std::size_t) const override { return last_; }
+  std::vector<std::byte> save(std::size_t) const override {
+    sidco::state_writer out;
+    compressor_.save_state(out);
+    return out.take();
+  }
+  void load(std::size_t, std::span<const std::byte> bytes) override {
+    sidco::state_reader in(bytes);
+    Compressor loaded = compressor_;
+    loaded.load_state(in);
+    in.finish();
+    compressor_ = std::move(loaded);
+  }
+
+ private:
+  Compressor compressor_;
+  sidco::compress_report last_;
+};
+
+template <class T, class Index, class Compressor>
+class layered final : public engine<T, Index> {
+ public:
+  layered(std::vector<sidco::segment> layout, Compressor prototype, layer_budget budget)
+      : compressor_(std::move(layout), std::move(prototype), budget_for(budget)) {}
+
+  sidco::compress_report compress(std::span<const T> gradient, double delta, T* residual,
+                                  sidco::sparse_vector<T, Index>& out) override {
+    if (residual) {
+      sidco::feedback::residual<T> state(std::span<T>(residual, gradient.size()));
+      return compressor_.template compress<T>(gradient, delta, out, state);
+    }
+    return compressor_.template compress<T>(gradient, delta, out);
+  }
+  std::size_t layers() const override { return compressor_.layout().size(); }
+  const sidco::compress_report& layer_report(std::size_t i) const override {
+    return compressor_.segment_reports().at(i);
+  }
+  std::vector<std::byte> save(std::size_t i) const override {
+    sidco::state_writer out;
+    compressor_.save_segment_state(i, out);
+    return out.take();
+  }
+  void load(std::size_t i, std::span<const std::byte> bytes) override {
+    sidco::state_reader in(bytes);
+    // Read into a copy: a damaged state leaves the layer as it was.
+    auto copy = compressor_.segment_compressor(i);
+    copy.load_state(in);
+    in.finish();
+    compressor_.segment_compressor(i) = std::move(copy);
+  }
+
+ private:
+  using budget_policy = typename sidco::segmented<Compressor>::budget_policy;
+  static budget_policy budget_for(layer_budget b) {
+    if (b == layer_budget::shared) return {};
+    return [](std::size_t, const sidco::segment&, double delta) { return delta; };
+  }
+
+  sidco::segmented<Compressor> compressor_;
+};
+
+}  // namespace detail
+
+/// The method called name on backend::cpu, whole (layout empty) or per layer.
+template <class T, class Index>
+std::unique_ptr<engine<T, Index>> make_engine(const std::string& method, const sidco::methods::options& options,
+                                              std::vector<sidco::segment> layout, layer_budget budget) {
+  return sidco::methods::visit(method, options, [&](auto prototype) -> std::unique_ptr<engine<T, Index>> {
+    using C = decltype(prototype);
+    if (layout.empty()) return std::make_unique<detail::whole<T, Index, C>>(std::move(prototype));
+    return std::make_unique<detail::layered<T, Index, C>>(std::move(layout), std::move(prototype), budget);
+  });
+}
+
+}  // namespace sidco_torch

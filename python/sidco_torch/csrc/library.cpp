@@ -1,0 +1,195 @@
+// The torch.ops.sidco library: its classes and the schemas of its ops. The ops'
+// implementations are registered per dispatch key (cpu/ops.cpp), so a tensor's device
+// picks its kernels.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "binding.hpp"
+#include "classes.hpp"
+
+namespace sidco_torch {
+
+sidco::methods::options parse_options(const c10::Dict<std::string, double>& options) {
+  sidco::methods::options parsed;
+  for (const auto& entry : options) {
+    if (entry.key() == "seed") {
+      const double seed = entry.value();
+      if (!(seed >= 0 && seed < 18446744073709551616.0 && seed == std::floor(seed)))
+        sidco::detail::fail("option seed = ", seed, " is not a whole number in [0, 2^64)");
+      parsed.seed = std::uint64_t(seed);
+    } else {
+      sidco::detail::fail("option '", entry.key(), "' is not known (known: seed)");
+    }
+  }
+  return parsed;
+}
+
+namespace {
+
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  sidco::detail::fail("dtype '", name, "' is not float32 or float64");
+}
+
+std::vector<sidco::segment> parse_layout(const std::vector<std::int64_t>& sizes) {
+  std::vector<sidco::segment> layout;
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] <= 0) sidco::detail::fail("layer_sizes: size ", sizes[i], " of layer ", i, " is not positive");
+    if (std::uint64_t(sizes[i]) > std::numeric_limits<std::size_t>::max() - offset)
+      sidco::detail::fail("layer_sizes: the sizes overflow at layer ", i);
+    layout.push_back({offset, std::size_t(sizes[i])});
+    offset += std::size_t(sizes[i]);
+  }
+  if (layout.empty()) sidco::detail::fail("layer_sizes: no layers");
+  return layout;
+}
+
+}  // namespace
+
+Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
+             std::string dtype, double density, double slack) {
+  translated([&] {
+    settings_.method = std::move(method);
+    settings_.options = parse_options(options);
+    settings_.layout = parse_layout(layer_sizes);
+    settings_.dtype = parse_dtype(dtype);
+    settings_.density = density;
+    settings_.slack = slack;
+    plan_ = sidco::comm::plan_capacity(settings_.layout, density, slack);
+    const std::size_t total = settings_.layout.back().end();
+    if (total > std::size_t(std::numeric_limits<std::uint32_t>::max()) + 1)
+      sidco::detail::fail("bucket: ", total, " values; sidco_torch's codec addresses 2^32 (32-bit indices)");
+    format_ = {plan_.total, sizeof(std::uint32_t), std::size_t(c10::elementSize(settings_.dtype))};
+    // Fails here, not at the first step, for an unknown method.
+    sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
+    return 0;
+  });
+}
+
+codec_impl& Codec::on(const at::Device& device) const {
+  if (!device.is_cpu()) sidco::detail::fail("bucket: device ", device, " is not the CPU (this build is CPU-only)");
+  if (!cpu_) cpu_ = make_cpu_codec(settings_, format_, plan_);
+  return *cpu_;
+}
+
+std::size_t Codec::layer_index(std::int64_t layer) const {
+  if (layer < 0 || std::size_t(layer) >= settings_.layout.size())
+    sidco::detail::fail("layer ", layer, " is outside [0, ", settings_.layout.size(), ")");
+  return std::size_t(layer);
+}
+
+std::vector<std::int64_t> Codec::layer_capacities() const {
+  return {plan_.per_segment.begin(), plan_.per_segment.end()};
+}
+
+c10::Dict<std::string, double> Codec::report() const {
+  const codec_report& r = on(at::kCPU).report();
+  c10::Dict<std::string, double> d;
+  d.insert("selected", double(r.compress.selected));
+  d.insert("candidates", double(r.compress.candidates));
+  d.insert("trimmed", double(r.trimmed));
+  d.insert("size", double(r.compress.size));
+  d.insert("zeros", double(r.compress.zeros));
+  d.insert("capacity", double(format_.capacity));
+  d.insert("payload_bytes", double(format_.bytes()));
+  d.insert("density", r.compress.density);
+  d.insert("target_density", settings_.density);
+  d.insert("threshold", r.compress.threshold);
+  d.insert("stages", double(r.compress.stages));
+  d.insert("failed", r.failed ? 1.0 : 0.0);
+  d.insert("received_entries", double(r.exchange.entries));
+  d.insert("distinct_indices", double(r.exchange.distinct));
+  d.insert("trimmed_everywhere", double(r.exchange.trimmed));
+  return d;
+}
+
+at::Tensor Codec::layer_state(std::int64_t layer) const {
+  return translated([&] {
+    const auto bytes = on(at::kCPU).save_layer(layer_index(layer));
+    auto t = at::empty({std::int64_t(bytes.size())}, at::kByte);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
+  });
+}
+
+void Codec::load_layer_state(std::int64_t layer, const at::Tensor& state) {
+  translated([&] {
+    check_cpu_tensor("state", state);
+    if (state.scalar_type() != at::kByte) sidco::detail::fail("state: dtype ", state.scalar_type(), " is not uint8");
+    on(at::kCPU).load_layer(layer_index(layer), bytes_of(state));
+    return 0;
+  });
+}
+
+Compressor::Compressor(std::string method, c10::Dict<std::string, double> options) : method_(std::move(method)) {
+  translated([&] {
+    options_ = parse_options(options);
+    sidco::methods::visit(method_, options_, [](auto&&) {});
+    return 0;
+  });
+}
+
+compressor_impl& Compressor::on(const at::Device& device) {
+  if (!device.is_cpu()) sidco::detail::fail("gradient: device ", device, " is not the CPU (this build is CPU-only)");
+  if (!cpu_) cpu_ = make_cpu_compressor(method_, options_);
+  last_ = cpu_.get();
+  return *cpu_;
+}
+
+c10::Dict<std::string, double> Compressor::report() const {
+  const sidco::compress_report r = last_ ? last_->report() : sidco::compress_report{};
+  c10::Dict<std::string, double> d;
+  d.insert("threshold", r.threshold);
+  d.insert("selected", double(r.selected));
+  d.insert("candidates", double(r.candidates));
+  d.insert("size", double(r.size));
+  d.insert("zeros", double(r.zeros));
+  d.insert("target_density", r.target_density);
+  d.insert("density", r.density);
+  d.insert("stages", double(r.stages));
+  d.insert("passes", double(r.passes));
+  d.insert("rescans", double(r.rescans));
+  return d;
+}
+
+}  // namespace sidco_torch
+
+TORCH_LIBRARY(sidco, m) {
+  using namespace sidco_torch;
+  m.class_<Compressor>("Compressor")
+      .def(torch::init<std::string, c10::Dict<std::string, double>>())
+      .def("report", &Compressor::report)
+      .def("method", &Compressor::method);
+  m.class_<Codec>("Codec")
+      .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
+                       double>())
+      .def("payload_bytes", &Codec::payload_bytes)
+      .def("capacity", &Codec::capacity)
+      .def("layer_capacities", &Codec::layer_capacities)
+      .def("report", &Codec::report)
+      .def("layer_state", &Codec::layer_state)
+      .def("load_layer_state", &Codec::load_layer_state);
+  m.def("compress(Tensor gradient, float density, int[] layer_sizes, Tensor(a!)? residual, "
+        "__torch__.torch.classes.sidco.Compressor compressor) -> (Tensor, Tensor)");
+  m.def("encode(Tensor gradient, Tensor(a!)? residual, __torch__.torch.classes.sidco.Codec codec, int tag, "
+        "int sequence) -> Tensor");
+  m.def("encode_failure(Tensor gradient, __torch__.torch.classes.sidco.Codec codec, str message, int tag, "
+        "int sequence) -> Tensor");
+  m.def("decode(Tensor[] payloads, Tensor(a!) out, Tensor(b!)? residual, __torch__.torch.classes.sidco.Codec codec) "
+        "-> Tensor(a!)");
+  m.def("scatter_add_(Tensor(a!) dense, Tensor indices, Tensor values, float scale=1.0) -> Tensor(a!)");
+  m.def("decompress(Tensor indices, Tensor values, int size) -> Tensor");
+  // The method table (sidco/methods.hpp): [name, description] per method.
+  m.def("methods() -> str[][]", [] {
+    std::vector<std::vector<std::string>> table;
+    for (const auto& m : sidco::methods::table) table.push_back({std::string(m.name), std::string(m.description)});
+    return table;
+  });
+}
