@@ -3,7 +3,7 @@
 // SIDCO_HIGHWAY=1 and link libhwy to use them (our Meson dependency does both when libhwy is
 // found); without Highway, or when it can only offer its scalar or 128-bit emulation target,
 // backend::cpu runs its portable loops instead. Results are those of the serial oracle:
-// selections and counts exactly, sums to the float lanes' rounding.
+// selections and counts exactly, sums to the lanes' rounding.
 #pragma once
 
 #include <array>
@@ -204,59 +204,70 @@ HWY_INLINE V fast_log(D d, V a) {
                     hn::Mul(hn::Add(s, s), series));
 }
 
-// Adds x and x^2 to the double accumulators sum[0..1] and square[0..1]: float lanes
-// promoted to double (the low half into [0], the high half into [1]); double lanes into [0].
-template <class D, class V, class VD>
-HWY_INLINE void add_in_double(D d, V x, VD (&sum)[2], VD (&square)[2]) {
-  if constexpr (sizeof(hn::TFromD<D>) == 4) {
-    const hn::Repartition<double, D> dd;
-    const hn::Half<D> dh;
-    const auto low = hn::PromoteTo(dd, hn::LowerHalf(dh, x));
-    const auto high = hn::PromoteTo(dd, hn::UpperHalf(dh, x));
-    sum[0] = hn::Add(sum[0], low);
-    sum[1] = hn::Add(sum[1], high);
-    square[0] = hn::MulAdd(low, low, square[0]);
-    square[1] = hn::MulAdd(high, high, square[1]);
-  } else {
-    (void)d;
-    sum[0] = hn::Add(sum[0], x);
-    square[0] = hn::MulAdd(x, x, square[0]);
-  }
-}
+// Sums of x and x^2 in lanes of T (Sum = T) or of double (float lanes promoted: the low
+// half into [0], the high half into [1]).
+template <class D, class Sum>
+struct lane_sums {
+  using VD = decltype(hn::Zero(hn::Repartition<Sum, D>()));
+  static constexpr bool promoted = sizeof(Sum) > sizeof(hn::TFromD<D>);
+  VD sum[2], square[2];
 
-// Stores what add_in_double accumulated as one double per T lane, in lane order.
-template <class D, class VD>
-HWY_INLINE void store_double(D, const VD (&v)[2], double* out) {
-  const hn::Repartition<double, D> dd;
-  hn::Store(v[0], dd, out);
-  if constexpr (sizeof(hn::TFromD<D>) == 4) hn::Store(v[1], dd, out + hn::Lanes(dd));
-}
+  HWY_INLINE lane_sums() {
+    const hn::Repartition<Sum, D> ds;
+    sum[0] = sum[1] = square[0] = square[1] = hn::Zero(ds);
+  }
+
+  template <class V>
+  HWY_INLINE void add(V x) {
+    if constexpr (promoted) {
+      const hn::Repartition<double, D> dd;
+      const hn::Half<D> dh;
+      const auto low = hn::PromoteTo(dd, hn::LowerHalf(dh, x));
+      const auto high = hn::PromoteTo(dd, hn::UpperHalf(dh, x));
+      sum[0] = hn::Add(sum[0], low);
+      sum[1] = hn::Add(sum[1], high);
+      square[0] = hn::MulAdd(low, low, square[0]);
+      square[1] = hn::MulAdd(high, high, square[1]);
+    } else {
+      sum[0] = hn::Add(sum[0], x);
+      square[0] = hn::MulAdd(x, x, square[0]);
+    }
+  }
+
+  // One Sum per T lane, in lane order.
+  HWY_INLINE void store(Sum* sums, Sum* squares) const {
+    const hn::Repartition<Sum, D> ds;
+    hn::Store(sum[0], ds, sums);
+    hn::Store(square[0], ds, squares);
+    if constexpr (promoted) {
+      hn::Store(sum[1], ds, sums + hn::Lanes(ds));
+      hn::Store(square[1], ds, squares + hn::Lanes(ds));
+    }
+  }
+};
 
 /// Fills out's lanes with [i, i + block) of s: moments of |x| and, for each probe, the
-/// count above it and the sums of the excesses (ln of them when TailLog). block is a
-/// multiple of the lane count, which is at most 64 bytes' worth.
-template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
+/// count above it and the sums of the excesses (ln of them when TailLog), summed in the
+/// lanes' Sum type. block is a multiple of the lane count, which is at most 64 bytes' worth.
+template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
 void block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
-                      cpu_detail::lane_statistics<T, Probes>& out) {
+                      cpu_detail::lane_statistics<T, Probes, Sum>& out) {
   const hn::ScalableTag<T> d;
   const hn::RebindToUnsigned<decltype(d)> du;
   const hn::RebindToSigned<decltype(d)> di;
-  const hn::Repartition<double, decltype(d)> dd;
   using V = decltype(hn::Zero(d));
   using VU = decltype(hn::Zero(du));
-  using VD = decltype(hn::Zero(dd));
   using Key = magnitude_key_t<T>;
   const auto infinity = hn::Set(du, magnitude_key(std::numeric_limits<T>::infinity()));
   const auto one_key = hn::Set(du, magnitude_key(T(1)));
   const auto no_sign = hn::Set(du, ~Key(0) >> 1);
-  VD sum[2] = {hn::Zero(dd), hn::Zero(dd)}, sum_sq[2] = {hn::Zero(dd), hn::Zero(dd)};
+  lane_sums<decltype(d), Sum> sums;
   V sum_log = hn::Zero(d);
   VU zeros = hn::Zero(du), nonfinite = hn::Zero(du), low = infinity, high = hn::Zero(du);
-  std::array<VD[2], Probes> tail_sum, tail_sq;
+  std::array<lane_sums<decltype(d), Sum>, Probes> tail_sums;
   std::array<V, Probes> tail_log;
   std::array<VU, Probes> tail_count;
   for (std::size_t p = 0; p < Probes; ++p) {
-    tail_sum[p][0] = tail_sum[p][1] = tail_sq[p][0] = tail_sq[p][1] = hn::Zero(dd);
     tail_log[p] = hn::Zero(d);
     tail_count[p] = hn::Zero(du);
   }
@@ -270,7 +281,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
     const auto x = hn::BitCast(d, kept);
     zeros = hn::Sub(zeros, hn::VecFromMask(du, hn::And(finite, zero)));
     nonfinite = hn::Sub(nonfinite, hn::VecFromMask(du, hn::Not(finite)));
-    add_in_double(d, x, sum, sum_sq);
+    sums.add(x);
     if constexpr (Log)
       sum_log = hn::Add(sum_log, fast_log(d, hn::BitCast(d, hn::IfThenElse(positive, key, one_key))));
     low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
@@ -280,7 +291,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
       const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
       const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
       tail_count[p] = hn::Sub(tail_count[p], hn::VecFromMask(du, hn::RebindMask(du, above)));
-      add_in_double(d, excess, tail_sum[p], tail_sq[p]);
+      tail_sums[p].add(excess);
       if constexpr (TailLog) {
         const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, T(1)));
         tail_log[p] = hn::Add(tail_log[p], fast_log(d, safe));
@@ -288,16 +299,14 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
     }
   }
   out.lanes = lanes;
-  store_double(d, sum, out.sum);
-  store_double(d, sum_sq, out.sum_sq);
+  sums.store(out.sum, out.sum_sq);
   hn::Store(sum_log, d, out.sum_log);
   hn::Store(zeros, du, out.zeros);
   hn::Store(nonfinite, du, out.nonfinite);
   hn::Store(low, du, out.low);
   hn::Store(high, du, out.high);
   for (std::size_t p = 0; p < Probes; ++p) {
-    store_double(d, tail_sum[p], out.tails[p].sum);
-    store_double(d, tail_sq[p], out.tails[p].sum_sq);
+    tail_sums[p].store(out.tails[p].sum, out.tails[p].sum_sq);
     hn::Store(tail_log[p], d, out.tails[p].sum_log);
     hn::Store(tail_count[p], du, out.tails[p].count);
   }

@@ -27,22 +27,24 @@ probe_at<T> make_probe(double t) {
 }
 
 /// Lanes of one block: moments of |x| (counts, smallest and largest keys; sums of |x| and
-/// |x|^2 in double, where no square of a float overflows or underflows; sums of ln|x|, which
-/// lie within +-745, in T's accumulator) and, for each of Probes thresholds, the count above
-/// it and the excesses' sums alike.
-template <class T, std::size_t Probes>
+/// |x|^2 in Sum; sums of ln|x|, which lie within +-745, in T's accumulator) and, for each of
+/// Probes thresholds, the count above it and the excesses' sums alike. Sum is T's
+/// accumulator (float for float and the 16-bit types), or double for a block whose
+/// magnitudes leave float's safe range (see fits_sum).
+template <class T, std::size_t Probes, class Sum = typename float_traits<T>::accumulator>
 struct lane_statistics {
   using Key = magnitude_key_t<T>;
   using Log = typename float_traits<T>::accumulator;
+  using sum_type = Sum;
   static constexpr std::size_t max_lanes = 64 / sizeof(T);
   struct tail_lanes {
-    alignas(64) double sum[max_lanes];
-    alignas(64) double sum_sq[max_lanes];
+    alignas(64) Sum sum[max_lanes];
+    alignas(64) Sum sum_sq[max_lanes];
     alignas(64) Log sum_log[max_lanes];
     alignas(64) Key count[max_lanes];
   };
-  alignas(64) double sum[max_lanes];
-  alignas(64) double sum_sq[max_lanes];
+  alignas(64) Sum sum[max_lanes];
+  alignas(64) Sum sum_sq[max_lanes];
   alignas(64) Log sum_log[max_lanes];
   alignas(64) Key zeros[max_lanes];
   alignas(64) Key nonfinite[max_lanes];
@@ -50,6 +52,21 @@ struct lane_statistics {
   alignas(64) Key high[max_lanes];
   tail_lanes tails[Probes == 0 ? 1 : Probes];
   std::size_t lanes = max_lanes;
+
+  /// Whether the block's sums in Sum are as good as double's: in float, a block's largest
+  /// magnitude must lie in [2^-40, 2^59] (or be 0), so that its 1024 squares cannot
+  /// overflow and the squares that underflow are below 2^-36 of the largest. Tail excesses
+  /// are at most the largest magnitude, and at least its float spacing.
+  bool fits_sum() const {
+    if constexpr (sizeof(Sum) >= 8) {
+      return true;
+    } else {
+      Key largest = 0;
+      for (std::size_t j = 0; j < lanes; ++j) largest = high[j] > largest ? high[j] : largest;
+      const float a = float(magnitude_of_key<T>(largest));
+      return a == 0.0f || (a >= 0x1p-40f && a <= 0x1p59f);
+    }
+  }
 
   /// Merges the block's lanes (block values in all) into out[0] and the tails into
   /// out[1 + j], in double.
@@ -60,8 +77,8 @@ struct lane_statistics {
     for (std::size_t j = 0; j < lanes; ++j) {
       m.zeros += zeros[j];
       m.nonfinite += nonfinite[j];
-      m.sum += sum[j];
-      m.sum_sq += sum_sq[j];
+      m.sum += double(sum[j]);
+      m.sum_sq += double(sum_sq[j]);
       m.sum_log += double(sum_log[j]);
       if (low[j] != infinity) m.min = std::min(m.min, double(magnitude_of_key<T>(low[j])));
       m.max = std::max(m.max, double(magnitude_of_key<T>(high[j])));
@@ -71,8 +88,8 @@ struct lane_statistics {
       moments t;
       for (std::size_t j = 0; j < lanes; ++j) {
         t.count += tails[p].count[j];
-        t.sum += tails[p].sum[j];
-        t.sum_sq += tails[p].sum_sq[j];
+        t.sum += double(tails[p].sum[j]);
+        t.sum_sq += double(tails[p].sum_sq[j]);
         t.sum_log += double(tails[p].sum_log[j]);
       }
       out[1 + p].merge(t);

@@ -1,6 +1,8 @@
 // The moments pass over one piece of a source: moments of |x| and the tails above a few
-// probe thresholds, in blocks summed in lanes (Highway's or portable loops; |x| and |x|^2 in
-// double), then added in double. Every test is an integer compare on the magnitude bits: float compares may
+// probe thresholds, in blocks summed in lanes (Highway's or portable loops), then added in
+// double. Float lanes are exact enough for a block whose magnitudes stay in float's safe
+// range; a block that leaves it (squares that would overflow, or all underflow) is summed
+// again in double lanes, so every finite scale matches the double oracle. Every test is an integer compare on the magnitude bits: float compares may
 // trap on NaN, which stops the compiler from vectorizing them; for non-negative floats the
 // bits order like the values, so min and max are integer too.
 #pragma once
@@ -21,16 +23,16 @@ namespace sidco::backend::cpu_detail {
 
 // The portable block loop: 64 bytes of lanes, masks rather than ?: selects (which GCC
 // takes for control flow and will not vectorize).
-template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
+template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
 void portable_block(const Source& source, std::size_t i, std::size_t block, const probe_at<T>* probes,
-                    lane_statistics<T, Probes>& out) {
+                    lane_statistics<T, Probes, Sum>& out) {
   using Key = magnitude_key_t<T>;
   using S = signed_key_t<T>;
-  constexpr std::size_t lanes = lane_statistics<T, Probes>::max_lanes;
+  constexpr std::size_t lanes = lane_statistics<T, Probes, Sum>::max_lanes;
   const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
-  using L = typename lane_statistics<T, Probes>::Log;
-  std::fill(std::begin(out.sum), std::end(out.sum), 0.0);
-  std::fill(std::begin(out.sum_sq), std::end(out.sum_sq), 0.0);
+  using L = typename lane_statistics<T, Probes, Sum>::Log;
+  std::fill(std::begin(out.sum), std::end(out.sum), Sum(0));
+  std::fill(std::begin(out.sum_sq), std::end(out.sum_sq), Sum(0));
   std::fill(std::begin(out.sum_log), std::end(out.sum_log), L(0));
   std::fill(std::begin(out.zeros), std::end(out.zeros), Key(0));
   std::fill(std::begin(out.nonfinite), std::end(out.nonfinite), Key(0));
@@ -38,8 +40,8 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
   std::fill(std::begin(out.high), std::end(out.high), Key(0));
   for (std::size_t p = 0; p < Probes; ++p) {
     auto& t = out.tails[p];
-    std::fill(std::begin(t.sum), std::end(t.sum), 0.0);
-    std::fill(std::begin(t.sum_sq), std::end(t.sum_sq), 0.0);
+    std::fill(std::begin(t.sum), std::end(t.sum), Sum(0));
+    std::fill(std::begin(t.sum_sq), std::end(t.sum_sq), Sum(0));
     std::fill(std::begin(t.sum_log), std::end(t.sum_log), L(0));
     std::fill(std::begin(t.count), std::end(t.count), Key(0));
   }
@@ -54,8 +56,8 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
       const T x = magnitude_of_key<T>(kept);
       out.zeros[j] += finite & (key == 0);
       out.nonfinite[j] += Key(1) - finite;
-      out.sum[j] += double(x);
-      out.sum_sq[j] += double(x) * double(x);
+      out.sum[j] += Sum(x);
+      out.sum_sq[j] += Sum(x) * Sum(x);
       if constexpr (Log)
         out.sum_log[j] += fast_log(magnitude_of_key<T>(kept | (~mask & magnitude_key(T(1)))));
       out.low[j] = std::min(out.low[j], kept | (~mask & infinity));
@@ -68,8 +70,8 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
         const T excess = magnitude_of_key<T>(detail::bit_cast<Key>(T(x - probes[p].value)) & above_mask);
         auto& t = out.tails[p];
         t.count[j] += above;
-        t.sum[j] += double(excess);
-        t.sum_sq[j] += double(excess) * double(excess);
+        t.sum[j] += Sum(excess);
+        t.sum_sq[j] += Sum(excess) * Sum(excess);
         if constexpr (TailLog)
           t.sum_log[j] += fast_log(magnitude_of_key<T>((magnitude_key(excess) & above_mask) |
                                                        (~above_mask & magnitude_key(T(1)))));
@@ -101,27 +103,37 @@ void add_values(const Source& source, std::size_t lo, std::size_t hi, const prob
 }
 
 /// Moments of |x| over [lo, hi) into out[0], the tails above probes[p] into out[1 + p]
-/// (merged into what out holds): whole blocks, then whole vectors, then values.
+/// (merged into what out holds): whole blocks, then whole vectors, then values. A block
+/// whose lanes do not fit their sum type is summed again in double lanes.
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
 void piece_statistics(const Source& source, std::size_t lo, std::size_t hi, const probe_at<T>* probes, moments* out) {
   constexpr std::size_t block = tuning::moments_block;
   lane_statistics<T, Probes> lanes{};  // zeroed once per piece: GCC cannot see the SIMD stores
+  auto gather = [&](std::size_t i, std::size_t n) {
+    if (lanes.fits_sum()) return lanes.gather_into(n, out);
+    lane_statistics<T, Probes, double> wide{};
+    if constexpr (simd::handles<Source>)
+      simd::block_statistics<Log, TailLog, Probes>(source, i, n, probes, wide);
+    else
+      portable_block<Log, TailLog, Probes>(source, i, n, probes, wide);
+    wide.gather_into(n, out);
+  };
   std::size_t i = lo;
   if constexpr (simd::handles<Source>) {
     for (; i + block <= hi; i += block) {
       simd::block_statistics<Log, TailLog, Probes>(source, i, block, probes, lanes);
-      lanes.gather_into(block, out);
+      gather(i, block);
     }
     const std::size_t vectors = (hi - i) / simd::lanes<T>() * simd::lanes<T>();
     if (vectors > 0) {
       simd::block_statistics<Log, TailLog, Probes>(source, i, vectors, probes, lanes);
-      lanes.gather_into(vectors, out);
+      gather(i, vectors);
       i += vectors;
     }
   } else {
     for (; i + block <= hi; i += block) {
       portable_block<Log, TailLog, Probes>(source, i, block, probes, lanes);
-      lanes.gather_into(block, out);
+      gather(i, block);
     }
   }
   add_values<Log, TailLog, Probes>(source, i, hi, probes, out);
