@@ -1,0 +1,162 @@
+// The one-round sparse exchange over MPI: every rank packs its selection into a payload of
+// fixed size (comm/wire.hpp), one MPI_Iallgather moves every payload, and wait() decodes the
+// rank-order sum or average, or raises on every rank alike what went wrong on any rank.
+// The PyTorch hook speaks the same format over torch.distributed. Needs MPI.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <span>
+#include <vector>
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the deprecated C++ bindings only add warnings
+#endif
+#include <mpi.h>
+
+#include "sidco/comm/capacity.hpp"
+#include "sidco/comm/report.hpp"
+#include "sidco/comm/wire.hpp"
+#include "sidco/core/error.hpp"
+#include "sidco/core/segment.hpp"
+#include "sidco/core/sparse_vector.hpp"
+
+namespace sidco::comm {
+
+struct exchange_options {
+  double slack = 1.25;                 // capacity: ceil(slack k) entries per segment
+  reduction op = reduction::average;
+  std::uint32_t tag = 0;               // names the tensor in errors and payloads
+};
+
+/// One tensor's (or one buffer of tensors') exchange, reused every step: its capacity,
+/// payload and receive buffers are allocated once.
+///
+///   sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, delta);
+///   try {
+///     compressor.compress<float>(gradient, delta, sent, residual);
+///     exchange.start(sent, residual.values(), step);     // trims, packs, MPI_Iallgather
+///   } catch (const std::exception& e) {
+///     exchange.start_failed(e, step);                     // the others are waiting for it
+///   }
+///   ... compress the next tensor meanwhile ...
+///   exchange.wait(dense);   // the rank-order average, or the same error on every rank
+///
+/// Every rank must call start (or start_failed) and wait in the same order, with the same
+/// layout, density and options; a rank whose arguments differ makes every rank's wait()
+/// throw naming it. Not thread-safe: one exchange, one thread.
+template <class T, class Index = std::uint32_t>
+class sparse_exchange {
+ public:
+  sparse_exchange(MPI_Comm comm, std::vector<segment> layout, double delta, exchange_options options = {})
+      : comm_(comm), layout_(std::move(layout)), delta_(delta), options_(options) {
+    check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    plan_ = plan_capacity(layout_, delta, options.slack);
+    size_ = layout_.back().end();
+    if (size_ > sparse_vector<T, Index>::max_dense_size)
+      sidco::detail::fail("sparse_exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
+    format_ = format_for<T, Index>(plan_.total);
+    if (format_.bytes() > std::size_t(std::numeric_limits<int>::max()))
+      sidco::detail::fail("sparse_exchange: a payload of ", format_.bytes(), " bytes exceeds MPI's int counts");
+    payload_.resize(format_.bytes());
+    inbox_.resize(format_.bytes() * std::size_t(ranks_));
+  }
+
+  /// One tensor of size values.
+  sparse_exchange(MPI_Comm comm, std::size_t size, double delta, exchange_options options = {})
+      : sparse_exchange(comm, std::vector<segment>{{0, size}}, delta, options) {}
+
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }
+  const wire_format& format() const { return format_; }
+  const capacity_plan& capacities() const { return plan_; }
+
+  /// Trims sent to each segment's capacity (what it removes goes back into residual, when
+  /// given: nothing is lost), packs it and starts the all-gather. A problem with the
+  /// arguments on this rank is sent instead, so that every rank's wait() throws it.
+  /// sent (as trimmed), residual and dense must stay alive until wait() returns.
+  void start(sparse_vector<T, Index>& sent, std::span<T> residual, std::uint64_t step) {
+    begin();
+    residual_ = residual;
+    try {
+      if (sent.dense_size() != size_)
+        sidco::detail::fail("sparse_exchange: the sparse vector's dense size ", sent.dense_size(),
+                            " is not the exchange's ", size_);
+      if (!residual.empty() && residual.size() != size_)
+        sidco::detail::fail("sparse_exchange: residual: size ", residual.size(), " is not the exchange's ", size_);
+      const std::size_t trimmed = trim_to_capacity(sent, layout_, plan_, residual);
+      pack(sent, trimmed, fields(step), format_, std::span<std::byte>(payload_));
+    } catch (const std::exception& e) {
+      pack_failure<T, Index>(e, size_, fields(step), format_, std::span<std::byte>(payload_));
+    }
+    send();
+  }
+
+  /// For a rank whose compress threw: sends the reason instead of entries; every rank's
+  /// wait() then throws it, naming this rank.
+  void start_failed(const std::exception& reason, std::uint64_t step) {
+    begin();
+    residual_ = {};
+    pack_failure<T, Index>(reason, size_, fields(step), format_, std::span<std::byte>(payload_));
+    send();
+  }
+
+  /// Completes the last start: dense (overwritten) = the rank-order sum or average of every
+  /// rank's entries. On any rank's failure or disagreement it throws sidco::runtime_error,
+  /// the same on every rank, having written nothing to dense and returned this rank's sent
+  /// entries to its residual.
+  exchange_report wait(std::span<T> dense) {
+    if (!in_flight_) sidco::detail::fail("sparse_exchange: wait() without start()");
+    in_flight_ = false;
+    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    std::vector<std::span<const std::byte>> views(static_cast<std::size_t>(ranks_));
+    for (int r = 0; r < ranks_; ++r)
+      views[std::size_t(r)] = std::span<const std::byte>(inbox_).subspan(std::size_t(r) * format_.bytes(), format_.bytes());
+    try {
+      return decode<T, Index>(views, format_, dense);
+    } catch (const runtime_error&) {
+      if (!residual_.empty()) return_to_residual<T, Index>(std::span<const std::byte>(payload_), format_, residual_);
+      throw;
+    }
+  }
+
+ private:
+  static void check_mpi(int status, const char* what) {
+    if (status == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(status, text, &length);
+    sidco::detail::fail_at_run_time("sparse_exchange: ", what, " failed: ", std::string(text, std::size_t(length)));
+  }
+
+  void begin() {
+    if (in_flight_) sidco::detail::fail("sparse_exchange: start() twice without wait()");
+  }
+
+  wire_fields fields(std::uint64_t step) const { return {options_.tag, step, delta_, options_.op}; }
+
+  void send() {
+    check_mpi(MPI_Iallgather(payload_.data(), int(format_.bytes()), MPI_BYTE, inbox_.data(), int(format_.bytes()),
+                             MPI_BYTE, comm_, &request_),
+              "MPI_Iallgather");
+    in_flight_ = true;
+  }
+
+  MPI_Comm comm_;
+  int ranks_ = 1, rank_ = 0;
+  std::vector<segment> layout_;
+  std::size_t size_ = 0;
+  double delta_;
+  exchange_options options_;
+  capacity_plan plan_;
+  wire_format format_;
+  std::vector<std::byte> payload_, inbox_;
+  std::span<T> residual_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  bool in_flight_ = false;
+};
+
+}  // namespace sidco::comm

@@ -1,0 +1,187 @@
+// Run under mpirun with 2 and 3 ranks: the one-round exchange (comm/exchange.hpp) gives
+// every rank the rank-order average of what each sent, bit for bit, with the next tensor
+// compressed while it is in flight; trimming to capacity loses nothing; a rank that fails
+// or disagrees makes every rank throw the same error naming it, and nothing sent is lost.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <sidco/comm/exchange.hpp>
+#include <sidco/sidco.hpp>
+
+using namespace sidco;
+
+namespace {
+
+int rank_of() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int size_of() {
+  int p = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  return p;
+}
+
+// Layers of different scales, each rank its own values; 30% exact zeros.
+std::vector<float> gradient_for(int rank, std::uint64_t step, const std::vector<segment>& layout) {
+  std::vector<float> g(layout.back().end());
+  std::mt19937_64 rng(1000 * step + std::uint64_t(rank));
+  std::uniform_real_distribution<double> u(0, 1);
+  for (std::size_t s = 0; s < layout.size(); ++s) {
+    std::exponential_distribution<double> magnitude(std::pow(10.0, double(s)));
+    for (std::size_t i = layout[s].offset; i < layout[s].end(); ++i)
+      g[i] = u(rng) < 0.3 ? 0.0f : float((u(rng) < 0.5 ? -1 : 1) * magnitude(rng));
+  }
+  return g;
+}
+
+// The reference: every rank's sent entries, gathered densely, added in rank order from 0
+// and divided by the rank count.
+std::vector<float> rank_order_average(const sparse_vector<float>& sent, std::size_t n) {
+  std::vector<float> local(n, std::numeric_limits<float>::quiet_NaN());  // NaN: not sent
+  for (std::size_t j = 0; j < sent.size(); ++j) local[sent.indices()[j]] = sent.values()[j];
+  std::vector<float> all(n * std::size_t(size_of()));
+  MPI_Allgather(local.data(), int(n), MPI_FLOAT, all.data(), int(n), MPI_FLOAT, MPI_COMM_WORLD);
+  std::vector<float> out(n, 0.0f);
+  for (std::size_t i = 0; i < n; ++i) {
+    float sum = 0.0f;
+    bool any = false;
+    for (int r = 0; r < size_of(); ++r) {
+      const float v = all[std::size_t(r) * n + i];
+      if (std::isnan(v)) continue;
+      sum = sum + v;
+      any = true;
+    }
+    if (any) out[i] = sum / float(size_of());
+  }
+  return out;
+}
+
+const std::vector<segment> layout{{0, 3000}, {3000, 20000}, {23000, 7}, {23007, 9000}};
+
+bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("two tensors in flight at once: each the rank-order average, bit for bit; trimming loses nothing") {
+  const double delta = 0.01;
+  const std::size_t n = layout.back().end();
+  // Slack 1 trims most calls: the per-layer estimate lands a little above or below k.
+  comm::sparse_exchange<float> first(MPI_COMM_WORLD, layout, delta, {1.0, comm::reduction::average, 0});
+  comm::sparse_exchange<float> second(MPI_COMM_WORLD, n, delta, {1.25, comm::reduction::average, 1});
+  segmented<presets::sidco_e<>> per_layer(layout);
+  presets::top_k<> whole;
+  feedback::residual<float> r1(n), r2(n);
+  std::size_t trimmed = 0;
+  for (std::uint64_t step = 0; step < 6; ++step) {
+    const auto g1 = gradient_for(rank_of(), step, layout), g2 = gradient_for(rank_of() + 7, step, layout);
+    const std::vector<float> before1(r1.values().begin(), r1.values().end());
+    sparse_vector<float> s1, s2;
+    per_layer.compress<float>(g1, delta, s1, r1);
+    first.start(s1, r1.values(), step);
+    // The second tensor is compressed while the first is in flight.
+    whole.compress<float>(g2, delta, s2, r2);
+    second.start(s2, r2.values(), step);
+    std::vector<float> d1(n), d2(n);
+    const auto report = first.wait(d1);
+    second.wait(d2);
+    trimmed += report.trimmed;
+    for (std::size_t s = 0; s < layout.size(); ++s) {
+      std::size_t inside = 0;
+      for (auto i : s1.indices()) inside += i >= layout[s].offset && i < layout[s].end();
+      CHECK(inside <= first.capacities().per_segment[s]);
+    }
+    // sent + residual = gradient + old residual, per element, trimmed entries included.
+    std::vector<float> sent(n, 0.0f);
+    for (std::size_t j = 0; j < s1.size(); ++j) sent[s1.indices()[j]] = s1.values()[j];
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(sent[i] + r1.values()[i] == g1[i] + before1[i]);
+    CHECK(bits_equal(d1, rank_order_average(s1, n)));
+    CHECK(bits_equal(d2, rank_order_average(s2, n)));
+  }
+  CHECK(trimmed > 0);  // or the trimming above was never tested
+}
+
+TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing sent is lost") {
+  const std::size_t n = layout.back().end();
+  comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, 0.01);
+  segmented<presets::sidco_e<>> per_layer(layout);
+  feedback::residual<float> residual(n);
+  auto g = gradient_for(rank_of(), 0, layout);
+  if (rank_of() == 1) g[5] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> before(residual.values().begin(), residual.values().end());
+  sparse_vector<float> sent;
+  try {
+    per_layer.compress<float>(g, 0.01, sent, residual);
+    exchange.start(sent, residual.values(), 7);
+  } catch (const std::exception& e) {
+    exchange.start_failed(e, 7);
+  }
+  std::vector<float> dense(n, 1.0f);
+  std::string message;
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("exchange (tag 0, step 7): rank 1 failed: gradient + residual contains 1 non-finite value(s)") !=
+        std::string::npos);
+  CHECK(dense == std::vector<float>(n, 1.0f));  // nothing written
+  // What this rank sent is back in its residual: the step's gradient waits for the next one.
+  for (std::size_t i = 0; i < n; ++i)
+    REQUIRE(residual.values()[i] == (rank_of() == 1 ? before[i] : g[i] + before[i]));
+}
+
+TEST_CASE("ranks that disagree: every rank throws naming the first that differs") {
+  const std::size_t n = 1000;
+  // The last rank asks for another density (the same capacity, so the payloads match in size).
+  const double delta = rank_of() == size_of() - 1 ? 0.0100000001 : 0.01;
+  comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, delta);
+  std::vector<float> g(n, 1.0f);
+  sparse_vector<float> sent;
+  presets::top_k<>{}.compress<float>(g, delta, sent);
+  exchange.start(sent, {}, 0);
+  std::vector<float> dense(n);
+  std::string message;
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  const std::string expected = "rank " + std::to_string(size_of() - 1) + " has density 0.0100000001, rank 0 has 0.01";
+  CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
+
+  // A rank at another step (ranks out of step).
+  comm::sparse_exchange<float> other(MPI_COMM_WORLD, n, 0.01);
+  presets::top_k<>{}.compress<float>(g, 0.01, sent);
+  other.start(sent, {}, rank_of() == 1 ? 4 : 3);
+  message.clear();
+  try {
+    other.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(message.find("rank 1 is at step 4, rank 0 at step 3") != std::string::npos, message);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  doctest::Context context(argc, argv);
+  context.setOption("no-colors", true);
+  if (rank_of() != 0) context.setOption("out", "/dev/null");  // one rank reports
+  const int failed = context.run();
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}
