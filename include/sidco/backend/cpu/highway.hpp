@@ -271,6 +271,10 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
     tail_log[p] = hn::Zero(d);
     tail_count[p] = hn::Zero(du);
   }
+  // Values above no probe skip the tails' work: at small densities, nearly every vector.
+  auto lowest = std::numeric_limits<hn::TFromD<decltype(di)>>::max();
+  for (std::size_t p = 0; p < Probes; ++p) lowest = std::min(lowest, probes[p].key);
+  const auto lowest_probe = hn::Set(di, lowest);
   const std::size_t lanes = hn::Lanes(d);
   for (std::size_t b = 0; b < block; b += lanes) {
     const auto key = hn::And(hn::BitCast(du, load(d, s, i + b)), no_sign);
@@ -287,6 +291,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
     low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
     high = hn::Max(high, kept);
     // Tails: the finite non-zeros above each probe (kept is 0 elsewhere, below any probe).
+    if (Probes == 0 || hn::AllFalse(d, hn::RebindMask(d, hn::Gt(hn::BitCast(di, kept), lowest_probe)))) continue;
     for (std::size_t p = 0; p < Probes; ++p) {
       const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
       const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
