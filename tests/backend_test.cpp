@@ -12,13 +12,15 @@
 #include <sidco/backend/cpu.hpp>
 #include <sidco/backend/serial.hpp>
 #include <sidco/core/fast_log.hpp>
+#include <sidco/core/half.hpp>
 
 #include "backend_oracle.hpp"
 #include "support.hpp"
 
 using namespace sidco;
 
-TEST_CASE_TEMPLATE("cpu kernels equal the serial oracle at every short length and alignment", T, float, double) {
+TEST_CASE_TEMPLATE("cpu kernels equal the serial oracle at every short length and alignment", T, float, double,
+                   float16, bfloat16) {
   const auto data = test::mixed_values<T>(2 * 1024 + 65 + 3, 17, true);
   backend::cpu one_thread(1);
   for (std::size_t misalign = 0; misalign < 4; ++misalign)
@@ -37,7 +39,8 @@ TEST_CASE("cpu kernels equal the serial oracle on real gradients with 1, 2 and 3
   }
 }
 
-TEST_CASE_TEMPLATE("cpu selection settles error feedback exactly as the oracle does", T, float, double) {
+TEST_CASE_TEMPLATE("cpu selection settles error feedback exactly as the oracle does", T, float, double, float16,
+                   bfloat16) {
   const auto g = test::mixed_values<T>(200003, 5, false);
   const auto r0 = test::mixed_values<T>(200003, 6, false);
   backend::cpu cpu(3);

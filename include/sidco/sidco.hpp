@@ -8,6 +8,7 @@
 #include "sidco/core/checks.hpp"
 #include "sidco/core/config.hpp"
 #include "sidco/core/error.hpp"
+#include "sidco/core/half.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"

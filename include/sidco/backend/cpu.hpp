@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "sidco/backend/pass_statistics.hpp"
 #include "sidco/backend/serial.hpp"
 #include "sidco/backend/source.hpp"
+#include "sidco/core/half.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/segment.hpp"
@@ -174,7 +176,7 @@ class cpu {
     const auto above = threshold_key<T>(low), upto = threshold_key<T>(high);
     auto in_band = [&](std::size_t i) {
       const auto key = signed_key(source.rescan_value(i));
-      return key_exceeds(key, above) & (key <= upto);
+      return exceeds<T>(key, above) & (key <= upto);
     };
     const std::size_t start = out.size();
     const std::size_t total = threads_.count_each(source.size, [&](std::size_t lo, std::size_t hi) {
@@ -246,9 +248,9 @@ class cpu {
 
   /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit).
   std::size_t workspace_bytes() const {
-    return partials_.capacity() * sizeof(moments) +
-           probes_float_.capacity() * sizeof(cpu_detail::probe_at<float>) +
-           probes_double_.capacity() * sizeof(cpu_detail::probe_at<double>) +
+    const std::size_t probes =
+        std::apply([](const auto&... v) { return (std::size_t(0) + ... + (v.capacity() * sizeof(v[0]))); }, probes_);
+    return partials_.capacity() * sizeof(moments) + probes +
            (first_unit_.capacity() + offsets_.capacity()) * sizeof(std::size_t) +
            histograms_.capacity() * sizeof(std::uint64_t) + keys_.capacity() * sizeof(std::int64_t) +
            selection_.workspace_bytes();
@@ -300,18 +302,17 @@ class cpu {
 
   template <class T>
   std::vector<cpu_detail::probe_at<T>>& probe_storage() {
-    if constexpr (std::is_same_v<T, float>)
-      return probes_float_;
-    else
-      return probes_double_;
+    return std::get<std::vector<cpu_detail::probe_at<T>>>(probes_);
   }
 
   cpu_detail::thread_ranges threads_;
   cpu_detail::compaction selection_;
   // Scratch for one call: O(threads + segments + units).
   std::vector<moments> partials_;
-  std::vector<cpu_detail::probe_at<float>> probes_float_;
-  std::vector<cpu_detail::probe_at<double>> probes_double_;
+  // One probe list per element type, so a backend serves every type without reallocating.
+  std::tuple<std::vector<cpu_detail::probe_at<float>>, std::vector<cpu_detail::probe_at<double>>,
+             std::vector<cpu_detail::probe_at<float16>>, std::vector<cpu_detail::probe_at<bfloat16>>>
+      probes_;
   std::vector<std::size_t> first_unit_, offsets_;
   std::vector<std::uint64_t> histograms_;
   std::vector<std::int64_t> keys_;

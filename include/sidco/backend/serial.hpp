@@ -52,7 +52,7 @@ struct basic_serial {
   static moments counts_in(const Source& source, std::size_t lo, std::size_t hi) {
     using T = typename Source::value_type;
     using Key = magnitude_key_t<T>;
-    const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
+    const Key infinity = float_traits<T>::infinity;
     std::uint64_t zeros = 0, nonfinite = 0;
     for (std::size_t i = lo; i < hi; ++i) {
       const Key key = magnitude_key(source.value(i));
@@ -86,7 +86,8 @@ struct basic_serial {
   template <class Source>
   nonfinite_value first_nonfinite(const Source& source) {
     for (std::size_t i = 0; i < source.size; ++i)
-      if (!std::isfinite(source.value(i))) return {i, double(source.value(i))};
+      if (!(magnitude_key(source.value(i)) < float_traits<typename Source::value_type>::infinity))
+        return {i, double(source.value(i))};
     return {source.size, 0.0};
   }
 

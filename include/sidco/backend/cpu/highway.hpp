@@ -53,12 +53,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <class Source>
 struct loads : std::false_type {};
 template <class T>
-struct loads<plain_source<T, memory::host>> : std::true_type {};
+struct loads<plain_source<T, memory::host>> : std::bool_constant<std::is_same_v<T, float> || std::is_same_v<T, double>> {};
 template <class T>
-struct loads<feedback_source<T, memory::host>> : std::true_type {};
+struct loads<feedback_source<T, memory::host>>
+    : std::bool_constant<std::is_same_v<T, float> || std::is_same_v<T, double>> {};
 
-/// Sources the kernels read whole vectors from. The momentum source is left to the portable
-/// loops: its fused multiply-add must round exactly as the oracle's does.
+/// Sources the kernels read whole vectors from: float and double. The momentum source is
+/// left to the portable loops (its fused multiply-add must round exactly as the oracle's
+/// does), and so are the 16-bit types.
 template <class Source>
 inline constexpr bool handles = loads<Source>::value;
 
@@ -258,7 +260,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
   using V = decltype(hn::Zero(d));
   using VU = decltype(hn::Zero(du));
   using Key = magnitude_key_t<T>;
-  const auto infinity = hn::Set(du, magnitude_key(std::numeric_limits<T>::infinity()));
+  const auto infinity = hn::Set(du, float_traits<T>::infinity);
   const auto one_key = hn::Set(du, magnitude_key(T(1)));
   const auto no_sign = hn::Set(du, ~Key(0) >> 1);
   lane_sums<decltype(d), Sum> sums;

@@ -71,7 +71,7 @@ struct lane_statistics {
   /// Merges the block's lanes (block values in all) into out[0] and the tails into
   /// out[1 + j], in double.
   void gather_into(std::size_t block, moments* out) const {
-    const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
+    const Key infinity = float_traits<T>::infinity;
     moments m;
     m.count = block;
     for (std::size_t j = 0; j < lanes; ++j) {

@@ -29,7 +29,7 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
   using Key = magnitude_key_t<T>;
   using S = signed_key_t<T>;
   constexpr std::size_t lanes = lane_statistics<T, Probes, Sum>::max_lanes;
-  const Key infinity = magnitude_key(std::numeric_limits<T>::infinity());
+  const Key infinity = float_traits<T>::infinity;
   using L = typename lane_statistics<T, Probes, Sum>::Log;
   std::fill(std::begin(out.sum), std::end(out.sum), Sum(0));
   std::fill(std::begin(out.sum_sq), std::end(out.sum_sq), Sum(0));
@@ -59,45 +59,47 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
       out.sum[j] += Sum(x);
       out.sum_sq[j] += Sum(x) * Sum(x);
       if constexpr (Log)
-        out.sum_log[j] += fast_log(magnitude_of_key<T>(kept | (~mask & magnitude_key(T(1)))));
-      out.low[j] = std::min(out.low[j], kept | (~mask & infinity));
+        out.sum_log[j] += fast_log(L(magnitude_of_key<T>(Key(kept | (~mask & magnitude_key(T(1)))))));
+      out.low[j] = std::min(out.low[j], Key(kept | (~mask & infinity)));
       out.high[j] = std::max(out.high[j], kept);
       for (std::size_t p = 0; p < Probes; ++p) {
         const Key above = Key(S(kept) > probes[p].key);
         const Key above_mask = Key(0) - above;
         // The excess where above, else +0: bits masked, never multiplied (x - value may be
         // any value where not above).
-        const T excess = magnitude_of_key<T>(detail::bit_cast<Key>(T(x - probes[p].value)) & above_mask);
+        const T excess = magnitude_of_key<T>(Key(detail::bit_cast<Key>(T(L(x) - L(probes[p].value))) & above_mask));
         auto& t = out.tails[p];
         t.count[j] += above;
         t.sum[j] += Sum(excess);
         t.sum_sq[j] += Sum(excess) * Sum(excess);
         if constexpr (TailLog)
-          t.sum_log[j] += fast_log(magnitude_of_key<T>((magnitude_key(excess) & above_mask) |
-                                                       (~above_mask & magnitude_key(T(1)))));
+          t.sum_log[j] += fast_log(L(magnitude_of_key<T>(Key((magnitude_key(excess) & above_mask) |
+                                                             (~above_mask & magnitude_key(T(1)))))));
       }
     }
   }
 }
 
-// Adds |x| over [lo, hi) value by value, with the tails.
+// Adds |x| over [lo, hi) value by value, with the tails (arithmetic in T's accumulator,
+// rounded to T as the lanes round it).
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
 void add_values(const Source& source, std::size_t lo, std::size_t hi, const probe_at<T>* probes, moments* out) {
+  using L = typename float_traits<T>::accumulator;
   for (std::size_t i = lo; i < hi; ++i) {
     const T v = source.value(i);
-    const T a = std::fabs(v);
+    const T a = magnitude_of_key<T>(magnitude_key(v));
     out[0].add<false>(double(a));
-    const bool positive = std::isfinite(a) && a > 0;
+    const bool positive = magnitude_key(v) < float_traits<T>::infinity && magnitude_key(v) != 0;
     if constexpr (Log)
-      if (positive) out[0].sum_log += double(fast_log(a));
+      if (positive) out[0].sum_log += double(fast_log(L(a)));
     for (std::size_t p = 0; p < Probes; ++p) {
       if (!positive || !(signed_key(v) > probes[p].key)) continue;
-      const T excess = T(a - probes[p].value);
+      const T excess = T(L(a) - L(probes[p].value));
       moments& t = out[1 + p];
       ++t.count;
       t.sum += double(excess);
       t.sum_sq += double(excess) * double(excess);
-      if constexpr (TailLog) t.sum_log += double(fast_log(excess));
+      if constexpr (TailLog) t.sum_log += double(fast_log(L(excess)));
     }
   }
 }

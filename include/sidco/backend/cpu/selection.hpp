@@ -13,9 +13,10 @@ namespace sidco::backend::cpu_detail {
 /// How many |x_i| > t in [lo, hi), above = threshold_key(t).
 template <class Source, class S>
 std::size_t count_above_in(const Source& source, std::size_t lo, std::size_t hi, S above) {
+  using T = typename Source::value_type;
   std::size_t n = 0, i = lo;
   if constexpr (simd::handles<Source>) i = simd::count_above(source, lo, hi, above, n);
-  for (; i < hi; ++i) n += key_exceeds(signed_key(source.value(i)), above);
+  for (; i < hi; ++i) n += exceeds<T>(signed_key(source.value(i)), above);
   return n;
 }
 
@@ -45,10 +46,10 @@ std::size_t write_above(const Source& source, std::size_t lo, std::size_t hi, S 
       largest = key > largest ? key : largest;
     }
     if constexpr (Source::has_state)
-      for (std::size_t j = 0; j < block; ++j) source.settle(i + j, v[j], Final & key_exceeds(signed_key(v[j]), above));
+      for (std::size_t j = 0; j < block; ++j) source.settle(i + j, v[j], Final & exceeds<T>(signed_key(v[j]), above));
     if (!(largest > above)) continue;
     for (std::size_t j = 0; j < block; ++j)
-      if (key_exceeds(signed_key(v[j]), above)) {
+      if (exceeds<T>(signed_key(v[j]), above)) {
         indices[at] = Index(source.base + i + j);
         values[at] = v[j];
         ++at;
@@ -57,7 +58,7 @@ std::size_t write_above(const Source& source, std::size_t lo, std::size_t hi, S 
   if (Bounded && at + block > end) return i;
   for (; i < hi; ++i) {
     const T v = source.value(i);
-    const bool keep = key_exceeds(signed_key(v), above);
+    const bool keep = exceeds<T>(signed_key(v), above);
     if (keep) {
       indices[at] = Index(source.base + i);
       values[at] = v;

@@ -1,0 +1,217 @@
+// 16-bit gradients on the host: IEEE binary16 (float16) and bfloat16, as storage with exact
+// conversions (float to 16 bits rounds to nearest, ties to even). Arithmetic runs in float
+// and rounds once, as the hardware's does; sums run in float or double. The layouts are
+// those of c10::Half, c10::BFloat16, __half and __nv_bfloat16, so their buffers can be used
+// as they are. (The CUDA backend compresses __half and __nv_bfloat16: backend/cuda/half.cuh.)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "sidco/core/bit.hpp"
+#include "sidco/core/config.hpp"
+#include "sidco/core/float_traits.hpp"
+#include "sidco/core/magnitude_key.hpp"
+
+namespace sidco {
+
+namespace detail {
+
+// float to binary16, round to nearest even; NaN stays NaN (quiet), overflow gives infinity.
+constexpr std::uint16_t float_to_half_bits(float f) {
+  const std::uint32_t x = bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t magnitude = x & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u) return std::uint16_t(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u : 0u));
+  if (magnitude >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);  // rounds to >= 65520: infinity
+  if (magnitude >= 0x38800000u) {                                     // normal in binary16
+    const std::uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+    return std::uint16_t(sign | ((rounded - 0x38000000u) >> 13));
+  }
+  if (magnitude < 0x33000000u) return std::uint16_t(sign);  // below half the smallest subnormal: 0
+  // Subnormal: shift the mantissa (with its hidden bit) into place, rounding to even.
+  const std::uint32_t exponent = magnitude >> 23;
+  const std::uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = 126u - exponent;  // 14 .. 24
+  const std::uint32_t half_ulp = 1u << (shift - 1);
+  const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
+  std::uint32_t value = mantissa >> shift;
+  if (rest > half_ulp || (rest == half_ulp && (value & 1u))) ++value;
+  return std::uint16_t(sign | value);
+}
+
+constexpr float half_bits_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  std::uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1fu) return bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent != 0) return bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (mantissa == 0) return bit_cast<float>(sign);
+  // Subnormal: normalize.
+  std::uint32_t e = 113;
+  while (!(mantissa & 0x400u)) {
+    mantissa <<= 1;
+    --e;
+  }
+  return bit_cast<float>(sign | (e << 23) | ((mantissa & 0x3ffu) << 13));
+}
+
+// float to bfloat16, round to nearest even; NaN stays NaN (quiet).
+constexpr std::uint16_t float_to_bfloat16_bits(float f) {
+  const std::uint32_t x = bit_cast<std::uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((x >> 16) | 0x40u);
+  return std::uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+constexpr float bfloat16_bits_to_float(std::uint16_t b) { return bit_cast<float>(std::uint32_t(b) << 16); }
+
+}  // namespace detail
+
+/// IEEE binary16.
+struct float16 {
+  std::uint16_t bits;
+
+  float16() = default;
+  constexpr explicit float16(float f) : bits(detail::float_to_half_bits(f)) {}
+  constexpr explicit float16(double d) : float16(float(d)) {}  // through float: one rounding for float values
+  constexpr explicit float16(int i) : float16(float(i)) {}
+  constexpr explicit operator float() const { return detail::half_bits_to_float(bits); }
+  constexpr explicit operator double() const { return double(float(*this)); }
+  static constexpr float16 from_bits(std::uint16_t b) {
+    float16 h{};
+    h.bits = b;
+    return h;
+  }
+  /// IEEE equality (+0 == -0, NaN equals nothing); beyond negation there is no 16-bit
+  /// arithmetic (sums go through float_traits<float16>::accumulator).
+  friend constexpr bool operator==(float16 a, float16 b) { return float(a) == float(b); }
+  friend constexpr float16 operator-(float16 a) { return from_bits(std::uint16_t(a.bits ^ 0x8000u)); }
+};
+
+/// bfloat16: float's exponent, 8 bits of mantissa.
+struct bfloat16 {
+  std::uint16_t bits;
+
+  bfloat16() = default;
+  constexpr explicit bfloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}
+  constexpr explicit bfloat16(double d) : bfloat16(float(d)) {}
+  constexpr explicit bfloat16(int i) : bfloat16(float(i)) {}
+  constexpr explicit operator float() const { return detail::bfloat16_bits_to_float(bits); }
+  constexpr explicit operator double() const { return double(float(*this)); }
+  static constexpr bfloat16 from_bits(std::uint16_t b) {
+    bfloat16 h{};
+    h.bits = b;
+    return h;
+  }
+  friend constexpr bool operator==(bfloat16 a, bfloat16 b) { return float(a) == float(b); }
+  friend constexpr bfloat16 operator-(bfloat16 a) { return from_bits(std::uint16_t(a.bits ^ 0x8000u)); }
+};
+
+template <>
+struct float_traits<float16> {
+  using key = std::uint16_t;
+  using accumulator = float;
+  static constexpr key infinity = 0x7c00u;
+  static constexpr key sign = 0x8000u;
+  static constexpr const char* name = "float16";
+  static constexpr std::uint8_t wire_code = 3;
+};
+
+template <>
+struct float_traits<bfloat16> {
+  using key = std::uint16_t;
+  using accumulator = float;
+  static constexpr key infinity = 0x7f80u;
+  static constexpr key sign = 0x8000u;
+  static constexpr const char* name = "bfloat16";
+  static constexpr std::uint8_t wire_code = 4;
+};
+
+namespace detail {
+
+// The key of the largest 16-bit value not above t >= 0.
+template <class H>
+signed_key_t<H> host_half_threshold_key(double t) {
+  using S = signed_key_t<H>;
+  if (std::isnan(t)) return std::numeric_limits<S>::max();
+  if (t < 0) return S(-1);
+  if (t >= double(float(H::from_bits(float_traits<H>::infinity)))) return S(float_traits<H>::infinity);
+  float f = float(t);
+  if (double(f) > t) f = std::nextafter(f, 0.0f);
+  H h(f);
+  if (float(h) > f) h = H::from_bits(std::uint16_t(h.bits - 1));  // rounded up: step down (h > 0 here)
+  return S(h.bits);
+}
+
+}  // namespace detail
+
+template <>
+inline signed_key_t<float16> threshold_key<float16>(double t) {
+  return detail::host_half_threshold_key<float16>(t);
+}
+
+template <>
+inline signed_key_t<bfloat16> threshold_key<bfloat16>(double t) {
+  return detail::host_half_threshold_key<bfloat16>(t);
+}
+
+}  // namespace sidco
+
+namespace std {
+
+template <>
+class numeric_limits<sidco::float16> {
+  using H = sidco::float16;
+
+ public:
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr bool is_iec559 = true;
+  static constexpr int digits = 11;
+  static constexpr int radix = 2;
+  static constexpr int min_exponent = -13;
+  static constexpr int max_exponent = 16;
+  static constexpr H min() { return H::from_bits(0x0400); }
+  static constexpr H max() { return H::from_bits(0x7bff); }
+  static constexpr H lowest() { return H::from_bits(0xfbff); }
+  static constexpr H epsilon() { return H::from_bits(0x1400); }
+  static constexpr H infinity() { return H::from_bits(0x7c00); }
+  static constexpr H quiet_NaN() { return H::from_bits(0x7e00); }
+  static constexpr H signaling_NaN() { return H::from_bits(0x7d00); }
+  static constexpr H denorm_min() { return H::from_bits(0x0001); }
+};
+
+template <>
+class numeric_limits<sidco::bfloat16> {
+  using H = sidco::bfloat16;
+
+ public:
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr bool is_iec559 = false;
+  static constexpr int digits = 8;
+  static constexpr int radix = 2;
+  static constexpr int min_exponent = -125;
+  static constexpr int max_exponent = 128;
+  static constexpr H min() { return H::from_bits(0x0080); }
+  static constexpr H max() { return H::from_bits(0x7f7f); }
+  static constexpr H lowest() { return H::from_bits(0xff7f); }
+  static constexpr H epsilon() { return H::from_bits(0x3c00); }
+  static constexpr H infinity() { return H::from_bits(0x7f80); }
+  static constexpr H quiet_NaN() { return H::from_bits(0x7fc0); }
+  static constexpr H signaling_NaN() { return H::from_bits(0x7fa0); }
+  static constexpr H denorm_min() { return H::from_bits(0x0001); }
+};
+
+}  // namespace std
