@@ -30,6 +30,7 @@ import torch.distributed as dist
 from .ops import METHODS, _codec, _options_dict
 
 _STATE_FORMAT = 1
+_COMPRESSED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _shortest(value, dtype):
@@ -159,9 +160,9 @@ class State:
             raise ValueError("sidco_torch.State: this State keys its parameters by DDP's order (the hook ran, "
                              "or an order-keyed state was loaded, before attach()); attach or register first")
         for name, p in module.named_parameters():
-            if p.requires_grad and p.dtype not in (torch.float32, torch.float64):
+            if p.requires_grad and p.dtype not in _COMPRESSED:
                 raise TypeError(f"sidco_torch.State: parameter {name} is {p.dtype}; sidco_torch compresses "
-                                "float32 and float64 buckets")
+                                "float32, float64, float16 and bfloat16 buckets")
             self._keys[id(p)] = (weakref.ref(p), name)
         self._module = weakref.ref(module)
         self._keying = "names"
@@ -242,7 +243,7 @@ class State:
         size, dtype, residual, compressor = entry["size"], entry["dtype"], entry["residual"], entry["compressor"]
         if not (isinstance(size, int) and size > 0):
             raise ValueError(f"{where}: size {size!r}")
-        if dtype not in (torch.float32, torch.float64):
+        if dtype not in _COMPRESSED:
             raise ValueError(f"{where}: dtype {dtype!r}")
         if self.feedback != (residual is not None):
             raise ValueError(f"{where}: residual {'missing' if residual is None else 'present'} with feedback "

@@ -4,7 +4,7 @@ import torch
 #: Every method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
 
-_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _options_dict(options):

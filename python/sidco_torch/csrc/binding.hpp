@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include <sidco/core/error.hpp>
+#include <sidco/core/half.hpp>
 
 namespace sidco_torch {
 
@@ -31,13 +32,28 @@ struct type_tag {
   using type = T;
 };
 
-/// f(type_tag<T>{}) for the C++ type of a floating-point tensor dtype sidco compresses.
+/// The element types sidco_torch compresses, and each one's slot in per-type tables.
+inline constexpr std::size_t value_types = 4;
+inline std::size_t type_index(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return 0;
+    case at::kDouble: return 1;
+    case at::kHalf: return 2;
+    case at::kBFloat16: return 3;
+    default: return value_types;
+  }
+}
+
+/// f(type_tag<T>{}) for the C++ type of a floating-point tensor dtype sidco compresses
+/// (c10::Half and c10::BFloat16 share sidco::float16's and sidco::bfloat16's layout).
 template <class F>
 decltype(auto) with_value_type(at::ScalarType dtype, const char* what, F&& f) {
   switch (dtype) {
     case at::kFloat: return f(type_tag<float>{});
     case at::kDouble: return f(type_tag<double>{});
-    default: sidco::detail::fail(what, ": dtype ", dtype, " is not float32 or float64");
+    case at::kHalf: return f(type_tag<sidco::float16>{});
+    case at::kBFloat16: return f(type_tag<sidco::bfloat16>{});
+    default: sidco::detail::fail(what, ": dtype ", dtype, " is not float32, float64, float16 or bfloat16");
   }
 }
 

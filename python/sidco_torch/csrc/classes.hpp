@@ -58,9 +58,12 @@ class codec_impl {
   virtual const codec_report& report() const = 0;
 };
 
-/// The CPU side (cpu/ops.cpp).
+/// The CPU side (cpu/ops.cpp), and per element type (cpu/kernels.hpp, one file each).
 std::unique_ptr<codec_impl> make_cpu_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
                                            const sidco::comm::capacity_plan& plan);
+template <class T>
+std::unique_ptr<codec_impl> make_cpu_codec_of(const codec_settings& settings, const sidco::comm::wire_format& format,
+                                              const sidco::comm::capacity_plan& plan);
 
 class Codec : public torch::CustomClassHolder {
  public:
@@ -100,6 +103,8 @@ class compressor_impl {
 };
 
 std::unique_ptr<compressor_impl> make_cpu_compressor(const std::string& method, const sidco::methods::options& options);
+template <class T>
+std::unique_ptr<compressor_impl> make_cpu_compressor_of(const std::string& method, const sidco::methods::options& options);
 
 class Compressor : public torch::CustomClassHolder {
  public:

@@ -34,7 +34,9 @@ namespace {
 at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float32") return at::kFloat;
   if (name == "float64") return at::kDouble;
-  sidco::detail::fail("dtype '", name, "' is not float32 or float64");
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  sidco::detail::fail("dtype '", name, "' is not float32, float64, float16 or bfloat16");
 }
 
 std::vector<sidco::segment> parse_layout(const std::vector<std::int64_t>& sizes) {

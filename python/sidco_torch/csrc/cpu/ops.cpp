@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include <chrono>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -20,186 +20,34 @@
 
 #include "../binding.hpp"
 #include "../classes.hpp"
-#include "../engine.hpp"
 
 namespace sidco_torch {
 namespace {
 
-using index32 = std::uint32_t;
-
-template <class T>
-class cpu_codec final : public codec_impl {
- public:
-  cpu_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
-            const sidco::comm::capacity_plan& plan)
-      : settings_(settings),
-        format_(format),
-        plan_(plan),
-        engine_(make_engine<T, index32>(settings.method, settings.options, settings.layout, layer_budget::per_layer)),
-        payload_(at::zeros({std::int64_t(format.bytes())}, at::kByte)),
-        size_(settings.layout.back().end()) {}
-
-  at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
-                    const sidco::comm::wire_fields& fields) override {
-    report_ = {};
-    // Whatever fails here fails on this rank alone: the payload carries the error to every
-    // rank, and the residual is as it was (compress changes nothing when it throws).
-    try {
-      check(gradient, "bucket");
-      T* r = nullptr;
-      if (residual) {
-        check(*residual, "residual");
-        r = residual->template data_ptr<T>();
-      }
-      report_.compress = engine_->compress(span_of<const T>(gradient), settings_.density, r, sent_);
-      report_.trimmed = sidco::comm::trim_to_capacity(sent_, settings_.layout, plan_,
-                                                      r ? std::span<T>(r, size_) : std::span<T>());
-      report_.compress.selected = sent_.size();
-      report_.compress.density = double(sent_.size()) / double(size_);
-      sidco::comm::pack(sent_, report_.trimmed, fields, format_, bytes_of(payload_));
-    } catch (const std::exception& e) {
-      report_.failed = true;
-      sidco::comm::pack_failure<T, index32>(e, size_, fields, format_, bytes_of(payload_));
-    }
-    return payload_;
-  }
-
-  at::Tensor encode_failure(const std::string& message, const sidco::comm::wire_fields& fields) override {
-    report_ = {};
-    report_.failed = true;
-    sidco::comm::pack_failure<T, index32>(sidco::runtime_error(message), size_, fields, format_, bytes_of(payload_));
-    return payload_;
-  }
-
-  void decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
-              const c10::optional<at::Tensor>& residual) override {
-    check(out, "out");
-    if (residual) check(*residual, "residual");
-    std::vector<std::span<const std::byte>> views;
-    views.reserve(payloads.size());
-    for (const at::Tensor& p : payloads) {
-      check_cpu_tensor("payload", p);
-      if (p.scalar_type() != at::kByte) sidco::detail::fail("payload: dtype ", p.scalar_type(), " is not uint8");
-      views.push_back(bytes_of(p));
-    }
-    try {
-      report_.exchange = sidco::comm::decode<T, index32>(views, format_, span_of<T>(out));
-    } catch (const sidco::runtime_error&) {
-      // The exchange failed on every rank alike: what this rank sent waits in its residual
-      // for the next step instead of being lost.
-      if (residual) sidco::comm::return_to_residual<T, index32>(bytes_of(payload_), format_, span_of<T>(*residual));
-      throw;
-    }
-  }
-
-  std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
-  void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
-  const codec_report& report() const override { return report_; }
-
- private:
-  void check(const at::Tensor& t, const char* what) const {
-    check_cpu_tensor(what, t);
-    if (t.scalar_type() != settings_.dtype)
-      sidco::detail::fail(what, ": dtype ", t.scalar_type(), " is not the codec's ", settings_.dtype);
-    if (std::size_t(t.numel()) != size_)
-      sidco::detail::fail(what, ": ", t.numel(), " values, the codec's layers add up to ", size_);
-  }
-
-  codec_settings settings_;
-  sidco::comm::wire_format format_;
-  sidco::comm::capacity_plan plan_;
-  std::unique_ptr<engine<T, index32>> engine_;
-  sidco::sparse_vector<T, index32> sent_;
-  at::Tensor payload_;
-  std::size_t size_;
-  codec_report report_;
-};
-
-template <class T>
-class cpu_compressor final : public compressor_impl {
- public:
-  cpu_compressor(std::string method, sidco::methods::options options)
-      : method_(std::move(method)), options_(options),
-        whole_(make_engine<T, index32>(method_, options_, {}, layer_budget::shared)) {}
-
-  std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
-                                              const std::vector<std::int64_t>& layers,
-                                              const c10::optional<at::Tensor>& residual) override {
-    const std::size_t n = std::size_t(gradient.numel());
-    if (n > std::size_t(std::numeric_limits<index32>::max()) + 1)
-      sidco::detail::fail("gradient: ", n, " values; sidco_torch addresses 2^32 (32-bit indices)");
-    engine<T, index32>* e = whole_.get();
-    if (!layers.empty()) {
-      if (!layered_ || layers != layer_sizes_) {
-        layered_ = make_engine<T, index32>(method_, options_, layout_of(layers, n), layer_budget::shared);
-        layer_sizes_ = layers;
-      }
-      e = layered_.get();
-    }
-    last_ = e->compress(span_of<const T>(gradient), density, residual ? residual->template data_ptr<T>() : nullptr,
-                        out_);
-    auto indices = at::empty({std::int64_t(out_.size())}, at::kLong);
-    auto values = at::empty({std::int64_t(out_.size())}, gradient.options());
-    std::copy(out_.indices().begin(), out_.indices().end(), indices.data_ptr<std::int64_t>());
-    std::copy(out_.values().begin(), out_.values().end(), values.template data_ptr<T>());
-    return {indices, values};
-  }
-
-  const sidco::compress_report& report() const override { return last_; }
-
- private:
-  // The layers must tile the gradient; sizes are checked for overflow before they are added.
-  static std::vector<sidco::segment> layout_of(const std::vector<std::int64_t>& layers, std::size_t n) {
-    std::vector<sidco::segment> layout;
-    std::size_t offset = 0;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      if (layers[i] <= 0) sidco::detail::fail("layer_sizes: size ", layers[i], " of layer ", i, " is not positive");
-      if (std::uint64_t(layers[i]) > n - offset)
-        sidco::detail::fail("layer_sizes: layers 0..", i, " hold more than the gradient's ", n, " values");
-      layout.push_back({offset, std::size_t(layers[i])});
-      offset += std::size_t(layers[i]);
-    }
-    if (offset != n) sidco::detail::fail("layer_sizes: the layers add up to ", offset, ", the gradient holds ", n);
-    return layout;
-  }
-
-  std::string method_;
-  sidco::methods::options options_;
-  std::unique_ptr<engine<T, index32>> whole_, layered_;
-  std::vector<std::int64_t> layer_sizes_;
-  sidco::sparse_vector<T, index32> out_;
-  sidco::compress_report last_;
-};
-
-// Both element types behind one object: the first call's type is not known in advance.
+// Every element type behind one object, each made on its first call (the first call's
+// type is not known in advance).
 class cpu_compressors final : public compressor_impl {
  public:
-  cpu_compressors(std::string method, sidco::methods::options options)
-      : float_(method, options), double_(method, options) {}
+  cpu_compressors(std::string method, sidco::methods::options options) : method_(std::move(method)), options_(options) {}
 
   std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
                                               const std::vector<std::int64_t>& layers,
                                               const c10::optional<at::Tensor>& residual) override {
-    return with_value_type(gradient.scalar_type(), "gradient", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      last_ = &of<T>();
-      return of<T>().compress(gradient, density, layers, residual);
+    auto& slot = by_type_[type_index(gradient.scalar_type())];
+    if (!slot) slot = with_value_type(gradient.scalar_type(), "gradient", [&](auto tag) {
+      return make_cpu_compressor_of<typename decltype(tag)::type>(method_, options_);
     });
+    last_ = slot.get();
+    return slot->compress(gradient, density, layers, residual);
   }
-  const sidco::compress_report& report() const override { return last_->report(); }
+  const sidco::compress_report& report() const override { return last_ ? last_->report() : none_; }
 
  private:
-  template <class T>
-  cpu_compressor<T>& of() {
-    if constexpr (std::is_same_v<T, float>)
-      return float_;
-    else
-      return double_;
-  }
-
-  cpu_compressor<float> float_;
-  cpu_compressor<double> double_;
-  compressor_impl* last_ = &float_;
+  std::string method_;
+  sidco::methods::options options_;
+  std::array<std::unique_ptr<compressor_impl>, value_types> by_type_;
+  compressor_impl* last_ = nullptr;
+  sidco::compress_report none_;
 };
 
 std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
@@ -263,7 +111,7 @@ at::Tensor scatter_add_(at::Tensor dense, const at::Tensor& indices, const at::T
     with_value_type(dense.scalar_type(), "dense", [&](auto tag) {
       using T = typename decltype(tag)::type;
       sidco::backend::host::check_scatter("sparse tensor", std::size_t(dense.numel()), i, n, std::size_t(dense.numel()));
-      sidco::backend::host::add_checked(i, val.data_ptr<T>(), n, dense.data_ptr<T>(), T(scale));
+      sidco::backend::host::add_checked(i, span_of<const T>(val).data(), n, span_of<T>(dense).data(), T(scale));
       return 0;
     });
     return dense;
@@ -279,9 +127,8 @@ at::Tensor decompress(const at::Tensor& indices, const at::Tensor& values, std::
 
 std::unique_ptr<codec_impl> make_cpu_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
                                            const sidco::comm::capacity_plan& plan) {
-  return with_value_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<codec_impl> {
-    using T = typename decltype(tag)::type;
-    return std::make_unique<cpu_codec<T>>(settings, format, plan);
+  return with_value_type(settings.dtype, "bucket", [&](auto tag) {
+    return make_cpu_codec_of<typename decltype(tag)::type>(settings, format, plan);
   });
 }
 
