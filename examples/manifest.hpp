@@ -1,139 +1,80 @@
 // Reads the gradient manifest (manifest.json): per file, its layers as sidco segments.
-// A small JSON reader is enough for this file, and keeps the example free of dependencies.
+// Parsed by nlohmann-json (Debian's nlohmann-json3-dev), whose parser keeps its own stack (a
+// file of a million '[' is an error, not a stack overflow); every offset and size must be a
+// JSON integer in [0, 2^64), and each file's layers must tile it (sidco::check::layout, which
+// adds sizes with an overflow check).
 #pragma once
 
-#include <cctype>
 #include <cstddef>
 #include <fstream>
 #include <map>
-#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <sidco/segmented.hpp>
+#include <nlohmann/json.hpp>
+
+#include <sidco/core/error.hpp>
+#include <sidco/core/segment.hpp>
 
 namespace manifest {
 
-struct value {
-  enum class kind { null, boolean, number, string, array, object } type = kind::null;
-  double number = 0;
-  std::string text;
-  std::vector<value> items;
-  std::map<std::string, value> fields;
-};
+namespace detail {
 
-class parser {
- public:
-  parser(std::string text, std::string path) : text_(std::move(text)), path_(std::move(path)) {}
+[[noreturn]] inline void fail(const std::string& path, const std::string& what) {
+  throw sidco::error("sidco-eval: manifest '" + path + "': " + what);
+}
 
-  value parse() {
-    value v = parse_value();
-    skip_space();
-    if (at_ != text_.size()) fail("trailing characters");
-    return v;
-  }
+inline std::size_t whole_number(const nlohmann::json& v, const std::string& path, const std::string& where) {
+  // Non-negative integers parse as unsigned; negative ones, fractions and integers past
+  // 2^64 (parsed as floating point) do not.
+  if (!v.is_number_unsigned()) fail(path, where + " is " + v.dump() + ", not an integer in [0, 2^64)");
+  return std::size_t(v.get<std::uint64_t>());
+}
 
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw sidco::error("sidco-eval: manifest '" + path_ + "': " + what + " at byte " +
-                       std::to_string(at_));
-  }
-  void skip_space() {
-    while (at_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[at_]))) ++at_;
-  }
-  void expect(char c) {
-    skip_space();
-    if (at_ >= text_.size() || text_[at_] != c) fail(std::string("expected '") + c + "'");
-    ++at_;
-  }
-  bool next_is(char c) {
-    skip_space();
-    return at_ < text_.size() && text_[at_] == c;
-  }
-  std::string parse_string() {
-    expect('"');
-    std::string s;
-    while (at_ < text_.size() && text_[at_] != '"') {
-      if (text_[at_] == '\\') ++at_;  // escapes: the next character as it is
-      if (at_ < text_.size()) s += text_[at_++];
-    }
-    expect('"');
-    return s;
-  }
-  value parse_value() {
-    skip_space();
-    if (at_ >= text_.size()) fail("unexpected end");
-    value v;
-    const char c = text_[at_];
-    if (c == '{') {
-      v.type = value::kind::object;
-      ++at_;
-      if (!next_is('}')) {
-        do {
-          std::string key = parse_string();
-          expect(':');
-          v.fields[key] = parse_value();
-        } while (next_is(',') && ++at_);
-      }
-      expect('}');
-    } else if (c == '[') {
-      v.type = value::kind::array;
-      ++at_;
-      if (!next_is(']')) {
-        do v.items.push_back(parse_value());
-        while (next_is(',') && ++at_);
-      }
-      expect(']');
-    } else if (c == '"') {
-      v.type = value::kind::string;
-      v.text = parse_string();
-    } else if (text_.compare(at_, 4, "true") == 0 || text_.compare(at_, 5, "false") == 0) {
-      v.type = value::kind::boolean;
-      v.number = text_[at_] == 't';
-      at_ += text_[at_] == 't' ? 4 : 5;
-    } else if (text_.compare(at_, 4, "null") == 0) {
-      at_ += 4;
-    } else {
-      std::size_t used = 0;
-      try {
-        v.number = std::stod(text_.substr(at_, 32), &used);
-      } catch (const std::exception&) {
-        fail("unexpected character");
-      }
-      v.type = value::kind::number;
-      at_ += used;
-    }
-    return v;
-  }
+}  // namespace detail
 
-  std::string text_, path_;
-  std::size_t at_ = 0;
-};
-
-/// file name -> its layers, in order.
-inline std::map<std::string, std::vector<sidco::segment>> load_layers(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw sidco::error("sidco-eval: manifest '" + path + "': cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  const value root = parser(text.str(), path).parse();
-  if (root.type != value::kind::object)
-    throw sidco::error("sidco-eval: manifest '" + path + "': not a JSON object");
+/// The manifest's text as file name -> its layers, in order; `path` names it in errors.
+inline std::map<std::string, std::vector<sidco::segment>> parse_layers(const std::string& text,
+                                                                       const std::string& path) {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    detail::fail(path, e.what());
+  }
+  if (!root.is_object()) detail::fail(path, "not a JSON object");
   std::map<std::string, std::vector<sidco::segment>> layouts;
-  for (const auto& [file, entry] : root.fields) {
-    const auto layers = entry.fields.find("layers");
-    if (layers == entry.fields.end() || layers->second.type != value::kind::array)
-      throw sidco::error("sidco-eval: manifest '" + path + "': '" + file + "' has no layers list");
-    for (const auto& layer : layers->second.items) {
-      const auto offset = layer.fields.find("offset"), size = layer.fields.find("size");
-      if (offset == layer.fields.end() || size == layer.fields.end())
-        throw sidco::error("sidco-eval: manifest '" + path + "': a layer of '" + file +
-                           "' lacks offset or size");
-      layouts[file].push_back({std::size_t(offset->second.number), std::size_t(size->second.number)});
+  for (const auto& [file, entry] : root.items()) {
+    if (!entry.is_object() || !entry.contains("layers") || !entry["layers"].is_array())
+      detail::fail(path, "'" + file + "' has no layers list");
+    auto& layout = layouts[file];
+    for (std::size_t i = 0; i < entry["layers"].size(); ++i) {
+      const auto& layer = entry["layers"][i];
+      const std::string where = "layer " + std::to_string(i) + " of '" + file + "'";
+      if (!layer.is_object() || !layer.contains("offset") || !layer.contains("size"))
+        detail::fail(path, where + " lacks offset or size");
+      layout.push_back({detail::whole_number(layer["offset"], path, where + ": offset"),
+                        detail::whole_number(layer["size"], path, where + ": size")});
+    }
+    try {
+      sidco::check::layout(layout);
+    } catch (const sidco::error& e) {
+      std::string why = e.what();
+      if (why.rfind("sidco: ", 0) == 0) why.erase(0, 7);
+      detail::fail(path, "'" + file + "': " + why);
     }
   }
   return layouts;
+}
+
+/// The manifest file at `path`, as parse_layers reads it.
+inline std::map<std::string, std::vector<sidco::segment>> load_layers(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) detail::fail(path, "cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_layers(text.str(), path);
 }
 
 }  // namespace manifest

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <sidco/comm/capacity.hpp>
 #include <sidco/sidco.hpp>
 
 #include "../examples/manifest.hpp"
@@ -29,6 +30,35 @@ TEST_CASE("the bundled LSTM layout tiles its gradient") {
   const auto g = test::load_gradient("lstm_it10.npy");
   segmented<presets::sidco_e<>> s(lstm_layers());
   CHECK(s.total_size() == g.size());
+}
+
+TEST_CASE("the manifest reader takes whole numbers that tile, and nothing else") {
+  const auto layers = [](const std::string& entries) {
+    return manifest::parse_layers(R"({"g.npy": {"layers": [)" + entries + "]}}", "m.json");
+  };
+  const auto good = layers(R"({"offset": 0, "size": 3}, {"offset": 3, "size": 5})");
+  CHECK(good.at("g.npy") == std::vector<segment>{{0, 3}, {3, 5}});
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"offset": 0, "size": -100})", "layer 0 of 'g.npy': size is -100, not an integer in [0, 2^64)"},
+      {R"({"offset": 0, "size": 2.5})", "size is 2.5, not an integer"},
+      {R"({"offset": 0, "size": 18446744073709551616})", "size is 1.8446744073709552e+19, not an integer"},
+      {R"({"offset": 0, "size": "7"})", R"(size is "7", not an integer)"},
+      {R"({"offset": 0})", "layer 0 of 'g.npy' lacks offset or size"},
+      {R"({"offset": 0, "size": 9223372036854775808}, {"offset": 9223372036854775808, "size": 9223372036854775808},
+          {"offset": 0, "size": 100})",
+       "manifest 'm.json': 'g.npy': layout: segment 1 (offset 9223372036854775808, size 9223372036854775808) ends past"},
+      {R"({"offset": 0, "size": 4}, {"offset": 5, "size": 1})", "segment 1 starts at 5, expected 4"},
+  };
+  for (const auto& [entries, message] : refused) {
+    CAPTURE(entries);
+    CHECK_THROWS_WITH_AS(layers(entries), doctest::Contains(message), sidco::error);
+  }
+  // Nesting a million deep is a parse error, not a stack overflow.
+  CHECK_THROWS_WITH_AS(manifest::parse_layers(std::string(1'000'000, '['), "deep.json"),
+                       doctest::Contains("sidco-eval: manifest 'deep.json': [json.exception.parse_error"),
+                       sidco::error);
+  CHECK_THROWS_WITH_AS(manifest::parse_layers("[1, 2]", "m.json"), doctest::Contains("not a JSON object"),
+                       sidco::error);
 }
 
 TEST_CASE("segmented compression equals compressing each segment on its own") {
@@ -124,6 +154,15 @@ TEST_CASE("bad layouts and bad input anywhere are rejected before anything is wr
                        doctest::Contains("segment 1 is empty"), sidco::error);
   CHECK_THROWS_WITH_AS(segmented<presets::top_k<>>({}), doctest::Contains("layout is empty"),
                        sidco::error);
+  // Sizes whose sum wraps to 0 would let the third segment "start where expected" and the
+  // layout pass for a 100-value buffer.
+  constexpr std::size_t half = std::size_t(1) << (std::numeric_limits<std::size_t>::digits - 1);
+  CHECK_THROWS_WITH_AS(segmented<presets::top_k<>>({{0, half}, {half, half}, {0, 100}}),
+                       doctest::Contains("segment 1 (offset 9223372036854775808, size 9223372036854775808) ends "
+                                         "past the largest addressable size"),
+                       sidco::error);
+  const std::vector<segment> wrapping{{0, half}, {half, half}, {0, 100}};
+  CHECK_THROWS_AS(comm::plan_capacity(wrapping, 0.01, 1.25), sidco::error);
 
   std::vector<float> g(300, 1.f);
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = float(i) * 0.01f;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <span>
 
 #include "sidco/core/error.hpp"
@@ -14,11 +15,14 @@ struct segment {
   std::size_t size = 0;
 
   std::size_t end() const { return offset + size; }
+  friend bool operator==(const segment&, const segment&) = default;
 };
 
 namespace check {
 
-/// Segments must tile [0, total) in order, none empty. Returns the total.
+/// Segments must tile [0, total) in order, none empty, total < 2^64 (sizes are added with
+/// an overflow check: wrapped sums would let a layout pass for a smaller buffer). Returns
+/// the total.
 inline std::size_t layout(std::span<const segment> segments) {
   if (segments.empty()) detail::fail("layout is empty");
   std::size_t expected = 0;
@@ -27,6 +31,9 @@ inline std::size_t layout(std::span<const segment> segments) {
       detail::fail("layout: segment ", i, " starts at ", segments[i].offset, ", expected ",
                    expected, " (segments must tile the gradient in order)");
     if (segments[i].size == 0) detail::fail("layout: segment ", i, " is empty");
+    if (segments[i].size > std::numeric_limits<std::size_t>::max() - expected)
+      detail::fail("layout: segment ", i, " (offset ", segments[i].offset, ", size ", segments[i].size,
+                   ") ends past the largest addressable size");
     expected += segments[i].size;
   }
   return expected;
