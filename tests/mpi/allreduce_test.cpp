@@ -148,6 +148,31 @@ TEST_CASE("mismatched inputs are a clear error on every rank, not a hang") {
   }
   CHECK(message.find("rank 0 passed a dense buffer") != std::string::npos);
 
+  // Rank 1 sums where the others average: the header carries the reduction.
+  message.clear();
+  try {
+    allreducer.allreduce(same, 0.01, std::span<float>(out), rank == 1 ? comm::reduction::sum : comm::reduction::average);
+  } catch (const sidco::error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("rank 1 reduces by sum, rank 0 by average") != std::string::npos);
+
+  // An index out of range on rank 1 where the dense path is taken (δ = 0.5): checked before
+  // the headers, so every rank raises it instead of waiting in MPI_Iallreduce.
+  sparse_vector<float> bad(100);
+  bad.push_back(rank == 1 ? 150 : 5, 1.f);
+  std::vector<float> kept(100, 7.f);
+  message.clear();
+  try {
+    allreducer.allreduce(bad, 0.5, std::span<float>(kept));
+  } catch (const sidco::error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("rank 1 failed: ") != std::string::npos);
+  CHECK(message.find("this rank's sparse vector: index 150 at position 0 is out of range for dense size 100") !=
+        std::string::npos);
+  CHECK(kept == std::vector<float>(100, 7.f));
+
   // And the communicator still works afterwards.
   std::vector<float> fine(100);
   CHECK(allreducer.allreduce(same, 0.01, std::span<float>(fine)).gathered == 0);

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
 
 namespace sidco::comm::detail {
@@ -16,20 +17,21 @@ enum class rank_status : std::uint64_t { ok, dense_mismatch, failed };
 
 /// Plain bytes on the wire (all-gathered as such).
 struct rank_header {
-  std::uint64_t dense_size, count, delta_bits, state;
-  char reason[224];  // why the rank failed (truncated)
+  std::uint64_t dense_size, count, delta_bits, state, op;
+  char reason[216];  // why the rank failed (truncated)
 };
 
-inline rank_header make_header(std::size_t dense_size, std::size_t count, double delta, rank_status state,
-                               const char* reason) {
-  rank_header h{dense_size, count, 0, std::uint64_t(state), {}};
+inline rank_header make_header(std::size_t dense_size, std::size_t count, double delta, reduction op,
+                               rank_status state, const char* reason) {
+  rank_header h{dense_size, count, 0, std::uint64_t(state), std::uint64_t(op), {}};
   std::memcpy(&h.delta_bits, &delta, sizeof delta);
   std::strncpy(h.reason, reason, sizeof h.reason - 1);
   return h;
 }
 
 /// Throws, on every rank alike, the first problem any rank reported: a failure (with its
-/// reason), a dense buffer that does not match, a dense size or density unlike rank 0's.
+/// reason), a dense buffer that does not match, a dense size, density or reduction unlike
+/// rank 0's.
 inline void check_headers(std::span<const rank_header> headers) {
   for (std::size_t r = 0; r < headers.size(); ++r) {
     const rank_header& h = headers[r];
@@ -49,6 +51,10 @@ inline void check_headers(std::span<const rank_header> headers) {
       std::memcpy(&theirs, &h.delta_bits, sizeof theirs);
       std::memcpy(&rank0, &first.delta_bits, sizeof rank0);
       sidco::detail::fail("sparse_allreduce: rank ", r, " has density ", theirs, ", rank 0 has ", rank0);
+    }
+    if (h.op != first.op) {
+      const auto name = [](std::uint64_t op) { return op == std::uint64_t(reduction::sum) ? "sum" : "average"; };
+      sidco::detail::fail("sparse_allreduce: rank ", r, " reduces by ", name(h.op), ", rank 0 by ", name(first.op));
     }
   }
 }

@@ -86,7 +86,7 @@ class nccl_allreducer {
   /// vectors. Returns once the result is complete on the stream.
   allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, std::span<T> dense,
                              reduction op = reduction::average) {
-    exchange_headers(mine.dense_size(), mine.size(), delta,
+    exchange_headers(mine.dense_size(), mine.size(), delta, op,
                      dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
     allreduce_report report;
     report.ranks = ranks_;
@@ -141,7 +141,7 @@ class nccl_allreducer {
   /// For a rank whose compress threw: joins the exchange the others are in, so that none
   /// hangs, and throws (as every rank does) the error naming this rank and reason.
   [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
-    exchange_headers(dense_size, 0, delta, detail::rank_status::failed, reason.what());
+    exchange_headers(dense_size, 0, delta, reduction::average, detail::rank_status::failed, reason.what());
     sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
   }
 
@@ -152,9 +152,9 @@ class nccl_allreducer {
 
   // Every rank's header, all-gathered first; the same error on every rank when one failed
   // or disagrees.
-  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, detail::rank_status state,
+  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, reduction op, detail::rank_status state,
                         const char* reason) {
-    const detail::rank_header mine = detail::make_header(dense_size, count, delta, state, reason);
+    const detail::rank_header mine = detail::make_header(dense_size, count, delta, op, state, reason);
     send_header_.resize(sizeof mine);
     header_bytes_.resize(sizeof mine * std::size_t(ranks_));
     SIDCO_CUDA(cudaMemcpyAsync(send_header_.data(), &mine, sizeof mine, cudaMemcpyHostToDevice, stream_));

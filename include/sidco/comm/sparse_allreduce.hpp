@@ -79,8 +79,22 @@ class sparse_allreducer {
   void start(const sparse_vector<T, Index>& mine, double delta, std::span<T> dense,
              reduction op = reduction::average) {
     if (in_flight_) sidco::detail::fail("sparse_allreduce: start() called twice without wait()");
-    exchange_headers(mine.dense_size(), mine.size(), delta,
-                     dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
+    // What can fail on this rank alone is checked before the headers and sent in them: a
+    // throw after them would leave the other ranks waiting in the payload's collective.
+    detail::rank_status state = detail::rank_status::ok;
+    std::string reason;
+    if (dense.size() != mine.dense_size()) {
+      state = detail::rank_status::dense_mismatch;
+    } else {
+      try {
+        backend::host::check_scatter("sparse_allreduce: this rank's sparse vector", mine.dense_size(),
+                                     mine.indices().data(), mine.size(), dense.size());
+      } catch (const sidco::error& e) {
+        state = detail::rank_status::failed;
+        reason = e.what();
+      }
+    }
+    exchange_headers(mine.dense_size(), mine.size(), delta, op, state, reason.c_str());
     dense_ = dense;
     op_ = op;
     report_ = {};
@@ -105,8 +119,6 @@ class sparse_allreducer {
       report_.taken = path::dense;
       report_.bytes = dense_bytes;
       std::fill(dense.begin(), dense.end(), T(0));
-      backend::host::check_scatter("sparse_allreduce: this rank's sparse vector", mine.dense_size(),
-                                   mine.indices().data(), mine.size(), dense.size());
       backend::host::add_checked(mine.indices().data(), mine.values().data(), mine.size(), dense.data(), T(1));
       if (dense.size() > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_allreduce: dense size ", dense.size(), " exceeds MPI's int counts");
@@ -136,7 +148,7 @@ class sparse_allreducer {
   /// names this rank and the reason. Call it where the others call allreduce or start.
   [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
     if (in_flight_) sidco::detail::fail("sparse_allreduce: abandon() while an exchange is in flight");
-    exchange_headers(dense_size, 0, delta, detail::rank_status::failed, reason.what());
+    exchange_headers(dense_size, 0, delta, reduction::average, detail::rank_status::failed, reason.what());
     sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
   }
 
@@ -163,9 +175,9 @@ class sparse_allreducer {
  private:
   // Every rank's header, all-gathered first; the same error on every rank when one failed
   // or disagrees.
-  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, detail::rank_status state,
+  void exchange_headers(std::size_t dense_size, std::size_t count, double delta, reduction op, detail::rank_status state,
                         const char* reason) {
-    const detail::rank_header mine = detail::make_header(dense_size, count, delta, state, reason);
+    const detail::rank_header mine = detail::make_header(dense_size, count, delta, op, state, reason);
     headers_.resize(std::size_t(ranks_));
     detail::check_mpi(MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, headers_.data(), int(sizeof mine), MPI_BYTE, comm_),
                       "MPI_Allgather of sizes");
