@@ -21,7 +21,7 @@ awk -F, 'NR > 1 && ($5 < 0.5 || $5 > 2) { print "ratio out of range: " $0; bad =
   --method sidco-e --method top-k --method sidco-e-exact --density 0.01 > "$tmp/layers.csv"
 grep -q '^cnn_it200.npy,sidco-e/layers,0.01,' "$tmp/layers.csv"
 awk -F, '$2 ~ /(top-k|exact)\/layers/ && ($5 < 0.999 || $5 > 1.001) { print "not exact: " $0; bad = 1 } END { exit bad }' "$tmp/layers.csv"
-printf '{"other.npy": {"layers": []}}' > "$tmp/manifest.json"
+printf '{"other.npy": {"layers": [{"offset": 0, "size": 10}]}}' > "$tmp/manifest.json"
 if "$eval_bin" --layers "$tmp/manifest.json" --input "$data/ffn_it10.npy" 2> "$tmp/err"; then echo "file missing from manifest accepted"; exit 1; fi
 grep -q "has no entry for ffn_it10.npy" "$tmp/err"
 
