@@ -2,7 +2,7 @@
 // (cpu/highway.hpp) when SIDCO_HIGHWAY=1, else loops written so that the compiler
 // vectorizes them (branch-free blocks, independent lane accumulators). Compile with -O3
 // -fopenmp, and -march=native for the widest vectors; without OpenMP it runs on one thread
-// and gives the same results. Results are deterministic for a given thread count.
+// and gives the same results. Results do not depend on the thread count (tested with 1, 2, 3).
 //
 // Each algorithm has a file of its own under cpu/: ranges (threads and layout pieces),
 // moments (the statistics pass), selection (counting and writing kept values), compaction
