@@ -11,7 +11,6 @@ every --eval-every steps) for scripts/plot_lm.py.
 """
 import argparse
 import csv
-import math
 import os
 import socket
 import sys
@@ -24,52 +23,8 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(HERE, "data", "wikitext-2")
-
-
-def tokenize(path, vocabulary=None):
-    words = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            words += line.split() + ["<eos>"]
-    if vocabulary is None:
-        vocabulary = {w: i for i, w in enumerate(sorted(set(words) | {"<unk>"}))}
-    unk = vocabulary["<unk>"]
-    return torch.tensor([vocabulary.get(w, unk) for w in words], dtype=torch.long), vocabulary
-
-
-class LSTMModel(nn.Module):
-    def __init__(self, vocab, dim, layers, dropout):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.lstm = nn.LSTM(dim, dim, layers, dropout=dropout, batch_first=False)
-        self.drop = nn.Dropout(dropout)
-        self.decode = nn.Linear(dim, vocab)
-
-    def forward(self, x, hidden):
-        out, hidden = self.lstm(self.drop(self.embed(x)), hidden)
-        return self.decode(self.drop(out)), hidden
-
-
-def batchify(data, batch):
-    n = data.numel() // batch
-    return data[: n * batch].view(batch, n).t().contiguous()  # (time, batch)
-
-
-def evaluate(model, data, bptt, batch):
-    model.eval()
-    hidden = None
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, data.size(0) - 1, bptt):
-            x, y = data[i: i + bptt], data[i + 1: i + 1 + bptt]
-            x = x[: y.size(0)]
-            out, hidden = model(x, hidden)
-            total += nn.functional.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1), reduction="sum").item()
-            count += y.numel()
-    model.train()
-    return math.exp(total / count)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wikitext  # noqa: E402  (the text, the model and the perplexity, shared with bench/train_speed.py)
 
 
 def powersgd_bytes(model, rank):
@@ -89,14 +44,11 @@ def worker(rank, a, port):
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
-    train, vocabulary = tokenize(os.path.join(DATA, "valid.txt"))
-    test, _ = tokenize(os.path.join(DATA, "test.txt"), vocabulary)
     # Each rank trains on its own contiguous shard of the text.
-    shard = train.numel() // a.ranks
-    train = batchify(train[rank * shard: (rank + 1) * shard], a.batch)
-    test = batchify(test[: a.eval_words], 10)
+    shard, test, vocabulary = wikitext.corpus(rank, a.ranks, a.eval_words)
+    batches = wikitext.Batches(shard, a.batch, a.bptt)
     torch.manual_seed(a.seed)
-    model = LSTMModel(len(vocabulary), a.dim, a.layers, a.dropout)
+    model = wikitext.LSTMModel(vocabulary, a.dim, a.layers, a.dropout)
     parameters = sum(p.numel() for p in model.parameters())
     # One bucket for every method: PowerSGD's hook issues collectives from future
     # callbacks, which gloo cannot keep in order across ranks once there are several
@@ -121,16 +73,11 @@ def worker(rank, a, port):
         writer.writerow(["step", "wall_seconds", "train_loss", "test_perplexity", "bytes_sent", "density",
                          "step_seconds", "compress_seconds", "exchange_seconds"])
     started = time.perf_counter()
-    hidden, position, step = None, 0, 0
+    step = 0
     while step < a.steps:
-        if position + a.bptt + 1 > train.size(0):
-            position, hidden = 0, None
-        x, y = train[position: position + a.bptt], train[position + 1: position + 1 + a.bptt]
-        position += a.bptt
-        if hidden is not None:
-            hidden = tuple(h.detach() for h in hidden)
+        x, y = batches.next()
         step_started = time.perf_counter()
-        out, hidden = ddp(x, hidden)
+        out, batches.hidden = ddp(x, batches.hidden)
         loss = nn.functional.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1))
         optimizer.zero_grad()
         loss.backward()
@@ -151,7 +98,7 @@ def worker(rank, a, port):
             communicate = sum(s["exchange_seconds"] for s in stats)
         perplexity = ""
         if step % a.eval_every == 0 or step == a.steps:
-            perplexity = evaluate(model, test, a.bptt, 10)
+            perplexity = wikitext.evaluate(model, test, a.bptt)
         if writer:
             writer.writerow([step, f"{time.perf_counter() - started:.3f}", f"{losses.item() / a.ranks:.5f}",
                              f"{perplexity:.3f}" if perplexity != "" else "", sent, f"{density:.6g}",
