@@ -465,7 +465,14 @@ def check_local():
         else:
             raise AssertionError(f"State({bad}) did not raise")
     check_sixteen_bit()
-    print("local: pickle, deepcopy, torch.save, scalar densities, bad arguments, 16-bit top-k")
+    # Layer sizes whose sum wraps past 2^64 are refused, not read past the tensor.
+    try:
+        sidco_torch.compress(torch.ones(1000), 0.01, layer_sizes=[2 ** 62] * 4 + [1000])
+    except ValueError as e:
+        assert "layer_sizes: layers 0..0 hold more than the gradient's 1000 values" in str(e), e
+    else:
+        raise AssertionError("wrapping layer_sizes were accepted")
+    print("local: pickle, deepcopy, torch.save, scalar densities, bad arguments, 16-bit top-k, wrapping layer sizes")
 
 
 def check_sixteen_bit():
