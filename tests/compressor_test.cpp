@@ -1,9 +1,11 @@
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -417,4 +419,47 @@ TEST_CASE("64-bit indices select the same entries as 32-bit ones") {
     CHECK(narrow.indices()[i] == wide.indices()[i]);
     CHECK(narrow.values()[i] == wide.values()[i]);
   }
+}
+
+TEST_CASE("one compressor serves one thread at a time: a concurrent call throws (builds without NDEBUG)") {
+  if (!detail::single_user::checked) {
+    MESSAGE("NDEBUG build: concurrent use is not checked");
+    return;
+  }
+  detail::single_user user;
+  {
+    const detail::single_user::scope first(user, "thing");
+    const auto second = [&] { const detail::single_user::scope again(user, "thing"); };
+    CHECK_THROWS_WITH_AS(second(),
+                         doctest::Contains("thing: called from two threads at once"), sidco::error);
+  }
+  { const detail::single_user::scope again(user, "thing"); }  // released, and a copy starts free
+  const detail::single_user copy = user;
+  (void)copy;
+
+  // Two threads on one compressor: some call is refused, and every call that ran returned a
+  // well-formed selection (it held the compressor alone). Each call takes milliseconds, so
+  // 200 rounds overlap on any scheduler.
+  const auto g = test::load_gradient("lstm_it10.npy");
+  presets::sidco_e<select::above_threshold, backend::serial> shared;
+  std::atomic<int> refused{0}, malformed{0};
+  auto hammer = [&] {
+    sparse_vector<float> out;
+    for (int round = 0; round < 200 && refused.load() == 0; ++round) {
+      try {
+        shared.compress<float>(g, 0.01, out);
+        if (!std::is_sorted(out.indices().begin(), out.indices().end()) || out.size() == 0) ++malformed;
+      } catch (const sidco::error& e) {
+        if (std::string(e.what()).find("compressor::compress: called from two threads at once") != std::string::npos)
+          ++refused;
+        else
+          ++malformed;
+      }
+    }
+  };
+  std::thread other(hammer);
+  hammer();
+  other.join();
+  CHECK(refused.load() > 0);
+  CHECK(malformed.load() == 0);
 }

@@ -14,6 +14,7 @@
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/segment.hpp"
+#include "sidco/core/single_user.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/core/state_io.hpp"
 #include "sidco/estimate/none.hpp"
@@ -279,6 +280,7 @@ class compressor {
   template <class Source, class T, class Index>
   compress_report run(const Source& source, const char* what, double delta,
                       sparse_vector<T, Index, memory>& out) {
+    const detail::single_user::scope in_use(user_, "compressor::compress");
     const std::size_t probe_total = probe_count();
     std::array<double, max_probes> probes{};
     probe_thresholds(std::span<double>(probes.data(), probe_total));
@@ -296,6 +298,7 @@ class compressor {
   Estimator estimator_{};
   Selection selection_{};
   Backend backend_{};
+  [[no_unique_address]] detail::single_user user_;
 };
 
 }  // namespace sidco

@@ -14,6 +14,7 @@
 #include "sidco/compressor.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/segment.hpp"
+#include "sidco/core/single_user.hpp"
 
 namespace sidco {
 
@@ -162,6 +163,7 @@ class segmented {
 
   template <class Source, class T, class Index>
   compress_report run(const Source& source, const char* what, double delta, sparse_vector<T, Index, memory>& out) {
+    const detail::single_user::scope in_use(user_, "segmented::compress");
     const std::size_t n = layout_.size();
     // One moments pass for every segment, with each one's probes (unused slots: +inf).
     per_ = 0;
@@ -225,6 +227,7 @@ class segmented {
   std::vector<double> thresholds_;
   std::vector<std::size_t> kept_;
   std::vector<std::pair<estimate::threshold_estimate, int>> estimates_;
+  [[no_unique_address]] detail::single_user user_;
 };
 
 }  // namespace sidco
