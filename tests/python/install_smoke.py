@@ -1,0 +1,65 @@
+"""Run by install_test.sh with an installed sidco_torch: it must come from VENV (argv[1]),
+compress exactly, and carry a sparse DDP step over 2 gloo ranks."""
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import sidco_torch
+
+VENV = os.path.realpath(sys.argv[1])
+
+
+def step(rank, port, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    sidco_torch.register(ddp, state)
+    torch.manual_seed(1 + rank)
+    ddp(torch.randn(32, 64)).square().mean().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(grads) for _ in range(2)]
+    dist.all_gather(gathered, grads)
+    paths = {s["path"] for s in state.stats().values()}
+    out.put((rank, bool(torch.equal(gathered[0], gathered[1])), paths, int((grads != 0).sum()), grads.numel()))
+    dist.destroy_process_group()
+
+
+def main():
+    where = os.path.realpath(sidco_torch.__file__)
+    assert where.startswith(VENV + os.sep), f"sidco_torch imported from {where}, not from {VENV}"
+    assert os.path.realpath(sidco_torch.library_path).startswith(os.path.dirname(where)), sidco_torch.library_path
+    # Top-k is exact: the same set as torch.topk on |x|.
+    x = torch.randn(10000, generator=torch.Generator().manual_seed(3))
+    indices, values = sidco_torch.compress(x, 0.01, method="top-k")
+    expected = torch.topk(x.abs(), 100).indices.sort().values
+    assert torch.equal(indices.sort().values, expected), "top-k differs from torch.topk"
+    assert torch.equal(values, x[indices])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=step, args=(rank, port, out)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    for rank, same, paths, nonzero, size in results:
+        assert same, f"rank {rank}: the averaged gradients differ between ranks"
+        assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"
+        assert 0 < nonzero < size, (rank, nonzero, size)
+    print(f"sidco_torch from {os.path.dirname(where)}: top-k exact, a 2-rank sparse DDP step "
+          f"({results[0][3]} of {results[0][4]} values averaged)")
+
+
+if __name__ == "__main__":
+    main()
