@@ -22,6 +22,7 @@
 #include "sidco/feedback/residual.hpp"
 #include "sidco/policy_checks.hpp"
 #include "sidco/select/above_threshold.hpp"
+#include "sidco/select/radix_threshold.hpp"
 
 namespace sidco {
 
@@ -43,6 +44,7 @@ struct compress_report {
   int stages = 0;              // distribution fits or estimator steps (0: none needed)
   int rescans = 0;             // extra passes a selection made because too few were found
   int passes = 0;              // passes the estimate made besides the moments pass
+  bool fallback = false;       // the estimator's fit degenerated; the radix threshold was used
 
   double density_ratio() const { return density / target_density; }
 };
@@ -181,8 +183,31 @@ class compressor {
                                                                    std::span<const moments> probes,
                                                                    double delta) {
     detail::estimator_pass<Backend, Source> pass{backend, source};
-    const auto estimate = estimator_.estimate(all, probes, selection_.estimation_density(delta), pass);
+    const double density = selection_.estimation_density(delta);
+    auto estimate = estimator_.estimate(all, probes, density, pass);
+    if constexpr (Estimator::statistics::sums) {
+      if (!usable(estimate.threshold, all)) {
+        estimate.fallback = true;
+        if (all.nonzero() == 0) {
+          estimate.threshold = 0;
+        } else {
+          ++pass.passes;
+          const auto start = select::detail::bucket_of_kth_largest(backend, source, target_count(density, source.size));
+          estimate.threshold = start.everything ? 0.0 : start.threshold;
+        }
+      }
+    }
     return {estimate, pass.passes};
+  }
+
+  /// A threshold the selection can use: finite, not negative, and below the largest
+  /// magnitude when there is a non-zero (else |x| > t keeps nothing). Fits degenerate on
+  /// ties, one value, denormals or sums that overflow; such thresholds are replaced by the
+  /// lower edge of the radix bucket that holds the k-th largest magnitude (one histogram
+  /// pass): at least k values, and every value sharing that bucket, are kept.
+  static bool usable(double threshold, const moments& all) {
+    if (!(threshold >= 0)) return false;
+    return all.nonzero() == 0 ? std::isfinite(threshold) : threshold < all.max;
   }
 
   /// The report of a call whose selection appended selected entries (candidates before
@@ -201,6 +226,7 @@ class compressor {
     report.stages = estimate.stages;
     report.rescans = picked.rescans;
     report.passes = passes;
+    report.fallback = estimate.fallback;
     // Adaptive estimators learn from what their threshold yielded, before any trimming.
     if constexpr (requires { estimator_.observe(0.0, 0.0); })
       estimator_.observe(double(picked.candidates) / double(size), selection_.estimation_density(delta));

@@ -208,6 +208,7 @@ class segmented {
       total.rescans += r.rescans;
       total.passes += r.passes;
       total.stages = std::max(total.stages, r.stages);
+      total.fallback |= r.fallback;
     }
     total.density = double(total.selected) / double(total.size);
     return total;

@@ -20,7 +20,7 @@
 namespace sidco::estimate {
 
 /// Samples about sample_fraction of the values (at least ceil(2/delta)) at random positions,
-/// takes the ceil(delta s)-th largest sampled magnitude as t and keeps |x| >= t. While fewer
+/// takes the ceil(delta s)-th largest sampled magnitude as t and keeps |x| >= t (t = 0: |x| > 0). While fewer
 /// than k values reach t, t is lowered by lower_factor (at most max_lowerings times).
 /// The sample positions come from a seeded generator that advances every call; the backend
 /// gathers the magnitudes there.
@@ -72,7 +72,8 @@ class sampled {
       t *= options_.lower_factor;
       ++passes;
     }
-    return {at_least(t), 1};
+    // A sample of zeros alone gives 0: every non-zero is kept (never the zeros).
+    return {t > 0 ? at_least(t) : 0.0, 1};
   }
 
  /// The generator's position (the seed it started from is an option).

@@ -158,6 +158,7 @@ c10::Dict<std::string, double> Compressor::report() const {
   d.insert("stages", double(r.stages));
   d.insert("passes", double(r.passes));
   d.insert("rescans", double(r.rescans));
+  d.insert("fallback", r.fallback ? 1.0 : 0.0);
   return d;
 }
 
