@@ -83,6 +83,23 @@ TEST_CASE("npy: float32 and float64, versions 1 and 2, converted to either type"
   CHECK(sidco::io::load_npy<double>(f8) == d);
 }
 
+TEST_CASE("npy: float64 that float32 cannot hold is refused, naming the value and index") {
+  auto f8 = [](const std::string& name, const std::vector<double>& d) {
+    return write_npy(name, "{'descr': '<f8', 'fortran_order': False, 'shape': (" + std::to_string(d.size()) + ",), }",
+                     std::string(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(double)));
+  };
+  // Before: 1e300 became inf (reported later as a non-finite gradient), 1e-300 became 0.
+  CHECK(load_error(f8("huge.npy", {0.5, 1e300})) ==
+        "sidco: npy file '" + (std::filesystem::temp_directory_path() / "sidco_npy_huge.npy").string() +
+            "': value 1e+300 at index 1 overflows float32; read the file as float64 (load_npy<double>)");
+  CHECK(load_error(f8("tiny.npy", {0.5, 0, -1e-300})).find("value -1e-300 at index 2 underflows to 0 in float32") !=
+        std::string::npos);
+  // Rounding that keeps a finite non-zero is conversion, not loss: denormals and 0 are fine.
+  CHECK(sidco::io::load_npy<float>(f8("ok.npy", {1e-40, 0, -0.1, 3e38})) ==
+        std::vector<float>{float(1e-40), 0.f, float(-0.1), float(3e38)});
+  CHECK(sidco::io::load_npy<double>(f8("huge_as_double.npy", {1e300, 1e-300})) == std::vector<double>{1e300, 1e-300});
+}
+
 TEST_CASE("npy: the bundled real gradients load with the sizes the manifest gives") {
   CHECK(sidco::test::load_gradient("ffn_it10.npy").size() == 301066);
   CHECK(sidco::test::load_gradient("cnn_it200.npy").size() == 900490);
@@ -91,6 +108,8 @@ TEST_CASE("npy: the bundled real gradients load with the sizes the manifest give
 
 TEST_CASE("npy: missing or malformed files are clear errors") {
   CHECK(load_error("/nonexistent/x.npy").find("cannot open") != std::string::npos);
+  const auto directory = std::filesystem::temp_directory_path().string();
+  CHECK(load_error(directory) == "sidco: npy file '" + directory + "': is a directory, not a .npy file");
   const auto text = (std::filesystem::temp_directory_path() / "sidco_npy_text.npy").string();
   std::ofstream(text) << "hello, this is not numpy";
   CHECK(load_error(text).find("bad magic") != std::string::npos);

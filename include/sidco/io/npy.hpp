@@ -7,9 +7,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <istream>
 #include <limits>
@@ -206,7 +208,18 @@ std::vector<T> read_npy(std::istream& in, std::size_t size, const std::string& n
         const std::size_t n = std::min<std::size_t>(4096, header.count - i);
         if (!in.read(reinterpret_cast<char*>(chunk), std::streamsize(n * sizeof(Stored))))
           fail("truncated data (expected ", header.count, " values)");
-        for (std::size_t j = 0; j < n; ++j) out[i + j] = T(chunk[j]);
+        for (std::size_t j = 0; j < n; ++j) {
+          out[i + j] = T(chunk[j]);
+          // Narrowing must not change what the file says: a finite value that would
+          // become infinite, or a non-zero that would become zero, is refused.
+          if constexpr (sizeof(Stored) > sizeof(T)) {
+            const bool overflows = std::isfinite(chunk[j]) && !std::isfinite(out[i + j]);
+            const bool vanishes = chunk[j] != 0 && out[i + j] == T(0);
+            if (overflows || vanishes)
+              fail("value ", chunk[j], " at index ", i + j, overflows ? " overflows " : " underflows to 0 in ",
+                   sizeof(T) == 4 ? "float32" : "the element type", "; read the file as float64 (load_npy<double>)");
+          }
+        }
         i += n;
       }
     }
@@ -224,6 +237,8 @@ std::vector<T> load_npy(const std::string& path) {
   std::ifstream in;
   // Unbuffered: the reads are few and large, and a hostile file then costs no stream buffer.
   in.rdbuf()->pubsetbuf(nullptr, 0);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) detail::npy_fail(path, "is a directory, not a .npy file");
   in.open(path, std::ios::binary | std::ios::ate);
   if (!in) detail::npy_fail(path, "cannot open");
   const auto end = in.tellg();
