@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <sidco/sidco.hpp>
 
 #include "manifest.hpp"
@@ -128,32 +129,46 @@ std::vector<method> all_methods() {
   };
 }
 
+// Usage errors exit 2 with CLI11's message, which names the option and the value.
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "sidco-eval: " << message << "\n(run sidco-eval --help for usage)\n";
   std::exit(2);
 }
 
-void print_help(const std::vector<method>& methods) {
-  std::cout << "usage: sidco-eval [--input FILE.npy]... [--method NAME]... [--density D]...\n"
-               "                  [--repeat N] [--layers manifest.json] [--csv]\n\n"
-               "Compresses each float32 .npy gradient with each method at each density and\n"
-               "prints achieved density, threshold, time per call and throughput. Defaults:\n"
-               "every bundled gradient in " SIDCO_GRADIENTS_DIR ",\n"
-               "every method, densities 0.1 0.01 0.001, 5 repetitions (median time).\n"
-               "Density is that of the first call on a fresh compressor; time is the median\n"
-               "of warm calls doing the same work (buffers reused, as across training steps).\n"
-               "--layers: estimate per layer (sidco::segmented) with the layout the manifest\n"
-               "gives for each file; method names get a /layers suffix.\n\n"
-               "methods:\n";
-  for (const auto& m : methods) std::printf("  %-22s %s\n", m.name.c_str(), m.description.c_str());
+std::string methods_text(const std::vector<method>& methods) {
+  std::string text = "Methods:\n";
+  for (const auto& m : methods) {
+    char line[160];
+    std::snprintf(line, sizeof line, "  %-22s %s\n", m.name.c_str(), m.description.c_str());
+    text += line;
+  }
+  return text;
 }
 
-double parse_double(const std::string& flag, const char* text) {
+// A number as written, or a sentence saying why not (CLI11 prefixes the option's name).
+std::string not_a_number(const std::string& text, double& value) {
   char* end = nullptr;
-  const double v = std::strtod(text, &end);
-  if (end == text || *end != '\0') usage_error(flag + " '" + text + "' is not a number");
-  return v;
+  value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number";
+  return "";
 }
+
+const CLI::Validator density_in_range(
+    [](const std::string& text) {
+      double d = 0;
+      if (auto why = not_a_number(text, d); !why.empty()) return why;
+      return d > 0 && d <= 1 ? std::string() : text + " is outside (0, 1]";
+    },
+    "");
+
+const CLI::Validator whole_repeat(
+    [](const std::string& text) {
+      double r = 0;
+      if (auto why = not_a_number(text, r); !why.empty()) return why;
+      return r >= 1 && r <= 1e6 && r == std::floor(r) ? std::string()
+                                                       : text + " is not a whole number in [1, 1e6]";
+    },
+    "");
 
 int run(int argc, char** argv);
 
@@ -181,36 +196,41 @@ int run(int argc, char** argv) {
   int repeat = 5;
   bool csv = false;
   std::string layers_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      print_help(methods);
-      return 0;
-    } else if (arg == "--csv") {
-      csv = true;
-    } else if (arg == "--input") {
-      inputs.push_back(value());
-    } else if (arg == "--method") {
-      chosen.push_back(value());
-    } else if (arg == "--density") {
-      const char* text = value();
-      const double d = parse_double(arg, text);
-      if (!(d > 0 && d <= 1)) usage_error(arg + " " + text + " is outside (0, 1]");
-      densities.push_back(d);
-    } else if (arg == "--layers") {
-      layers_path = value();
-    } else if (arg == "--repeat") {
-      const char* text = value();
-      const double r = parse_double(arg, text);
-      if (!(r >= 1 && r <= 1e6 && r == std::floor(r))) usage_error(arg + " " + text + " is not a whole number in [1, 1e6]");
-      repeat = int(r);
-    } else {
-      usage_error("unknown argument '" + arg + "'");
-    }
+
+  CLI::App app(
+      "Compresses each float32 .npy gradient with each method at each density and prints\n"
+      "achieved density, threshold, time per call and throughput. Density is that of the first\n"
+      "call on a fresh compressor; time is the median of warm calls doing the same work\n"
+      "(buffers reused, as across training steps).",
+      "sidco-eval");
+  app.add_option("--input", inputs, "a .npy gradient (repeatable; default: every one in " SIDCO_GRADIENTS_DIR ")")
+      ->type_name("FILE.npy");
+  std::vector<std::string> names;
+  for (const auto& m : methods) names.push_back(m.name);
+  app.add_option("--method", chosen, "a method (repeatable; default: all, listed below)")
+      ->type_name("NAME")
+      ->check(CLI::Validator(
+          [names](const std::string& name) {
+            return std::find(names.begin(), names.end(), name) != names.end() ? std::string()
+                                                                             : "unknown method '" + name + "'";
+          },
+          ""));
+  app.add_option("--density", densities, "a density in (0, 1] (repeatable; default: 0.1 0.01 0.001)")
+      ->type_name("D")
+      ->check(density_in_range);
+  app.add_option("--repeat", repeat, "timed calls per row, 1 to 1e6 (median; default 5)")->type_name("N")->check(whole_repeat);
+  app.add_option("--layers", layers_path,
+                 "estimate per layer (sidco::segmented) with the layout this manifest gives for each "
+                 "file; method names get a /layers suffix")
+      ->type_name("manifest.json");
+  app.add_flag("--csv", csv, "comma-separated output");
+  app.footer(methods_text(methods));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::ParseError& e) {
+    usage_error(e.what());
   }
   if (densities.empty()) densities = {0.1, 0.01, 0.001};
   if (inputs.empty()) {
@@ -224,11 +244,8 @@ int run(int argc, char** argv) {
   std::vector<const method*> run;
   if (chosen.empty())
     for (const auto& m : methods) run.push_back(&m);
-  for (const auto& name : chosen) {
-    auto it = std::find_if(methods.begin(), methods.end(), [&](auto& m) { return m.name == name; });
-    if (it == methods.end()) usage_error("unknown method '" + name + "'");
-    run.push_back(&*it);
-  }
+  for (const auto& name : chosen)  // every name was checked by the parser
+    run.push_back(&*std::find_if(methods.begin(), methods.end(), [&](auto& m) { return m.name == name; }));
 
   std::map<std::string, std::vector<sidco::segment>> layouts;
   if (!layers_path.empty()) {

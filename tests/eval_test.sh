@@ -45,10 +45,13 @@ expect_refusal() {
   grep -qF -- "$expected" "$tmp/err" || { echo "sidco-eval $*: no '$expected' in:"; cat "$tmp/err"; exit 1; }
 }
 for d in 2 1.5 -0.5 0 inf nan; do
-  expect_refusal "--density $d is outside (0, 1]" --input "$data/ffn_it10.npy" --density "$d"
+  expect_refusal "--density: $d is outside (0, 1]" --input "$data/ffn_it10.npy" --density "$d"
 done
-expect_refusal "--repeat 0 is not a whole number" --repeat 0
-expect_refusal "--density 'abc' is not a number" --density abc
+expect_refusal "--repeat: 0 is not a whole number" --repeat 0
+expect_refusal "--density: 'abc' is not a number" --density abc
+expect_refusal "not expected: --bogus" --bogus
+npy_dir=$(mktemp -d -p "$tmp")
+expect_refusal "is a directory, not a .npy file" --input "$npy_dir"
 npy() {  # npy FILE HEADER [PAYLOAD_BYTES]: a version-1 file with that header dict
   /usr/bin/python3 -c 'import struct, sys
 header = sys.argv[2].encode()
