@@ -84,6 +84,59 @@ TEST_CASE("segmented compression equals compressing each segment on its own") {
   }
 }
 
+TEST_CASE("segmented DGC with momentum equals DGC with momentum on each segment, over calls") {
+  const auto g = test::load_gradient("lstm_it10.npy");
+  const auto layers = lstm_layers();
+  segmented<presets::dgc<>> s(layers);
+  feedback::momentum<float> state(g.size(), 0.9f);
+  std::vector<presets::dgc<>> alone(layers.size());
+  std::vector<feedback::momentum<float>> states;
+  for (const auto& layer : layers) states.emplace_back(layer.size, 0.9f);
+  sparse_vector<float> out, part;
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    s.compress<float>(g, 0.01, out, state);
+    std::vector<std::pair<std::size_t, float>> expected;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const std::span<const float> slice(g.data() + layers[i].offset, layers[i].size);
+      alone[i].compress<float>(slice, s.segment_densities()[i], part, states[i]);
+      for (auto [j, v] : entries(part)) expected.emplace_back(j + layers[i].offset, v);
+      // The velocity and accumulation masked where sent, exactly as on the segment alone.
+      for (std::size_t j = 0; j < layers[i].size; ++j) {
+        REQUIRE(state.velocity()[layers[i].offset + j] == states[i].velocity()[j]);
+        REQUIRE(state.accumulation()[layers[i].offset + j] == states[i].accumulation()[j]);
+      }
+    }
+    CHECK(entries(out) == expected);
+  }
+  feedback::momentum<float> short_state(g.size() - 1, 0.9f);
+  CHECK_THROWS_WITH_AS(s.compress<float>(g, 0.01, out, short_state),
+                       doctest::Contains("momentum"), sidco::error);
+}
+
+namespace {
+// A backend with an identity, to see whose copy segmented runs on.
+struct labeled_backend : backend::serial {
+  int label = 0;
+};
+}  // namespace
+
+TEST_CASE("segmented runs its passes on the prototype's backend unless given another") {
+  using labeled = compressor<estimate::statistical<dist::exponential>, select::above_threshold, labeled_backend>;
+  labeled prototype;
+  prototype.backend().label = 7;
+  segmented<labeled> s({{0, 10}, {10, 20}}, prototype);
+  CHECK(s.backend().label == 7);
+  labeled_backend other;
+  other.label = 3;
+  segmented<labeled> t({{0, 10}, {10, 20}}, prototype, {}, other);
+  CHECK(t.backend().label == 3);
+  std::vector<float> g(30);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = float(i % 7) - 3.f;
+  sparse_vector<float> out;
+  CHECK(s.compress<float>(g, 0.1, out).selected > 0);
+}
+
 TEST_CASE("the default budget caps a segment at its non-zeros and gives the rest to the others") {
   // The LSTM's embedding has 73,000 non-zeros of 1,519,200: at delta = 0.1 its proportional
   // share (151,920) cannot be delivered, so it is capped and the surplus spread.

@@ -43,8 +43,12 @@ class segmented {
   /// density for segment i of the layout, given the overall delta.
   using budget_policy = std::function<double(std::size_t index, const segment&, double delta)>;
 
-  explicit segmented(std::vector<segment> layout, Compressor prototype = Compressor{},
-                     budget_policy budget = {}, Backend backend = {})
+  /// Every segment starts as a copy of prototype, and the passes run on a copy of the
+  /// prototype's backend (for backend::cuda: its stream).
+  explicit segmented(std::vector<segment> layout, Compressor prototype = Compressor{}, budget_policy budget = {})
+      : segmented(std::move(layout), prototype, std::move(budget), prototype.backend()) {}
+  /// The same, with the passes on backend instead.
+  segmented(std::vector<segment> layout, Compressor prototype, budget_policy budget, Backend backend)
       : layout_(std::move(layout)), budget_(std::move(budget)), backend_(std::move(backend)) {
     total_ = check::layout(layout_);
     const std::size_t n = layout_.size();
@@ -79,6 +83,17 @@ class segmented {
     check::same_size("residual", residual.size(), gradient.size());
     return run(backend::feedback_source<T, memory>{gradient.data(), residual.data(), gradient.size()},
                "gradient + residual", delta, out);
+  }
+
+  /// DGC per segment: compresses the momentum-corrected accumulation and masks what was sent.
+  template <class T, class Index>
+  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
+                           sparse_vector<T, Index, memory>& out, feedback::momentum<T, memory>& state) {
+    check(gradient.size(), delta, out);
+    check::same_size("momentum", state.size(), gradient.size());
+    return run(backend::momentum_source<T, memory>{gradient.data(), state.velocity_data(), state.accumulation_data(),
+                                                   state.factor(), gradient.size()},
+               "momentum-corrected gradient", delta, out);
   }
 
   /// Segment i's compressor state (compressor::save_state): one per segment, so that a
