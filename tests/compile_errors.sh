@@ -51,4 +51,38 @@ int main() { sidco::compressor<sidco::estimate::none, sidco::select::top_k, sidc
 expect_error not_an_estimator "Estimator must be an estimator" '
 int main() { sidco::compressor<sidco::backend::cpu> c; (void)c; }' "$@"
 
+# An estimator hook is declared by a flag: a misspelt hook, or a hook without its flag,
+# would silently switch adaptation off.
+estimator_with() {
+  printf '%s' "
+struct custom {
+  static constexpr const char* name = \"custom\";
+  static constexpr bool provides_threshold = true;
+  using statistics = sidco::backend::pass_statistics<true>;
+  template <class Pass>
+  sidco::estimate::threshold_estimate estimate(const sidco::moments&, std::span<const sidco::moments>, double, Pass&) {
+    return {0.5, 1};
+  }
+  $1
+};
+int main() { sidco::compressor<custom, sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }"
+}
+
+expect_error misspelt_observe "declares observes = true but has no observe(achieved_density, delta)" \
+  "$(estimator_with 'static constexpr bool observes = true; void obsrve(double, double) {}')" "$@"
+
+expect_error undeclared_observe "has observe(achieved_density, delta) but does not declare" \
+  "$(estimator_with 'void observe(double, double) {}')" "$@"
+
+expect_error misspelt_probes "declares probes = true but lacks probe_count()" \
+  "$(estimator_with 'static constexpr bool probes = true; std::size_t probe_cout() const { return 0; } void probe_thresholds(std::span<double>) const {}')" "$@"
+
+expect_error no_estimate "missing estimate(all, probes, delta, pass)" '
+struct no_estimate {
+  static constexpr const char* name = "none";
+  static constexpr bool provides_threshold = true;
+  using statistics = sidco::backend::pass_statistics<true>;
+};
+int main() { sidco::compressor<no_estimate, sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
+
 exit $failed

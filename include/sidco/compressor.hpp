@@ -17,6 +17,7 @@
 #include "sidco/core/single_user.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/core/state_io.hpp"
+#include "sidco/estimate/concept.hpp"
 #include "sidco/estimate/none.hpp"
 #include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"
@@ -105,6 +106,7 @@ class compressor {
   static_assert(detail::estimator_policy<Estimator>,
                 "compressor<Estimator, Selection, Backend>: Estimator must be an estimator "
                 "(estimate::statistical<...>, sampled, gaussian_k, redsync or none)");
+  static_assert(!detail::estimator_policy<Estimator> || estimate::diagnose<Estimator>());
   static_assert(!detail::selection_policy<Backend>,
                 "compressor<Estimator, Selection, Backend>: a selection was given as the "
                 "Backend (backend::cpu, backend::serial or backend::cuda)");
@@ -166,13 +168,13 @@ class compressor {
 
   /// How many tails the estimator asks the next moments pass to measure, and where.
   std::size_t probe_count() const {
-    if constexpr (requires { estimator_.probe_count(); })
+    if constexpr (estimate::contract::declares_probes<Estimator>())
       return std::min(max_probes, estimator_.probe_count());
     else
       return 0;
   }
   void probe_thresholds(std::span<double> out) const {
-    if constexpr (requires { estimator_.probe_thresholds(out); }) estimator_.probe_thresholds(out);
+    if constexpr (estimate::contract::declares_probes<Estimator>()) estimator_.probe_thresholds(out);
   }
 
   /// The threshold for source (moments all and probes from the moments pass), with the
@@ -228,7 +230,7 @@ class compressor {
     report.passes = passes;
     report.fallback = estimate.fallback;
     // Adaptive estimators learn from what their threshold yielded, before any trimming.
-    if constexpr (requires { estimator_.observe(0.0, 0.0); })
+    if constexpr (estimate::contract::declares_observes<Estimator>())
       estimator_.observe(double(picked.candidates) / double(size), selection_.estimation_density(delta));
     return report;
   }

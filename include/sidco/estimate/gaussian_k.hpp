@@ -21,7 +21,6 @@ namespace sidco::estimate {
 /// than 2k/3 kept halves t, more than 4k/3 multiplies it by 1.5.
 struct gaussian_k {
   static constexpr const char* name = "gaussian_k";
-  static constexpr bool needs_log = false;
   static constexpr bool provides_threshold = true;
   using statistics = backend::pass_statistics<true>;
 

@@ -11,7 +11,6 @@ namespace sidco::estimate {
 
 struct none {
   static constexpr const char* name = "none";
-  static constexpr bool needs_log = false;
   static constexpr bool provides_threshold = false;
   using statistics = backend::pass_statistics<false>;  // counts: the input check
 

@@ -20,7 +20,6 @@ namespace sidco::estimate {
 /// when even that keeps fewer than k. Mean and max are over the whole gradient.
 struct redsync {
   static constexpr const char* name = "redsync";
-  static constexpr bool needs_log = false;
   static constexpr bool provides_threshold = true;
   using statistics = backend::pass_statistics<true>;
 

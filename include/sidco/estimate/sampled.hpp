@@ -27,7 +27,6 @@ namespace sidco::estimate {
 class sampled {
  public:
   static constexpr const char* name = "dgc_sampled";
-  static constexpr bool needs_log = false;
   static constexpr bool provides_threshold = true;
   using statistics = backend::pass_statistics<false>;  // counts: the input check and N
 

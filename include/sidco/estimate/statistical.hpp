@@ -58,9 +58,12 @@ class statistical {
   using stage_policy = Stages;
   static constexpr const char* name = "statistical";
   static constexpr bool provides_threshold = true;
+  /// Hooks (estimate/concept.hpp): adaptive stages learn from each call's density; the
+  /// moments pass measures the tail where the last stage started.
+  static constexpr bool observes = true;
+  static constexpr bool probes = true;
   /// The moments pass gathers ln|x| only when stage 1 needs it, ln of the probes' excesses
   /// only when the tail model does.
-  static constexpr bool needs_log = First::needs_log;
   using statistics = backend::pass_statistics<true, First::needs_log, Tail::needs_log>;
 
   struct options {
