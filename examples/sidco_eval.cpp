@@ -10,9 +10,11 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <sidco/methods.hpp>
 #include <sidco/sidco.hpp>
 
 #include "manifest.hpp"
@@ -60,12 +62,15 @@ measurement measure(Compressor compressor, std::span<const float> g, double delt
   return m;
 }
 
-template <class Compressor>
-runner measured() {
-  return [](std::span<const float> g, double delta, sparse& out, int repeat,
-            const std::vector<sidco::segment>& layout) {
-    if (layout.empty()) return measure(Compressor{}, g, delta, out, repeat);
-    return measure(sidco::segmented<Compressor>(layout), g, delta, out, repeat);
+// The methods of sidco::methods::table (the one table the torch binding uses too), by name.
+runner measured(std::string_view name) {
+  return [name](std::span<const float> g, double delta, sparse& out, int repeat,
+                const std::vector<sidco::segment>& layout) {
+    return sidco::methods::visit(name, {}, [&](auto compressor) {
+      using Compressor = decltype(compressor);
+      if (layout.empty()) return measure(std::move(compressor), g, delta, out, repeat);
+      return measure(sidco::segmented<Compressor>(layout, std::move(compressor)), g, delta, out, repeat);
+    });
   };
 }
 
@@ -101,32 +106,14 @@ class nth_element_top_k {
 };
 
 std::vector<method> all_methods() {
-  using namespace sidco::presets;
-  return {
-      {"sidco-e", "SIDCo, exponential, adaptive stages", measured<sidco_e<>>()},
-      {"sidco-gp", "SIDCo, generalized Pareto, adaptive stages", measured<sidco_gp<>>()},
-      {"sidco-gamma-gp", "SIDCo, gamma then generalized Pareto", measured<sidco_gamma_gp<>>()},
-      {"sidco-e-single", "SIDCo, exponential, one stage", measured<sidco_e_single<>>()},
-      {"sidco-gp-single", "SIDCo, generalized Pareto, one stage", measured<sidco_gp_single<>>()},
-      {"sidco-gamma-single", "SIDCo, gamma, one stage", measured<sidco_gamma_single<>>()},
-      {"sidco-e-paper", "original SIDCo fit (zeros in sample, fixed stage fractions)",
-       measured<sidco_e_paper<>>()},
-      {"sidco-gp-paper", "original SIDCo fit, generalized Pareto", measured<sidco_gp_paper<>>()},
-      {"sidco-gamma-gp-paper", "original SIDCo fit, gamma then GP", measured<sidco_gamma_gp_paper<>>()},
-      {"top-k", "exact Top-k by radix select", measured<top_k<>>()},
-      {"sidco-e-exact", "SIDCo-E threshold, then exactly k (exact_k)", measured<sidco_e_exact<>>()},
-      {"sidco-gp-exact", "SIDCo-GP threshold, then exactly k (exact_k)", measured<sidco_gp_exact<>>()},
-      {"random-k", "k uniformly random indices (seeded)", measured<random_k<>>()},
-      {"dgc", "DGC: sampled threshold, trimmed beyond 1.2k", measured<dgc<>>()},
-      {"gaussian-k", "Gaussian-k: normal quantile, adjusted", measured<gaussian_k<>>()},
-      {"redsync", "RedSync: mean + r (max - mean), bisection", measured<redsync<>>()},
-      {"redsync-trimmed", "RedSync, trimmed to exactly k", measured<redsync_trimmed<>>()},
-      {"topk-nth-element", "exact Top-k by std::nth_element (baseline; whole vector)",
-       [](std::span<const float> g, double delta, sparse& out, int repeat,
-          const std::vector<sidco::segment>&) {
-         return measure(nth_element_top_k{}, g, delta, out, repeat);
-       }},
-  };
+  std::vector<method> all;
+  for (const auto& m : sidco::methods::table)
+    all.push_back({std::string(m.name), std::string(m.description), measured(m.name)});
+  all.push_back({"topk-nth-element", "exact Top-k by std::nth_element (baseline; whole vector)",
+                 [](std::span<const float> g, double delta, sparse& out, int repeat, const std::vector<sidco::segment>&) {
+                   return measure(nth_element_top_k{}, g, delta, out, repeat);
+                 }});
+  return all;
 }
 
 // Usage errors exit 2 with CLI11's message, which names the option and the value.
