@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <sidco/comm/sparse_allreduce.hpp>
+#include <sidco/methods.hpp>
 #include <sidco/sidco.hpp>
 
 #ifndef SIDCO_DIGITS_CSV
@@ -80,19 +81,12 @@ compress_fn make(Compressor compressor) {
   };
 }
 
+// Any method of sidco::methods::table; random-k with a shared seed, so that every rank
+// picks the same indices. An unknown name is a sidco::error listing the known ones.
 compress_fn method_named(const std::string& name, unsigned seed) {
-  using namespace sidco::presets;
-  if (name == "sidco-e") return make(sidco_e<>{});
-  if (name == "sidco-gp") return make(sidco_gp<>{});
-  if (name == "sidco-gamma-gp") return make(sidco_gamma_gp<>{});
-  if (name == "sidco-e-exact") return make(sidco_e_exact<>{});
-  if (name == "top-k") return make(top_k<>{});
-  if (name == "dgc") return make(dgc<>{});
-  if (name == "gaussian-k") return make(gaussian_k<>{});
-  if (name == "redsync") return make(redsync<>{});
-  // A shared seed: every rank picks the same indices.
-  if (name == "random-k") return make(random_k<>(sidco::estimate::none{}, sidco::select::random_k{seed}));
-  throw sidco::error("train-digits: unknown method '" + name + "'");
+  sidco::methods::options options;
+  options.seed = seed;
+  return sidco::methods::visit(name, options, [](auto compressor) { return make(std::move(compressor)); });
 }
 
 struct mlp : torch::nn::Module {
@@ -133,10 +127,10 @@ int main(int argc, char** argv) {
       else if (arg == "--data") opt.data = value();
       else if (arg == "--help") {
         if (rank == 0)
-          std::cout << "usage: mpirun -np P train-digits [--method none|sidco-e|sidco-gp|sidco-gamma-gp|"
-                       "sidco-e-exact|top-k|dgc|gaussian-k|redsync|random-k]\n"
+          std::cout << "usage: mpirun -np P train-digits [--method none|NAME]\n"
                        "       [--density D] [--epochs E] [--batch B] [--lr R] [--seed S]\n"
-                       "       [--no-feedback] [--csv FILE] [--data digits.csv]\n";
+                       "       [--no-feedback] [--csv FILE] [--data digits.csv]\n"
+                       "NAME: " << sidco::methods::all::names() << "\n";
         MPI_Finalize();
         return 0;
       } else {

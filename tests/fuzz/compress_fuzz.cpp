@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include <sidco/methods.hpp>
 #include <sidco/sidco.hpp>
 
 namespace {
@@ -22,9 +23,8 @@ namespace {
 }
 
 template <class Compressor>
-void run(int method, bool exact_count, const std::vector<float>& g, double delta,
+void run(Compressor compressor, int method, bool exact_count, const std::vector<float>& g, double delta,
          bool feedback, const std::vector<float>& residual_start) {
-  Compressor compressor;
   sidco::sparse_vector<float> out(1);
   out.push_back(0, 42.f);  // what must survive an error
   sidco::feedback::residual<float> residual(g.size());
@@ -69,7 +69,7 @@ void run(int method, bool exact_count, const std::vector<float>& g, double delta
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 8) return 0;
-  const int method = data[0] % 14;
+  const int method = data[0] % int(sidco::methods::table.size() + 1);
   const std::uint8_t flags = data[1];
   std::uint32_t density_bits;
   std::memcpy(&density_bits, data + 2, 4);
@@ -84,22 +84,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (n > 0) std::memcpy(g.data(), data + 6, n * 4);
   if (with_residual) std::memcpy(residual.data(), data + 6 + n * 4, n * 4);
 
-  using namespace sidco::presets;
-  switch (method) {
-    case 0: run<sidco_e<>>(method, false, g, delta, feedback, residual); break;
-    case 1: run<sidco_gp<>>(method, false, g, delta, feedback, residual); break;
-    case 2: run<sidco_gamma_gp<>>(method, false, g, delta, feedback, residual); break;
-    case 3: run<sidco_e_single<>>(method, false, g, delta, feedback, residual); break;
-    case 4: run<sidco_gamma_gp_paper<>>(method, false, g, delta, feedback, residual); break;
-    case 5: run<sidco_e_exact<>>(method, true, g, delta, feedback, residual); break;
-    case 6: run<sidco_gp_exact<>>(method, true, g, delta, feedback, residual); break;
-    case 7: run<top_k<>>(method, true, g, delta, feedback, residual); break;
-    case 8: run<random_k<>>(method, true, g, delta, feedback, residual); break;
-    case 9: run<dgc<>>(method, false, g, delta, feedback, residual); break;
-    case 10: run<gaussian_k<>>(method, false, g, delta, feedback, residual); break;
-    case 11: run<redsync<>>(method, false, g, delta, feedback, residual); break;
-    case 12: run<redsync_trimmed<>>(method, false, g, delta, feedback, residual); break;
-    default: run<top_k<sidco::backend::serial>>(method, true, g, delta, feedback, residual); break;
-  }
+  // Every method of the table (sidco/methods.hpp) on backend::cpu, and one more: top-k on
+  // the serial oracle.
+  const auto& table = sidco::methods::table;
+  const auto& entry = table[std::size_t(method) % table.size()];
+  auto call = [&](auto compressor) { run(std::move(compressor), method, entry.exact_count, g, delta, feedback, residual); };
+  if (std::size_t(method) < table.size())
+    sidco::methods::visit(entry.name, {}, call);
+  else
+    sidco::methods::visit<sidco::backend::serial>("top-k", {}, [&](auto c) {
+      run(std::move(c), method, true, g, delta, feedback, residual);
+    });
   return 0;
 }
