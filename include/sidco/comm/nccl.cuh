@@ -42,7 +42,7 @@ namespace nccl_detail {
 
 inline void check(ncclResult_t status, const char* call) {
   if (status != ncclSuccess)
-    sidco::detail::fail("NCCL: ", call, " failed: ", ncclGetErrorString(status));
+    sidco::detail::fail_at_run_time("NCCL: ", call, " failed: ", ncclGetErrorString(status));
 }
 
 template <class T>

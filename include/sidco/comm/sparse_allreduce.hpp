@@ -41,7 +41,7 @@ inline void check_mpi(int status, const char* what) {
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;
     MPI_Error_string(status, text, &length);
-    sidco::detail::fail("sparse_allreduce: ", what, " failed: ", std::string(text, std::size_t(length)));
+    sidco::detail::fail_at_run_time("sparse_allreduce: ", what, " failed: ", std::string(text, std::size_t(length)));
   }
 }
 

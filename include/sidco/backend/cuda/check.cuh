@@ -9,7 +9,7 @@ namespace sidco::backend::cuda_detail {
 
 inline void check(cudaError_t status, const char* call) {
   if (status != cudaSuccess)
-    sidco::detail::fail("CUDA: ", call, " failed: ", cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
+    sidco::detail::fail_at_run_time("CUDA: ", call, " failed: ", cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
 }
 
 }  // namespace sidco::backend::cuda_detail
