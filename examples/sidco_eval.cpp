@@ -279,7 +279,7 @@ int run(int argc, char** argv) {
 
   if (csv)
     std::cout << "file,method,target_density,achieved_density,ratio,threshold,stages,selected,"
-                 "time_ms,elements_per_s,speedup_vs_nth_element\n";
+                 "time_ms,elements_per_s,speedup_vs_nth_element,fallback\n";
   else
     std::printf("%-18s %-22s %8s %10s %6s %11s %3s %9s %10s %8s\n", "file", "method", "target",
                 "achieved", "ratio", "threshold", "st", "ms/call", "Melem/s", "vs nth");
@@ -313,9 +313,10 @@ int run(int argc, char** argv) {
         const double rate = double(g.size()) / (ms * 1e-3);
         const std::string name = m->name + (m->name == "topk-nth-element" ? "" : suffix);
         if (csv)
-          std::printf("%s,%s,%g,%.6g,%.4f,%.6g,%d,%zu,%.4f,%.4g,%.3f\n", file.c_str(),
+          std::printf("%s,%s,%g,%.6g,%.4f,%.6g,%d,%zu,%.4f,%.4g,%.3f,%d\n", file.c_str(),
                       name.c_str(), delta, report.density, report.density_ratio(),
-                      report.threshold, report.stages, report.selected, ms, rate, base_ms / ms);
+                      report.threshold, report.stages, report.selected, ms, rate, base_ms / ms,
+                      int(report.fallback));
         else
           std::printf("%-18s %-22s %8g %10.3g %6.2f %11.4g %3d %9.3f %10.1f %7.1fx\n",
                       file.c_str(), name.c_str(), delta, report.density,

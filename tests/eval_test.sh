@@ -8,7 +8,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 "$eval_bin" --csv --repeat 1 --input "$data/ffn_it200.npy" --method sidco-e --method sidco-gp \
   --density 0.01 --density 0.001 > "$tmp/out.csv"
-head -1 "$tmp/out.csv" | grep -q '^file,method,target_density,achieved_density,ratio,threshold,stages,selected,time_ms,elements_per_s,speedup_vs_nth_element$'
+head -1 "$tmp/out.csv" | grep -q '^file,method,target_density,achieved_density,ratio,threshold,stages,selected,time_ms,elements_per_s,speedup_vs_nth_element,fallback$'
 [ "$(wc -l < "$tmp/out.csv")" -eq 5 ] || { echo "expected 4 rows"; cat "$tmp/out.csv"; exit 1; }
 grep -q '^ffn_it200.npy,sidco-e,0.001,' "$tmp/out.csv"
 grep -q '^ffn_it200.npy,sidco-gp,0.01,' "$tmp/out.csv"
