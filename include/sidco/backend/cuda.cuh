@@ -283,7 +283,8 @@ class cuda {
            offsets_.capacity() * sizeof(std::size_t) + counters_.capacity() * sizeof(unsigned long long) +
            predicates_.capacity() + positions_.capacity() * sizeof(std::size_t) + ranks_.capacity() * sizeof(std::uint32_t) +
            flags_.capacity() + staging_indices_.capacity() + staging_values_.capacity() + predicate_staging_.capacity() +
-           offset_staging_.capacity() + position_staging_.capacity();
+           offset_staging_.capacity() + position_staging_.capacity() + piece_staging_.capacity() +
+           segment_staging_.capacity();
   }
 
  private:
@@ -368,13 +369,15 @@ class cuda {
 
   void refresh_pieces(std::span<const segment> layout) {
     if (!plan_.plan(layout, tile)) return;
-    // Rare (a new layout): straight from pageable memory, which synchronizes once.
-    piece_table_.resize(plan_.pieces().size());
-    segment_table_.resize(plan_.segment_first().size());
-    SIDCO_CUDA(cudaMemcpy(piece_table_.data(), plan_.pieces().data(), plan_.pieces().size() * sizeof(cuda_detail::piece),
-                          cudaMemcpyHostToDevice));
-    SIDCO_CUDA(cudaMemcpy(segment_table_.data(), plan_.segment_first().data(),
-                          plan_.segment_first().size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice));
+    // A new layout: both tables through page-locked staging on the backend's stream, ordered
+    // after any kernel still reading the old ones (a pageable cudaMemcpy ran on the legacy
+    // stream, unordered against a non-blocking one, and could return before the data landed).
+    const auto& pieces = plan_.pieces();
+    const auto& first = plan_.segment_first();
+    std::copy(pieces.begin(), pieces.end(), piece_staging_.fill<cuda_detail::piece>(pieces.size()));
+    upload<cuda_detail::piece>(piece_table_, piece_staging_, pieces.size());
+    std::copy(first.begin(), first.end(), segment_staging_.fill<std::uint32_t>(first.size()));
+    upload<std::uint32_t>(segment_table_, segment_staging_, first.size());
   }
 
   // count values of U from a staging to a device byte buffer grown to hold them.
@@ -443,7 +446,7 @@ class cuda {
   device_buffer<unsigned long long> counters_;
   device_buffer<char> flags_;
   device_buffer<unsigned char> staging_indices_, staging_values_;
-  sidco::memory::upload_staging predicate_staging_, offset_staging_, position_staging_;
+  sidco::memory::upload_staging predicate_staging_, offset_staging_, position_staging_, piece_staging_, segment_staging_;
   std::vector<std::uint32_t> host_counts_;
   std::vector<unsigned long long> host_counters_;
   std::vector<unsigned char> result_bytes_, probe_bytes_, pair_bytes_;

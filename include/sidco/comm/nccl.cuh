@@ -56,11 +56,12 @@ ncclDataType_t type() {
   else static_assert(sizeof(T) == 0, "nccl_allreducer: no NCCL type for this element type");
 }
 
+// In T's accumulator (double for double, not float), as the MPI reducer scales in T.
 template <class T>
-__global__ void scale_values(T* values, std::size_t count, float scale) {
+__global__ void scale_values(T* values, std::size_t count, typename float_traits<T>::accumulator scale) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += std::size_t(gridDim.x) * blockDim.x)
-    values[i] = T(float(to_accumulator(values[i])) * scale);
+    values[i] = T(to_accumulator(values[i]) * scale);
 }
 
 }  // namespace nccl_detail
@@ -131,7 +132,7 @@ class nccl_allreducer {
     }
     if (op == reduction::average && ranks_ > 1) {
       nccl_detail::scale_values<<<grid(dense.size()), backend::cuda_detail::block_threads, 0, stream_>>>(
-          dense.data(), dense.size(), 1.0f / float(ranks_));
+          dense.data(), dense.size(), typename float_traits<T>::accumulator(1) / typename float_traits<T>::accumulator(ranks_));
       SIDCO_CUDA(cudaGetLastError());
     }
     SIDCO_CUDA(cudaStreamSynchronize(stream_));
