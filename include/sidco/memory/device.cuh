@@ -126,8 +126,10 @@ struct device {
   template <class T>
   static void zero(view<T> v) {
     if (v.empty()) return;
-    SIDCO_CUDA(cudaMemset(v.data(), 0, v.size() * sizeof(T)));
-    SIDCO_CUDA(cudaDeviceSynchronize());
+    // Complete when this returns, whatever stream reads it next; waits for the legacy
+    // stream only, not for every stream on the device.
+    SIDCO_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(T), cudaStreamLegacy));
+    SIDCO_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
   }
   template <class T>
   static void copy_to_host(view<const T> from, std::span<T> to) {
