@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Runs the target rows of two sidco-bench builds in one sitting, alternately (ROUNDS rounds of
-# 9 repetitions each, default 2), and prints median times and after/before ratios.
+# 9 repetitions each, default 2; odd rounds run the old build first, even rounds the new one,
+# since the second run of a pair measures slower on this VM, streaming_read included), and
+# prints median times and after/before ratios; FILTER replaces the default target rows (a
+# --benchmark_filter regex).
 #   bench/before_after.sh OLD/bench/sidco-bench NEW/bench/sidco-bench [OUT_DIR]
 set -euo pipefail
 before=$1
 after=$2
 out=${3:-bench/results}
 rounds=${ROUNDS:-2}
-filter='^(streaming_read|nth_element_top_k|sidco_e_single|sidco_e_single_feedback|sidco_e_fixed3|sidco_e|sidco_e_feedback|sidco_e_exact_k|sidco_gp|sidco_gamma_gp|top_k|dgc|redsync|random_k|sidco_e_single_serial)/[01]/25/1000$'
+filter=${FILTER:-'^(streaming_read|nth_element_top_k|sidco_e_single|sidco_e_single_feedback|sidco_e_fixed3|sidco_e|sidco_e_feedback|sidco_e_exact_k|sidco_gp|sidco_gamma_gp|top_k|dgc|redsync|random_k|sidco_e_single_serial)/[01]/25/1000$'}
 mkdir -p "$out"
 for round in $(seq 1 "$rounds"); do
-  for which in before after; do
+  order="before after"
+  [ $((round % 2)) = 0 ] && order="after before"
+  for which in $order; do
     binary=$before
     [ "$which" = after ] && binary=$after
     OMP_NUM_THREADS=2 "$binary" --benchmark_min_time=0.3 --benchmark_repetitions=9 \

@@ -1,18 +1,13 @@
 // The composition every method is built from: estimator, selection, backend.
 #pragma once
 
-#include <algorithm>
-#include <array>
-#include <cmath>
 #include <cstddef>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "sidco/backend/concept.hpp"
 #include "sidco/backend/source.hpp"
-#include "sidco/core/checks.hpp"
-#include "sidco/core/error.hpp"
-#include "sidco/core/moments.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/single_user.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -21,9 +16,13 @@
 #include "sidco/estimate/none.hpp"
 #include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"
+#include "sidco/pipeline/input.hpp"
+#include "sidco/pipeline/report.hpp"
+#include "sidco/pipeline/run.hpp"
+#include "sidco/pipeline/scratch.hpp"
+#include "sidco/pipeline/stage.hpp"
 #include "sidco/policy_checks.hpp"
 #include "sidco/select/above_threshold.hpp"
-#include "sidco/select/radix_threshold.hpp"
 
 namespace sidco {
 
@@ -32,23 +31,6 @@ namespace backend {
 // it): this header stays free of OpenMP and Highway for users of other backends.
 class cpu;
 }  // namespace backend
-
-/// What one compress call did, so that a user can check it against what was asked.
-struct compress_report {
-  double threshold = 0;        // the estimated threshold (-1: none was used)
-  std::size_t selected = 0;    // entries in the sparse output
-  std::size_t candidates = 0;  // entries above the threshold, before any trimming
-  std::size_t size = 0;        // dense length
-  std::size_t zeros = 0;       // exact zeros in the input
-  double target_density = 0;   // delta as asked
-  double density = 0;          // selected / size
-  int stages = 0;              // distribution fits or estimator steps (0: none needed)
-  int rescans = 0;             // extra passes a selection made because too few were found
-  int passes = 0;              // passes the estimate made besides the moments pass
-  bool fallback = false;       // the estimator's fit degenerated; the radix threshold was used
-
-  double density_ratio() const { return density / target_density; }
-};
 
 namespace detail {
 
@@ -62,27 +44,6 @@ template <class B>
   requires requires { typename B::memory; }
 struct memory_of<B> {
   using type = typename B::memory;
-};
-
-// The estimator's view of the data: passes of their own over one source, counted.
-template <class Backend, class Source>
-struct estimator_pass {
-  Backend& backend;
-  const Source& source;
-  int passes = 0;
-
-  template <bool Log>
-  moments tail(double t) {
-    ++passes;
-    return backend.template tail<Log>(source, t);
-  }
-  std::size_t count_above(double t) {
-    ++passes;
-    return backend.count_above(source, t);
-  }
-  void gather_magnitudes(std::span<const std::size_t> positions, std::span<double> out) {
-    backend.gather_magnitudes(source, positions, out);
-  }
 };
 
 }  // namespace detail
@@ -127,130 +88,52 @@ class compressor {
   using selection_type = Selection;
   using backend_type = Backend;
   using memory_space = memory;
+  using stage_type = pipeline::stage<Estimator, Selection>;
   /// Most tails an estimator may ask the moments pass to measure.
-  static constexpr std::size_t max_probes = 4;
+  static constexpr std::size_t max_probes = stage_type::max_probes;
 
   compressor() = default;
   explicit compressor(Estimator estimator, Selection selection = {}, Backend backend = {})
-      : estimator_(std::move(estimator)), selection_(std::move(selection)), backend_(std::move(backend)) {}
+      : stage_(std::move(estimator), std::move(selection)), backend_(std::move(backend)) {}
 
   /// Compresses gradient at density delta in (0, 1] into out (cleared first).
   template <class T, class Index>
   compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
                            sparse_vector<T, Index, memory>& out) {
-    check_arguments(gradient.size(), delta, out);
-    return run(backend::plain_source<T, memory>{gradient.data(), gradient.size()}, "gradient", delta, out);
+    pipeline::check_call(gradient.size(), delta, out);
+    return run(pipeline::plain<T, memory>(gradient), delta, out);
   }
 
   /// Compresses gradient + residual and leaves in residual what was not sent.
   template <class T, class Index>
   compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
                            sparse_vector<T, Index, memory>& out, feedback::residual<T, memory>& residual) {
-    check_arguments(gradient.size(), delta, out);
-    check::same_size("residual", residual.size(), gradient.size());
-    return run(backend::feedback_source<T, memory>{gradient.data(), residual.data(), gradient.size()},
-               "gradient + residual", delta, out);
+    pipeline::check_call(gradient.size(), delta, out);
+    return run(pipeline::with_residual<T, memory>(gradient, residual), delta, out);
   }
 
   /// DGC: compresses the momentum-corrected accumulation and masks what was sent.
   template <class T, class Index>
   compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
                            sparse_vector<T, Index, memory>& out, feedback::momentum<T, memory>& state) {
-    check_arguments(gradient.size(), delta, out);
-    check::same_size("momentum", state.size(), gradient.size());
-    return run(backend::momentum_source<T, memory>{gradient.data(), state.velocity_data(),
-                                                   state.accumulation_data(), state.factor(),
-                                                   gradient.size()},
-               "momentum-corrected gradient", delta, out);
+    pipeline::check_call(gradient.size(), delta, out);
+    return run(pipeline::with_momentum<T, memory>(gradient, state), delta, out);
   }
 
-  // Phases, for compositions such as segmented that run one pass over many tensors.
-
-  /// How many tails the estimator asks the next moments pass to measure, and where.
-  std::size_t probe_count() const {
-    if constexpr (estimate::contract::declares_probes<Estimator>())
-      return std::min(max_probes, estimator_.probe_count());
-    else
-      return 0;
-  }
-  void probe_thresholds(std::span<double> out) const {
-    if constexpr (estimate::contract::declares_probes<Estimator>()) estimator_.probe_thresholds(out);
-  }
-
-  /// The threshold for source (moments all and probes from the moments pass), with the
-  /// estimator's own passes made through backend, and the density it aimed at.
-  template <class Source>
-  std::pair<estimate::threshold_estimate, int> estimate_threshold(Backend& backend, const Source& source,
-                                                                   const moments& all,
-                                                                   std::span<const moments> probes,
-                                                                   double delta) {
-    detail::estimator_pass<Backend, Source> pass{backend, source};
-    const double density = selection_.estimation_density(delta);
-    auto estimate = estimator_.estimate(all, probes, density, pass);
-    if constexpr (Estimator::statistics::sums) {
-      if (!usable(estimate.threshold, all)) {
-        estimate.fallback = true;
-        if (all.nonzero() == 0) {
-          estimate.threshold = 0;
-        } else {
-          ++pass.passes;
-          const auto start = select::detail::bucket_of_kth_largest(backend, source, target_count(density, source.size));
-          estimate.threshold = start.everything ? 0.0 : start.threshold;
-        }
-      }
-    }
-    return {estimate, pass.passes};
-  }
-
-  /// A threshold the selection can use: finite, not negative, and below the largest
-  /// magnitude when there is a non-zero (else |x| > t keeps nothing). Fits degenerate on
-  /// ties, one value, denormals or sums that overflow; such thresholds are replaced by the
-  /// lower edge of the radix bucket that holds the k-th largest magnitude (one histogram
-  /// pass): at least k values, and every value sharing that bucket, are kept.
-  static bool usable(double threshold, const moments& all) {
-    if (!(threshold >= 0)) return false;
-    return all.nonzero() == 0 ? std::isfinite(threshold) : threshold < all.max;
-  }
-
-  /// The report of a call whose selection appended selected entries (candidates before
-  /// trimming); adaptive estimators learn from it.
-  compress_report complete(const estimate::threshold_estimate& estimate, int passes,
-                           const select::selection_result& picked, std::size_t selected,
-                           const moments& all, double delta, std::size_t size) {
-    compress_report report;
-    report.threshold = estimate.threshold;
-    report.selected = selected;
-    report.candidates = picked.candidates;
-    report.size = size;
-    report.zeros = std::size_t(all.zeros);
-    report.target_density = delta;
-    report.density = double(selected) / double(size);
-    report.stages = estimate.stages;
-    report.rescans = picked.rescans;
-    report.passes = passes;
-    report.fallback = estimate.fallback;
-    // Adaptive estimators learn from what their threshold yielded, before any trimming.
-    if constexpr (estimate::contract::declares_observes<Estimator>())
-      estimator_.observe(double(picked.candidates) / double(size), selection_.estimation_density(delta));
-    return report;
-  }
-
-  /// Estimate, select (appending to out, indices base + i), report: after the moments pass.
-  template <class Source, class T, class Index>
-  compress_report finish(Backend& backend, const Source& source, const moments& all,
-                         std::span<const moments> probes, double delta, sparse_vector<T, Index, memory>& out) {
-    const auto [estimate, passes] = estimate_threshold(backend, source, all, probes, delta);
-    const std::size_t before = out.size();
-    const auto picked = selection_.select(backend, source, estimate.threshold, target_count(delta, source.size), out);
-    return complete(estimate, passes, picked, out.size() - before, all, delta, source.size);
+  /// A host span or vector given to a compressor over another memory space: a compile
+  /// error with a sentence instead of a list of candidates.
+  template <class T, class Index, class... State>
+    requires(!pipeline::host_views<memory, T>)
+  compress_report compress(std::span<const std::type_identity_t<T>>, double, sparse_vector<T, Index, memory>&,
+                           State&...) {
+    static_assert(pipeline::host_views<memory, T>, SIDCO_HOST_GRADIENT_FOR_DEVICE_MESSAGE);
+    return {};
   }
 
   /// Bytes this compressor keeps between calls besides its output.
   std::size_t workspace_bytes() const {
-    std::size_t bytes = 0;
+    std::size_t bytes = stage_.workspace_bytes();
     if constexpr (requires { backend_.workspace_bytes(); }) bytes += backend_.workspace_bytes();
-    if constexpr (requires { estimator_.workspace_bytes(); }) bytes += estimator_.workspace_bytes();
-    if constexpr (requires { selection_.workspace_bytes(); }) bytes += selection_.workspace_bytes();
     return bytes;
   }
 
@@ -258,74 +141,32 @@ class compressor {
   /// next call probes, generators' positions), for a checkpoint: load_state of what
   /// save_state wrote makes every later call give the same bits as this compressor's would.
   /// A state of another method, or a damaged one, is refused and nothing changes.
-  void save_state(state_writer& out) const {
-    out.name("sidco.compressor");
-    out.name(Estimator::name);
-    out.name(Selection::name);
-    if constexpr (stateful<Estimator>) estimator_.save_state(out);
-    if constexpr (stateful<Selection>) selection_.save_state(out);
-  }
-  void load_state(state_reader& in) {
-    in.expect("sidco.compressor");
-    in.expect(Estimator::name);
-    in.expect(Selection::name);
-    Estimator estimator = estimator_;
-    Selection selection = selection_;
-    if constexpr (stateful<Estimator>) estimator.load_state(in);
-    if constexpr (stateful<Selection>) selection.load_state(in);
-    estimator_ = std::move(estimator);
-    selection_ = std::move(selection);
-  }
+  void save_state(state_writer& out) const { stage_.save_state(out); }
+  void load_state(state_reader& in) { stage_.load_state(in); }
 
-  Estimator& estimator() { return estimator_; }
-  const Estimator& estimator() const { return estimator_; }
-  Selection& selection() { return selection_; }
+  Estimator& estimator() { return stage_.estimator(); }
+  const Estimator& estimator() const { return stage_.estimator(); }
+  Selection& selection() { return stage_.selection(); }
   Backend& backend() { return backend_; }
   const Backend& backend() const { return backend_; }
-
-  template <class T, class Index>
-  static void check_arguments(std::size_t size, double delta, const sparse_vector<T, Index, memory>&) {
-    check::density(delta);
-    if (size == 0) detail::fail("gradient is empty");
-    if (size > sparse_vector<T, Index, memory>::max_dense_size)
-      detail::fail("gradient: size ", size, " exceeds the ", 8 * sizeof(Index),
-                   "-bit index range (", sparse_vector<T, Index, memory>::max_dense_size,
-                   "); use sparse_vector<T, std::uint64_t>");
-  }
-
-  /// Throws sidco::error naming what and the first non-finite value when the moments pass
-  /// found any. Reads only; nothing has been written yet.
-  template <class Source>
-  static void check_finite(Backend& backend, const Source& source, const moments& all, const char* what) {
-    if (all.nonfinite == 0) return;
-    const auto first = backend.first_nonfinite(source);
-    detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ", first.value,
-                 " at index ", source.base + first.index);
-  }
+  /// The estimator and selection with their state: what segmented keeps per segment.
+  const stage_type& stage() const { return stage_; }
 
  private:
-  // The moments pass (probes included), checked before anything is written; then the rest.
-  template <class Source, class T, class Index>
-  compress_report run(const Source& source, const char* what, double delta,
-                      sparse_vector<T, Index, memory>& out) {
+  template <class Source>
+  compress_report run(const pipeline::input<Source>& in, double delta, auto& out) {
     const detail::single_user::scope in_use(user_, "compressor::compress");
-    const std::size_t probe_total = probe_count();
-    std::array<double, max_probes> probes{};
-    probe_thresholds(std::span<double>(probes.data(), probe_total));
-    std::array<moments, 1 + max_probes> measured{};
-    const segment whole{0, source.size};
-    backend_.template analyze<typename Estimator::statistics>(
-        source, std::span<const segment>(&whole, 1), std::span<const double>(probes.data(), probe_total),
-        std::span<moments>(measured.data(), 1 + probe_total));
-    check_finite(backend_, source, measured[0], what);
-    out.clear(source.size);
-    return finish(backend_, source, measured[0],
-                  std::span<const moments>(measured.data() + 1, probe_total), delta, out);
+    const segment whole{0, in.source.size};
+    const pipeline::scratch work = scratch_.view(stage_.probe_count());
+    pipeline::run<typename Estimator::statistics, Selection>(
+        backend_, std::span<stage_type>(&stage_, 1), std::span<const segment>(&whole, 1), in.source, in.what, out,
+        work, [delta](const pipeline::scratch& w) { w.densities[0] = delta; });
+    return work.reports[0];
   }
 
-  Estimator estimator_{};
-  Selection selection_{};
+  stage_type stage_{};
   Backend backend_{};
+  pipeline::single_scratch<stage_type::max_probes> scratch_;
   [[no_unique_address]] detail::single_user user_;
 };
 

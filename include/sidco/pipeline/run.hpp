@@ -1,0 +1,93 @@
+// The one compression pipeline, over a layout of one or many segments:
+//   analyze  one moments pass over every segment, with the tails each estimator probes;
+//   check    non-finite input is refused before anything is written;
+//   budget   each segment's density;
+//   estimate each segment's threshold (with the estimator's own passes, or the fallback);
+//   select   one pass over every segment when the selection fuses layers, else per segment;
+//   report   each segment's report (adaptive estimators learn from it).
+// compressor runs it over one segment, segmented over many.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <span>
+
+#include "sidco/core/checks.hpp"
+#include "sidco/core/error.hpp"
+#include "sidco/core/moments.hpp"
+#include "sidco/core/segment.hpp"
+#include "sidco/core/sparse_vector.hpp"
+#include "sidco/pipeline/scratch.hpp"
+
+namespace sidco::pipeline {
+
+/// The most probes any of stages asks for: the probe slots each segment gets.
+template <class Stage>
+std::size_t probes_per_segment(std::span<const Stage> stages) {
+  std::size_t per = 0;
+  for (const auto& s : stages) per = std::max(per, s.probe_count());
+  return per;
+}
+
+/// Throws sidco::error naming what and the first non-finite value when the moments pass
+/// found any. Reads only; nothing has been written yet.
+template <class Backend, class Source>
+void check_finite(Backend& backend, const Source& source, const moments& all, const char* what) {
+  if (all.nonfinite == 0) return;
+  const auto first = backend.first_nonfinite(source);
+  detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ", first.value,
+               " at index ", source.base + first.index);
+}
+
+/// Runs the pipeline for source over layout (which tiles it), stage s serving segment s;
+/// work.per must be probes_per_segment(stages). budget(work) writes work.densities after the
+/// moments pass (it may throw: nothing is written yet). out is cleared and gets every
+/// segment's selection with global indices; work.reports gets each segment's report.
+template <class Statistics, class Selection, class Stage, class Backend, class Source, class T, class Index,
+          class Memory, class Budget>
+void run(Backend& backend, std::span<Stage> stages, std::span<const segment> layout, const Source& source,
+         const char* what, sparse_vector<T, Index, Memory>& out, const scratch& work, Budget&& budget) {
+  const std::size_t n = layout.size();
+  std::fill(work.probes.begin(), work.probes.end(), std::numeric_limits<double>::infinity());
+  for (std::size_t s = 0; s < n; ++s)
+    stages[s].probe_thresholds(work.probes.subspan(s * work.per, stages[s].probe_count()));
+  backend.template analyze<Statistics>(source, layout, std::span<const double>(work.probes), work.measured);
+
+  if (n == 1) {
+    check_finite(backend, source, work.all_of(0), what);
+  } else {
+    moments all;
+    for (std::size_t s = 0; s < n; ++s) all.merge(work.all_of(s));
+    check_finite(backend, source, all, what);
+  }
+  budget(work);
+  out.clear(source.size);
+
+  if constexpr (Selection::fuses_layers) {
+    std::size_t hint = 0;
+    for (std::size_t s = 0; s < n; ++s) {
+      const auto part = source.slice(layout[s].offset, layout[s].size);
+      work.estimates[s] = stages[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
+      work.thresholds[s] = work.estimates[s].estimate.threshold;
+      hint += target_count(work.densities[s], layout[s].size);
+    }
+    backend.template select_above<true>(source, layout, std::span<const double>(work.thresholds), out, hint,
+                                        work.kept);
+    for (std::size_t s = 0; s < n; ++s)
+      work.reports[s] = stages[s].report(work.estimates[s], {work.kept[s], 0}, work.kept[s], work.all_of(s),
+                                         work.densities[s], layout[s].size);
+  } else {
+    for (std::size_t s = 0; s < n; ++s) {
+      const auto part = source.slice(layout[s].offset, layout[s].size);
+      const auto outcome = stages[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
+      const std::size_t before = out.size();
+      const auto picked = stages[s].select(backend, part, outcome.estimate.threshold,
+                                           target_count(work.densities[s], layout[s].size), out);
+      work.reports[s] = stages[s].report(outcome, picked, out.size() - before, work.all_of(s), work.densities[s],
+                                         layout[s].size);
+    }
+  }
+}
+
+}  // namespace sidco::pipeline

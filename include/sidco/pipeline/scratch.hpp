@@ -1,0 +1,92 @@
+// Per-segment working storage of one pipeline call: on the stack for one segment (a
+// compressor allocates nothing of its own), in vectors kept between calls for many.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "sidco/core/error.hpp"
+#include "sidco/core/moments.hpp"
+#include "sidco/pipeline/report.hpp"
+#include "sidco/pipeline/stage.hpp"
+
+namespace sidco::pipeline {
+
+/// Spans over a call's storage, per segment s: per probe thresholds; measured[s * (1 + per)]
+/// the moments of the whole segment, then its per probes' tails; the segment's density,
+/// estimate, threshold, kept count and report.
+struct scratch {
+  std::size_t per = 0;
+  std::span<double> probes;
+  std::span<moments> measured;
+  std::span<double> densities;
+  std::span<estimate_outcome> estimates;
+  std::span<double> thresholds;
+  std::span<std::size_t> kept;
+  std::span<compress_report> reports;
+
+  const moments& all_of(std::size_t s) const { return measured[s * (1 + per)]; }
+  std::span<const moments> probes_of(std::size_t s) const { return measured.subspan(s * (1 + per) + 1, per); }
+};
+
+/// One segment with at most MaxProbes probes.
+template <std::size_t MaxProbes>
+class single_scratch {
+ public:
+  scratch view(std::size_t per) {
+    if (per > MaxProbes) detail::fail("pipeline: ", per, " probes asked, at most ", MaxProbes);
+    return {per,
+            std::span<double>(probes_.data(), per),
+            std::span<moments>(measured_.data(), 1 + per),
+            std::span<double>(&density_, 1),
+            std::span<estimate_outcome>(&estimate_, 1),
+            std::span<double>(&threshold_, 1),
+            std::span<std::size_t>(&kept_, 1),
+            std::span<compress_report>(&report_, 1)};
+  }
+
+ private:
+  std::array<double, MaxProbes> probes_{};
+  std::array<moments, 1 + MaxProbes> measured_{};
+  double density_ = 0;
+  estimate_outcome estimate_;
+  double threshold_ = 0;
+  std::size_t kept_ = 0;
+  compress_report report_;
+};
+
+/// Any number of segments; grows only when the layout or the probe count does.
+class growing_scratch {
+ public:
+  scratch view(std::size_t segments, std::size_t per) {
+    probes_.resize(segments * per);
+    measured_.resize(segments * (1 + per));
+    densities_.resize(segments);
+    estimates_.resize(segments);
+    thresholds_.resize(segments);
+    kept_.resize(segments);
+    reports_.resize(segments);
+    return {per, probes_, measured_, densities_, estimates_, thresholds_, kept_, reports_};
+  }
+  const std::vector<double>& densities() const { return densities_; }
+  const std::vector<compress_report>& reports() const { return reports_; }
+  std::size_t bytes() const {
+    return probes_.capacity() * sizeof(double) + measured_.capacity() * sizeof(moments) +
+           densities_.capacity() * sizeof(double) + estimates_.capacity() * sizeof(estimate_outcome) +
+           thresholds_.capacity() * sizeof(double) + kept_.capacity() * sizeof(std::size_t) +
+           reports_.capacity() * sizeof(compress_report);
+  }
+
+ private:
+  std::vector<double> probes_;
+  std::vector<moments> measured_;
+  std::vector<double> densities_;
+  std::vector<estimate_outcome> estimates_;
+  std::vector<double> thresholds_;
+  std::vector<std::size_t> kept_;
+  std::vector<compress_report> reports_;
+};
+
+}  // namespace sidco::pipeline
