@@ -49,16 +49,32 @@ std::string message(const Parts&... parts) {
   return out.str();
 }
 
-/// Throws sidco::error with "sidco: " and the parts.
+}  // namespace detail
+
+/// Throws sidco::error with "sidco: " and the parts (numbers in shortest round-trip form):
+/// for code built on sidco (a framework binding, a policy of its own) that checks its
+/// arguments as sidco does.
 template <class... Parts>
-[[noreturn]] void fail(const Parts&... parts) {
-  throw error(message(parts...));
+[[noreturn]] void throw_error(const Parts&... parts) {
+  throw error(detail::message(parts...));
 }
 
 /// Throws sidco::runtime_error with "sidco: " and the parts.
 template <class... Parts>
+[[noreturn]] void throw_runtime_error(const Parts&... parts) {
+  throw runtime_error(detail::message(parts...));
+}
+
+namespace detail {
+
+template <class... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  throw_error(parts...);
+}
+
+template <class... Parts>
 [[noreturn]] void fail_at_run_time(const Parts&... parts) {
-  throw runtime_error(message(parts...));
+  throw_runtime_error(parts...);
 }
 
 }  // namespace detail

@@ -53,14 +53,14 @@ decltype(auto) with_value_type(at::ScalarType dtype, const char* what, F&& f) {
     case at::kDouble: return f(type_tag<double>{});
     case at::kHalf: return f(type_tag<sidco::float16>{});
     case at::kBFloat16: return f(type_tag<sidco::bfloat16>{});
-    default: sidco::detail::fail(what, ": dtype ", dtype, " is not float32, float64, float16 or bfloat16");
+    default: sidco::throw_error(what, ": dtype ", dtype, " is not float32, float64, float16 or bfloat16");
   }
 }
 
 /// A contiguous CPU tensor, or a sidco::error naming what.
 inline void check_cpu_tensor(const char* what, const at::Tensor& t) {
-  if (!t.device().is_cpu()) sidco::detail::fail(what, ": device ", t.device(), " is not the CPU");
-  if (!t.is_contiguous()) sidco::detail::fail(what, ": tensor is not contiguous");
+  if (!t.device().is_cpu()) sidco::throw_error(what, ": device ", t.device(), " is not the CPU");
+  if (!t.is_contiguous()) sidco::throw_error(what, ": tensor is not contiguous");
 }
 
 /// A tensor of element type T as a span (after the checks above).

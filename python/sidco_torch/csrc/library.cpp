@@ -20,10 +20,10 @@ sidco::methods::options parse_options(const c10::Dict<std::string, double>& opti
     if (entry.key() == "seed") {
       const double seed = entry.value();
       if (!(seed >= 0 && seed < 18446744073709551616.0 && seed == std::floor(seed)))
-        sidco::detail::fail("option seed = ", seed, " is not a whole number in [0, 2^64)");
+        sidco::throw_error("option seed = ", seed, " is not a whole number in [0, 2^64)");
       parsed.seed = std::uint64_t(seed);
     } else {
-      sidco::detail::fail("option '", entry.key(), "' is not known (known: seed)");
+      sidco::throw_error("option '", entry.key(), "' is not known (known: seed)");
     }
   }
   return parsed;
@@ -36,20 +36,20 @@ at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float64") return at::kDouble;
   if (name == "float16") return at::kHalf;
   if (name == "bfloat16") return at::kBFloat16;
-  sidco::detail::fail("dtype '", name, "' is not float32, float64, float16 or bfloat16");
+  sidco::throw_error("dtype '", name, "' is not float32, float64, float16 or bfloat16");
 }
 
 std::vector<sidco::segment> parse_layout(const std::vector<std::int64_t>& sizes) {
   std::vector<sidco::segment> layout;
   std::size_t offset = 0;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] <= 0) sidco::detail::fail("layer_sizes: size ", sizes[i], " of layer ", i, " is not positive");
+    if (sizes[i] <= 0) sidco::throw_error("layer_sizes: size ", sizes[i], " of layer ", i, " is not positive");
     if (std::uint64_t(sizes[i]) > std::numeric_limits<std::size_t>::max() - offset)
-      sidco::detail::fail("layer_sizes: the sizes overflow at layer ", i);
+      sidco::throw_error("layer_sizes: the sizes overflow at layer ", i);
     layout.push_back({offset, std::size_t(sizes[i])});
     offset += std::size_t(sizes[i]);
   }
-  if (layout.empty()) sidco::detail::fail("layer_sizes: no layers");
+  if (layout.empty()) sidco::throw_error("layer_sizes: no layers");
   return layout;
 }
 
@@ -67,7 +67,7 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
     plan_ = sidco::comm::plan_capacity(settings_.layout, density, slack);
     const std::size_t total = settings_.layout.back().end();
     if (total > std::size_t(std::numeric_limits<std::uint32_t>::max()) + 1)
-      sidco::detail::fail("bucket: ", total, " values; sidco_torch's codec addresses 2^32 (32-bit indices)");
+      sidco::throw_error("bucket: ", total, " values; sidco_torch's codec addresses 2^32 (32-bit indices)");
     format_ = {plan_.total, sizeof(std::uint32_t), std::size_t(c10::elementSize(settings_.dtype))};
     // Fails here, not at the first step, for an unknown method.
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
@@ -76,14 +76,14 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
 }
 
 codec_impl& Codec::on(const at::Device& device) const {
-  if (!device.is_cpu()) sidco::detail::fail("bucket: device ", device, " is not the CPU (this build is CPU-only)");
+  if (!device.is_cpu()) sidco::throw_error("bucket: device ", device, " is not the CPU (this build is CPU-only)");
   if (!cpu_) cpu_ = make_cpu_codec(settings_, format_, plan_);
   return *cpu_;
 }
 
 std::size_t Codec::layer_index(std::int64_t layer) const {
   if (layer < 0 || std::size_t(layer) >= settings_.layout.size())
-    sidco::detail::fail("layer ", layer, " is outside [0, ", settings_.layout.size(), ")");
+    sidco::throw_error("layer ", layer, " is outside [0, ", settings_.layout.size(), ")");
   return std::size_t(layer);
 }
 
@@ -124,7 +124,7 @@ at::Tensor Codec::layer_state(std::int64_t layer) const {
 void Codec::load_layer_state(std::int64_t layer, const at::Tensor& state) {
   translated([&] {
     check_cpu_tensor("state", state);
-    if (state.scalar_type() != at::kByte) sidco::detail::fail("state: dtype ", state.scalar_type(), " is not uint8");
+    if (state.scalar_type() != at::kByte) sidco::throw_error("state: dtype ", state.scalar_type(), " is not uint8");
     on(at::kCPU).load_layer(layer_index(layer), bytes_of(state));
     return 0;
   });
@@ -139,7 +139,7 @@ Compressor::Compressor(std::string method, c10::Dict<std::string, double> option
 }
 
 compressor_impl& Compressor::on(const at::Device& device) {
-  if (!device.is_cpu()) sidco::detail::fail("gradient: device ", device, " is not the CPU (this build is CPU-only)");
+  if (!device.is_cpu()) sidco::throw_error("gradient: device ", device, " is not the CPU (this build is CPU-only)");
   if (!cpu_) cpu_ = make_cpu_compressor(method_, options_);
   last_ = cpu_.get();
   return *cpu_;

@@ -78,7 +78,7 @@ class cpu_codec final : public codec_impl {
     views.reserve(payloads.size());
     for (const at::Tensor& p : payloads) {
       check_cpu_tensor("payload", p);
-      if (p.scalar_type() != at::kByte) sidco::detail::fail("payload: dtype ", p.scalar_type(), " is not uint8");
+      if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
       views.push_back(bytes_of(p));
     }
     try {
@@ -99,9 +99,9 @@ class cpu_codec final : public codec_impl {
   void check(const at::Tensor& t, const char* what) const {
     check_cpu_tensor(what, t);
     if (t.scalar_type() != settings_.dtype)
-      sidco::detail::fail(what, ": dtype ", t.scalar_type(), " is not the codec's ", settings_.dtype);
+      sidco::throw_error(what, ": dtype ", t.scalar_type(), " is not the codec's ", settings_.dtype);
     if (std::size_t(t.numel()) != size_)
-      sidco::detail::fail(what, ": ", t.numel(), " values, the codec's layers add up to ", size_);
+      sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", size_);
   }
 
   codec_settings settings_;
@@ -126,7 +126,7 @@ class cpu_compressor final : public compressor_impl {
                                               const c10::optional<at::Tensor>& residual) override {
     const std::size_t n = std::size_t(gradient.numel());
     if (n > std::size_t(std::numeric_limits<index32>::max()) + 1)
-      sidco::detail::fail("gradient: ", n, " values; sidco_torch addresses 2^32 (32-bit indices)");
+      sidco::throw_error("gradient: ", n, " values; sidco_torch addresses 2^32 (32-bit indices)");
     engine<T, index32>* e = whole_.get();
     if (!layers.empty()) {
       if (!layered_ || layers != layer_sizes_) {
@@ -152,13 +152,13 @@ class cpu_compressor final : public compressor_impl {
     std::vector<sidco::segment> layout;
     std::size_t offset = 0;
     for (std::size_t i = 0; i < layers.size(); ++i) {
-      if (layers[i] <= 0) sidco::detail::fail("layer_sizes: size ", layers[i], " of layer ", i, " is not positive");
+      if (layers[i] <= 0) sidco::throw_error("layer_sizes: size ", layers[i], " of layer ", i, " is not positive");
       if (std::uint64_t(layers[i]) > n - offset)
-        sidco::detail::fail("layer_sizes: layers 0..", i, " hold more than the gradient's ", n, " values");
+        sidco::throw_error("layer_sizes: layers 0..", i, " hold more than the gradient's ", n, " values");
       layout.push_back({offset, std::size_t(layers[i])});
       offset += std::size_t(layers[i]);
     }
-    if (offset != n) sidco::detail::fail("layer_sizes: the layers add up to ", offset, ", the gradient holds ", n);
+    if (offset != n) sidco::throw_error("layer_sizes: the layers add up to ", offset, ", the gradient holds ", n);
     return layout;
   }
 

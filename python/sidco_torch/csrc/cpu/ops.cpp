@@ -59,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double d
     if (residual) {
       check_cpu_tensor("residual", *residual);
       if (residual->scalar_type() != gradient.scalar_type())
-        sidco::detail::fail("residual: dtype ", residual->scalar_type(), " differs from the gradient's ",
+        sidco::throw_error("residual: dtype ", residual->scalar_type(), " differs from the gradient's ",
                             gradient.scalar_type());
       sidco::check::same_size("residual", std::size_t(residual->numel()), std::size_t(gradient.numel()));
     }
@@ -68,8 +68,8 @@ std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double d
 }
 
 sidco::comm::wire_fields fields_of(const Codec& codec, std::int64_t tag, std::int64_t sequence) {
-  if (tag < 0 || tag > std::int64_t(UINT32_MAX)) sidco::detail::fail("tag = ", tag, " is outside [0, 2^32)");
-  if (sequence < 0) sidco::detail::fail("sequence = ", sequence, " is negative");
+  if (tag < 0 || tag > std::int64_t(UINT32_MAX)) sidco::throw_error("tag = ", tag, " is outside [0, 2^32)");
+  if (sequence < 0) sidco::throw_error("sequence = ", sequence, " is negative");
   return {std::uint32_t(tag), std::uint64_t(sequence), codec.settings().density, sidco::comm::reduction::average};
 }
 
@@ -99,11 +99,11 @@ at::Tensor decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out
 at::Tensor scatter_add_(at::Tensor dense, const at::Tensor& indices, const at::Tensor& values, double scale) {
   return translated([&] {
     check_cpu_tensor("dense", dense);
-    if (indices.scalar_type() != at::kLong) sidco::detail::fail("indices: dtype ", indices.scalar_type(), " is not int64");
+    if (indices.scalar_type() != at::kLong) sidco::throw_error("indices: dtype ", indices.scalar_type(), " is not int64");
     if (values.scalar_type() != dense.scalar_type())
-      sidco::detail::fail("values: dtype ", values.scalar_type(), " differs from dense's ", dense.scalar_type());
+      sidco::throw_error("values: dtype ", values.scalar_type(), " differs from dense's ", dense.scalar_type());
     if (indices.numel() != values.numel())
-      sidco::detail::fail("indices: ", indices.numel(), " entries, values: ", values.numel());
+      sidco::throw_error("indices: ", indices.numel(), " entries, values: ", values.numel());
     const auto idx = indices.contiguous();
     const auto val = values.contiguous();
     const auto* i = reinterpret_cast<const std::uint64_t*>(idx.data_ptr<std::int64_t>());
