@@ -42,7 +42,7 @@ const sidco::memory::device_buffer<float>& input(const benchmark::State& state) 
     std::uniform_real_distribution<float> u(0.f, 1.f);
     for (auto& v : g) v = u(rng) < 0.3f ? 0.f : (u(rng) < 0.5f ? -1.f : 1.f) * exponential(rng);
     b.resize(g.size());
-    device::copy_from_host(std::span<const float>(g), std::span<float>(b.data(), g.size()));
+    device::copy_from_host(std::span<const float>(g), b.view());
   }
   return b;
 }
@@ -96,7 +96,7 @@ void compress(benchmark::State& state) {
   if (!have_gpu()) return state.SkipWithError("no CUDA device");
   const auto& g = input(state);
   const double delta = density_of(state);
-  const std::span<const float> view(g.data(), g.size());
+  const auto view = g.view();
   Compressor c;
   sidco::sparse_vector<float, std::uint32_t, device> out;
   sidco::feedback::residual<float, device> residual(g.size());

@@ -82,7 +82,7 @@ void same_method(const char* name, const std::vector<float>& g, double delta, bo
   feedback::residual<float, device> residual_d(g.size());
   feedback::residual<float> residual_h(g.size());
   for (int call = 0; call < 3; ++call) {
-    const auto rd = d.template compress<float>(std::span<const float>(gradient.data(), g.size()), delta, out_d, residual_d);
+    const auto rd = d.template compress<float>(gradient.view(), delta, out_d, residual_d);
     const auto rh = h.template compress<float>(g, delta, out_h, residual_h);
     d.backend().synchronize();
     if (exact) {
@@ -125,11 +125,11 @@ TEST_CASE("per layer on the device: one pass for every layer, as on the host") {
   segmented<presets::top_k<backend::serial>> top_h(layout);
   sparse_vector<float, std::uint32_t, device> out_d;
   sparse_vector<float> out_h;
-  const auto report = d.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.01, out_d);
+  const auto report = d.compress<float>(gradient.view(), 0.01, out_d);
   d.backend().synchronize();
   CHECK(report.density_ratio() >= 0.8);
   CHECK(report.density_ratio() <= 1.25);
-  top_d.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.01, out_d);
+  top_d.compress<float>(gradient.view(), 0.01, out_d);
   top_h.compress<float>(g, 0.01, out_h);
   top_d.backend().synchronize();
   CHECK(move::entries(out_d) == test::entries(out_h));
@@ -144,7 +144,7 @@ TEST_CASE_TEMPLATE("half and bfloat16 gradients: exact Top-k, threshold selectio
     as_float[i] = float(g[i]);
   }
   const auto gradient = move::upload<H>(g);
-  const std::span<const H> view(gradient.data(), g.size());
+  const auto view = gradient.view();
   for (double delta : {0.01, 0.001}) {
     INFO("delta ", delta);
     presets::top_k<backend::cuda> top;
@@ -188,21 +188,21 @@ TEST_CASE("a warm call allocates nothing on the host or the device") {
   sparse_vector<float, std::uint32_t, device> out;
   feedback::residual<float, device> residual(g.size());
   for (int call = 0; call < 4; ++call)
-    c.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.001, out, residual);
+    c.compress<float>(gradient.view(), 0.001, out, residual);
   c.backend().synchronize();
   std::size_t free_before = 0, free_after = 0, total = 0;
   cudaMemGetInfo(&free_before, &total);
   const long before = host_allocations();
   for (int call = 0; call < 5; ++call)
-    c.compress<float>(std::span<const float>(gradient.data(), g.size()), 0.001, out, residual);
+    c.compress<float>(gradient.view(), 0.001, out, residual);
   c.backend().synchronize();
   cudaMemGetInfo(&free_after, &total);
   CHECK(host_allocations() - before == 0);
   CHECK(free_after == free_before);
 }
 
-TEST_CASE("a CUDA failure is a sidco::error naming the call") {
+TEST_CASE("a CUDA failure is a sidco::runtime_error naming the call") {
   memory::device_buffer<float> huge;
-  CHECK_THROWS_WITH_AS(huge.reserve(std::size_t(1) << 50), doctest::Contains("cudaMalloc"), sidco::error);
+  CHECK_THROWS_WITH_AS(huge.reserve(std::size_t(1) << 50), doctest::Contains("cudaMalloc"), sidco::runtime_error);
   cudaGetLastError();
 }

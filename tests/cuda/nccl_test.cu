@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <sidco/comm/nccl.cuh>
@@ -86,9 +87,9 @@ int main() {
     memory::device::copy_from_host(std::span<const std::uint32_t>(sent_indices[std::size_t(r)]), mine.mutable_indices());
     memory::device::copy_from_host(std::span<const float>(sent_values[std::size_t(r)]), mine.mutable_values());
     memory::device_buffer<float> dense(n);
-    reports[std::size_t(r)] = reducer.allreduce(mine, 0.02, std::span<float>(dense.data(), n));
+    reports[std::size_t(r)] = reducer.allreduce(mine, 0.02, dense.view());
     results[std::size_t(r)].resize(n);
-    memory::device::copy_to_host(std::span<const float>(dense.data(), n), std::span<float>(results[std::size_t(r)]));
+    memory::device::copy_to_host(std::as_const(dense).view(), std::span<float>(results[std::size_t(r)]));
   });
   for (int r = 0; r < ranks; ++r) {
     expect(reports[std::size_t(r)].taken == comm::path::sparse, "sparse path taken on rank " + std::to_string(r));
@@ -112,9 +113,9 @@ int main() {
     memory::device::copy_from_host(std::span<const std::uint32_t>(all), mine.mutable_indices());
     memory::device::copy_from_host(std::span<const float>(ones), mine.mutable_values());
     memory::device_buffer<float> dense(1000);
-    const auto report = reducer.allreduce(mine, 1.0, std::span<float>(dense.data(), 1000), comm::reduction::sum);
+    const auto report = reducer.allreduce(mine, 1.0, dense.view(), comm::reduction::sum);
     std::vector<float> out(1000);
-    memory::device::copy_to_host(std::span<const float>(dense.data(), 1000), std::span<float>(out));
+    memory::device::copy_to_host(std::as_const(dense).view(), std::span<float>(out));
     expect(report.taken == comm::path::dense, "dense path for a full vector");
     expect(out[0] == float(ranks) && out[999] == float(ranks), "dense sum");
   });
@@ -128,7 +129,7 @@ int main() {
       memory::device_buffer<float> dense(10);
       try {
         if (r == 1) reducer.abandon(std::runtime_error("gradient contains NaN"), 10, 0.1);
-        reducer.allreduce(mine, 0.1, std::span<float>(dense.data(), 10));
+        reducer.allreduce(mine, 0.1, dense.view());
       } catch (const sidco::error& e) {
         messages[std::size_t(r)] = e.what();
       }

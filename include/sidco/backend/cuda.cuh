@@ -256,7 +256,7 @@ class cuda {
   }
 
   template <class T, class Index>
-  void scatter_add(const output<T, Index>& in, std::span<T> dense, T scale) {
+  void scatter_add(const output<T, Index>& in, memory::view<T> dense, T scale) {
     if (in.dense_size() != dense.size())
       sidco::detail::fail("dense: size ", dense.size(), " does not match the sparse vector's dense size ", in.dense_size());
     if (in.empty()) return;

@@ -85,7 +85,7 @@ class nccl_allreducer {
 
   /// dense (device memory, overwritten) = sum or average over ranks of their sparse
   /// vectors. Returns once the result is complete on the stream.
-  allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, std::span<T> dense,
+  allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, memory::device::view<T> dense,
                              reduction op = reduction::average) {
     exchange_headers(mine.dense_size(), mine.size(), delta, op,
                      dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
@@ -186,7 +186,7 @@ class nccl_allreducer {
       sidco::detail::fail("sparse_allreduce: a rank sent index ", top, " beyond dense size ", dense_size);
   }
 
-  void add(const Index* indices, const T* values, std::size_t count, std::span<T> dense) {
+  void add(const Index* indices, const T* values, std::size_t count, memory::device::view<T> dense) {
     if (count == 0) return;
     backend::cuda_detail::scatter_add<<<grid(count), backend::cuda_detail::block_threads, 0, stream_>>>(
         indices, values, count, dense.data(), T(1));

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "sidco/backend/cuda/check.cuh"
+#include "sidco/memory/device_view.hpp"
 
 namespace sidco::memory {
 
@@ -41,6 +42,8 @@ class device_buffer {
   T* data() { return data_; }
   const T* data() const { return data_; }
   std::size_t size() const { return size_; }
+  device_view<T> view() { return {data_, size_}; }
+  device_view<const T> view() const { return {data_, size_}; }
   std::size_t capacity() const { return capacity_; }
 
   void reserve(std::size_t count) {
@@ -120,8 +123,9 @@ struct device {
   using buffer = device_buffer<T>;
   template <class T>
   using pointer = T*;
+  /// Not std::span: host memory given to a device compressor does not compile.
   template <class T>
-  using view = std::span<T>;
+  using view = device_view<T>;
 
   template <class T>
   static void zero(view<T> v) {

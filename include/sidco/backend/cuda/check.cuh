@@ -1,4 +1,4 @@
-// CUDA failures as sidco::error naming the call.
+// CUDA failures as sidco::runtime_error naming the call.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,5 +14,5 @@ inline void check(cudaError_t status, const char* call) {
 
 }  // namespace sidco::backend::cuda_detail
 
-/// Runs a CUDA runtime call; a failure throws sidco::error naming it.
+/// Runs a CUDA runtime call; a failure throws sidco::runtime_error naming it.
 #define SIDCO_CUDA(call) ::sidco::backend::cuda_detail::check((call), #call)

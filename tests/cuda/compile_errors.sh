@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Device mistakes that must not compile, each with the sentence its error must contain: host
+# memory (a std::span or vector) given as the gradient of a compressor, or of a segmented,
+# on backend::cuda. Arguments: nvcc, then its flags (include paths, -std=c++20).
+set -uo pipefail
+compiler=$1
+shift
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+prelude='#include <sidco/backend/cuda.cuh>
+#include <sidco/sidco.hpp>
+#include <vector>
+using namespace sidco;
+using on_device = presets::sidco_e<select::above_threshold, backend::cuda>;'
+
+compile() {  # name, body, flags: the exit status of compiling the prelude and body
+  local name=$1 body=$2
+  shift 2
+  printf '%s\n%s\n' "$prelude" "$body" > "$tmp/$name.cu"
+  "$compiler" "$@" -c "$tmp/$name.cu" -o "$tmp/$name.o" > "$tmp/$name.log" 2>&1
+}
+
+expect_error() {
+  local name=$1 sentence=$2 body=$3
+  shift 3
+  if compile "$name" "$body" "$@"; then
+    echo "FAIL $name: compiled"
+    failed=1
+  elif ! grep -qF "$sentence" "$tmp/$name.log"; then
+    echo "FAIL $name: the error does not say \"$sentence\":"
+    head -20 "$tmp/$name.log"
+    failed=1
+  else
+    echo "ok   $name: \"$sentence\""
+  fi
+}
+
+# The control: a device view compiles, through the same harness.
+if ! compile control '
+int main() {
+  memory::device_buffer<float> g(10);
+  sparse_vector<float, std::uint32_t, memory::device> out;
+  on_device c;
+  segmented<on_device> s({{0, 4}, {4, 6}});
+  c.compress<float>(g.view(), 0.1, out);
+  s.compress<float>(memory::device::view<const float>(g.data(), g.size()), 0.1, out);
+}' "$@"; then
+  echo "FAIL the control does not compile:"
+  head -30 "$tmp/control.log"
+  exit 1
+fi
+echo "ok   control: a device view compiles"
+
+sentence='the gradient is host memory (a std::span or vector)'
+expect_error host_span_to_device_compressor "$sentence" '
+int main() {
+  std::vector<float> g(10);
+  sparse_vector<float, std::uint32_t, memory::device> out;
+  on_device c;
+  c.compress<float>(std::span<const float>(g), 0.1, out);
+}' "$@"
+
+expect_error host_vector_to_device_segmented "$sentence" '
+int main() {
+  std::vector<float> g(10);
+  sparse_vector<float, std::uint32_t, memory::device> out;
+  feedback::residual<float, memory::device> residual(10);
+  segmented<on_device> s({{0, 4}, {4, 6}});
+  s.compress<float>(g, 0.1, out, residual);
+}' "$@"
+
+exit $failed
