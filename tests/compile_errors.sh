@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mistakes that must not compile, each with the sentence its error must contain: a backend
-# that lacks one member of the contract, and types given on the wrong axis of a compressor.
+# that lacks one member of the contract, types given on the wrong axis of a compressor, an
+# estimator with a misspelt hook, a distribution model missing part of its contract.
 # Arguments: the C++ compiler, then its flags (include paths).
 set -uo pipefail
 compiler=$1
@@ -84,5 +85,28 @@ struct no_estimate {
   using statistics = sidco::backend::pass_statistics<true>;
 };
 int main() { sidco::compressor<no_estimate, sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
+
+# A distribution model is checked against dist/concept.hpp where statistical<First, Tail>
+# names it, first or tail.
+expect_error model_without_quantile "sidco distribution model: missing double upper_quantile(double rho) const" '
+struct no_quantile {
+  static constexpr const char* name = "no-quantile";
+  static constexpr bool needs_log = false;
+  static no_quantile fit(const sidco::moments&) { return {}; }
+  double upper_quntile(double) const { return 1; }
+};
+int main() {
+  sidco::presets::sidco_with<sidco::dist::exponential, no_quantile, sidco::stages::adaptive, sidco::fit::zero_aware,
+                             sidco::select::above_threshold, sidco::backend::serial> c;
+  (void)c;
+}' "$@"
+
+expect_error model_without_fit "sidco distribution model: missing static Model fit(const moments&)" '
+struct no_fit {
+  static constexpr const char* name = "no-fit";
+  static constexpr bool needs_log = false;
+  double upper_quantile(double) const { return 1; }
+};
+int main() { sidco::compressor<sidco::estimate::statistical<no_fit>, sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
 
 exit $failed

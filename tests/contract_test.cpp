@@ -73,6 +73,7 @@ TEST_CASE("every preset goes through the backend contract only") {
     check_preset<sidco_e>("sidco-e", g, delta);
     check_preset<sidco_gp>("sidco-gp", g, delta);
     check_preset<sidco_gamma_gp>("sidco-gamma-gp", g, delta);
+    check_preset<sidco_weibull>("sidco-weibull", g, delta);
     check_preset<sidco_e_single>("sidco-e-single", g, delta);
     check_preset<sidco_e_paper>("sidco-e-paper", g, delta);
     check_preset<sidco_e, select::exact_k>("sidco-e exact_k", g, delta);

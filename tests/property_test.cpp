@@ -147,6 +147,7 @@ void sweep_presets() {
   sweep<T, sidco_e<>>("sidco-e", {});
   sweep<T, sidco_gp<>>("sidco-gp", {});
   sweep<T, sidco_gamma_gp<>>("sidco-gamma-gp", {});
+  sweep<T, sidco_weibull<>>("sidco-weibull", {});
   sweep<T, sidco_e_single<>>("sidco-e-single", {});
   sweep<T, sidco_gp_single<>>("sidco-gp-single", {});
   sweep<T, sidco_gamma_single<>>("sidco-gamma-single", {});

@@ -44,6 +44,11 @@ struct sidco_gamma_gp {
   template <class B>
   using preset = presets::sidco_gamma_gp<select::above_threshold, B>;
 };
+struct sidco_weibull {
+  static constexpr info about{"sidco-weibull", "SIDCo, Weibull fits, adaptive stages", false};
+  template <class B>
+  using preset = presets::sidco_weibull<select::above_threshold, B>;
+};
 struct sidco_e_single {
   static constexpr info about{"sidco-e-single", "SIDCo, one exponential fit", false};
   template <class B>
@@ -175,9 +180,9 @@ struct table_of {
 };
 
 /// Every method, in the order tools list them.
-using all = table_of<sidco_e, sidco_gp, sidco_gamma_gp, sidco_e_single, sidco_gp_single, sidco_gamma_single,
-                     sidco_e_paper, sidco_gp_paper, sidco_gamma_gp_paper, top_k, sidco_e_exact, sidco_gp_exact,
-                     random_k, dgc, gaussian_k, redsync, redsync_trimmed>;
+using all = table_of<sidco_e, sidco_gp, sidco_gamma_gp, sidco_weibull, sidco_e_single, sidco_gp_single,
+                     sidco_gamma_single, sidco_e_paper, sidco_gp_paper, sidco_gamma_gp_paper, top_k,
+                     sidco_e_exact, sidco_gp_exact, random_k, dgc, gaussian_k, redsync, redsync_trimmed>;
 
 /// name, description and promise of every method.
 inline constexpr const auto& table = all::infos;

@@ -7,6 +7,7 @@
 #include "sidco/dist/exponential.hpp"
 #include "sidco/dist/gamma.hpp"
 #include "sidco/dist/generalized_pareto.hpp"
+#include "sidco/dist/weibull.hpp"
 #include "sidco/estimate/gaussian_k.hpp"
 #include "sidco/estimate/none.hpp"
 #include "sidco/estimate/redsync.hpp"
@@ -36,6 +37,11 @@ using sidco_gp = sidco_with<dist::generalized_pareto, dist::generalized_pareto, 
 template <class Selection = select::above_threshold, class Backend = backend::cpu>
 using sidco_gamma_gp = sidco_with<dist::gamma, dist::generalized_pareto, stages::adaptive,
                                   fit::zero_aware, Selection, Backend>;
+
+/// SIDCo-Weibull: Weibull in every stage (shape < 1 is a heavier tail than the exponential).
+template <class Selection = select::above_threshold, class Backend = backend::cpu>
+using sidco_weibull = sidco_with<dist::weibull, dist::weibull, stages::adaptive, fit::zero_aware,
+                                 Selection, Backend>;
 
 /// Single-stage variants: one fit, two passes in all.
 template <class Selection = select::above_threshold, class Backend = backend::cpu>

@@ -17,6 +17,7 @@
 #include "sidco/dist/gamma.hpp"
 #include "sidco/dist/generalized_pareto.hpp"
 #include "sidco/dist/normal.hpp"
+#include "sidco/dist/weibull.hpp"
 #include "sidco/estimate/statistical.hpp"
 #include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"

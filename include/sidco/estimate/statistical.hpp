@@ -13,6 +13,7 @@
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/state_io.hpp"
+#include "sidco/dist/concept.hpp"
 #include "sidco/estimate/result.hpp"
 #include "sidco/stages/stages.hpp"
 
@@ -51,6 +52,7 @@ template <class First, class Tail = First, class Stages = stages::adaptive,
 class statistical {
   static_assert(std::is_same_v<Fit, fit::zero_aware> || std::is_same_v<Fit, fit::paper>,
                 "statistical<..., Fit>: Fit must be fit::zero_aware or fit::paper");
+  static_assert(dist::diagnose<First>() && dist::diagnose<Tail>());
 
  public:
   using first_model = First;

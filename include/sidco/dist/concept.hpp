@@ -1,0 +1,50 @@
+// The distribution-model contract: what estimate::statistical<First, Tail, ...> calls on a
+// model of gradient magnitudes.
+//
+// Required: name; needs_log (whether fit reads sum_log, so that the moments pass gathers
+// ln a only when a model needs it); static fit(const moments&) -> Model, from the non-zero
+// magnitudes (count, sum, sum of squares, sum of logs, min, max); and
+// upper_quantile(rho) -> double, the t with P(a > t) = rho for rho in (0, 1]. A degenerate
+// fit may return a quantile that is not finite: the estimator and the compressor's fallback
+// handle it, so a model need not throw. ccdf(t) = P(a > t) is not called by the library; the
+// oracle tests use it.
+#pragma once
+
+#include <concepts>
+
+#include "sidco/core/moments.hpp"
+
+namespace sidco::dist {
+
+namespace contract {
+
+template <class M>
+concept named = requires {
+  { M::name } -> std::convertible_to<const char*>;
+  { M::needs_log } -> std::convertible_to<bool>;
+};
+
+template <class M>
+concept fits = requires(const moments& m) {
+  { M::fit(m) } -> std::convertible_to<M>;
+};
+
+template <class M>
+concept has_quantile = requires(const M& model) {
+  { model.upper_quantile(0.01) } -> std::convertible_to<double>;
+};
+
+}  // namespace contract
+
+/// Every requirement above, each with its sentence; true when all hold.
+template <class M>
+constexpr bool diagnose() {
+  static_assert(contract::named<M>,
+                "sidco distribution model: missing static constexpr name or needs_log (whether fit reads sum_log)");
+  static_assert(contract::fits<M>, "sidco distribution model: missing static Model fit(const moments&)");
+  static_assert(contract::has_quantile<M>,
+                "sidco distribution model: missing double upper_quantile(double rho) const (t with P(a > t) = rho)");
+  return true;
+}
+
+}  // namespace sidco::dist
