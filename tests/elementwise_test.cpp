@@ -30,8 +30,8 @@ TEST_CASE_TEMPLATE("one thread's statistics equal the serial oracle's moments an
     moments want[2];
     const segment whole{0, x.size()};
     backend::serial{}.analyze<backend::pass_statistics<true, true, true>>(source, {&whole, 1}, {&t, 1}, want);
-    // One thread sums 3,000 values in the accumulator type: float rounding grows with the
-    // count, so the tolerance is that of one long lane.
+    // Sums are in double, but each element's logarithm (fast_log) and tail excess are in
+    // T's accumulator type (float for float), so the tolerance is float's.
     const double tolerance = std::is_same_v<T, float> ? 2e-5 : 1e-13;
     test::check_same_moments(got[0], want[0], tolerance);
     test::check_same_tail<T>(got[1], want[1], t, want[0].max);
@@ -49,6 +49,29 @@ TEST_CASE_TEMPLATE("one thread's statistics equal the serial oracle's moments an
     CHECK(both.m[1].count == want[1].count);
     CHECK(both.m[0].max == want[0].max);
     CHECK(both.m[0].min == want[0].min);
+  }
+}
+
+TEST_CASE("one thread's sums match the oracle's at every finite scale of a float gradient") {
+  // Squares of floats leave float's range below ~1e-22 and above ~1.8e19: summed in float,
+  // Gaussian-k's RMS became 0 or inf on such gradients. The sums are in double.
+  const auto base = test::mixed_values<float>(3000, 34, false);
+  for (double scale : {1e-30, 1e-24, 1.0, 1e19, 1e30}) {
+    INFO("scale ", scale);
+    std::vector<float> x(base.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(double(base[i]) * scale);
+    const backend::plain_source<float> source{x.data(), x.size()};
+    thread_statistics<float, 0> mine;
+    for (float v : x) mine.template add<false, false>(v, nullptr);
+    moments got[1];
+    mine.to_moments(got);
+    moments want;
+    const segment whole{0, x.size()};
+    backend::serial{}.analyze<backend::pass_statistics<true, false, false>>(source, {&whole, 1}, {}, {&want, 1});
+    REQUIRE(want.sum_sq > 0);
+    REQUIRE(std::isfinite(want.sum_sq));
+    CHECK(got[0].sum_sq == doctest::Approx(want.sum_sq).epsilon(1e-12));
+    CHECK(got[0].sum == doctest::Approx(want.sum).epsilon(1e-12));
   }
 }
 

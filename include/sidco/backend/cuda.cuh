@@ -1,6 +1,6 @@
 // The CUDA backend: the backend contract on device memory (memory::device), on a stream the
 // caller gives (default: the legacy default stream). Gradients may be float, double,
-// __half or __nv_bfloat16; sums run in float (double for double) and merge in double;
+// __half or __nv_bfloat16; moments are summed in double (as the serial oracle);
 // values are sent in the gradient's type. The estimator's math stays on the host: each
 // pass that feeds it brings back a few bytes (the moments, a count).
 //
@@ -11,7 +11,9 @@
 //   keep_top_k: one per 8-bit digit of the key (4 for float) and 1 more
 //   scatter_add: 1 (the index check, before anything is written)
 //   first_nonfinite (the error path): 2
-// So a single-stage or steady multi-stage SIDCo compress makes 2. What goes up to the
+// So a threshold compress makes 2 plus one per pass of the estimator's own
+// (report.passes): 2 for a single-stage or steady multi-stage SIDCo call. host_waits()
+// counts them (tests/cuda/backend_test.cu asserts it). What goes up to the
 // device (probes, thresholds, offsets, positions) is staged in page-locked memory, whose
 // copies leave the stream running (from pageable memory each would synchronize it); buffers
 // are reused, so a warm call allocates nothing on the host or the device.
@@ -273,7 +275,14 @@ class cuda {
   }
 
   /// Waits for everything this backend queued.
-  void synchronize() { SIDCO_CUDA(cudaStreamSynchronize(stream_)); }
+  void synchronize() {
+    ++host_waits_;
+    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  /// How many times the host has waited for this backend's stream (every wait goes through
+  /// copy_back or synchronize), so that tests can assert the syncs per call listed above.
+  std::uint64_t host_waits() const { return host_waits_; }
 
   /// Device and host bytes kept between calls: O(pieces + segments), never O(N) (plus the
   /// staging of Top-k's candidates, cold path only).
@@ -401,6 +410,7 @@ class cuda {
   template <class U>
   void copy_back(U* to, const U* from, std::size_t count) {
     SIDCO_CUDA(cudaMemcpyAsync(to, from, count * sizeof(U), cudaMemcpyDeviceToHost, stream_));
+    ++host_waits_;
     SIDCO_CUDA(cudaStreamSynchronize(stream_));
   }
 
@@ -437,6 +447,7 @@ class cuda {
   }
 
   cudaStream_t stream_ = nullptr;
+  std::uint64_t host_waits_ = 0;
   cuda_detail::piece_plan plan_;
   device_buffer<cuda_detail::piece> piece_table_;
   device_buffer<std::uint32_t> segment_table_;

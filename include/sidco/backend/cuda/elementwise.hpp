@@ -24,17 +24,19 @@ struct device_probe {
 };
 
 /// One thread's statistics over the values it reads: counts, sums of |x|, |x|^2 (and ln|x|)
-/// in the accumulator type (float for float and 16-bit values, double for double), the
-/// smallest and largest keys, and per probe the count above it and the excesses' sums.
+/// in double whatever T (as the serial oracle: float squares underflow below ~1e-22 and
+/// overflow above ~1.8e19, and gradients that small are real), the smallest and largest
+/// keys, and per probe the count above it and the excesses' sums. Each element's magnitude,
+/// excess and logarithm are computed in T's accumulator type (float for float and 16-bit).
 template <class T, std::size_t Probes>
 struct thread_statistics {
   using A = typename float_traits<T>::accumulator;
   using Key = magnitude_key_t<T>;
   struct tail_sums {
-    A sum = 0, sum_sq = 0, sum_log = 0;
+    double sum = 0, sum_sq = 0, sum_log = 0;
     std::uint64_t count = 0;
   };
-  A sum = 0, sum_sq = 0, sum_log = 0;
+  double sum = 0, sum_sq = 0, sum_log = 0;
   std::uint64_t count = 0, zeros = 0, nonfinite = 0;
   Key low = Key(float_traits<T>::infinity), high = 0;
   tail_sums tails[Probes == 0 ? 1 : Probes];
@@ -52,20 +54,22 @@ struct thread_statistics {
       return;
     }
     const A a = to_accumulator(magnitude_of_key<T>(key));
-    sum += a;
-    sum_sq += a * a;
-    if constexpr (Log) sum_log += fast_log(a);
+    const double wide = double(a);
+    sum += wide;
+    sum_sq += wide * wide;
+    if constexpr (Log) sum_log += double(fast_log(a));
     low = key < low ? key : low;
     high = key > high ? key : high;
     if constexpr (Probes > 0) {
       for (std::size_t p = 0; p < Probes; ++p) {
         if (!(signed_key_t<T>(key) > probes[p].key)) continue;
         const A excess = a - probes[p].value;
+        const double wide_excess = double(excess);
         tail_sums& t = tails[p];
         ++t.count;
-        t.sum += excess;
-        t.sum_sq += excess * excess;
-        if constexpr (TailLog) t.sum_log += fast_log(excess);
+        t.sum += wide_excess;
+        t.sum_sq += wide_excess * wide_excess;
+        if constexpr (TailLog) t.sum_log += double(fast_log(excess));
       }
     }
   }
@@ -76,9 +80,9 @@ struct thread_statistics {
     m.count = count;
     m.zeros = zeros;
     m.nonfinite = nonfinite;
-    m.sum = double(sum);
-    m.sum_sq = double(sum_sq);
-    m.sum_log = double(sum_log);
+    m.sum = sum;
+    m.sum_sq = sum_sq;
+    m.sum_log = sum_log;
     if (high != 0) {
       m.min = double(to_accumulator(magnitude_of_key<T>(low)));
       m.max = double(to_accumulator(magnitude_of_key<T>(high)));
@@ -88,9 +92,9 @@ struct thread_statistics {
       for (std::size_t p = 0; p < Probes; ++p) {
         moments t;
         t.count = tails[p].count;
-        t.sum = double(tails[p].sum);
-        t.sum_sq = double(tails[p].sum_sq);
-        t.sum_log = double(tails[p].sum_log);
+        t.sum = tails[p].sum;
+        t.sum_sq = tails[p].sum_sq;
+        t.sum_log = tails[p].sum_log;
         out[1 + p] = t;
       }
     }
