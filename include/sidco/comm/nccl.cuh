@@ -12,6 +12,16 @@
 // same numbers in the same order. When the gathered entries would outweigh the dense
 // vector (delta P >~ 1) it reduces densely with ncclAllReduce instead.
 //
+// Failures: what one rank can get wrong (sizes, densities, reduction, a compress that
+// threw) travels in the header exchange, so every rank throws the same sidco::error. A
+// runtime failure after it (a CUDA or NCCL call, buffer growth, an asynchronous NCCL error
+// such as a peer that died, or no progress within the optional timeout) aborts the
+// communicator (ncclCommAbort) so that the other ranks' collectives fail instead of waiting,
+// and throws sidco::runtime_error. Host waits poll the stream and ncclCommGetAsyncError
+// instead of blocking in cudaStreamSynchronize. After an abort the communicator is gone
+// (do not use or destroy it): every rank must create a new communicator and a new
+// allreducer; this allreducer refuses further calls.
+//
 // Needs NCCL (in the CUDA toolkit: nccl.h, -lnccl) and the CUDA backend's memory.
 #pragma once
 
@@ -19,11 +29,13 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -71,11 +83,15 @@ __global__ void scale_values(T* values, std::size_t count, typename float_traits
 /// One per tensor and communicator: keeps its device buffers, so steady training allocates
 /// only on its first steps. Every rank calls allreduce (or, when its compress threw,
 /// abandon) the same number of times; ranks whose dense sizes or densities differ, or that
-/// abandon, make every rank throw the same sidco::error naming the rank, and none hangs.
+/// abandon, make every rank throw the same sidco::error naming the rank, and none hangs; a
+/// runtime failure aborts the communicator (see the top of this file).
 template <class T, class Index = std::uint32_t>
 class nccl_allreducer {
  public:
-  nccl_allreducer(ncclComm_t comm, cudaStream_t stream = nullptr) : comm_(comm), stream_(stream) {
+  /// timeout: how long a host wait may see no completion before the communicator is
+  /// aborted (zero: no limit; asynchronous NCCL errors abort it either way).
+  nccl_allreducer(ncclComm_t comm, cudaStream_t stream = nullptr, std::chrono::milliseconds timeout = {})
+      : comm_(comm), stream_(stream), timeout_(timeout) {
     SIDCO_NCCL(ncclCommCount(comm_, &ranks_));
     SIDCO_NCCL(ncclCommUserRank(comm_, &rank_));
   }
@@ -89,6 +105,23 @@ class nccl_allreducer {
                              reduction op = reduction::average) {
     exchange_headers(mine.dense_size(), mine.size(), delta, op,
                      dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
+    return aborting_on_failure([&] { return reduce(mine, dense, op); });
+  }
+
+  /// For a rank whose compress threw: joins the exchange the others are in, so that none
+  /// hangs, and throws (as every rank does) the error naming this rank and reason.
+  [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
+    exchange_headers(dense_size, 0, delta, reduction::average, detail::rank_status::failed, reason.what());
+    sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
+  }
+
+  /// Whether a runtime failure aborted the communicator (see the top of this file).
+  bool aborted() const { return aborted_; }
+
+ private:
+  // After the header exchange: every rank knows every count and agreed on the rest.
+  allreduce_report reduce(const sparse_vector<T, Index, memory::device>& mine, memory::device::view<T> dense,
+                          reduction op) {
     allreduce_report report;
     report.ranks = ranks_;
     std::size_t total = 0, largest = 0;
@@ -120,10 +153,10 @@ class nccl_allreducer {
                                    cudaMemcpyDeviceToDevice, stream_));
       }
       if (largest > 0) {
-        SIDCO_NCCL(ncclGroupStart());
+        group open_group;
         SIDCO_NCCL(ncclAllGather(send_indices_.data(), padded_indices_.data(), largest, nccl_detail::type<Index>(), comm_, stream_));
         SIDCO_NCCL(ncclAllGather(send_values_.data(), padded_values_.data(), largest, nccl_detail::type<T>(), comm_, stream_));
-        SIDCO_NCCL(ncclGroupEnd());
+        open_group.close();
       }
       check_indices(largest, dense.size());
       for (int r = 0; r < ranks_; ++r)
@@ -135,18 +168,69 @@ class nccl_allreducer {
           dense.data(), dense.size(), typename float_traits<T>::accumulator(1) / typename float_traits<T>::accumulator(ranks_));
       SIDCO_CUDA(cudaGetLastError());
     }
-    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    wait();
     return report;
   }
 
-  /// For a rank whose compress threw: joins the exchange the others are in, so that none
-  /// hangs, and throws (as every rank does) the error naming this rank and reason.
-  [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
-    exchange_headers(dense_size, 0, delta, reduction::average, detail::rank_status::failed, reason.what());
-    sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
+  // ncclGroupStart until close(), or ncclGroupEnd on the way out of a throw: no group is
+  // left open whatever fails inside it.
+  class group {
+   public:
+    group() { SIDCO_NCCL(ncclGroupStart()); }
+    group(const group&) = delete;
+    group& operator=(const group&) = delete;
+    ~group() {
+      if (open_) ncclGroupEnd();
+    }
+    void close() {
+      open_ = false;
+      SIDCO_NCCL(ncclGroupEnd());
+    }
+
+   private:
+    bool open_ = true;
+  };
+
+  // f(); a sidco::error (agreed by every rank, from the same data) passes through, any
+  // other failure aborts the communicator so that no rank waits, then throws.
+  template <class F>
+  auto aborting_on_failure(F&& f) {
+    try {
+      return f();
+    } catch (const sidco::error&) {
+      throw;
+    } catch (const std::exception& failure) {
+      abort_communicator();
+      sidco::detail::fail_at_run_time("sparse_allreduce: rank ", rank_, ": ", failure.what(),
+                                      "; the NCCL communicator was aborted so that no rank waits: create a new "
+                                      "communicator and allreducer on every rank");
+    }
   }
 
- private:
+  void abort_communicator() noexcept {
+    if (aborted_) return;
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+
+  // Waits for the stream, polling NCCL's asynchronous error (a peer that died, a network
+  // failure) and the timeout instead of blocking where neither would be seen.
+  void wait() {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t state = cudaStreamQuery(stream_);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) SIDCO_CUDA(state);
+      ncclResult_t async = ncclSuccess;
+      SIDCO_NCCL(ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress)
+        sidco::detail::fail_at_run_time("NCCL: asynchronous error: ", ncclGetErrorString(async));
+      if (timeout_.count() > 0 && std::chrono::steady_clock::now() - start > timeout_)
+        sidco::detail::fail_at_run_time("NCCL: no progress in ", timeout_.count(), " ms");
+      std::this_thread::yield();
+    }
+  }
+
   static unsigned grid(std::size_t n) {
     return unsigned(std::clamp<std::size_t>((n + 255) / 256, 1, 4096));
   }
@@ -155,6 +239,15 @@ class nccl_allreducer {
   // or disagrees.
   void exchange_headers(std::size_t dense_size, std::size_t count, double delta, reduction op, detail::rank_status state,
                         const char* reason) {
+    if (aborted_)
+      sidco::detail::fail_at_run_time("sparse_allreduce: the NCCL communicator was aborted by an earlier failure; "
+                                      "create a new communicator and allreducer");
+    aborting_on_failure([&] { gather_headers(dense_size, count, delta, op, state, reason); });
+    detail::check_headers(headers_);
+  }
+
+  void gather_headers(std::size_t dense_size, std::size_t count, double delta, reduction op, detail::rank_status state,
+                      const char* reason) {
     const detail::rank_header mine = detail::make_header(dense_size, count, delta, op, state, reason);
     send_header_.resize(sizeof mine);
     header_bytes_.resize(sizeof mine * std::size_t(ranks_));
@@ -163,8 +256,7 @@ class nccl_allreducer {
     headers_.resize(std::size_t(ranks_));
     SIDCO_CUDA(cudaMemcpyAsync(headers_.data(), header_bytes_.data(), sizeof mine * std::size_t(ranks_),
                                cudaMemcpyDeviceToHost, stream_));
-    SIDCO_CUDA(cudaStreamSynchronize(stream_));
-    detail::check_headers(headers_);
+    wait();
   }
 
   // Every gathered index below the dense size, checked before anything is added (every
@@ -181,7 +273,7 @@ class nccl_allreducer {
     SIDCO_CUDA(cudaGetLastError());
     unsigned long long top = 0;
     SIDCO_CUDA(cudaMemcpyAsync(&top, largest_.data(), sizeof top, cudaMemcpyDeviceToHost, stream_));
-    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    wait();
     if (top >= dense_size)
       sidco::detail::fail("sparse_allreduce: a rank sent index ", top, " beyond dense size ", dense_size);
   }
@@ -195,6 +287,8 @@ class nccl_allreducer {
 
   ncclComm_t comm_;
   cudaStream_t stream_;
+  std::chrono::milliseconds timeout_;
+  bool aborted_ = false;
   int ranks_ = 1, rank_ = 0;
   std::vector<detail::rank_header> headers_;
   memory::device_buffer<unsigned char> send_header_, header_bytes_;
