@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# sidco-eval: CSV shape, method names, a missing file and a malformed file.
+# sidco-eval: CSV shape, method names, a missing file and a malformed file, and the
+# README's method list against the one sidco-eval prints from sidco::methods::table.
+# Arguments: SIDCO_EVAL GRADIENTS_DIR README
 set -euo pipefail
 eval_bin=$1
 data=$2
+readme=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -63,4 +66,7 @@ npy "$tmp/huge.npy" "{'descr': '<f4', 'fortran_order': False, 'shape': (10000000
 expect_refusal "truncated data (expected 1000000000 values" --input "$tmp/huge.npy"
 npy "$tmp/negative.npy" "{'descr': '<f4', 'fortran_order': False, 'shape': (-10,), }" 40
 expect_refusal "negative dimension" --input "$tmp/negative.npy"
+diff <(awk '/^```text methods$/{on=1; next} on && /^```/{exit} on' "$readme") \
+  <("$eval_bin" --help | awk '/^Methods:$/{on=1; next} on' | sed '/^$/d') ||
+  { echo "README's method list differs from sidco-eval --help (sidco::methods::table)"; exit 1; }
 echo "sidco-eval checks passed"
