@@ -1,6 +1,7 @@
 // What backend::cuda computes per element, checked on the host (it runs on machines without
 // a GPU): one thread's moments and tails against the serial oracle, the predicates, the
 // radix digit and the Top-k rank, and how layouts split into the blocks' pieces.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <sidco/backend/cuda/elementwise.hpp>
 #include <sidco/backend/cuda/pieces.hpp>
 #include <sidco/backend/serial.hpp>
+#include <sidco/core/radix_select.hpp>
 
 #include "backend_oracle.hpp"
 
@@ -88,35 +90,35 @@ TEST_CASE_TEMPLATE("the selection and band predicates decide as the oracle's dou
   }
 }
 
-TEST_CASE("the radix digit and the Top-k rank find the k-th largest key as a sort does") {
-  auto x = test::mixed_values<float>(4000, 33, false);
-  const std::size_t k = 137;
-  std::vector<std::uint32_t> keys;
-  for (float v : x) keys.push_back(magnitude_key(v));
-  std::vector<std::uint32_t> sorted = keys;
-  std::sort(sorted.begin(), sorted.end(), std::greater<>());
-  // The device's rounds: histogram the digit of the entries matching the prefix so far.
-  std::uint32_t prefix = 0, mask = 0;
-  std::size_t needed = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    std::size_t bins[256] = {};
-    const radix_digit<float> digit{prefix, mask, shift};
-    for (float v : x)
-      if (const int d = digit(v); d >= 0) ++bins[d];
-    int d = 255;
-    for (; d > 0 && bins[d] < needed; --d) needed -= bins[d];
-    prefix |= std::uint32_t(d) << shift;
-    mask |= 0xffu << shift;
-  }
-  CHECK(prefix == sorted[k - 1]);
-  const top_k_rank<float> rank{prefix};
-  std::size_t above = 0, ties = 0;
-  for (float v : x) {
-    above += rank(v) > 0;
-    ties += rank(v) == 0;
-  }
-  CHECK(above + needed == k);
-  CHECK(ties >= needed);
+TEST_CASE("the radix select's digit walk finds the k-th largest key as a sort does") {
+  // Distinct-ish values and heavy ties (every value one of 5), each at several k.
+  auto mixed = test::mixed_values<float>(4000, 33, false);
+  std::vector<float> tied(3000);
+  for (std::size_t i = 0; i < tied.size(); ++i) tied[i] = float(int(i * 7919 % 5) - 2) * 0.25f;
+  for (const auto* x : {&mixed, &tied})
+    for (const std::size_t k : {std::size_t(1), std::size_t(137), std::size_t(1500), x->size()}) {
+      CAPTURE(k);
+      std::vector<std::uint32_t> sorted;
+      for (float v : *x) sorted.push_back(magnitude_key(v));
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      // The device's rounds: histogram the digit of the entries still in the running.
+      radix_select<std::uint32_t> walk(k);
+      for (int round = 0; round < radix_select<std::uint32_t>::rounds; ++round) {
+        std::size_t bins[256] = {};
+        for (float v : *x)
+          if (const int d = walk.digit(magnitude_key(v), round); d >= 0) ++bins[d];
+        walk.choose(bins, round);
+      }
+      CHECK(walk.prefix == sorted[k - 1]);
+      std::size_t above = 0, ties = 0;
+      for (float v : *x) {
+        above += walk.rank(magnitude_key(v)) > 0;
+        ties += walk.rank(magnitude_key(v)) == 0;
+      }
+      CHECK(above + walk.needed == k);
+      CHECK(ties >= walk.needed);
+      CHECK(walk.needed >= 1);
+    }
 }
 
 TEST_CASE("layouts split into pieces of at most a tile inside one segment, in order") {

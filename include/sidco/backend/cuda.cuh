@@ -46,6 +46,7 @@
 #include "sidco/backend/source.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/memory/device.cuh"
@@ -73,20 +74,8 @@ class cuda {
   template <class Stats, class Source>
   void analyze(const Source& source, std::span<const segment> layout, std::span<const double> probes,
                std::span<moments> out) {
-    const std::size_t per = probes.size() / layout.size();
-    if (per == 0) return analyze_with<Stats, 0>(source, layout, probes, out);
-    if (per == 1) return analyze_with<Stats, 1>(source, layout, probes, out);
-    // Several probes (no estimator asks for more than one): one pass each.
-    auto one = host_scratch<double>(probe_bytes_, layout.size());
-    auto pair = host_scratch<moments>(pair_bytes_, 2 * layout.size());
-    for (std::size_t j = 0; j < per; ++j) {
-      for (std::size_t s = 0; s < layout.size(); ++s) one[s] = probes[s * per + j];
-      analyze_with<Stats, 1>(source, layout, one, pair);
-      for (std::size_t s = 0; s < layout.size(); ++s) {
-        if (j == 0) out[s * (1 + per)] = pair[2 * s];
-        out[s * (1 + per) + 1 + j] = pair[2 * s + 1];
-      }
-    }
+    if (probes.empty()) return analyze_with<Stats, 0>(source, layout, probes, out);
+    analyze_with<Stats, 1>(source, layout, probes, out);
   }
 
   template <bool Log, class Source>
@@ -179,33 +168,29 @@ class cuda {
     const std::size_t count = out.size() - begin;
     if (count <= k) return;
     const T* values = out.value_data() + begin;
-    // Eight bits a round from the top: the k-th largest key, and how many ties it keeps.
-    Key prefix = 0, mask = 0;
-    std::size_t needed = k;
-    auto* bins = counters(256);
-    host_counters_.resize(256);
-    for (int shift = int(8 * sizeof(Key)) - 8; shift >= 0; shift -= 8) {
-      SIDCO_CUDA(cudaMemsetAsync(bins, 0, 256 * sizeof(unsigned long long), stream_));
-      cuda_detail::digit_histogram<<<grid(count), cuda_detail::block_threads, 0, stream_>>>(
-          values, count, cuda_detail::radix_digit<T>{prefix, mask, shift}, bins);
+    // Eight bits a round from the top (core/radix_select.hpp): the k-th largest key, and
+    // how many ties it keeps.
+    radix_select<Key> walk(k);
+    auto* bins = counters(radix_select<Key>::bins);
+    host_counters_.resize(radix_select<Key>::bins);
+    for (int round = 0; round < radix_select<Key>::rounds; ++round) {
+      SIDCO_CUDA(cudaMemsetAsync(bins, 0, radix_select<Key>::bins * sizeof(unsigned long long), stream_));
+      cuda_detail::digit_histogram<<<grid(count), cuda_detail::block_threads, 0, stream_>>>(values, count, walk,
+                                                                                           round, bins);
       SIDCO_CUDA(cudaGetLastError());
-      copy_back(host_counters_.data(), bins, 256);
-      int digit = 255;
-      for (; digit > 0 && host_counters_[std::size_t(digit)] < needed; --digit) needed -= host_counters_[std::size_t(digit)];
-      prefix |= Key(Key(digit) << shift);
-      mask |= Key(Key(0xff) << shift);
+      copy_back(host_counters_.data(), bins, radix_select<Key>::bins);
+      walk.choose(host_counters_.data(), round);
     }
     // Ties ranked by index (entries ascend by index), then an order-keeping compaction.
-    const cuda_detail::top_k_rank<T> rank{prefix};
     ranks_.resize(count);
     flags_.resize(count);
-    cuda_detail::tie_flags<<<grid(count), cuda_detail::block_threads, 0, stream_>>>(values, count, rank, ranks_.data());
+    cuda_detail::tie_flags<<<grid(count), cuda_detail::block_threads, 0, stream_>>>(values, count, walk, ranks_.data());
     SIDCO_CUDA(cudaGetLastError());
     std::size_t bytes = 0;
     SIDCO_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, bytes, ranks_.data(), ranks_.data(), count, stream_));
     SIDCO_CUDA(cub::DeviceScan::ExclusiveSum(scratch(bytes), bytes, ranks_.data(), ranks_.data(), count, stream_));
-    cuda_detail::top_k_flags<<<grid(count), cuda_detail::block_threads, 0, stream_>>>(values, count, rank, ranks_.data(),
-                                                                                       needed, flags_.data());
+    cuda_detail::top_k_flags<<<grid(count), cuda_detail::block_threads, 0, stream_>>>(values, count, walk, ranks_.data(),
+                                                                                       flags_.data());
     SIDCO_CUDA(cudaGetLastError());
     Index* kept_indices = staging<Index>(staging_indices_, k);
     T* kept_values = staging<T>(staging_values_, k);
@@ -460,7 +445,7 @@ class cuda {
   sidco::memory::upload_staging predicate_staging_, offset_staging_, position_staging_, piece_staging_, segment_staging_;
   std::vector<std::uint32_t> host_counts_;
   std::vector<unsigned long long> host_counters_;
-  std::vector<unsigned char> result_bytes_, probe_bytes_, pair_bytes_;
+  std::vector<unsigned char> result_bytes_;
 };
 
 }  // namespace sidco::backend

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/radix_select.hpp"
 
 namespace sidco::select::detail {
 
@@ -29,13 +30,14 @@ radix_bucket bucket_of_kth_largest(Backend& backend, const Source& source, std::
   constexpr int shift = int(8 * sizeof(Key)) - 1 - radix_bucket_bits;
   std::array<std::uint64_t, std::size_t(1) << radix_bucket_bits> counts{};
   backend.key_histogram(source, shift, counts);
-  std::size_t bucket = counts.size() - 1, above = 0;
-  for (; bucket > 0 && above + counts[bucket] < k; --bucket) above += counts[bucket];
-  if (bucket == 0) return {-1.0, std::size_t(above + counts[0]), true};
+  std::size_t needed = k;
+  const std::size_t bucket = highest_bin_reaching(counts.data(), counts.size(), needed);
+  const std::size_t at_or_above = std::size_t(k - needed + counts[bucket]);
+  if (bucket == 0) return {-1.0, at_or_above, true};
   // |x| > t exactly when the key is at least the bucket's lowest key.
   const double t = std::nextafter(double(magnitude_of_key<T>(Key(bucket) << shift)),
                                   -std::numeric_limits<double>::infinity());
-  return {t, std::size_t(above + counts[bucket]), false};
+  return {t, at_or_above, false};
 }
 
 }  // namespace sidco::select::detail

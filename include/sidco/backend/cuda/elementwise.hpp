@@ -136,26 +136,4 @@ struct in_band {
   }
 };
 
-/// The radix select's digit: the 8 bits at shift of a magnitude key whose bits above them
-/// match prefix under mask, or -1.
-template <class T>
-struct radix_digit {
-  magnitude_key_t<T> prefix, mask;
-  int shift;
-  SIDCO_HOST_DEVICE int operator()(T v) const {
-    const auto key = magnitude_key(v);
-    return (key & mask) == prefix ? int((key >> shift) & 0xff) : -1;
-  }
-};
-
-/// How the radix select's last step decides an entry: above the k-th key, or tied with it.
-template <class T>
-struct top_k_rank {
-  magnitude_key_t<T> kth;
-  SIDCO_HOST_DEVICE int operator()(T v) const {
-    const auto key = magnitude_key(v);
-    return key > kth ? 1 : (key == kth ? 0 : -1);
-  }
-};
-
 }  // namespace sidco::backend::cuda_detail

@@ -14,6 +14,7 @@
 #include "sidco/backend/cuda/pieces.hpp"
 #include "sidco/core/arithmetic.hpp"
 #include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/radix_select.hpp"
 
 namespace sidco::backend::cuda_detail {
 
@@ -204,16 +205,17 @@ __global__ void __launch_bounds__(block_threads)
     source.mark_sent(chosen[j]);
 }
 
-// Radix select: counts of the 8-bit digit at shift among keys matching prefix under mask.
+// Radix select: counts of this round's 8-bit digit among the keys still in the running.
 template <class T>
 __global__ void __launch_bounds__(block_threads)
-    digit_histogram(const T* values, std::size_t count, radix_digit<T> digit, unsigned long long* bins) {
+    digit_histogram(const T* values, std::size_t count, radix_select<magnitude_key_t<T>> walk, int round,
+                    unsigned long long* bins) {
   __shared__ unsigned int local[256];
   for (int b = threadIdx.x; b < 256; b += block_threads) local[b] = 0;
   __syncthreads();
   for (std::size_t j = std::size_t(blockIdx.x) * block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * block_threads) {
-    const int d = digit(values[j]);
+    const int d = walk.digit(magnitude_key(values[j]), round);
     if (d >= 0) atomicAdd(&local[d], 1u);
   }
   __syncthreads();
@@ -224,22 +226,22 @@ __global__ void __launch_bounds__(block_threads)
 // 1 where the k-th key is tied, for the scan that ranks ties by index.
 template <class T>
 __global__ void __launch_bounds__(block_threads)
-    tie_flags(const T* values, std::size_t count, top_k_rank<T> rank, std::uint32_t* ties) {
+    tie_flags(const T* values, std::size_t count, radix_select<magnitude_key_t<T>> walk, std::uint32_t* ties) {
   for (std::size_t j = std::size_t(blockIdx.x) * block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * block_threads)
-    ties[j] = rank(values[j]) == 0;
+    ties[j] = walk.rank(magnitude_key(values[j])) == 0;
 }
 
-// 1 where an entry belongs to the top k: above the k-th key, or among its first `needed`
-// ties (tie_rank: ties before it).
+// 1 where an entry belongs to the top k: above the k-th key, or among its first
+// walk.needed ties (tie_rank: ties before it).
 template <class T>
 __global__ void __launch_bounds__(block_threads)
-    top_k_flags(const T* values, std::size_t count, top_k_rank<T> rank, const std::uint32_t* tie_rank,
-                std::size_t needed, char* keep) {
+    top_k_flags(const T* values, std::size_t count, radix_select<magnitude_key_t<T>> walk,
+                const std::uint32_t* tie_rank, char* keep) {
   for (std::size_t j = std::size_t(blockIdx.x) * block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * block_threads) {
-    const int r = rank(values[j]);
-    keep[j] = r > 0 || (r == 0 && tie_rank[j] < needed);
+    const int r = walk.rank(magnitude_key(values[j]));
+    keep[j] = r > 0 || (r == 0 && tie_rank[j] < walk.needed);
   }
 }
 

@@ -1,11 +1,13 @@
 // The exact top-k among a run of candidates in host memory, by radix select on the
-// magnitude bits.
+// magnitude bits (the digit walk of core/radix_select.hpp).
 #pragma once
 
 #include <array>
 #include <cstddef>
 
 #include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/radix_select.hpp"
+#include "sidco/core/sparse_vector.hpp"
 
 namespace sidco::backend::host {
 
@@ -18,30 +20,22 @@ std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t
   using Key = magnitude_key_t<T>;
   if (count <= k) return count;
 
-  // Eight bits a round from the top: the key of the k-th largest, and how many entries with
-  // exactly that key belong to the top k.
-  Key prefix = 0, mask = 0;
-  std::size_t needed = k;
-  std::array<std::size_t, 256> counts;
-  for (int shift = int(8 * sizeof(Key)) - 8; shift >= 0; shift -= 8) {
+  radix_select<Key> walk(k);
+  std::array<std::size_t, radix_select<Key>::bins> counts;
+  for (int round = 0; round < radix_select<Key>::rounds; ++round) {
     counts.fill(0);
     for (std::size_t r = 0; r < count; ++r) {
-      const Key key = magnitude_key(values[r]);
-      if ((key & mask) == prefix) ++counts[(key >> shift) & 0xff];
+      const int d = walk.digit(magnitude_key(values[r]), round);
+      if (d >= 0) ++counts[std::size_t(d)];
     }
-    int digit = 255;
-    for (; digit > 0 && counts[std::size_t(digit)] < needed; --digit)
-      needed -= counts[std::size_t(digit)];
-    prefix |= Key(digit) << shift;
-    mask |= Key(0xff) << shift;
+    walk.choose(counts.data(), round);
   }
 
   std::size_t kept = 0, ties = 0;
   for (std::size_t r = 0; r < count; ++r) {
-    const Key key = magnitude_key(values[r]);
-    const bool tie = key == prefix;
-    if (key > prefix || (tie && ties < needed)) {
-      ties += tie;
+    const int rank = walk.rank(magnitude_key(values[r]));
+    if (rank > 0 || (rank == 0 && ties < walk.needed)) {
+      ties += rank == 0;
       values[kept] = values[r];
       indices[kept] = indices[r];
       ++kept;
@@ -55,6 +49,14 @@ std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t
 template <class T, class Index>
 std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t k) {
   return keep_top_k(indices, values, count, k, [](Index, T) {});
+}
+
+/// Keeps the top k of out's entries from begin on (a sparse vector in host-addressable memory).
+template <class T, class Index, class Memory>
+void keep_top_k(sparse_vector<T, Index, Memory>& out, std::size_t begin, std::size_t k) {
+  const std::size_t kept = keep_top_k(Memory::address(out.index_data()) + begin,
+                                      Memory::address(out.value_data()) + begin, out.size() - begin, k);
+  out.truncate(begin + kept);
 }
 
 }  // namespace sidco::backend::host
