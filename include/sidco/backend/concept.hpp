@@ -75,7 +75,7 @@ concept has_memory = requires { typename B::memory; } && memory_space<typename B
 template <class B>
 concept has_name = requires { { B::name } -> std::convertible_to<const char*>; };
 /// analyze<Stats>(source, layout, probes, out): one pass over the source. For segment s of
-/// the layout and P = probes.size() / layout.size(): out[s (1 + P)] = moments of |x| over the
+/// the layout and P = probes.size() / layout.size() (0 or 1): out[s (1 + P)] = moments of |x| over the
 /// segment (counts only unless Stats::sums; ln|x| when Stats::log); out[s (1 + P) + 1 + j] =
 /// moments of the excesses |x| - p over the values with |x| > p, p = probes[s P + j] (count:
 /// how many exceed p). Reads the source, writes nothing but out (host).

@@ -26,7 +26,10 @@
 #include "sidco/backend/cpu/ranges.hpp"
 #include "sidco/backend/cpu/selection.hpp"
 #include "sidco/backend/pass_statistics.hpp"
-#include "sidco/backend/serial.hpp"
+#include "sidco/backend/host/keep_top_k.hpp"
+#include "sidco/backend/host/merge_runs.hpp"
+#include "sidco/backend/host/scans.hpp"
+#include "sidco/backend/host/scatter_add.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/half.hpp"
 #include "sidco/core/magnitude_key.hpp"
@@ -38,8 +41,6 @@
 namespace sidco::backend {
 
 class cpu {
-  using host = serial;  // the single-threaded host algorithms it shares with the oracle
-
  public:
   using memory = memory::host;
   static constexpr const char* name = "cpu";
@@ -126,10 +127,10 @@ class cpu {
       for (std::size_t d = 0; d < counts.size(); ++d) counts[d] += histograms_[r * counts.size() + d];
   }
 
-  /// The error path only: the serial scan is enough.
+  /// The error path only: the single-threaded scan is enough.
   template <class Source>
   nonfinite_value first_nonfinite(const Source& source) {
-    return host{}.first_nonfinite(source);
+    return host::first_nonfinite(source);
   }
 
   /// With a hint of the expected count, one pass (see cpu_detail::compaction); without, two.
@@ -223,27 +224,27 @@ class cpu {
 
   template <class Source>
   void gather_magnitudes(const Source& source, std::span<const std::size_t> positions, std::span<double> out) {
-    host{}.gather_magnitudes(source, positions, out);
+    host::gather_magnitudes(source, positions, out);
   }
 
   template <class T, class Index>
   void keep_top_k(sparse_vector<T, Index>& out, std::size_t begin, std::size_t k) {
-    host{}.keep_top_k(out, begin, k);
+    host::keep_top_k(out, begin, k);
   }
 
   template <class T, class Index>
   void merge_runs(sparse_vector<T, Index>& out, std::size_t begin, std::span<const std::size_t> run_starts) {
-    host::merge_runs_of(out, begin, run_starts);
+    host::merge_runs(out, begin, run_starts);
   }
 
   template <class Source, class T, class Index>
   void mark_sent(const Source& source, const sparse_vector<T, Index>& out, std::size_t begin) {
-    host{}.mark_sent(source, out, begin);
+    host::mark_sent(source, out, begin);
   }
 
   template <class T, class Index>
   void scatter_add(const sparse_vector<T, Index>& in, std::span<T> dense, T scale) {
-    host::scatter_add_of(in, dense, scale);
+    host::scatter_add(in, dense, scale);
   }
 
   /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit).
@@ -265,21 +266,13 @@ class cpu {
                     moments* out) {
     if constexpr (!Stats::sums) {
       out[0].merge(host::counts_in(source, lo, hi));
-    } else if (per <= 1) {
+    } else {
       moments local[2];
       if (per == 0)
         cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 0>(source, lo, hi, probes, local);
       else
         cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 1>(source, lo, hi, probes, local);
       for (std::size_t w = 0; w <= per; ++w) out[w].merge(local[w]);
-    } else {
-      // Several probes: one at a time (no estimator asks for more than one).
-      for (std::size_t p = 0; p < per; ++p) {
-        moments pair[2] = {};
-        cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 1>(source, lo, hi, probes + p, pair);
-        if (p == 0) out[0].merge(pair[0]);
-        out[1 + p].merge(pair[1]);
-      }
     }
   }
 

@@ -11,6 +11,7 @@
 
 #include "sidco/backend/host/keep_top_k.hpp"
 #include "sidco/backend/host/merge_runs.hpp"
+#include "sidco/backend/host/scans.hpp"
 #include "sidco/backend/host/scatter_add.hpp"
 #include "sidco/backend/pass_statistics.hpp"
 #include "sidco/core/magnitude_key.hpp"
@@ -38,32 +39,11 @@ struct basic_serial {
         for (std::size_t i = g.offset; i < g.end(); ++i)
           o[0].template add<Stats::log>(std::fabs(double(source.value(i))));
       } else {
-        o[0] = counts_in(source, g.offset, g.end());
+        o[0] = host::counts_in(source, g.offset, g.end());
       }
       for (std::size_t j = 0; j < per; ++j)
         o[1 + j] = tail_in<Stats::tail_log>(source, probes[s * per + j], g.offset, g.end());
     }
-  }
-
-  /// Counts only over [lo, hi) (zeros and non-finite values). Integer compares on the
-  /// magnitude bits, without branches, so the compiler can vectorize it; backend::cpu runs
-  /// it on each thread's range.
-  template <class Source>
-  static moments counts_in(const Source& source, std::size_t lo, std::size_t hi) {
-    using T = typename Source::value_type;
-    using Key = magnitude_key_t<T>;
-    const Key infinity = float_traits<T>::infinity;
-    std::uint64_t zeros = 0, nonfinite = 0;
-    for (std::size_t i = lo; i < hi; ++i) {
-      const Key key = magnitude_key(source.value(i));
-      zeros += key == 0;
-      nonfinite += key >= infinity;
-    }
-    moments m;
-    m.count = hi - lo;
-    m.zeros = zeros;
-    m.nonfinite = nonfinite;
-    return m;
   }
 
   template <bool Log, class Source>
@@ -85,10 +65,7 @@ struct basic_serial {
 
   template <class Source>
   nonfinite_value first_nonfinite(const Source& source) {
-    for (std::size_t i = 0; i < source.size; ++i)
-      if (!(magnitude_key(source.value(i)) < float_traits<typename Source::value_type>::infinity))
-        return {i, double(source.value(i))};
-    return {source.size, 0.0};
+    return host::first_nonfinite(source);
   }
 
   template <bool Final, class Source, class T, class Index>
@@ -131,51 +108,28 @@ struct basic_serial {
   template <class Source>
   void gather_magnitudes(const Source& source, std::span<const std::size_t> positions,
                          std::span<double> out) {
-    for (std::size_t j = 0; j < positions.size(); ++j) out[j] = std::fabs(double(source.value(positions[j])));
+    host::gather_magnitudes(source, positions, out);
   }
 
   template <class T, class Index>
   void keep_top_k(sparse_vector<T, Index, Memory>& out, std::size_t begin, std::size_t k) {
-    const std::size_t kept = host::keep_top_k(Memory::address(out.index_data()) + begin,
-                                              Memory::address(out.value_data()) + begin,
-                                              out.size() - begin, k);
-    out.truncate(begin + kept);
+    host::keep_top_k(out, begin, k);
   }
 
   template <class T, class Index>
   void merge_runs(sparse_vector<T, Index, Memory>& out, std::size_t begin,
                   std::span<const std::size_t> run_starts) {
-    merge_runs_of(out, begin, run_starts);
+    host::merge_runs(out, begin, run_starts);
   }
 
   template <class Source, class T, class Index>
   void mark_sent(const Source& source, const sparse_vector<T, Index, Memory>& out, std::size_t begin) {
-    if constexpr (Source::has_state) {
-      const Index* indices = Memory::address(out.indices().data());
-      for (std::size_t j = begin; j < out.size(); ++j) source.mark_sent(std::size_t(indices[j]) - source.base);
-    }
+    host::mark_sent(source, out, begin);
   }
 
   template <class T, class Index>
   void scatter_add(const sparse_vector<T, Index, Memory>& in, typename Memory::template view<T> dense, T scale) {
-    scatter_add_of(in, dense, scale);
-  }
-
-  // Host-memory helpers backend::cpu shares.
-  template <class T, class Index>
-  static void merge_runs_of(sparse_vector<T, Index, Memory>& out, std::size_t begin,
-                            std::span<const std::size_t> run_starts) {
-    host::merge_runs(Memory::address(out.index_data()), Memory::address(out.value_data()), begin,
-                     out.size(), run_starts);
-  }
-
-  template <class T, class Index>
-  static void scatter_add_of(const sparse_vector<T, Index, Memory>& in, typename Memory::template view<T> dense,
-                             T scale) {
-    const Index* indices = Memory::address(in.indices().data());
-    host::check_scatter("sparse vector", in.dense_size(), indices, in.size(), dense.size());
-    host::add_checked(indices, Memory::address(in.values().data()), in.size(),
-                      Memory::address(dense.data()), scale);
+    host::scatter_add(in, dense, scale);
   }
 
  private:

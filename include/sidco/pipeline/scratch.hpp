@@ -31,12 +31,11 @@ struct scratch {
   std::span<const moments> probes_of(std::size_t s) const { return measured.subspan(s * (1 + per) + 1, per); }
 };
 
-/// One segment with at most MaxProbes probes.
+/// One segment with at most MaxProbes probes (stage::probe_count clamps to it).
 template <std::size_t MaxProbes>
 class single_scratch {
  public:
   scratch view(std::size_t per) {
-    if (per > MaxProbes) detail::fail("pipeline: ", per, " probes asked, at most ", MaxProbes);
     return {per,
             std::span<double>(probes_.data(), per),
             std::span<moments>(measured_.data(), 1 + per),

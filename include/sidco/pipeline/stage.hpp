@@ -52,8 +52,9 @@ struct estimate_outcome {
 template <class Estimator, class Selection>
 class stage {
  public:
-  /// Most tails an estimator may ask the moments pass to measure.
-  static constexpr std::size_t max_probes = 4;
+  /// Most tails an estimator may ask the moments pass to measure (the backends' moments
+  /// passes take at most one probe per segment).
+  static constexpr std::size_t max_probes = 1;
 
   stage() = default;
   stage(Estimator estimator, Selection selection)

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "sidco/core/sparse_vector.hpp"
+
 namespace sidco::backend::host {
 
 /// Entries [begin, end) are runs that each ascend by index: the first from begin, the others
@@ -30,6 +32,11 @@ void merge_runs(Index* indices, T* values, std::size_t begin, std::size_t end,
     indices[i] = entries[i].first;
     values[i] = entries[i].second;
   }
+}
+
+template <class T, class Index, class Memory>
+void merge_runs(sparse_vector<T, Index, Memory>& out, std::size_t begin, std::span<const std::size_t> run_starts) {
+  merge_runs(Memory::address(out.index_data()), Memory::address(out.value_data()), begin, out.size(), run_starts);
 }
 
 }  // namespace sidco::backend::host

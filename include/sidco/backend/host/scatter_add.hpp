@@ -6,6 +6,7 @@
 
 #include "sidco/core/arithmetic.hpp"
 #include "sidco/core/error.hpp"
+#include "sidco/core/sparse_vector.hpp"
 
 namespace sidco::backend::host {
 
@@ -28,6 +29,14 @@ template <class T, class Index>
 void add_checked(const Index* indices, const T* values, std::size_t count, T* dense, T scale) {
   for (std::size_t i = 0; i < count; ++i)
     dense[indices[i]] = detail::fused_multiply_add(scale, values[i], dense[indices[i]]);
+}
+
+/// dense += scale in, after checking every index (nothing is written when one is bad).
+template <class T, class Index, class Memory>
+void scatter_add(const sparse_vector<T, Index, Memory>& in, typename Memory::template view<T> dense, T scale) {
+  const Index* indices = Memory::address(in.indices().data());
+  check_scatter("sparse vector", in.dense_size(), indices, in.size(), dense.size());
+  add_checked(indices, Memory::address(in.values().data()), in.size(), Memory::address(dense.data()), scale);
 }
 
 }  // namespace sidco::backend::host
