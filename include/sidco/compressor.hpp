@@ -16,6 +16,7 @@
 #include "sidco/estimate/none.hpp"
 #include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"
+#include "sidco/pipeline/front_end.hpp"
 #include "sidco/pipeline/input.hpp"
 #include "sidco/pipeline/report.hpp"
 #include "sidco/pipeline/run.hpp"
@@ -56,7 +57,8 @@ struct memory_of<B> {
 /// live in the backend's memory space.
 template <class Estimator, class Selection = select::above_threshold,
           class Backend = backend::cpu>
-class compressor {
+class compressor : public pipeline::front_end<compressor<Estimator, Selection, Backend>,
+                                              typename detail::memory_of<Backend>::type> {
   static_assert(!detail::backend_like<Selection>,
                 "compressor<Estimator, Selection, Backend>: a backend was given as the "
                 "Selection. Presets take the selection first, then the backend: write "
@@ -80,8 +82,6 @@ class compressor {
                 "top_k and random_k select without a threshold: use estimate::none");
 
   using memory = typename detail::memory_of<Backend>::type;
-  template <class T>
-  using view = typename memory::template view<T>;
 
  public:
   using estimator_type = Estimator;
@@ -96,39 +96,7 @@ class compressor {
   explicit compressor(Estimator estimator, Selection selection = {}, Backend backend = {})
       : stage_(std::move(estimator), std::move(selection)), backend_(std::move(backend)) {}
 
-  /// Compresses gradient at density delta in (0, 1] into out (cleared first).
-  template <class T, class Index>
-  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index, memory>& out) {
-    pipeline::check_call(gradient.size(), delta, out);
-    return run(pipeline::plain<T, memory>(gradient), delta, out);
-  }
-
-  /// Compresses gradient + residual and leaves in residual what was not sent.
-  template <class T, class Index>
-  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index, memory>& out, feedback::residual<T, memory>& residual) {
-    pipeline::check_call(gradient.size(), delta, out);
-    return run(pipeline::with_residual<T, memory>(gradient, residual), delta, out);
-  }
-
-  /// DGC: compresses the momentum-corrected accumulation and masks what was sent.
-  template <class T, class Index>
-  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index, memory>& out, feedback::momentum<T, memory>& state) {
-    pipeline::check_call(gradient.size(), delta, out);
-    return run(pipeline::with_momentum<T, memory>(gradient, state), delta, out);
-  }
-
-  /// A host span or vector given to a compressor over another memory space: a compile
-  /// error with a sentence instead of a list of candidates.
-  template <class T, class Index, class... State>
-    requires(!pipeline::host_views<memory, T>)
-  compress_report compress(std::span<const std::type_identity_t<T>>, double, sparse_vector<T, Index, memory>&,
-                           State&...) {
-    static_assert(pipeline::host_views<memory, T>, SIDCO_HOST_GRADIENT_FOR_DEVICE_MESSAGE);
-    return {};
-  }
+  // compress(gradient, delta, out[, residual or momentum]): pipeline/front_end.hpp.
 
   /// Bytes this compressor keeps between calls besides its output.
   std::size_t workspace_bytes() const {
@@ -153,6 +121,13 @@ class compressor {
   const stage_type& stage() const { return stage_; }
 
  private:
+  friend pipeline::front_end<compressor, memory>;
+
+  template <class T, class Index>
+  static void check_call(std::size_t size, double delta, const sparse_vector<T, Index, memory>& out) {
+    pipeline::check_call(size, delta, out);
+  }
+
   template <class Source>
   compress_report run(const pipeline::input<Source>& in, double delta, auto& out) {
     const detail::single_user::scope in_use(user_, "compressor::compress");

@@ -14,6 +14,7 @@
 #include "sidco/core/error.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/single_user.hpp"
+#include "sidco/pipeline/front_end.hpp"
 #include "sidco/pipeline/input.hpp"
 #include "sidco/pipeline/run.hpp"
 #include "sidco/pipeline/scratch.hpp"
@@ -34,14 +35,12 @@ namespace sidco {
 /// proportion to their lengths (water-filling). A budget policy can set densities instead.
 /// Bad input anywhere is rejected before anything is written.
 template <class Compressor>
-class segmented {
+class segmented : public pipeline::front_end<segmented<Compressor>, typename Compressor::memory_space> {
   using Backend = typename Compressor::backend_type;
   using Estimator = typename Compressor::estimator_type;
   using Selection = typename Compressor::selection_type;
   using Stage = typename Compressor::stage_type;
   using memory = typename Compressor::memory_space;
-  template <class T>
-  using view = typename memory::template view<T>;
 
  public:
   /// density for segment i of the layout, given the overall delta.
@@ -69,37 +68,8 @@ class segmented {
   Stage& segment_stage(std::size_t i) { return stages_.at(i); }
   Backend& backend() { return backend_; }
 
-  template <class T, class Index>
-  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index, memory>& out) {
-    check(gradient.size(), delta, out);
-    return run(pipeline::plain<T, memory>(gradient), delta, out);
-  }
-
-  template <class T, class Index>
-  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index, memory>& out, feedback::residual<T, memory>& residual) {
-    check(gradient.size(), delta, out);
-    return run(pipeline::with_residual<T, memory>(gradient, residual), delta, out);
-  }
-
-  /// DGC per segment: compresses the momentum-corrected accumulation and masks what was sent.
-  template <class T, class Index>
-  compress_report compress(view<const std::type_identity_t<T>> gradient, double delta,
-                           sparse_vector<T, Index, memory>& out, feedback::momentum<T, memory>& state) {
-    check(gradient.size(), delta, out);
-    return run(pipeline::with_momentum<T, memory>(gradient, state), delta, out);
-  }
-
-  /// A host span or vector given to a compressor over another memory space: a compile
-  /// error with a sentence instead of a list of candidates.
-  template <class T, class Index, class... State>
-    requires(!pipeline::host_views<memory, T>)
-  compress_report compress(std::span<const std::type_identity_t<T>>, double, sparse_vector<T, Index, memory>&,
-                           State&...) {
-    static_assert(pipeline::host_views<memory, T>, SIDCO_HOST_GRADIENT_FOR_DEVICE_MESSAGE);
-    return {};
-  }
+  // compress(gradient, delta, out[, residual or momentum]): pipeline/front_end.hpp (the
+  // gradient's size must be total_size()).
 
   /// Segment i's state (compressor::save_state writes the same): one per segment, so that
   /// a tensor's state can follow it into another layout or into a compressor.
@@ -132,8 +102,10 @@ class segmented {
   }
 
  private:
+  friend pipeline::front_end<segmented, memory>;
+
   template <class T, class Index>
-  void check(std::size_t size, double delta, const sparse_vector<T, Index, memory>& out) {
+  void check_call(std::size_t size, double delta, const sparse_vector<T, Index, memory>& out) const {
     pipeline::check_call(size, delta, out);
     if (size != total_size())
       detail::fail("gradient: size ", size, " does not match the layout's total ", total_size());

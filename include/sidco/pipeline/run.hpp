@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 
@@ -31,12 +32,12 @@ std::size_t probes_per_segment(std::span<const Stage> stages) {
 }
 
 /// Throws sidco::error naming what and the first non-finite value when the moments pass
-/// found any. Reads only; nothing has been written yet.
+/// found any (nonfinite of them). Reads only; nothing has been written yet.
 template <class Backend, class Source>
-void check_finite(Backend& backend, const Source& source, const moments& all, const char* what) {
-  if (all.nonfinite == 0) return;
+void check_finite(Backend& backend, const Source& source, std::uint64_t nonfinite, const char* what) {
+  if (nonfinite == 0) return;
   const auto first = backend.first_nonfinite(source);
-  detail::fail(what, " contains ", all.nonfinite, " non-finite value(s); the first is ", first.value,
+  detail::fail(what, " contains ", nonfinite, " non-finite value(s); the first is ", first.value,
                " at index ", source.base + first.index);
 }
 
@@ -54,13 +55,9 @@ void run(Backend& backend, std::span<Stage> stages, std::span<const segment> lay
     stages[s].probe_thresholds(work.probes.subspan(s * work.per, stages[s].probe_count()));
   backend.template analyze<Statistics>(source, layout, std::span<const double>(work.probes), work.measured);
 
-  if (n == 1) {
-    check_finite(backend, source, work.all_of(0), what);
-  } else {
-    moments all;
-    for (std::size_t s = 0; s < n; ++s) all.merge(work.all_of(s));
-    check_finite(backend, source, all, what);
-  }
+  std::uint64_t nonfinite = 0;
+  for (std::size_t s = 0; s < n; ++s) nonfinite += work.all_of(s).nonfinite;
+  check_finite(backend, source, nonfinite, what);
   budget(work);
   out.clear(source.size);
 
