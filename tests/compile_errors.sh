@@ -6,32 +6,17 @@
 set -uo pipefail
 compiler=$1
 shift
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
+source "$(dirname "$0")/expect_compile_error.sh"
 
-expect_error() {
-  local name=$1 sentence=$2 body=$3
+compile() {
+  local name=$1 body=$2
+  shift 2
   printf '#include <sidco/sidco.hpp>\n%s\n' "$body" > "$tmp/$name.cpp"
-  if "$compiler" -std=c++20 -fsyntax-only "$@" "$tmp/$name.cpp" > "$tmp/$name.log" 2>&1; then
-    echo "FAIL $name: compiled"
-    failed=1
-  elif ! grep -qF "$sentence" "$tmp/$name.log"; then
-    echo "FAIL $name: the error does not say \"$sentence\":"
-    head -20 "$tmp/$name.log"
-    failed=1
-  else
-    echo "ok   $name: \"$sentence\""
-  fi
+  "$compiler" -std=c++20 -fsyntax-only "$@" "$tmp/$name.cpp" > "$tmp/$name.log" 2>&1
 }
 
-# The control: the same harness compiles a correct composition.
-printf '#include <sidco/sidco.hpp>\nint main() { sidco::presets::sidco_e<sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }\n' > "$tmp/control.cpp"
-if ! "$compiler" -std=c++20 -fsyntax-only "$@" "$tmp/control.cpp" > "$tmp/control.log" 2>&1; then
-  echo "FAIL the control does not compile:"
-  head -20 "$tmp/control.log"
-  exit 1
-fi
+expect_control '
+int main() { sidco::presets::sidco_e<sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
 
 expect_error missing_member "sidco backend: missing count_above(source, t)" '
 struct no_count : sidco::backend::serial {

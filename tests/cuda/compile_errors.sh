@@ -5,9 +5,7 @@
 set -uo pipefail
 compiler=$1
 shift
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
+source "$(dirname "$0")/../expect_compile_error.sh"
 prelude='#include <sidco/backend/cuda.cuh>
 #include <sidco/sidco.hpp>
 #include <vector>
@@ -21,23 +19,8 @@ compile() {  # name, body, flags: the exit status of compiling the prelude and b
   "$compiler" "$@" -c "$tmp/$name.cu" -o "$tmp/$name.o" > "$tmp/$name.log" 2>&1
 }
 
-expect_error() {
-  local name=$1 sentence=$2 body=$3
-  shift 3
-  if compile "$name" "$body" "$@"; then
-    echo "FAIL $name: compiled"
-    failed=1
-  elif ! grep -qF "$sentence" "$tmp/$name.log"; then
-    echo "FAIL $name: the error does not say \"$sentence\":"
-    head -20 "$tmp/$name.log"
-    failed=1
-  else
-    echo "ok   $name: \"$sentence\""
-  fi
-}
-
 # The control: a device view compiles, through the same harness.
-if ! compile control '
+expect_control '
 int main() {
   memory::device_buffer<float> g(10);
   sparse_vector<float, std::uint32_t, memory::device> out;
@@ -45,11 +28,7 @@ int main() {
   segmented<on_device> s({{0, 4}, {4, 6}});
   c.compress<float>(g.view(), 0.1, out);
   s.compress<float>(memory::device::view<const float>(g.data(), g.size()), 0.1, out);
-}' "$@"; then
-  echo "FAIL the control does not compile:"
-  head -30 "$tmp/control.log"
-  exit 1
-fi
+}' "$@"
 echo "ok   control: a device view compiles"
 
 sentence='the gradient is host memory (a std::span or vector)'

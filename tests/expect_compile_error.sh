@@ -1,0 +1,33 @@
+# The harness both compile-error scripts source. The sourcing script defines
+#   compile NAME BODY FLAGS...  (writes $tmp/NAME.log; its status: 0 when it compiled)
+# and then calls expect_control and expect_error, and ends with `exit $failed`.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+
+# The control: a correct body compiles through the same harness, or nothing is tested.
+expect_control() {
+  local body=$1
+  shift
+  if ! compile control "$body" "$@"; then
+    echo "FAIL the control does not compile:"
+    head -30 "$tmp/control.log"
+    exit 1
+  fi
+}
+
+# NAME must fail to compile, with SENTENCE in its errors.
+expect_error() {
+  local name=$1 sentence=$2 body=$3
+  shift 3
+  if compile "$name" "$body" "$@"; then
+    echo "FAIL $name: compiled"
+    failed=1
+  elif ! grep -qF "$sentence" "$tmp/$name.log"; then
+    echo "FAIL $name: the error does not say \"$sentence\":"
+    head -20 "$tmp/$name.log"
+    failed=1
+  else
+    echo "ok   $name: \"$sentence\""
+  fi
+}
