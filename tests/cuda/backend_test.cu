@@ -62,6 +62,27 @@ TEST_CASE("cuda kernels equal the serial oracle on the real gradients") {
   }
 }
 
+// Other launch shapes give the same bits: small blocks, two items per write step, short
+// pieces and a grid cap far below the block count, so that every grid-stride loop wraps.
+struct narrow_tuning {
+  static constexpr int block_threads = 64;
+  static constexpr int write_items = 2;
+  static constexpr std::size_t tile = std::size_t(block_threads) * 5;
+  static constexpr std::size_t max_grid = 3;
+};
+
+TEST_CASE("cuda kernels with another tuning equal the serial oracle") {
+  using narrow = backend::basic_cuda<narrow_tuning>;
+  const auto data = test::mixed_values<float>(4 * narrow::tile + 7, 23, true);
+  narrow gpu;
+  for (std::size_t n = 1; n <= data.size(); n += (n < 70 ? 1 : 101))
+    test::oracle<narrow>::compare_kernels<float>(gpu, std::span<const float>(data.data(), n), "narrow tuning");
+  test::oracle<narrow>::compare_kernels<float>(gpu, test::load_gradient("cnn_it200.npy"), "narrow tuning, cnn_it200");
+  const auto g = test::mixed_values<float>(20011, 5, false);
+  const auto r0 = test::mixed_values<float>(20011, 6, false);
+  test::oracle<narrow>::compare_feedback<float>(gpu, g, r0);
+}
+
 TEST_CASE_TEMPLATE("cuda selection settles error feedback exactly as the oracle does", T, float, double) {
   const auto g = test::mixed_values<T>(200003, 5, false);
   const auto r0 = test::mixed_values<T>(200003, 6, false);

@@ -41,7 +41,8 @@
 
 #include "sidco/backend/cuda/check.cuh"
 #include "sidco/backend/cuda/half.cuh"
-#include "sidco/backend/cuda/kernels.cuh"
+#include "sidco/backend/cuda/scatter_add.cuh"
+#include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/comm/header.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
@@ -119,6 +120,9 @@ class nccl_allreducer {
   bool aborted() const { return aborted_; }
 
  private:
+  using launch = backend::cuda_detail::default_tuning;
+  static unsigned grid(std::size_t n) { return backend::cuda_detail::grid<launch>(n); }
+
   // After the header exchange: every rank knows every count and agreed on the rest.
   allreduce_report reduce(const sparse_vector<T, Index, memory::device>& mine, memory::device::view<T> dense,
                           reduction op) {
@@ -164,7 +168,7 @@ class nccl_allreducer {
             headers_[std::size_t(r)].count, dense);
     }
     if (op == reduction::average && ranks_ > 1) {
-      nccl_detail::scale_values<<<grid(dense.size()), backend::cuda_detail::block_threads, 0, stream_>>>(
+      nccl_detail::scale_values<<<grid(dense.size()), launch::block_threads, 0, stream_>>>(
           dense.data(), dense.size(), typename float_traits<T>::accumulator(1) / typename float_traits<T>::accumulator(ranks_));
       SIDCO_CUDA(cudaGetLastError());
     }
@@ -231,10 +235,6 @@ class nccl_allreducer {
     }
   }
 
-  static unsigned grid(std::size_t n) {
-    return unsigned(std::clamp<std::size_t>((n + 255) / 256, 1, 4096));
-  }
-
   // Every rank's header, all-gathered first; the same error on every rank when one failed
   // or disagrees.
   void exchange_headers(std::size_t dense_size, std::size_t count, double delta, reduction op, detail::rank_status state,
@@ -267,7 +267,7 @@ class nccl_allreducer {
     for (int r = 0; r < ranks_; ++r) {
       const std::size_t count = headers_[std::size_t(r)].count;
       if (count == 0) continue;
-      backend::cuda_detail::largest_index<<<grid(count), backend::cuda_detail::block_threads, 0, stream_>>>(
+      backend::cuda_detail::largest_index<launch><<<grid(count), launch::block_threads, 0, stream_>>>(
           padded_indices_.data() + std::size_t(r) * largest, count, largest_.data());
     }
     SIDCO_CUDA(cudaGetLastError());
@@ -280,7 +280,7 @@ class nccl_allreducer {
 
   void add(const Index* indices, const T* values, std::size_t count, memory::device::view<T> dense) {
     if (count == 0) return;
-    backend::cuda_detail::scatter_add<<<grid(count), backend::cuda_detail::block_threads, 0, stream_>>>(
+    backend::cuda_detail::add_entries<launch><<<grid(count), launch::block_threads, 0, stream_>>>(
         indices, values, count, dense.data(), T(1));
     SIDCO_CUDA(cudaGetLastError());
   }

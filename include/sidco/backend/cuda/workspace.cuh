@@ -1,0 +1,137 @@
+// What backend::cuda keeps between calls: its stream, the host-wait counter, the layout's
+// piece tables and the buffers its algorithms reuse (grown, never shrunk, so a warm call
+// allocates nothing on the host or the device). Every host wait goes through copy_back or
+// synchronize, so host_waits counts them all.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "sidco/backend/cuda/check.cuh"
+#include "sidco/backend/cuda/pieces.hpp"
+#include "sidco/core/segment.hpp"
+#include "sidco/memory/device.cuh"
+
+namespace sidco::backend::cuda_detail {
+
+struct workspace {
+  template <class T>
+  using device_buffer = sidco::memory::device_buffer<T>;
+
+  workspace() = default;
+  explicit workspace(cudaStream_t s) : stream(s) {}
+
+  cudaStream_t stream = nullptr;
+  std::uint64_t host_waits = 0;
+
+  piece_plan plan;
+  device_buffer<piece> piece_table;
+  device_buffer<std::uint32_t> segment_table;
+  device_buffer<unsigned char> temp, bundles, merged, predicates;
+  device_buffer<std::uint32_t> counts, ranks;
+  device_buffer<std::size_t> offsets, positions;
+  device_buffer<unsigned long long> counter_buffer;
+  device_buffer<char> flags;
+  device_buffer<unsigned char> staging_indices, staging_values;
+  sidco::memory::upload_staging predicate_staging, offset_staging, position_staging, piece_staging, segment_staging;
+  std::vector<std::uint32_t> host_counts;
+  std::vector<unsigned long long> host_counters;
+  std::vector<unsigned char> result_bytes;
+
+  /// Device and host bytes kept: O(pieces + segments), never O(N) (plus the staging of
+  /// Top-k's candidates, cold path only).
+  std::size_t bytes() const {
+    return temp.capacity() + bundles.capacity() + merged.capacity() + piece_table.capacity() * sizeof(piece) +
+           segment_table.capacity() * sizeof(std::uint32_t) + counts.capacity() * sizeof(std::uint32_t) +
+           offsets.capacity() * sizeof(std::size_t) + counter_buffer.capacity() * sizeof(unsigned long long) +
+           predicates.capacity() + positions.capacity() * sizeof(std::size_t) + ranks.capacity() * sizeof(std::uint32_t) +
+           flags.capacity() + staging_indices.capacity() + staging_values.capacity() + predicate_staging.capacity() +
+           offset_staging.capacity() + position_staging.capacity() + piece_staging.capacity() +
+           segment_staging.capacity();
+  }
+
+  /// Waits for everything queued on the stream.
+  void synchronize() {
+    ++host_waits;
+    SIDCO_CUDA(cudaStreamSynchronize(stream));
+  }
+
+  /// The layout's piece tables on the device, re-uploaded only when the layout changed:
+  /// through page-locked staging on the stream, ordered after any kernel still reading the
+  /// old ones (a pageable cudaMemcpy runs on the legacy stream, unordered against a
+  /// non-blocking one, and can return before the data lands).
+  void refresh_pieces(std::span<const segment> layout, std::size_t tile) {
+    if (!plan.plan(layout, tile)) return;
+    const auto& all = plan.pieces();
+    const auto& first = plan.segment_first();
+    std::copy(all.begin(), all.end(), piece_staging.fill<piece>(all.size()));
+    upload<piece>(piece_table, piece_staging, all.size());
+    std::copy(first.begin(), first.end(), segment_staging.fill<std::uint32_t>(first.size()));
+    upload<std::uint32_t>(segment_table, segment_staging, first.size());
+  }
+
+  /// count values of U from a staging to a device byte buffer grown to hold them.
+  template <class U>
+  const U* upload(device_buffer<unsigned char>& to, sidco::memory::upload_staging& from, std::size_t count) {
+    to.resize(std::max<std::size_t>(count * sizeof(U), 1));
+    from.upload(to.data(), count * sizeof(U), stream);
+    return reinterpret_cast<const U*>(to.data());
+  }
+  template <class U>
+  U* upload(device_buffer<U>& to, sidco::memory::upload_staging& from, std::size_t count) {
+    to.resize(std::max<std::size_t>(count, 1));
+    from.upload(to.data(), count * sizeof(U), stream);
+    return to.data();
+  }
+  const std::size_t* upload_positions(std::span<const std::size_t> chosen) {
+    std::copy(chosen.begin(), chosen.end(), position_staging.fill<std::size_t>(chosen.size()));
+    return upload<std::size_t>(positions, position_staging, chosen.size());
+  }
+
+  /// count values of U back to the host: one host wait.
+  template <class U>
+  void copy_back(U* to, const U* from, std::size_t count) {
+    SIDCO_CUDA(cudaMemcpyAsync(to, from, count * sizeof(U), cudaMemcpyDeviceToHost, stream));
+    synchronize();
+  }
+
+  /// count zeroed counters on the device.
+  unsigned long long* counters(std::size_t count) {
+    counter_buffer.resize(count);
+    SIDCO_CUDA(cudaMemsetAsync(counter_buffer.data(), 0, count * sizeof(unsigned long long), stream));
+    return counter_buffer.data();
+  }
+  unsigned long long fetch_counter(const unsigned long long* counter) {
+    unsigned long long value = 0;
+    copy_back(&value, counter, 1);
+    return value;
+  }
+
+  /// CUB's temporary storage.
+  void* scratch(std::size_t size) {
+    temp.resize(std::max<std::size_t>(size, 1));
+    return temp.data();
+  }
+
+  /// count values of U in a device byte buffer kept for the purpose.
+  template <class U>
+  static U* staging(device_buffer<unsigned char>& buffer, std::size_t count) {
+    buffer.resize(std::max<std::size_t>(count * sizeof(U), 1));
+    return reinterpret_cast<U*>(buffer.data());
+  }
+  /// count values of a trivially copyable U in a host byte buffer kept for the purpose.
+  template <class U>
+  static std::span<U> host_scratch(std::vector<unsigned char>& buffer, std::size_t count) {
+    static_assert(std::is_trivially_copyable_v<U> && alignof(U) <= alignof(std::max_align_t));
+    buffer.resize(std::max<std::size_t>(count * sizeof(U), 1));
+    return {reinterpret_cast<U*>(buffer.data()), count};
+  }
+};
+
+}  // namespace sidco::backend::cuda_detail
