@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the target rows of two sidco-bench builds in one sitting, alternately (ROUNDS rounds of
 # 9 repetitions each, default 2; odd rounds run the old build first, even rounds the new one,
-# since the second run of a pair measures slower on this VM, streaming_read included), and
+# since which of a pair runs first moves its timings on this VM, streaming_read included), and
 # prints median times and after/before ratios; FILTER replaces the default target rows (a
 # --benchmark_filter regex).
 #   bench/before_after.sh OLD/bench/sidco-bench NEW/bench/sidco-bench [OUT_DIR]
