@@ -283,7 +283,7 @@ SIDCO_LAYERED(top_k<>, "top_k");
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("sidco_kernels", sidco::backend::cpu::kernels);
+  benchmark::AddCustomContext("sidco_kernels", sidco::backend::cpu::kernels());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

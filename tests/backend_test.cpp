@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -106,11 +107,33 @@ TEST_CASE("per-segment passes: thousands of tiny segments and segments across th
   CHECK(kept == kept_serial);
 }
 
+#if defined(SIDCO_HIGHWAY_KERNELS)
+namespace {
+// SIDCO_TEST_DISABLE_TARGETS=<Highway target bits>: a portable build runs every test on the
+// best target left (set before the kernels choose theirs, at first use).
+const std::int64_t disabled_targets = [] {
+  const char* mask = std::getenv("SIDCO_TEST_DISABLE_TARGETS");
+  const std::int64_t bits = mask ? std::int64_t(std::strtoll(mask, nullptr, 0)) : 0;
+  if (bits != 0) hwy::DisableTargets(bits);
+  return bits;
+}();
+}  // namespace
+#endif
+
 TEST_CASE("the kernels this build runs") {
-  MESSAGE("backend::cpu kernels: " << std::string(backend::cpu::kernels));
+  MESSAGE("backend::cpu kernels: " << std::string(backend::cpu::kernels()));
 #if defined(SIDCO_HIGHWAY) && SIDCO_HIGHWAY && (defined(__AVX2__) || defined(__ARM_NEON))
   // Built with Highway for a SIMD target: the Highway kernels must be what runs.
-  CHECK(backend::simd::available);
+  CHECK(backend::simd::active());
+#endif
+#if defined(SIDCO_HIGHWAY_KERNELS) && HWY_ARCH_X86
+  if (backend::simd::dynamic_dispatch) {
+    // Dispatched at run time: the best compiled target the CPU has and the test left on.
+    const std::int64_t left = hwy::SupportedTargets() & SIDCO_SIMD_TARGETS;
+    CHECK(backend::simd::chosen_target() == (left & -left));
+    CHECK((backend::simd::chosen_target() & disabled_targets) == 0);
+    if (hwy::SupportedTargets() & HWY_SSE4) CHECK(backend::simd::active());
+  }
 #endif
 }
 

@@ -44,8 +44,9 @@ class cpu {
  public:
   using memory = memory::host;
   static constexpr const char* name = "cpu";
-  /// Which inner loops this build runs: a Highway target, or "portable".
-  static constexpr const char* kernels = simd::target_name();
+  /// Which inner loops run on this CPU: a Highway target (chosen at run time when the
+  /// kernels were built for several), or "portable".
+  static const char* kernels() { return simd::target_name(); }
 
   /// OpenMP's default thread count (OMP_NUM_THREADS or the core count).
   cpu() = default;

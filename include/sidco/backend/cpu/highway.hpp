@@ -1,9 +1,21 @@
-// backend::cpu's inner loops through Google Highway, for the widest vectors the including
-// program is compiled for (static dispatch: -march=native or the like). Define
-// SIDCO_HIGHWAY=1 and link libhwy to use them (our Meson dependency does both when libhwy is
-// found); without Highway, or when it can only offer its scalar or 128-bit emulation target,
-// backend::cpu runs its portable loops instead. Results are those of the serial oracle:
-// selections and counts exactly, sums to the lanes' rounding.
+// backend::cpu's inner loops through Google Highway. Define SIDCO_HIGHWAY=1 and link libhwy
+// to use them (our Meson dependency does both when libhwy is found).
+//
+// Dispatch: by default the kernels are compiled for every x86 target from SSSE3 to
+// AVX-512 (or NEON on Arm) that Highway can reach from the including program's flags, and
+// the best one the CPU has is chosen at run time (Highway's foreach_target mechanism), so a
+// program built without -march=native still runs AVX2 or AVX-512 loops. A program built
+// for its own machine defines HWY_COMPILE_ONLY_STATIC (our -Dnative=true does) and gets
+// only the static target, called directly. Without Highway, or where the best target is
+// Highway's scalar or 128-bit emulation, backend::cpu runs its portable loops instead.
+// Results are those of the serial oracle: selections and counts exactly, sums to the lanes'
+// rounding (so bit-identical across builds that run the same target).
+//
+// Highway's foreach_target.h works once per translation unit and only before any other
+// Highway header, so dynamic dispatch needs this header to be the unit's first Highway
+// include, and the program's own foreach_target code to live in other units. Where Highway
+// was included first, the kernels are compiled for the static target alone
+// (simd::dynamic_dispatch is false).
 #pragma once
 
 #include <array>
@@ -19,24 +31,80 @@
 #include "sidco/memory/host.hpp"
 
 #if defined(SIDCO_HIGHWAY) && SIDCO_HIGHWAY
-// Highway 1.0.3 refuses -march=native on AVX-512 VNNI/VBMI2 CPUs without this.
+// Highway 1.0.3 refuses -march=native on AVX-512 VNNI/VBMI2 CPUs without this; it also
+// adds AVX3_DL to the dispatched targets.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL 1
 #endif
-#include <hwy/highway.h>
-#if HWY_STATIC_TARGET != HWY_SCALAR && HWY_STATIC_TARGET != HWY_EMU128
 #define SIDCO_HIGHWAY_KERNELS 1
-#endif
 #endif
 
 namespace sidco::backend::simd {
 
 #if defined(SIDCO_HIGHWAY_KERNELS)
-inline constexpr bool available = true;
+// Highway 1.0's Compress for eight 32-bit lanes (AVX2) keeps its 1 KiB index table in a
+// non-static local array, which GCC 12 copies onto the stack on every call: a third of the
+// selection pass at δ = 0.1. The same permutation from a static table: entry m holds, in
+// nibble j, the lane of the j-th set bit of m.
+struct compress8_table {
+  std::array<std::uint32_t, 256> nibbles{};
+  constexpr compress8_table() {
+    for (std::uint32_t mask = 0; mask < 256; ++mask) {
+      std::uint32_t word = 0, out = 0;
+      for (std::uint32_t lane = 0; lane < 8; ++lane)
+        if (mask >> lane & 1) word |= lane << (4 * out++);
+      nibbles[mask] = word;
+    }
+  }
+};
+inline constexpr compress8_table compress8{};
+}  // namespace sidco::backend::simd
 
-/// The instruction set the kernels were compiled for.
-inline constexpr const char* target_name() {
-  switch (HWY_STATIC_TARGET) {
+// foreach_target.h works once per translation unit, and only before highway.h: take it
+// when it is free, else compile the kernels for the static target alone.
+#if !defined(HWY_HIGHWAY_INCLUDED) && !defined(HIGHWAY_HWY_FOREACH_TARGET_H_)
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "sidco/backend/cpu/highway_kernels.hpp"
+#include <hwy/foreach_target.h>  // the kernels for each dispatched target
+#else
+#define SIDCO_HIGHWAY_STATIC_ONLY 1
+#endif
+#include "sidco/backend/cpu/highway_kernels.hpp"  // and for the static one
+
+namespace sidco::backend::simd {
+
+// The targets with kernels: Highway's compiled targets that we name below, and the static
+// target, less scalar and emulation. Highway orders targets best first by bit (lowest bit
+// best).
+#define SIDCO_SIMD_NAMED_TARGETS (HWY_AVX3_DL | HWY_AVX3 | HWY_AVX2 | HWY_SSE4 | HWY_SSSE3 | HWY_NEON)
+#if defined(SIDCO_HIGHWAY_STATIC_ONLY)
+#define SIDCO_SIMD_TARGETS (HWY_STATIC_TARGET & ~(HWY_SCALAR | HWY_EMU128))
+#else
+#define SIDCO_SIMD_TARGETS \
+  ((HWY_TARGETS & SIDCO_SIMD_NAMED_TARGETS) | (HWY_STATIC_TARGET & ~(HWY_SCALAR | HWY_EMU128)))
+#endif
+
+/// The target the kernels run: the best of SIDCO_SIMD_TARGETS the CPU has, 0 for none (the
+/// portable loops run). Chosen once per program, from hwy::SupportedTargets().
+inline std::int64_t chosen_target() {
+  if constexpr (SIDCO_SIMD_TARGETS == HWY_STATIC_TARGET) {
+    return HWY_STATIC_TARGET;  // compiled for this CPU only
+  } else {
+    static const std::int64_t chosen = [] {
+      const std::int64_t usable = hwy::SupportedTargets() & SIDCO_SIMD_TARGETS;
+      return usable & -usable;
+    }();
+    return chosen;
+  }
+}
+
+/// Whether the Highway kernels run (else the portable loops).
+inline bool active() { return chosen_target() != 0; }
+
+/// The instruction set the kernels run, or "portable".
+inline const char* target_name() {
+  switch (chosen_target()) {
+    case 0: return "portable";
 #if HWY_ARCH_X86
     case HWY_AVX3_DL: return "Highway AVX3_DL (AVX-512)";
     case HWY_AVX3: return "Highway AVX3 (AVX-512)";
@@ -48,7 +116,64 @@ inline constexpr const char* target_name() {
   }
 }
 
-namespace hn = hwy::HWY_NAMESPACE;
+/// Whether the kernels were compiled for more than one target (chosen at run time).
+inline constexpr bool dynamic_dispatch = SIDCO_SIMD_TARGETS != HWY_STATIC_TARGET;
+
+// One case per named target compiled: calls that target's kernel.
+#define SIDCO_SIMD_CASE(TARGET, ...) \
+  case HWY_##TARGET:                 \
+    return N_##TARGET::__VA_ARGS__;
+#if (SIDCO_SIMD_TARGETS & HWY_AVX3_DL) && HWY_STATIC_TARGET != HWY_AVX3_DL
+#define SIDCO_SIMD_CASE_AVX3_DL(...) SIDCO_SIMD_CASE(AVX3_DL, __VA_ARGS__)
+#else
+#define SIDCO_SIMD_CASE_AVX3_DL(...)
+#endif
+#if (SIDCO_SIMD_TARGETS & HWY_AVX3) && HWY_STATIC_TARGET != HWY_AVX3
+#define SIDCO_SIMD_CASE_AVX3(...) SIDCO_SIMD_CASE(AVX3, __VA_ARGS__)
+#else
+#define SIDCO_SIMD_CASE_AVX3(...)
+#endif
+#if (SIDCO_SIMD_TARGETS & HWY_AVX2) && HWY_STATIC_TARGET != HWY_AVX2
+#define SIDCO_SIMD_CASE_AVX2(...) SIDCO_SIMD_CASE(AVX2, __VA_ARGS__)
+#else
+#define SIDCO_SIMD_CASE_AVX2(...)
+#endif
+#if (SIDCO_SIMD_TARGETS & HWY_SSE4) && HWY_STATIC_TARGET != HWY_SSE4
+#define SIDCO_SIMD_CASE_SSE4(...) SIDCO_SIMD_CASE(SSE4, __VA_ARGS__)
+#else
+#define SIDCO_SIMD_CASE_SSE4(...)
+#endif
+#if (SIDCO_SIMD_TARGETS & HWY_SSSE3) && HWY_STATIC_TARGET != HWY_SSSE3
+#define SIDCO_SIMD_CASE_SSSE3(...) SIDCO_SIMD_CASE(SSSE3, __VA_ARGS__)
+#else
+#define SIDCO_SIMD_CASE_SSSE3(...)
+#endif
+#if (SIDCO_SIMD_TARGETS & HWY_NEON) && HWY_STATIC_TARGET != HWY_NEON
+#define SIDCO_SIMD_CASE_NEON(...) SIDCO_SIMD_CASE(NEON, __VA_ARGS__)
+#else
+#define SIDCO_SIMD_CASE_NEON(...)
+#endif
+
+#if HWY_STATIC_TARGET & SIDCO_SIMD_TARGETS
+#define SIDCO_SIMD_CASE_STATIC(...) \
+  if (target == HWY_STATIC_TARGET) return HWY_NAMESPACE::__VA_ARGS__;
+#else
+#define SIDCO_SIMD_CASE_STATIC(...)
+#endif
+
+// Calls the chosen target's kernel; the static target's directly (inlinable when it is
+// the only one). Callers check active() first: the default case is never taken then.
+#define SIDCO_SIMD_DISPATCH(...)                                                              \
+  do {                                                                                        \
+    [[maybe_unused]] const std::int64_t target = chosen_target();                             \
+    SIDCO_SIMD_CASE_STATIC(__VA_ARGS__)                                                       \
+    switch (target) {                                                                         \
+      SIDCO_SIMD_CASE_AVX3_DL(__VA_ARGS__) SIDCO_SIMD_CASE_AVX3(__VA_ARGS__)                  \
+      SIDCO_SIMD_CASE_AVX2(__VA_ARGS__) SIDCO_SIMD_CASE_SSE4(__VA_ARGS__)                     \
+      SIDCO_SIMD_CASE_SSSE3(__VA_ARGS__) SIDCO_SIMD_CASE_NEON(__VA_ARGS__) default : break;   \
+    }                                                                                         \
+    __builtin_unreachable();                                                                  \
+  } while (false)
 
 template <class Source>
 struct loads : std::false_type {};
@@ -68,266 +193,51 @@ inline constexpr bool handles = loads<Source>::value;
 template <class Source, class Index>
 inline constexpr bool selects = handles<Source> && sizeof(Index) == sizeof(typename Source::value_type);
 
-template <class D, class T>
-HWY_INLINE auto load(D d, const plain_source<T, memory::host>& s, std::size_t i) {
-  return hn::LoadU(d, s.gradient + i);
-}
-template <class D, class T>
-HWY_INLINE auto load(D d, const feedback_source<T, memory::host>& s, std::size_t i) {
-  return hn::Add(hn::LoadU(d, s.gradient + i), hn::LoadU(d, s.residual + i));
-}
-
-// Leaves v in the residual, or +0 where sent.
-template <bool Final, class D, class V, class M, class Source>
-HWY_INLINE void settle(D d, const Source& s, std::size_t i, V v, M sent) {
-  if constexpr (Source::has_state) hn::StoreU(Final ? hn::IfThenZeroElse(sent, v) : v, d, s.residual + i);
-}
-
-// |v| > t for above = threshold_key(t), never for NaN: integer compares on the magnitude bits.
-template <class D, class V, class S>
-HWY_INLINE auto exceeds(D d, V v, S above) {
-  const hn::RebindToSigned<D> di;
-  constexpr S infinity = sizeof(S) == 4 ? S(0x7f800000) : S(0x7ff0000000000000ll);
-  const auto key = hn::And(hn::BitCast(di, v), hn::Set(di, std::numeric_limits<S>::max()));
-  return hn::RebindMask(d, hn::And(hn::Gt(key, hn::Set(di, above)),
-                                   hn::Lt(key, hn::Set(di, S(infinity + 1)))));
-}
-
-/// How many |x_i| > t in [lo, hi) over whole vectors; returns where it stopped.
+/// How many |x_i| > t in [lo, hi) over whole vectors; returns where it stopped (lo when
+/// the kernels do not run).
 template <class Source, class S>
-std::size_t count_above(const Source& s, std::size_t lo, std::size_t hi, S above,
-                        std::size_t& count) {
-  const hn::ScalableTag<typename Source::value_type> d;
-  const std::size_t lanes = hn::Lanes(d);
-  std::size_t i = lo, n = 0;
-  for (; i + lanes <= hi; i += lanes) n += hn::CountTrue(d, exceeds(d, load(d, s, i), above));
-  count += n;
-  return i;
+std::size_t count_above(const Source& s, std::size_t lo, std::size_t hi, S above, std::size_t& count) {
+  if (!active()) return lo;
+  SIDCO_SIMD_DISPATCH(count_above(s, lo, hi, above, count));
 }
 
-// Highway 1.0's Compress for eight 32-bit lanes (AVX2) keeps its 1 KiB index table in a
-// non-static local array, which GCC 12 copies onto the stack on every call: a third of the
-// selection pass at δ = 0.1. The same permutation from a static table: entry m holds, in
-// nibble j, the lane of the j-th set bit of m.
-struct compress8_table {
-  std::array<std::uint32_t, 256> nibbles{};
-  constexpr compress8_table() {
-    for (std::uint32_t mask = 0; mask < 256; ++mask) {
-      std::uint32_t word = 0, out = 0;
-      for (std::uint32_t lane = 0; lane < 8; ++lane)
-        if (mask >> lane & 1) word |= lane << (4 * out++);
-      nibbles[mask] = word;
-    }
-  }
-};
-inline constexpr compress8_table compress8{};
-
-// The lanes of keep moved to the front, in order (the rest: scratch).
-template <class D>
-class compressor_for {
- public:
-  static constexpr bool table = hn::MaxLanes(D()) == 8 && sizeof(hn::TFromD<D>) == 4;
-
-  template <class V, class M>
-  HWY_INLINE V operator()(D d, V v, M keep) const {
-    if constexpr (table) {
-      const hn::RebindToUnsigned<D> du;
-      std::uint8_t mask = 0;
-      hn::StoreMaskBits(d, keep, &mask);
-      const auto lanes = hn::And(hn::Set(du, compress8.nibbles[mask]) >> shifts_, hn::Set(du, 7u));
-      return hn::TableLookupLanes(v, hn::IndicesFromVec(d, hn::BitCast(hn::RebindToSigned<D>(), lanes)));
-    } else {
-      return hn::Compress(v, keep);
-    }
-  }
-
- private:
-  using shift_vector = decltype(hn::Zero(hn::RebindToUnsigned<D>()));
-  shift_vector shifts_ = hn::ShiftLeft<2>(hn::Iota(hn::RebindToUnsigned<D>(), 0));
-};
-
-/// The selection's inner loop over whole vectors from lo: settles each vector, compresses
-/// its kept values and their indices in register and stores them whole at [at, at + lanes)
-/// (the store is cheaper than compress-to-memory, which is microcoded on AMD Zen 4/5; the
-/// lanes past the kept count are scratch). Stops before a vector when fewer than lanes slots
-/// remain below end; returns where it stopped.
+/// The selection's inner loop over whole vectors (see the kernel); returns where it stopped
+/// (lo when the kernels do not run).
 template <bool Final, class Source, class S, class T, class Index>
-std::size_t write_above(const Source& s, std::size_t lo, std::size_t hi, S above,
-                        Index* indices, T* values, std::size_t& at, std::size_t end) {
-  const hn::ScalableTag<T> d;
-  const hn::RebindToUnsigned<decltype(d)> du;
-  const std::size_t lanes = hn::Lanes(d);
-  const compressor_for<decltype(d)> compress_values;
-  const compressor_for<decltype(du)> compress_indices;
-  std::size_t i = lo;
-  for (; i + lanes <= hi && at + lanes <= end; i += lanes) {
-    const auto v = load(d, s, i);
-    const auto keep = exceeds(d, v, above);
-    settle<Final>(d, s, i, v, keep);
-    if (hn::AllFalse(d, keep)) continue;
-    hn::StoreU(compress_values(d, v, keep), d, values + at);
-    const auto position = hn::Iota(du, static_cast<Index>(s.base + i));
-    hn::StoreU(compress_indices(du, position, hn::RebindMask(du, keep)), du, indices + at);
-    at += hn::CountTrue(d, keep);
-  }
-  return i;
+std::size_t write_above(const Source& s, std::size_t lo, std::size_t hi, S above, Index* indices, T* values,
+                        std::size_t& at, std::size_t end) {
+  if (!active()) return lo;
+  SIDCO_SIMD_DISPATCH(write_above<Final>(s, lo, hi, above, indices, values, at, end));
 }
 
-/// fast_log's algorithm on a vector of positive finite values (same constants and steps).
-template <class D, class V>
-HWY_INLINE V fast_log(D d, V a) {
-  using T = hn::TFromD<D>;
-  const hn::RebindToUnsigned<D> du;
-  const hn::RebindToSigned<D> di;
-  using I = hn::TFromD<decltype(di)>;
-  using C = detail::fast_log_constants<T>;
-  constexpr int mantissa_bits = C::mantissa_bits;
-  constexpr auto exponent_bias = C::exponent_bias;
-  constexpr auto min_normal = C::min_normal;
-  const auto tiny = hn::Lt(hn::BitCast(du, a), hn::Set(du, min_normal));
-  const auto scale = hn::IfThenElse(tiny, hn::Set(du, (exponent_bias + mantissa_bits) << mantissa_bits),
-                                    hn::Set(du, exponent_bias << mantissa_bits));
-  const auto bits = hn::BitCast(du, hn::Mul(a, hn::BitCast(d, scale)));
-  const auto mantissa = hn::And(bits, hn::Set(du, min_normal - 1));
-  const auto high = hn::Gt(mantissa, hn::Set(du, C::sqrt2_mantissa));
-  const auto m_exponent = hn::IfThenElse(high, hn::Set(du, exponent_bias - 1), hn::Set(du, exponent_bias));
-  const V m = hn::BitCast(d, hn::Or(mantissa, hn::ShiftLeft<mantissa_bits>(m_exponent)));
-  auto e = hn::Sub(hn::BitCast(di, hn::ShiftRight<mantissa_bits>(bits)), hn::Set(di, I(exponent_bias)));
-  e = hn::Sub(e, hn::BitCast(di, hn::VecFromMask(du, high)));  // + 1 where high
-  e = hn::IfThenElse(hn::RebindMask(di, tiny), hn::Sub(e, hn::Set(di, I(mantissa_bits))), e);
-  const V one = hn::Set(d, T(1));
-  const V s = hn::Div(hn::Sub(m, one), hn::Add(m, one));
-  const V s2 = hn::Mul(s, s);
-  // Horner from 1/last_odd down to 1, as the scalar form's nested sum.
-  V series = hn::Set(d, T(1) / T(C::last_odd));
-  for (int odd = C::last_odd - 2; odd >= 1; odd -= 2)
-    series = hn::MulAdd(s2, series, hn::Set(d, T(1) / T(odd)));
-  return hn::MulAdd(hn::ConvertTo(d, e), hn::Set(d, C::ln2),
-                    hn::Mul(hn::Add(s, s), series));
-}
-
-// Sums of x and x^2 in lanes of T (Sum = T) or of double (float lanes promoted: the low
-// half into [0], the high half into [1]).
-template <class D, class Sum>
-struct lane_sums {
-  using VD = decltype(hn::Zero(hn::Repartition<Sum, D>()));
-  static constexpr bool promoted = sizeof(Sum) > sizeof(hn::TFromD<D>);
-  VD sum[2], square[2];
-
-  HWY_INLINE lane_sums() {
-    const hn::Repartition<Sum, D> ds;
-    sum[0] = sum[1] = square[0] = square[1] = hn::Zero(ds);
-  }
-
-  template <class V>
-  HWY_INLINE void add(V x) {
-    if constexpr (promoted) {
-      const hn::Repartition<double, D> dd;
-      const hn::Half<D> dh;
-      const auto low = hn::PromoteTo(dd, hn::LowerHalf(dh, x));
-      const auto high = hn::PromoteTo(dd, hn::UpperHalf(dh, x));
-      sum[0] = hn::Add(sum[0], low);
-      sum[1] = hn::Add(sum[1], high);
-      square[0] = hn::MulAdd(low, low, square[0]);
-      square[1] = hn::MulAdd(high, high, square[1]);
-    } else {
-      sum[0] = hn::Add(sum[0], x);
-      square[0] = hn::MulAdd(x, x, square[0]);
-    }
-  }
-
-  // One Sum per T lane, in lane order.
-  HWY_INLINE void store(Sum* sums, Sum* squares) const {
-    const hn::Repartition<Sum, D> ds;
-    hn::Store(sum[0], ds, sums);
-    hn::Store(square[0], ds, squares);
-    if constexpr (promoted) {
-      hn::Store(sum[1], ds, sums + hn::Lanes(ds));
-      hn::Store(square[1], ds, squares + hn::Lanes(ds));
-    }
-  }
-};
-
-/// Fills out's lanes with [i, i + block) of s: moments of |x| and, for each probe, the
-/// count above it and the sums of the excesses (ln of them when TailLog), summed in the
-/// lanes' Sum type. block is a multiple of the lane count, which is at most 64 bytes' worth.
+/// A block's lane statistics (see the kernel). Only when active().
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
 void block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
                       cpu_detail::lane_statistics<T, Probes, Sum>& out) {
-  const hn::ScalableTag<T> d;
-  const hn::RebindToUnsigned<decltype(d)> du;
-  const hn::RebindToSigned<decltype(d)> di;
-  using V = decltype(hn::Zero(d));
-  using VU = decltype(hn::Zero(du));
-  using Key = magnitude_key_t<T>;
-  const auto infinity = hn::Set(du, float_traits<T>::infinity);
-  const auto one_key = hn::Set(du, magnitude_key(T(1)));
-  const auto no_sign = hn::Set(du, ~Key(0) >> 1);
-  lane_sums<decltype(d), Sum> sums;
-  V sum_log = hn::Zero(d);
-  VU zeros = hn::Zero(du), nonfinite = hn::Zero(du), low = infinity, high = hn::Zero(du);
-  std::array<lane_sums<decltype(d), Sum>, Probes> tail_sums;
-  std::array<V, Probes> tail_log;
-  std::array<VU, Probes> tail_count;
-  for (std::size_t p = 0; p < Probes; ++p) {
-    tail_log[p] = hn::Zero(d);
-    tail_count[p] = hn::Zero(du);
-  }
-  // Values above no probe skip the tails' work: at small densities, nearly every vector.
-  auto lowest = std::numeric_limits<hn::TFromD<decltype(di)>>::max();
-  for (std::size_t p = 0; p < Probes; ++p) lowest = std::min(lowest, probes[p].key);
-  const auto lowest_probe = hn::Set(di, lowest);
-  const std::size_t lanes = hn::Lanes(d);
-  for (std::size_t b = 0; b < block; b += lanes) {
-    const auto key = hn::And(hn::BitCast(du, load(d, s, i + b)), no_sign);
-    const auto finite = hn::Lt(key, infinity);
-    const auto zero = hn::Eq(key, hn::Zero(du));
-    const auto positive = hn::AndNot(zero, finite);
-    const auto kept = hn::IfThenElseZero(positive, key);
-    const auto x = hn::BitCast(d, kept);
-    zeros = hn::Sub(zeros, hn::VecFromMask(du, hn::And(finite, zero)));
-    nonfinite = hn::Sub(nonfinite, hn::VecFromMask(du, hn::Not(finite)));
-    sums.add(x);
-    if constexpr (Log)
-      sum_log = hn::Add(sum_log, fast_log(d, hn::BitCast(d, hn::IfThenElse(positive, key, one_key))));
-    low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
-    high = hn::Max(high, kept);
-    // Tails: the finite non-zeros above each probe (kept is 0 elsewhere, below any probe).
-    if (Probes == 0 || hn::AllFalse(d, hn::RebindMask(d, hn::Gt(hn::BitCast(di, kept), lowest_probe)))) continue;
-    for (std::size_t p = 0; p < Probes; ++p) {
-      const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
-      const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
-      tail_count[p] = hn::Sub(tail_count[p], hn::VecFromMask(du, hn::RebindMask(du, above)));
-      tail_sums[p].add(excess);
-      if constexpr (TailLog) {
-        const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, T(1)));
-        tail_log[p] = hn::Add(tail_log[p], fast_log(d, safe));
-      }
-    }
-  }
-  out.lanes = lanes;
-  sums.store(out.sum, out.sum_sq);
-  hn::Store(sum_log, d, out.sum_log);
-  hn::Store(zeros, du, out.zeros);
-  hn::Store(nonfinite, du, out.nonfinite);
-  hn::Store(low, du, out.low);
-  hn::Store(high, du, out.high);
-  for (std::size_t p = 0; p < Probes; ++p) {
-    tail_sums[p].store(out.tails[p].sum, out.tails[p].sum_sq);
-    hn::Store(tail_log[p], d, out.tails[p].sum_log);
-    hn::Store(tail_count[p], du, out.tails[p].count);
-  }
+  SIDCO_SIMD_DISPATCH(block_statistics<Log, TailLog, Probes>(s, i, block, probes, out));
 }
 
-/// The lane count for T: whole vectors below it are left to scalar code.
+/// The chosen target's lane count for T. Only when active().
 template <class T>
 std::size_t lanes() {
-  return hn::Lanes(hn::ScalableTag<T>());
+  SIDCO_SIMD_DISPATCH(lanes<T>());
 }
 
+#undef SIDCO_SIMD_DISPATCH
+#undef SIDCO_SIMD_CASE_STATIC
+#undef SIDCO_SIMD_CASE_AVX3_DL
+#undef SIDCO_SIMD_CASE_AVX3
+#undef SIDCO_SIMD_CASE_AVX2
+#undef SIDCO_SIMD_CASE_SSE4
+#undef SIDCO_SIMD_CASE_SSSE3
+#undef SIDCO_SIMD_CASE_NEON
+#undef SIDCO_SIMD_CASE
+
 #else
-inline constexpr bool available = false;
-inline constexpr const char* target_name() { return "portable"; }
+inline constexpr bool dynamic_dispatch = false;
+inline std::int64_t chosen_target() { return 0; }
+inline bool active() { return false; }
+inline const char* target_name() { return "portable"; }
 template <class Source>
 inline constexpr bool handles = false;
 template <class Source, class Index>

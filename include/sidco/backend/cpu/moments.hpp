@@ -111,31 +111,31 @@ template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = ty
 void piece_statistics(const Source& source, std::size_t lo, std::size_t hi, const probe_at<T>* probes, moments* out) {
   constexpr std::size_t block = tuning::moments_block;
   lane_statistics<T, Probes> lanes{};  // zeroed once per piece: GCC cannot see the SIMD stores
+  // The Highway kernels when this source has them and the CPU runs a target they were built for.
+  bool simd_runs = false;
+  if constexpr (simd::handles<Source>) simd_runs = simd::active();
+  auto fill = [&](std::size_t i, std::size_t n, auto& into) {
+    if constexpr (simd::handles<Source>)
+      if (simd_runs) return simd::block_statistics<Log, TailLog, Probes>(source, i, n, probes, into);
+    portable_block<Log, TailLog, Probes>(source, i, n, probes, into);
+  };
   auto gather = [&](std::size_t i, std::size_t n) {
     if (lanes.fits_sum()) return lanes.gather_into(n, out);
     lane_statistics<T, Probes, double> wide{};
-    if constexpr (simd::handles<Source>)
-      simd::block_statistics<Log, TailLog, Probes>(source, i, n, probes, wide);
-    else
-      portable_block<Log, TailLog, Probes>(source, i, n, probes, wide);
+    fill(i, n, wide);
     wide.gather_into(n, out);
   };
   std::size_t i = lo;
+  for (; i + block <= hi; i += block) {
+    fill(i, block, lanes);
+    gather(i, block);
+  }
   if constexpr (simd::handles<Source>) {
-    for (; i + block <= hi; i += block) {
-      simd::block_statistics<Log, TailLog, Probes>(source, i, block, probes, lanes);
-      gather(i, block);
-    }
-    const std::size_t vectors = (hi - i) / simd::lanes<T>() * simd::lanes<T>();
+    const std::size_t vectors = simd_runs ? (hi - i) / simd::lanes<T>() * simd::lanes<T>() : 0;
     if (vectors > 0) {
-      simd::block_statistics<Log, TailLog, Probes>(source, i, vectors, probes, lanes);
+      fill(i, vectors, lanes);
       gather(i, vectors);
       i += vectors;
-    }
-  } else {
-    for (; i + block <= hi; i += block) {
-      portable_block<Log, TailLog, Probes>(source, i, block, probes, lanes);
-      gather(i, block);
     }
   }
   add_values<Log, TailLog, Probes>(source, i, hi, probes, out);
