@@ -30,8 +30,8 @@ def _load():
 
 library_path = _load()
 
-from .ops import METHODS, Compressor, compress, decompress, scatter_add_  # noqa: E402
+from .ops import METHODS, Compressor, cpu_kernels, compress, decompress, scatter_add_  # noqa: E402
 from .hook import State, hook, register  # noqa: E402
 
-__all__ = ["METHODS", "Compressor", "compress", "decompress", "scatter_add_", "State", "hook", "register",
+__all__ = ["METHODS", "Compressor", "cpu_kernels", "compress", "decompress", "scatter_add_", "State", "hook", "register",
            "library_path"]

@@ -4,6 +4,12 @@ import torch
 #: Every method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
 
+
+def cpu_kernels():
+    """The CPU kernels the ops run: the Highway target chosen for this CPU at load time
+    (e.g. "Highway AVX2"), or "portable"."""
+    return torch.ops.sidco.cpu_kernels()
+
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 

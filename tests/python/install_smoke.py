@@ -35,6 +35,23 @@ def main():
     where = os.path.realpath(sidco_torch.__file__)
     assert where.startswith(VENV + os.sep), f"sidco_torch imported from {where}, not from {VENV}"
     assert os.path.realpath(sidco_torch.library_path).startswith(os.path.dirname(where)), sidco_torch.library_path
+    # Built portable (pyproject.toml: -Dnative=false): the kernels must be the best Highway
+    # target this x86 CPU has, chosen at run time.
+    kernels = sidco_torch.cpu_kernels()
+    flags = set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    if flags:
+        if {"avx512f", "avx512vl", "avx512dq", "avx512bw"} <= flags:
+            best = "AVX3"
+        elif {"avx2", "fma", "bmi2"} <= flags:
+            best = "AVX2"
+        elif "sse4_2" in flags:
+            best = "SSE4"
+        else:
+            best = "SSSE3" if "ssse3" in flags else "portable"
+        assert best in kernels, f"portable build runs {kernels!r}; this CPU's best target is {best}"
     # Top-k is exact: the same set as torch.topk on |x|.
     x = torch.randn(10000, generator=torch.Generator().manual_seed(3))
     indices, values = sidco_torch.compress(x, 0.01, method="top-k")
@@ -57,7 +74,7 @@ def main():
         assert same, f"rank {rank}: the averaged gradients differ between ranks"
         assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"
         assert 0 < nonzero < size, (rank, nonzero, size)
-    print(f"sidco_torch from {os.path.dirname(where)}: top-k exact, a 2-rank sparse DDP step "
+    print(f"sidco_torch from {os.path.dirname(where)} ({kernels}): top-k exact, a 2-rank sparse DDP step "
           f"({results[0][3]} of {results[0][4]} values averaged)")
 
 

@@ -189,6 +189,8 @@ TORCH_LIBRARY(sidco, m) {
         "-> Tensor(a!)");
   m.def("scatter_add_(Tensor(a!) dense, Tensor indices, Tensor values, float scale=1.0) -> Tensor(a!)");
   m.def("decompress(Tensor indices, Tensor values, int size) -> Tensor");
+  // Which CPU kernels run here: a Highway target chosen at load time, or "portable".
+  m.def("cpu_kernels() -> str", [] { return std::string(sidco::backend::cpu::kernels()); });
   // The method table (sidco/methods.hpp): [name, description] per method.
   m.def("methods() -> str[][]", [] {
     std::vector<std::vector<std::string>> table;
