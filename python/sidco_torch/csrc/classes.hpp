@@ -106,6 +106,12 @@ std::unique_ptr<compressor_impl> make_cpu_compressor(const std::string& method, 
 template <class T>
 std::unique_ptr<compressor_impl> make_cpu_compressor_of(const std::string& method, const sidco::methods::options& options);
 
+/// Made by cuda/ops.cu, which registers it when the library is built with CUDA.
+using cuda_compressor_factory = std::unique_ptr<compressor_impl> (*)(const std::string& method,
+                                                                     const sidco::methods::options& options,
+                                                                     const at::Device& device);
+void register_cuda_compressor(cuda_compressor_factory factory);
+
 class Compressor : public torch::CustomClassHolder {
  public:
   Compressor(std::string method, c10::Dict<std::string, double> options);
@@ -118,6 +124,7 @@ class Compressor : public torch::CustomClassHolder {
   std::string method_;
   sidco::methods::options options_;
   std::unique_ptr<compressor_impl> cpu_;
+  std::vector<std::unique_ptr<compressor_impl>> cuda_;  // per device index
   compressor_impl* last_ = nullptr;
 };
 

@@ -1,6 +1,7 @@
 // One tensor's compressor behind a run-time method name: the one place the binding turns
 // sidco's compile-time presets (methods.hpp) into an object chosen by a string, whole or
-// per layer, for one element type.
+// per layer, for one element type and one backend (backend::cpu on host memory, or
+// backend::cuda on device memory).
 #pragma once
 
 #include <cstddef>
@@ -22,13 +23,17 @@ enum class layer_budget {
   per_layer,  // every layer at the density asked for: a layer's result depends on it alone
 };
 
-template <class T, class Index>
+template <class T, class Index, class Memory = sidco::memory::host>
 class engine {
  public:
+  using gradient_view = typename Memory::template view<const T>;
+  using residual_view = typename Memory::template view<T>;
+  using output = sidco::sparse_vector<T, Index, Memory>;
+
   virtual ~engine() = default;
-  /// gradient (+ residual, read and written in place, when not null) at delta into out.
-  virtual sidco::compress_report compress(std::span<const T> gradient, double delta, T* residual,
-                                          sidco::sparse_vector<T, Index>& out) = 0;
+  /// gradient (+ residual, read and written in place, when it has values) at delta into out.
+  virtual sidco::compress_report compress(gradient_view gradient, double delta, residual_view residual,
+                                          output& out) = 0;
   /// Layers (1 when whole) and each one's report from the last call.
   virtual std::size_t layers() const = 0;
   virtual const sidco::compress_report& layer_report(std::size_t i) const = 0;
@@ -40,14 +45,16 @@ class engine {
 namespace detail {
 
 template <class T, class Index, class Compressor>
-class whole final : public engine<T, Index> {
+class whole final : public engine<T, Index, typename Compressor::memory_space> {
+  using base = engine<T, Index, typename Compressor::memory_space>;
+
  public:
   explicit whole(Compressor c) : compressor_(std::move(c)) {}
 
-  sidco::compress_report compress(std::span<const T> gradient, double delta, T* residual,
-                                  sidco::sparse_vector<T, Index>& out) override {
-    if (residual) {
-      sidco::feedback::residual<T> state(std::span<T>(residual, gradient.size()));
+  sidco::compress_report compress(typename base::gradient_view gradient, double delta,
+                                  typename base::residual_view residual, typename base::output& out) override {
+    if (residual.size() > 0) {
+      sidco::feedback::residual<T, typename Compressor::memory_space> state(residual);
       return last_ = compressor_.template compress<T>(gradient, delta, out, state);
     }
     return last_ = compressor_.template compress<T>(gradient, delta, out);
@@ -73,15 +80,17 @@ class whole final : public engine<T, Index> {
 };
 
 template <class T, class Index, class Compressor>
-class layered final : public engine<T, Index> {
+class layered final : public engine<T, Index, typename Compressor::memory_space> {
+  using base = engine<T, Index, typename Compressor::memory_space>;
+
  public:
   layered(std::vector<sidco::segment> layout, Compressor prototype, layer_budget budget)
       : compressor_(std::move(layout), std::move(prototype), budget_for(budget)) {}
 
-  sidco::compress_report compress(std::span<const T> gradient, double delta, T* residual,
-                                  sidco::sparse_vector<T, Index>& out) override {
-    if (residual) {
-      sidco::feedback::residual<T> state(std::span<T>(residual, gradient.size()));
+  sidco::compress_report compress(typename base::gradient_view gradient, double delta,
+                                  typename base::residual_view residual, typename base::output& out) override {
+    if (residual.size() > 0) {
+      sidco::feedback::residual<T, typename Compressor::memory_space> state(residual);
       return compressor_.template compress<T>(gradient, delta, out, state);
     }
     return compressor_.template compress<T>(gradient, delta, out);
@@ -116,15 +125,26 @@ class layered final : public engine<T, Index> {
 
 }  // namespace detail
 
-/// The method called name on backend::cpu, whole (layout empty) or per layer.
-template <class T, class Index>
-std::unique_ptr<engine<T, Index>> make_engine(const std::string& method, const sidco::methods::options& options,
-                                              std::vector<sidco::segment> layout, layer_budget budget) {
-  return sidco::methods::visit(method, options, [&](auto prototype) -> std::unique_ptr<engine<T, Index>> {
+/// The method called name on a Backend made by make_backend(), whole (layout empty) or
+/// per layer.
+template <class T, class Index, class Backend = sidco::backend::cpu, class MakeBackend>
+std::unique_ptr<engine<T, Index, typename Backend::memory>> make_engine(
+    const std::string& method, const sidco::methods::options& options, std::vector<sidco::segment> layout,
+    layer_budget budget, MakeBackend&& make_backend) {
+  using result = std::unique_ptr<engine<T, Index, typename Backend::memory>>;
+  return sidco::methods::visit<Backend>(method, options, [&](auto prototype) -> result {
     using C = decltype(prototype);
+    prototype.backend() = make_backend();
     if (layout.empty()) return std::make_unique<detail::whole<T, Index, C>>(std::move(prototype));
     return std::make_unique<detail::layered<T, Index, C>>(std::move(layout), std::move(prototype), budget);
   });
+}
+
+/// The method called name on backend::cpu (default threads).
+template <class T, class Index>
+std::unique_ptr<engine<T, Index>> make_engine(const std::string& method, const sidco::methods::options& options,
+                                              std::vector<sidco::segment> layout, layer_budget budget) {
+  return make_engine<T, Index>(method, options, std::move(layout), budget, [] { return sidco::backend::cpu{}; });
 }
 
 }  // namespace sidco_torch

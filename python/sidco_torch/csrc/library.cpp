@@ -76,7 +76,9 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
 }
 
 codec_impl& Codec::on(const at::Device& device) const {
-  if (!device.is_cpu()) sidco::throw_error("bucket: device ", device, " is not the CPU (this build is CPU-only)");
+  if (!device.is_cpu())
+    sidco::throw_error("bucket: device ", device, " is not the CPU (the hook's encode and decode run on CPU ",
+                       "buckets only; sidco_torch.compress takes CUDA tensors)");
   if (!cpu_) cpu_ = make_cpu_codec(settings_, format_, plan_);
   return *cpu_;
 }
@@ -138,8 +140,24 @@ Compressor::Compressor(std::string method, c10::Dict<std::string, double> option
   });
 }
 
+namespace {
+cuda_compressor_factory cuda_factory = nullptr;
+}  // namespace
+
+void register_cuda_compressor(cuda_compressor_factory factory) { cuda_factory = factory; }
+
 compressor_impl& Compressor::on(const at::Device& device) {
-  if (!device.is_cpu()) sidco::throw_error("gradient: device ", device, " is not the CPU (this build is CPU-only)");
+  if (device.is_cuda()) {
+    if (!cuda_factory)
+      sidco::throw_error("gradient: device ", device, ": this sidco_torch was built without CUDA (the torch it was ",
+                         "built against had none)");
+    const auto index = std::size_t(device.has_index() ? device.index() : 0);
+    if (cuda_.size() <= index) cuda_.resize(index + 1);
+    if (!cuda_[index]) cuda_[index] = cuda_factory(method_, options_, at::Device(at::kCUDA, at::DeviceIndex(index)));
+    last_ = cuda_[index].get();
+    return *last_;
+  }
+  if (!device.is_cpu()) sidco::throw_error("gradient: device ", device, " is neither the CPU nor a CUDA device");
   if (!cpu_) cpu_ = make_cpu_compressor(method_, options_);
   last_ = cpu_.get();
   return *cpu_;

@@ -73,10 +73,10 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
   const T* values = out.value_data() + begin;
   const unsigned blocks = grid<Tuning>(count);
   walk_type walk(k);
-  auto* bins = ws.counters(walk_type::bins);
+  auto* bins = ws.counters(walk_type::bins);  // zeroed for round 0
   ws.host_counters.resize(walk_type::bins);
   for (int round = 0; round < walk_type::rounds; ++round) {
-    SIDCO_CUDA(cudaMemsetAsync(bins, 0, walk_type::bins * sizeof(unsigned long long), ws.stream));
+    if (round > 0) SIDCO_CUDA(cudaMemsetAsync(bins, 0, walk_type::bins * sizeof(unsigned long long), ws.stream));
     digit_histogram<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, walk, round, bins);
     SIDCO_CUDA(cudaGetLastError());
     ws.copy_back(ws.host_counters.data(), bins, walk_type::bins);

@@ -16,15 +16,21 @@
 
 namespace sidco::backend::cuda_detail {
 
-// The largest index of a sparse vector, into *largest.
+// The largest index of a sparse vector, into *largest: reduced within each warp first, so
+// one atomic per warp reaches the one address (same-address atomics serialize).
 template <class Tuning, class Index>
 __global__ void __launch_bounds__(Tuning::block_threads)
     largest_index(const Index* indices, std::size_t count, unsigned long long* largest) {
+  static_assert(Tuning::block_threads % 32 == 0, "the warp reduction needs whole warps");
   unsigned long long mine = 0;
   for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * Tuning::block_threads)
     mine = indices[j] > mine ? indices[j] : mine;
-  if (mine) atomicMax(largest, mine);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const unsigned long long other = __shfl_down_sync(0xffffffffu, mine, offset);
+    mine = other > mine ? other : mine;
+  }
+  if (threadIdx.x % 32 == 0 && mine) atomicMax(largest, mine);
 }
 
 // dense[i] += scale v for every entry: indices within one vector are distinct, so no

@@ -45,14 +45,13 @@ class cpu_codec final : public codec_impl {
     // rank, and the residual is as it was (compress changes nothing when it throws).
     try {
       check(gradient, "bucket");
-      T* r = nullptr;
+      std::span<T> r;
       if (residual) {
         check(*residual, "residual");
-        r = span_of<T>(*residual).data();
+        r = span_of<T>(*residual);
       }
       report_.compress = engine_->compress(span_of<const T>(gradient), settings_.density, r, sent_);
-      report_.trimmed = sidco::comm::trim_to_capacity(sent_, settings_.layout, plan_,
-                                                      r ? std::span<T>(r, size_) : std::span<T>());
+      report_.trimmed = sidco::comm::trim_to_capacity(sent_, settings_.layout, plan_, r);
       report_.compress.selected = sent_.size();
       report_.compress.density = double(sent_.size()) / double(size_);
       sidco::comm::pack(sent_, report_.trimmed, fields, format_, bytes_of(payload_));
@@ -135,8 +134,7 @@ class cpu_compressor final : public compressor_impl {
       }
       e = layered_.get();
     }
-    last_ = e->compress(span_of<const T>(gradient), density, residual ? span_of<T>(*residual).data() : nullptr,
-                        out_);
+    last_ = e->compress(span_of<const T>(gradient), density, residual ? span_of<T>(*residual) : std::span<T>(), out_);
     auto indices = at::empty({std::int64_t(out_.size())}, at::kLong);
     auto values = at::empty({std::int64_t(out_.size())}, gradient.options());
     std::copy(out_.indices().begin(), out_.indices().end(), indices.data_ptr<std::int64_t>());
