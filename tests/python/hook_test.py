@@ -472,7 +472,18 @@ def check_local():
         assert "layer_sizes: layers 0..0 hold more than the gradient's 1000 values" in str(e), e
     else:
         raise AssertionError("wrapping layer_sizes were accepted")
-    print("local: pickle, deepcopy, torch.save, scalar densities, bad arguments, 16-bit top-k, wrapping layer sizes")
+    # An integer gradient is refused by name, on a compressor that already holds a float one.
+    compressor = sidco_torch.Compressor("top-k")
+    compressor.compress(torch.ones(100), 0.1)
+    try:
+        compressor.compress(torch.arange(100), 0.1)
+    except ValueError as e:
+        assert "gradient: dtype Long is not float32, float64, float16 or bfloat16" in str(e), e
+    else:
+        raise AssertionError("an int64 gradient was accepted")
+    assert compressor.report()["size"] == 100
+    print("local: pickle, deepcopy, torch.save, scalar densities, bad arguments, 16-bit top-k, wrapping layer sizes, "
+          "integer gradients")
 
 
 def check_sixteen_bit():

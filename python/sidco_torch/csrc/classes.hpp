@@ -9,7 +9,9 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +20,8 @@
 #include <sidco/comm/wire.hpp>
 #include <sidco/core/segment.hpp>
 #include <sidco/methods.hpp>
+
+#include "binding.hpp"
 
 #include "engine.hpp"
 
@@ -100,6 +104,32 @@ class compressor_impl {
                                                       const std::vector<std::int64_t>& layers,
                                                       const c10::optional<at::Tensor>& residual) = 0;
   virtual const sidco::compress_report& report() const = 0;
+};
+
+/// Every element type behind one compressor_impl, each made by make(dtype) on its first call
+/// (the first call's type is not known in advance).
+class compressors_by_type final : public compressor_impl {
+ public:
+  using factory = std::function<std::unique_ptr<compressor_impl>(at::ScalarType dtype)>;
+  explicit compressors_by_type(factory make) : make_(std::move(make)) {}
+
+  std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
+                                              const std::vector<std::int64_t>& layers,
+                                              const c10::optional<at::Tensor>& residual) override {
+    const std::size_t slot = type_index(gradient.scalar_type());
+    if (slot == value_types)
+      sidco::throw_error("gradient: dtype ", gradient.scalar_type(), " is not float32, float64, float16 or bfloat16");
+    if (!by_type_[slot]) by_type_[slot] = make_(gradient.scalar_type());
+    last_ = by_type_[slot].get();
+    return last_->compress(gradient, density, layers, residual);
+  }
+  const sidco::compress_report& report() const override { return last_ ? last_->report() : none_; }
+
+ private:
+  factory make_;
+  std::array<std::unique_ptr<compressor_impl>, value_types> by_type_;
+  compressor_impl* last_ = nullptr;
+  sidco::compress_report none_;
 };
 
 std::unique_ptr<compressor_impl> make_cpu_compressor(const std::string& method, const sidco::methods::options& options);

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include <sidco/core/error.hpp>
 #include <sidco/methods.hpp>
 #include <sidco/segmented.hpp>
 
@@ -124,6 +125,22 @@ class layered final : public engine<T, Index, typename Compressor::memory_space>
 };
 
 }  // namespace detail
+
+/// The layout of layer_sizes over a gradient of n values; the layers must tile it (sizes are
+/// checked for overflow before they are added).
+inline std::vector<sidco::segment> layout_of(const std::vector<std::int64_t>& layers, std::size_t n) {
+  std::vector<sidco::segment> layout;
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i] <= 0) sidco::throw_error("layer_sizes: size ", layers[i], " of layer ", i, " is not positive");
+    if (std::uint64_t(layers[i]) > n - offset)
+      sidco::throw_error("layer_sizes: layers 0..", i, " hold more than the gradient's ", n, " values");
+    layout.push_back({offset, std::size_t(layers[i])});
+    offset += std::size_t(layers[i]);
+  }
+  if (offset != n) sidco::throw_error("layer_sizes: the layers add up to ", offset, ", the gradient holds ", n);
+  return layout;
+}
 
 /// The method called name on a Backend made by make_backend(), whole (layout empty) or
 /// per layer.

@@ -145,21 +145,6 @@ class cpu_compressor final : public compressor_impl {
   const sidco::compress_report& report() const override { return last_; }
 
  private:
-  // The layers must tile the gradient; sizes are checked for overflow before they are added.
-  static std::vector<sidco::segment> layout_of(const std::vector<std::int64_t>& layers, std::size_t n) {
-    std::vector<sidco::segment> layout;
-    std::size_t offset = 0;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      if (layers[i] <= 0) sidco::throw_error("layer_sizes: size ", layers[i], " of layer ", i, " is not positive");
-      if (std::uint64_t(layers[i]) > n - offset)
-        sidco::throw_error("layer_sizes: layers 0..", i, " hold more than the gradient's ", n, " values");
-      layout.push_back({offset, std::size_t(layers[i])});
-      offset += std::size_t(layers[i]);
-    }
-    if (offset != n) sidco::throw_error("layer_sizes: the layers add up to ", offset, ", the gradient holds ", n);
-    return layout;
-  }
-
   std::string method_;
   sidco::methods::options options_;
   std::unique_ptr<engine<T, index32>> whole_, layered_;

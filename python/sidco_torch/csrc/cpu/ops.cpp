@@ -24,32 +24,6 @@
 namespace sidco_torch {
 namespace {
 
-// Every element type behind one object, each made on its first call (the first call's
-// type is not known in advance).
-class cpu_compressors final : public compressor_impl {
- public:
-  cpu_compressors(std::string method, sidco::methods::options options) : method_(std::move(method)), options_(options) {}
-
-  std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
-                                              const std::vector<std::int64_t>& layers,
-                                              const c10::optional<at::Tensor>& residual) override {
-    auto& slot = by_type_[type_index(gradient.scalar_type())];
-    if (!slot) slot = with_value_type(gradient.scalar_type(), "gradient", [&](auto tag) {
-      return make_cpu_compressor_of<typename decltype(tag)::type>(method_, options_);
-    });
-    last_ = slot.get();
-    return slot->compress(gradient, density, layers, residual);
-  }
-  const sidco::compress_report& report() const override { return last_ ? last_->report() : none_; }
-
- private:
-  std::string method_;
-  sidco::methods::options options_;
-  std::array<std::unique_ptr<compressor_impl>, value_types> by_type_;
-  compressor_impl* last_ = nullptr;
-  sidco::compress_report none_;
-};
-
 std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
                                             std::vector<std::int64_t> layer_sizes,
                                             const c10::optional<at::Tensor>& residual,
@@ -133,7 +107,11 @@ std::unique_ptr<codec_impl> make_cpu_codec(const codec_settings& settings, const
 }
 
 std::unique_ptr<compressor_impl> make_cpu_compressor(const std::string& method, const sidco::methods::options& options) {
-  return std::make_unique<cpu_compressors>(method, options);
+  return std::make_unique<compressors_by_type>([method, options](at::ScalarType dtype) {
+    return with_value_type(dtype, "gradient", [&](auto tag) {
+      return make_cpu_compressor_of<typename decltype(tag)::type>(method, options);
+    });
+  });
 }
 
 }  // namespace sidco_torch

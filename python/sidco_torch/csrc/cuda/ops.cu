@@ -141,20 +141,6 @@ class cuda_compressor final : public compressor_impl {
                                                          [stream] { return sidco::backend::cuda(stream); });
   }
 
-  static std::vector<sidco::segment> layout_of(const std::vector<std::int64_t>& layers, std::size_t n) {
-    std::vector<sidco::segment> layout;
-    std::size_t offset = 0;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      if (layers[i] <= 0) sidco::throw_error("layer_sizes: size ", layers[i], " of layer ", i, " is not positive");
-      if (std::uint64_t(layers[i]) > n - offset)
-        sidco::throw_error("layer_sizes: layers 0..", i, " hold more than the gradient's ", n, " values");
-      layout.push_back({offset, std::size_t(layers[i])});
-      offset += std::size_t(layers[i]);
-    }
-    if (offset != n) sidco::throw_error("layer_sizes: the layers hold ", offset, " values, the gradient ", n);
-    return layout;
-  }
-
   std::string method_;
   sidco::methods::options options_;
   at::Device device_;
@@ -164,33 +150,6 @@ class cuda_compressor final : public compressor_impl {
   std::vector<std::int64_t> layer_sizes_;
   sidco::sparse_vector<T, index32, memory> out_;
   sidco::compress_report last_;
-};
-
-// Every element type on one device, each made on its first call.
-class cuda_compressors final : public compressor_impl {
- public:
-  cuda_compressors(std::string method, sidco::methods::options options, at::Device device)
-      : method_(std::move(method)), options_(options), device_(device) {}
-
-  std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
-                                              const std::vector<std::int64_t>& layers,
-                                              const c10::optional<at::Tensor>& residual) override {
-    auto& slot = by_type_[type_index(gradient.scalar_type())];
-    if (!slot) slot = with_device_type(gradient.scalar_type(), "gradient", [&](auto tag) -> std::unique_ptr<compressor_impl> {
-      return std::make_unique<cuda_compressor<typename decltype(tag)::type>>(method_, options_, device_);
-    });
-    last_ = slot.get();
-    return slot->compress(gradient, density, layers, residual);
-  }
-  const sidco::compress_report& report() const override { return last_ ? last_->report() : none_; }
-
- private:
-  std::string method_;
-  sidco::methods::options options_;
-  at::Device device_;
-  std::array<std::unique_ptr<compressor_impl>, value_types> by_type_;
-  compressor_impl* last_ = nullptr;
-  sidco::compress_report none_;
 };
 
 std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
@@ -242,7 +201,11 @@ at::Tensor decompress(const at::Tensor& indices, const at::Tensor& values, std::
 
 std::unique_ptr<compressor_impl> make_cuda_compressor(const std::string& method, const sidco::methods::options& options,
                                                       const at::Device& device) {
-  return std::make_unique<cuda_compressors>(method, options, device);
+  return std::make_unique<compressors_by_type>([method, options, device](at::ScalarType dtype) {
+    return with_device_type(dtype, "gradient", [&](auto tag) -> std::unique_ptr<compressor_impl> {
+      return std::make_unique<cuda_compressor<typename decltype(tag)::type>>(method, options, device);
+    });
+  });
 }
 
 // Compressor::on finds the CUDA compressors through this, set when the library loads.
