@@ -274,7 +274,7 @@ TEST_CASE("a warm call allocates nothing on the host or the device") {
   CHECK(free_after == free_before);
 }
 
-TEST_CASE("host waits per warm call: one for the moments pass, one per estimator pass, one for the selection") {
+TEST_CASE("host waits per warm call: one for the moments pass, one per estimator pass, one for the selection, none for the exact Top-k") {
   const auto g = test::load_gradient("lstm_it10.npy");
   const auto gradient = move::upload<float>(g);
   sparse_vector<float, std::uint32_t, device> out;
@@ -293,8 +293,13 @@ TEST_CASE("host waits per warm call: one for the moments pass, one per estimator
   for (const auto& [waits, passes] : {waits_of(e, "sidco-e"), waits_of(single, "sidco-e-single"),
                                       waits_of(gaussian, "gaussian-k")})
     CHECK(waits == std::uint64_t(2 + passes));
+  // The exact Top-k among candidates keeps its radix walk on the device: no wait of its own.
+  presets::sidco_e_exact<backend::cuda> exact;
+  const auto [exact_waits, exact_passes] = waits_of(exact, "sidco-e exact_k");
+  CHECK(exact_waits == std::uint64_t(2 + exact_passes));
+  // Top-k: the moments pass, the coarse key histogram, the candidates' selection.
   presets::top_k<backend::cuda> top;
-  waits_of(top, "top-k");  // reported, not asserted: one per radix digit
+  CHECK(waits_of(top, "top-k").first == 3);
 }
 
 TEST_CASE("a CUDA failure is a sidco::runtime_error naming the call") {

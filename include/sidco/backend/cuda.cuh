@@ -7,16 +7,17 @@
 // Syncs with the host per call (each is a device-to-host copy of a small result):
 //   analyze, tail, count_above, key_histogram, gather_magnitudes: 1
 //   select_above, select_band: 1 (the per-piece counts, which size the output)
-//   select_indices, merge_runs, mark_sent: 0
-//   keep_top_k: one per 8-bit digit of the key (4 for float)
+//   select_indices, merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walk stays on the device)
 //   scatter_add: 1 (the index check, before anything is written)
 //   first_nonfinite (the error path): 2
 // So a threshold compress makes 2 plus one per pass of the estimator's own
-// (report.passes): 2 for a single-stage or steady multi-stage SIDCo call. host_waits()
+// (report.passes): 2 for a single-stage or steady multi-stage SIDCo call, exact_k's
+// included; Top-k makes 3 (moments, its coarse histogram, the candidates). host_waits()
 // counts them (tests/cuda/backend_test.cu asserts it). What goes up to the
 // device (probes, thresholds, offsets, positions) is staged in page-locked memory, whose
 // copies leave the stream running (from pageable memory each would synchronize it); buffers
-// are reused, so a warm call allocates nothing on the host or the device.
+// are reused, so a warm call allocates nothing on the host or the device, and they (and the
+// outputs this backend writes) grow in the stream's order (memory::device_buffer).
 //
 // Block layout: every pass hands each thread block one piece of the layout (at most
 // `tile` values inside one segment), so per-layer passes cost one launch whatever the

@@ -25,7 +25,10 @@ struct workspace {
   using device_buffer = sidco::memory::device_buffer<T>;
 
   workspace() = default;
-  explicit workspace(cudaStream_t s) : stream(s) {}
+  /// Every buffer grows and is released in s's order.
+  explicit workspace(cudaStream_t s) : stream(s) {
+    each_device_buffer(*this, [s](auto& buffer) { buffer.use_stream(s); });
+  }
 
   cudaStream_t stream = nullptr;
   std::uint64_t host_waits = 0;
@@ -34,10 +37,10 @@ struct workspace {
   device_buffer<piece> piece_table;
   device_buffer<std::uint32_t> segment_table;
   device_buffer<unsigned char> temp, bundles, merged, predicates;
-  device_buffer<std::uint32_t> counts, ranks;
+  device_buffer<std::uint32_t> counts;
   device_buffer<std::size_t> offsets, positions;
   device_buffer<unsigned long long> counter_buffer;
-  device_buffer<char> flags;
+  device_buffer<unsigned char> walk_state, bins, tallies;
   device_buffer<unsigned char> staging_indices, staging_values;
   sidco::memory::upload_staging predicate_staging, offset_staging, position_staging, piece_staging, segment_staging;
   std::vector<std::uint32_t> host_counts;
@@ -47,13 +50,26 @@ struct workspace {
   /// Device and host bytes kept: O(pieces + segments), never O(N) (plus the staging of
   /// Top-k's candidates, cold path only).
   std::size_t bytes() const {
-    return temp.capacity() + bundles.capacity() + merged.capacity() + piece_table.capacity() * sizeof(piece) +
-           segment_table.capacity() * sizeof(std::uint32_t) + counts.capacity() * sizeof(std::uint32_t) +
-           offsets.capacity() * sizeof(std::size_t) + counter_buffer.capacity() * sizeof(unsigned long long) +
-           predicates.capacity() + positions.capacity() * sizeof(std::size_t) + ranks.capacity() * sizeof(std::uint32_t) +
-           flags.capacity() + staging_indices.capacity() + staging_values.capacity() + predicate_staging.capacity() +
-           offset_staging.capacity() + position_staging.capacity() + piece_staging.capacity() +
-           segment_staging.capacity();
+    std::size_t total = predicate_staging.capacity() + offset_staging.capacity() + position_staging.capacity() +
+                        piece_staging.capacity() + segment_staging.capacity();
+    each_device_buffer(*this, [&total](const auto& buffer) {
+      total += buffer.capacity() * sizeof(*buffer.data());
+    });
+    return total;
+  }
+
+  template <class Self, class F>
+  static void each_device_buffer(Self& self, F&& f) {
+    f(self.piece_table), f(self.segment_table), f(self.temp), f(self.bundles), f(self.merged), f(self.predicates);
+    f(self.counts), f(self.offsets), f(self.positions), f(self.counter_buffer), f(self.walk_state), f(self.bins);
+    f(self.tallies), f(self.staging_indices), f(self.staging_values);
+  }
+
+  /// Grows out's buffers on the stream from now on, so that growth is ordered after the
+  /// kernels this backend queued on them.
+  template <class Vector>
+  void adopt(Vector& out) {
+    out.for_each_buffer([this](auto& buffer) { buffer.use_stream(stream); });
   }
 
   /// Waits for everything queued on the stream.
