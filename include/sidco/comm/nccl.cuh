@@ -93,6 +93,9 @@ class nccl_allreducer {
   /// aborted (zero: no limit; asynchronous NCCL errors abort it either way).
   nccl_allreducer(ncclComm_t comm, cudaStream_t stream = nullptr, std::chrono::milliseconds timeout = {})
       : comm_(comm), stream_(stream), timeout_(timeout) {
+    for (auto* buffer : {&send_header_, &header_bytes_}) buffer->use_stream(stream_);
+    send_indices_.use_stream(stream_), padded_indices_.use_stream(stream_);
+    send_values_.use_stream(stream_), padded_values_.use_stream(stream_), largest_.use_stream(stream_);
     SIDCO_NCCL(ncclCommCount(comm_, &ranks_));
     SIDCO_NCCL(ncclCommUserRank(comm_, &rank_));
   }

@@ -94,6 +94,14 @@ class sparse_vector {
     }
   }
 
+  /// f(buffer) for both buffers: for a memory space's own settings (backend::cuda orders
+  /// their growth on its stream).
+  template <class F>
+  void for_each_buffer(F&& f) {
+    f(indices_);
+    f(values_);
+  }
+
   void swap(sparse_vector& other) noexcept {
     std::swap(dense_size_, other.dense_size_);
     indices_.swap(other.indices_);

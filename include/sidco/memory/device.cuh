@@ -1,7 +1,8 @@
-// Device memory: the memory space of backend::cuda. Buffers are cudaMalloc'd, grow
-// geometrically and keep their contents; pointers and views are device addresses the host
-// never dereferences. Whole-buffer operations (zero, copies to and from host vectors) are
-// synchronous: they are for setting up and inspecting, not for the hot path.
+// Device memory: the memory space of backend::cuda. Buffers are stream-ordered allocations
+// (cudaMallocAsync) that grow geometrically and keep their contents; pointers and views are
+// device addresses the host never dereferences. Whole-buffer operations (zero, copies to and
+// from host vectors) are synchronous: they are for setting up and inspecting, not for the
+// hot path.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,27 +18,38 @@
 namespace sidco::memory {
 
 /// Owned device storage: data(), size(), capacity(), resize() (keeps contents; new
-/// elements unspecified), reserve(), clear(). Copies copy the device contents.
+/// elements unspecified), reserve(), clear(). A buffer given a stream allocates, grows and
+/// releases in that stream's order (cudaMallocAsync, cudaMemcpyAsync, cudaFreeAsync: no
+/// host wait, no other stream touched); a backend gives the buffers it writes its own
+/// stream. Without one (nullptr) it is synchronous, like cudaMalloc, so that a buffer a
+/// caller fills is ready for any stream. Copies take the source's stream and are complete
+/// when they return.
 template <class T>
 class device_buffer {
  public:
   device_buffer() = default;
-  explicit device_buffer(std::size_t size) { resize(size); }
-  device_buffer(const device_buffer& other) { *this = other; }
+  explicit device_buffer(std::size_t size, cudaStream_t stream = nullptr) : stream_(stream) { resize(size); }
+  // Delegates so that a failed copy still frees what it allocated.
+  device_buffer(const device_buffer& other) : device_buffer() {
+    stream_ = other.stream_;
+    resize(other.size_);
+    if (size_) {
+      SIDCO_CUDA(cudaMemcpyAsync(data_, other.data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+      SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    }
+  }
   device_buffer(device_buffer&& other) noexcept { swap(other); }
   device_buffer& operator=(const device_buffer& other) {
     if (this == &other) return *this;
-    resize(other.size_);
-    if (size_) SIDCO_CUDA(cudaMemcpy(data_, other.data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice));
+    device_buffer copy(other);
+    swap(copy);
     return *this;
   }
   device_buffer& operator=(device_buffer&& other) noexcept {
     swap(other);
     return *this;
   }
-  ~device_buffer() {
-    if (data_) cudaFree(data_);
-  }
+  ~device_buffer() { release(data_); }
 
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -46,16 +58,25 @@ class device_buffer {
   device_view<const T> view() const { return {data_, size_}; }
   std::size_t capacity() const { return capacity_; }
 
+  /// The stream that growth and release are ordered on (nullptr: the default stream).
+  cudaStream_t stream() const { return stream_; }
+  /// Orders growth and release on stream from now on. The storage's last use on the old
+  /// stream must already be ordered before stream's next work (same stream, or an event).
+  void use_stream(cudaStream_t stream) { stream_ = stream; }
+
   void reserve(std::size_t count) {
     if (count <= capacity_) return;
     T* grown = nullptr;
-    SIDCO_CUDA(cudaMalloc(&grown, count * sizeof(T)));
+    SIDCO_CUDA(stream_ ? cudaMallocAsync(reinterpret_cast<void**>(&grown), count * sizeof(T), stream_)
+                       : cudaMalloc(reinterpret_cast<void**>(&grown), count * sizeof(T)));
     if (size_) {
-      const cudaError_t copied = cudaMemcpy(grown, data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice);
-      if (copied != cudaSuccess) cudaFree(grown);
+      const cudaError_t copied =
+          stream_ ? cudaMemcpyAsync(grown, data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice, stream_)
+                  : cudaMemcpy(grown, data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice);
+      if (copied != cudaSuccess) release(grown);
       SIDCO_CUDA(copied);
     }
-    if (data_) cudaFree(data_);
+    release(data_);
     data_ = grown;
     capacity_ = count;
   }
@@ -68,11 +89,21 @@ class device_buffer {
     std::swap(data_, other.data_);
     std::swap(size_, other.size_);
     std::swap(capacity_, other.capacity_);
+    std::swap(stream_, other.stream_);
   }
 
  private:
+  void release(T* storage) {
+    if (!storage) return;
+    if (stream_)
+      cudaFreeAsync(storage, stream_);
+    else
+      cudaFree(storage);
+  }
+
   T* data_ = nullptr;
   std::size_t size_ = 0, capacity_ = 0;
+  cudaStream_t stream_ = nullptr;
 };
 
 /// Page-locked host memory that uploads go through: cudaMemcpyAsync from it leaves the

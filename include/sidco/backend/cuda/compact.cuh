@@ -111,6 +111,7 @@ void compact(workspace& ws, const Source& source, std::span<const segment> layou
     kept[s] = 0;
     for (std::uint32_t p = first[s]; p < first[s + 1]; ++p) kept[s] += ws.host_counts[p];
   }
+  ws.adopt(out);
   out.resize(start + total);
   auto* offsets = ws.upload<std::size_t>(ws.offsets, ws.offset_staging, pieces);
   write_pieces<Tuning, Rescan, Settle, Final><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(

@@ -46,6 +46,7 @@ template <class Tuning, class Source, class T, class Index>
 void select_indices(workspace& ws, const Source& source, std::span<const std::size_t> chosen,
                     sparse_vector<T, Index, sidco::memory::device>& out) {
   const std::size_t start = out.size();
+  ws.adopt(out);
   out.resize(start + chosen.size());
   auto* positions = ws.upload_positions(chosen);
   if (!chosen.empty())
