@@ -79,15 +79,17 @@ class _Layer:
 class _Bucket:
     """One bucket layout's codec, residual and receive buffers."""
 
-    def __init__(self, state, keys, sizes, dtype, world):
+    def __init__(self, state, keys, sizes, dtype, device, world):
         self.keys = keys
         self.sizes = sizes
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.dtype = dtype
+        self.device = device
         self.codec = _codec(state.method, state.options, sizes, dtype, state.density, state.capacity_slack)
         numel = sum(sizes)
-        self.residual = torch.zeros(numel, dtype=dtype) if state.feedback else None
-        self.inbox = [torch.empty(self.codec.payload_bytes(), dtype=torch.uint8) for _ in range(world)]
+        # On the bucket's device: a CUDA bucket is encoded, gathered (NCCL) and decoded there.
+        self.residual = torch.zeros(numel, dtype=dtype, device=device) if state.feedback else None
+        self.inbox = [torch.empty(self.codec.payload_bytes(), dtype=torch.uint8, device=device) for _ in range(world)]
 
 
 class State:
@@ -291,7 +293,7 @@ class State:
 
     # ----- the hook's bookkeeping
 
-    def _agree(self, group, world):
+    def _agree(self, group, world, device):
         """Every rank's configuration, compared once (the first hook call of this State in this
         process): a difference would make the payloads' sizes differ."""
         fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
@@ -300,9 +302,11 @@ class State:
                   ("min_bucket_elements", self.min_bucket_elements),
                   ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
                   ("iteration", self.iteration), ("ranks", world)]
-        mine = torch.tensor([v for _, v in fields], dtype=torch.int64)
+        # On the buckets' device: NCCL gathers CUDA tensors only.
+        mine = torch.tensor([v for _, v in fields], dtype=torch.int64, device=device)
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine, group=group)
+        everyone = [t.cpu() for t in everyone]
         shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0]}
         for rank, theirs in enumerate(everyone):
@@ -325,9 +329,9 @@ class State:
                              f"parameters {sum(sizes)}")
         keys = tuple(self._key(p) for p in params)
         b = self._buckets.get(keys)
-        if b is not None and b.dtype == buffer.dtype and len(b.inbox) == world:
+        if b is not None and b.dtype == buffer.dtype and b.device == buffer.device and len(b.inbox) == world:
             return b, None
-        b = _Bucket(self, keys, sizes, buffer.dtype, world)
+        b = _Bucket(self, keys, sizes, buffer.dtype, buffer.device, world)
         # Each parameter's state follows it: from the bucket that held it, or a loaded state.
         try:
             for i, key in enumerate(keys):
@@ -394,7 +398,7 @@ def hook(state, bucket):
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     if not state._agreed:
-        state._agree(group, world)
+        state._agree(group, world, bucket.buffer().device)
     for p in bucket.parameters():
         state._key(p)  # a parameter of another model is refused on every path
     iteration = state.iteration

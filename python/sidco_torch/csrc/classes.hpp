@@ -76,8 +76,11 @@ class Codec : public torch::CustomClassHolder {
 
   const codec_settings& settings() const { return settings_; }
   const sidco::comm::wire_format& format() const { return format_; }
-  /// The implementation for device (created on first use).
+  /// The implementation for device (created on first use, with the compressors' state of
+  /// the one used last).
   codec_impl& on(const at::Device& device) const;
+  /// The one used last (the CPU's before any).
+  codec_impl& current() const;
 
   std::int64_t payload_bytes() const { return std::int64_t(format_.bytes()); }
   std::int64_t capacity() const { return std::int64_t(format_.capacity); }
@@ -93,7 +96,25 @@ class Codec : public torch::CustomClassHolder {
   sidco::comm::capacity_plan plan_;
   sidco::comm::wire_format format_;
   mutable std::unique_ptr<codec_impl> cpu_;
+  mutable std::vector<std::unique_ptr<codec_impl>> cuda_;  // per device index
+  mutable codec_impl* current_ = nullptr;
 };
+
+/// Made by cuda/ops.cu, which registers it when the library is built with CUDA.
+using cuda_codec_factory = std::unique_ptr<codec_impl> (*)(const codec_settings& settings,
+                                                           const sidco::comm::wire_format& format,
+                                                           const sidco::comm::capacity_plan& plan,
+                                                           const at::Device& device);
+void register_cuda_codec(cuda_codec_factory factory);
+
+/// The hook's ops, for every device (registered per dispatch key by cpu/ops.cpp and
+/// cuda/ops.cu): each runs on the Codec's side for the tensor's device.
+at::Tensor codec_encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
+                        const c10::intrusive_ptr<Codec>& codec, std::int64_t tag, std::int64_t sequence);
+at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive_ptr<Codec>& codec,
+                                std::string message, std::int64_t tag, std::int64_t sequence);
+at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
+                        const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<Codec>& codec);
 
 /// sidco_torch.Compressor's state: per element type, a whole-tensor engine and the last
 /// per-layer one (rebuilt when the layer sizes change).

@@ -75,13 +75,43 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
   });
 }
 
-codec_impl& Codec::on(const at::Device& device) const {
-  if (!device.is_cpu())
-    sidco::throw_error("bucket: device ", device, " is not the CPU (the hook's encode and decode run on CPU ",
-                       "buckets only; sidco_torch.compress takes CUDA tensors)");
-  if (!cpu_) cpu_ = make_cpu_codec(settings_, format_, plan_);
-  return *cpu_;
+namespace {
+cuda_codec_factory cuda_codecs = nullptr;
+
+sidco::comm::wire_fields fields_of(const Codec& codec, std::int64_t tag, std::int64_t sequence) {
+  if (tag < 0 || tag > std::int64_t(UINT32_MAX)) sidco::throw_error("tag = ", tag, " is outside [0, 2^32)");
+  if (sequence < 0) sidco::throw_error("sequence = ", sequence, " is negative");
+  return {std::uint32_t(tag), std::uint64_t(sequence), codec.settings().density, sidco::comm::reduction::average};
 }
+
+}  // namespace
+
+void register_cuda_codec(cuda_codec_factory factory) { cuda_codecs = factory; }
+
+codec_impl& Codec::on(const at::Device& device) const {
+  std::unique_ptr<codec_impl>* slot = nullptr;
+  if (device.is_cuda()) {
+    if (!cuda_codecs)
+      sidco::throw_error("bucket: device ", device, ": this sidco_torch was built without CUDA (the torch it was ",
+                         "built against had none)");
+    const auto index = std::size_t(device.has_index() ? device.index() : 0);
+    if (cuda_.size() <= index) cuda_.resize(index + 1);
+    slot = &cuda_[index];
+    if (!*slot) *slot = cuda_codecs(settings_, format_, plan_, at::Device(at::kCUDA, at::DeviceIndex(index)));
+  } else if (device.is_cpu()) {
+    slot = &cpu_;
+    if (!*slot) *slot = make_cpu_codec(settings_, format_, plan_);
+  } else {
+    sidco::throw_error("bucket: device ", device, " is neither the CPU nor a CUDA device");
+  }
+  // The compressors' state follows the bucket from the device it was last on (or loaded into).
+  if (current_ && current_ != slot->get())
+    for (std::size_t i = 0; i < settings_.layout.size(); ++i) (*slot)->load_layer(i, current_->save_layer(i));
+  current_ = slot->get();
+  return *current_;
+}
+
+codec_impl& Codec::current() const { return current_ ? *current_ : on(at::kCPU); }
 
 std::size_t Codec::layer_index(std::int64_t layer) const {
   if (layer < 0 || std::size_t(layer) >= settings_.layout.size())
@@ -94,7 +124,7 @@ std::vector<std::int64_t> Codec::layer_capacities() const {
 }
 
 c10::Dict<std::string, double> Codec::report() const {
-  const codec_report& r = on(at::kCPU).report();
+  const codec_report& r = current().report();
   c10::Dict<std::string, double> d;
   d.insert("selected", double(r.compress.selected));
   d.insert("candidates", double(r.compress.candidates));
@@ -116,7 +146,7 @@ c10::Dict<std::string, double> Codec::report() const {
 
 at::Tensor Codec::layer_state(std::int64_t layer) const {
   return translated([&] {
-    const auto bytes = on(at::kCPU).save_layer(layer_index(layer));
+    const auto bytes = current().save_layer(layer_index(layer));
     auto t = at::empty({std::int64_t(bytes.size())}, at::kByte);
     std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
     return t;
@@ -127,7 +157,7 @@ void Codec::load_layer_state(std::int64_t layer, const at::Tensor& state) {
   translated([&] {
     check_cpu_tensor("state", state);
     if (state.scalar_type() != at::kByte) sidco::throw_error("state: dtype ", state.scalar_type(), " is not uint8");
-    on(at::kCPU).load_layer(layer_index(layer), bytes_of(state));
+    current().load_layer(layer_index(layer), bytes_of(state));
     return 0;
   });
 }
@@ -178,6 +208,28 @@ c10::Dict<std::string, double> Compressor::report() const {
   d.insert("rescans", double(r.rescans));
   d.insert("fallback", r.fallback ? 1.0 : 0.0);
   return d;
+}
+
+at::Tensor codec_encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
+                  const c10::intrusive_ptr<Codec>& codec, std::int64_t tag, std::int64_t sequence) {
+  return translated([&] {
+    return codec->on(gradient.device()).encode(gradient, residual, fields_of(*codec, tag, sequence));
+  });
+}
+
+at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive_ptr<Codec>& codec, std::string message,
+                          std::int64_t tag, std::int64_t sequence) {
+  return translated([&] {
+    return codec->on(gradient.device()).encode_failure(message, fields_of(*codec, tag, sequence));
+  });
+}
+
+at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
+                  const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<Codec>& codec) {
+  return translated([&] {
+    codec->on(out.device()).decode(payloads, out, residual);
+    return out;
+  });
 }
 
 }  // namespace sidco_torch

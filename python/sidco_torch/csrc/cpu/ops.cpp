@@ -1,5 +1,5 @@
 // The ops' CPU kernels (dispatch key CPU), on sidco's backend::cpu: compress, encode and
-// decode of a bucket, scatter-add and decompress.
+// decode of a bucket (library.cpp: the Codec picks its CPU side), scatter-add and decompress.
 #include <torch/library.h>
 
 #include <ATen/ATen.h>
@@ -38,34 +38,6 @@ std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double d
       sidco::check::same_size("residual", std::size_t(residual->numel()), std::size_t(gradient.numel()));
     }
     return compressor->on(gradient.device()).compress(gradient, density, layer_sizes, residual);
-  });
-}
-
-sidco::comm::wire_fields fields_of(const Codec& codec, std::int64_t tag, std::int64_t sequence) {
-  if (tag < 0 || tag > std::int64_t(UINT32_MAX)) sidco::throw_error("tag = ", tag, " is outside [0, 2^32)");
-  if (sequence < 0) sidco::throw_error("sequence = ", sequence, " is negative");
-  return {std::uint32_t(tag), std::uint64_t(sequence), codec.settings().density, sidco::comm::reduction::average};
-}
-
-at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
-                  const c10::intrusive_ptr<Codec>& codec, std::int64_t tag, std::int64_t sequence) {
-  return translated([&] {
-    return codec->on(gradient.device()).encode(gradient, residual, fields_of(*codec, tag, sequence));
-  });
-}
-
-at::Tensor encode_failure(const at::Tensor& gradient, const c10::intrusive_ptr<Codec>& codec, std::string message,
-                          std::int64_t tag, std::int64_t sequence) {
-  return translated([&] {
-    return codec->on(gradient.device()).encode_failure(message, fields_of(*codec, tag, sequence));
-  });
-}
-
-at::Tensor decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
-                  const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<Codec>& codec) {
-  return translated([&] {
-    codec->on(out.device()).decode(payloads, out, residual);
-    return out;
   });
 }
 
@@ -118,9 +90,9 @@ std::unique_ptr<compressor_impl> make_cpu_compressor(const std::string& method, 
 
 TORCH_LIBRARY_IMPL(sidco, CPU, m) {
   m.impl("compress", sidco_torch::compress);
-  m.impl("encode", sidco_torch::encode);
-  m.impl("encode_failure", sidco_torch::encode_failure);
-  m.impl("decode", sidco_torch::decode);
+  m.impl("encode", sidco_torch::codec_encode);
+  m.impl("encode_failure", sidco_torch::codec_encode_failure);
+  m.impl("decode", sidco_torch::codec_decode);
   m.impl("scatter_add_", sidco_torch::scatter_add_);
   m.impl("decompress", sidco_torch::decompress);
 }

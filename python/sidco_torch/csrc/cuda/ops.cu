@@ -1,5 +1,5 @@
-// The ops' CUDA kernels (dispatch key CUDA): compress on sidco's backend::cuda, scatter-add
-// and decompress through ATen. Built with nvcc when the torch found has CUDA; registered
+// The ops' CUDA kernels (dispatch key CUDA): compress on sidco's backend::cuda, the hook's
+// encode and decode (codec.cuh), scatter-add and decompress through ATen. Built with nvcc when the torch found has CUDA; registered
 // when the library loads, with a factory that Compressor::on uses for CUDA devices.
 //
 // Streams: each compressor runs on a stream of its own and is ordered against torch's
@@ -28,46 +28,13 @@
 #include "../binding.hpp"
 #include "../classes.hpp"
 #include "../engine.hpp"
+#include "codec.cuh"
+#include "device_support.cuh"
 
 namespace sidco_torch {
 namespace {
 
 using index32 = std::uint32_t;
-
-// The CUDA type behind each dtype (c10::Half and c10::BFloat16 share __half's and
-// __nv_bfloat16's layout).
-template <class F>
-decltype(auto) with_device_type(at::ScalarType dtype, const char* what, F&& f) {
-  switch (dtype) {
-    case at::kFloat: return f(type_tag<float>{});
-    case at::kDouble: return f(type_tag<double>{});
-    case at::kHalf: return f(type_tag<__half>{});
-    case at::kBFloat16: return f(type_tag<__nv_bfloat16>{});
-    default: sidco::throw_error(what, ": dtype ", dtype, " is not float32, float64, float16 or bfloat16");
-  }
-}
-
-void check_cuda_tensor(const char* what, const at::Tensor& t, const at::Device& device) {
-  if (t.device() != device) sidco::throw_error(what, ": device ", t.device(), " is not ", device);
-  if (!t.is_contiguous()) sidco::throw_error(what, ": tensor is not contiguous");
-}
-
-// A CUDA event that lives as long as its owner.
-class event {
- public:
-  event() { SIDCO_CUDA(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  ~event() { cudaEventDestroy(e_); }
-  // Work queued on to after this call waits for what is queued on from now.
-  void order(cudaStream_t from, cudaStream_t to) {
-    SIDCO_CUDA(cudaEventRecord(e_, from));
-    SIDCO_CUDA(cudaStreamWaitEvent(to, e_, 0));
-  }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
 
 // One element type's compressor on one device: a whole-tensor engine and the last per-layer
 // one, on the compressor's own stream.
@@ -88,7 +55,7 @@ class cuda_compressor final : public compressor_impl {
   cuda_compressor(const cuda_compressor&) = delete;
   cuda_compressor& operator=(const cuda_compressor&) = delete;
   ~cuda_compressor() override {
-    // The engines' buffers are freed first (cudaFree waits for the device), then the stream.
+    // The engines' buffers are released on the stream first; the stream goes once its work is done.
     whole_.reset();
     layered_.reset();
     out_ = {};
@@ -208,14 +175,24 @@ std::unique_ptr<compressor_impl> make_cuda_compressor(const std::string& method,
   });
 }
 
-// Compressor::on finds the CUDA compressors through this, set when the library loads.
-const bool registered = (register_cuda_compressor(&make_cuda_compressor), true);
+std::unique_ptr<codec_impl> make_cuda_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
+                                            const sidco::comm::capacity_plan& plan, const at::Device& device) {
+  return with_device_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<codec_impl> {
+    return std::make_unique<cuda_codec<typename decltype(tag)::type>>(settings, format, plan, device);
+  });
+}
+
+// Compressor::on and Codec::on find the CUDA sides through these, set when the library loads.
+const bool registered = (register_cuda_compressor(&make_cuda_compressor), register_cuda_codec(&make_cuda_codec), true);
 
 }  // namespace
 }  // namespace sidco_torch
 
 TORCH_LIBRARY_IMPL(sidco, CUDA, m) {
   m.impl("compress", sidco_torch::compress);
+  m.impl("encode", sidco_torch::codec_encode);
+  m.impl("encode_failure", sidco_torch::codec_encode_failure);
+  m.impl("decode", sidco_torch::codec_decode);
   m.impl("scatter_add_", sidco_torch::scatter_add_);
   m.impl("decompress", sidco_torch::decompress);
 }

@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""The communication hook's encode and decode on CUDA buckets against the CPU's. Exits 77
+(skip) without a CUDA device or when this sidco_torch was built without CUDA. Checked:
+- two ranks' codecs in one process, on the bundled real gradients, per layer, with error
+  feedback, float32 and float16, SIDCo-E and Top-k, a capacity that trims: every payload
+  byte, the decoded bucket and the residuals equal the CPU codecs', bit for bit, step by step;
+- a rank that fails: decode raises the same error on CUDA as on the CPU, and the residual
+  gets back what this rank sent, as on the CPU;
+- a 2-rank DDP step with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one):
+  every rank ends with the same averaged gradients, all sent sparse."""
+import os
+import socket
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import sidco_torch
+from sidco_torch.ops import _codec
+
+GRADIENTS = os.environ.get("SIDCO_GRADIENTS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                                                               "data", "gradients"))
+
+
+def load(name, dtype):
+    return torch.from_numpy(np.load(os.path.join(GRADIENTS, name)).astype(np.float32)).to(dtype)
+
+
+def codecs_agree(method, dtype):
+    g = [load("cnn_it200.npy", dtype), load("cnn_it200.npy", dtype).flip(0) * 0.5]
+    n = g[0].numel()
+    layers = [n // 3, n - n // 3]
+    make = lambda: _codec(method, {}, layers, dtype, 0.01, 1.0)  # noqa: E731 - slack 1: trims
+    cpu = [make(), make()]
+    gpu = [make(), make()]
+    res_cpu = [torch.zeros(n, dtype=dtype) for _ in range(2)]
+    res_gpu = [torch.zeros(n, dtype=dtype, device="cuda") for _ in range(2)]
+    trimmed = 0
+    for step in range(3):
+        sent_cpu = [torch.ops.sidco.encode(g[r] * (1 + step), res_cpu[r], cpu[r], 7, step).clone() for r in range(2)]
+        sent_gpu = [torch.ops.sidco.encode((g[r] * (1 + step)).cuda(), res_gpu[r], gpu[r], 7, step).clone()
+                    for r in range(2)]
+        for r in range(2):
+            assert torch.equal(sent_gpu[r].cpu(), sent_cpu[r]), f"{method} {dtype} step {step}: payload {r} differs"
+            trimmed += int(gpu[r].report()["trimmed"])
+        out_cpu = [torch.empty(n, dtype=dtype) for _ in range(2)]
+        out_gpu = [torch.empty(n, dtype=dtype, device="cuda") for _ in range(2)]
+        for r in range(2):
+            torch.ops.sidco.decode(sent_cpu, out_cpu[r], res_cpu[r], cpu[r])
+            torch.ops.sidco.decode(sent_gpu, out_gpu[r], res_gpu[r], gpu[r])
+            assert torch.equal(out_gpu[r].cpu(), out_cpu[r]), f"{method} {dtype} step {step}: decode differs"
+            assert torch.equal(res_gpu[r].cpu(), res_cpu[r]), f"{method} {dtype} step {step}: residual differs"
+    # Rank 1 fails: both raise the same error; rank 0's sent entries go back to its residual.
+    failed_cpu = [torch.ops.sidco.encode(g[0], res_cpu[0], cpu[0], 7, 3).clone(),
+                  torch.ops.sidco.encode_failure(g[1], cpu[1], "out of memory", 7, 3).clone()]
+    failed_gpu = [torch.ops.sidco.encode(g[0].cuda(), res_gpu[0], gpu[0], 7, 3).clone(),
+                  torch.ops.sidco.encode_failure(g[1].cuda(), gpu[1], "out of memory", 7, 3).clone()]
+    messages = []
+    for payloads, out, residual, codec in ((failed_cpu, torch.empty(n, dtype=dtype), res_cpu[0], cpu[0]),
+                                           (failed_gpu, torch.empty(n, dtype=dtype, device="cuda"), res_gpu[0],
+                                            gpu[0])):
+        try:
+            torch.ops.sidco.decode(payloads, out, residual, codec)
+            raise AssertionError("a failed rank's payload decoded")
+        except RuntimeError as e:
+            messages.append(str(e).splitlines()[0])
+    assert messages[0] == messages[1] and "out of memory" in messages[0], messages
+    assert torch.equal(res_gpu[0].cpu(), res_cpu[0]), "the failed exchange's residual differs"
+    return trimmed
+
+
+def ddp_step(rank, port, backend, out):
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    device = torch.device("cuda", rank if backend == "nccl" else 0)
+    torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    sidco_torch.register(ddp, state)
+    torch.manual_seed(1 + rank)
+    for _ in range(2):
+        ddp(torch.randn(32, 64, device=device)).square().mean().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(grads) for _ in range(2)]
+    dist.all_gather(gathered, grads)
+    paths = {s["path"] for s in state.stats().values()}
+    out.put((rank, bool(torch.equal(gathered[0], gathered[1])), paths, int((grads != 0).sum()), grads.numel()))
+    dist.destroy_process_group()
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("no CUDA device: skipped")
+        return 77
+    probe = torch.zeros(4, device="cuda")
+    try:
+        sidco_torch.compress(probe, 0.5, method="top-k")
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        if "built without CUDA" in str(e) or "CUDA' backend" in str(e):
+            print(f"sidco_torch built without CUDA ops: skipped ({e})")
+            return 77
+        raise
+    for method in ("sidco-e", "top-k"):
+        for dtype in (torch.float32, torch.float16):
+            trimmed = codecs_agree(method, dtype)
+            print(f"{method} {dtype}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
+    backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=ddp_step, args=(rank, port, backend, out)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=180) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    for rank, same, paths, nonzero, size in results:
+        assert same, f"rank {rank}: the averaged gradients differ between ranks"
+        assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"
+        assert 0 < nonzero < size, (rank, nonzero, size)
+    print(f"2-rank DDP step on CUDA buckets over {backend}: every rank has the same averaged gradients")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
