@@ -9,17 +9,17 @@
 - a 2-rank DDP step with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one):
   every rank ends with the same averaged gradients, all sent sparse."""
 import os
-import socket
 import sys
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 import sidco_torch
 from sidco_torch.ops import _codec
+
+from ranks import cuda_skip_reason, run_ranks
 
 GRADIENTS = os.environ.get("SIDCO_GRADIENTS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "examples",
                                                                "data", "gradients"))
@@ -72,7 +72,7 @@ def codecs_agree(method, dtype):
     return trimmed
 
 
-def ddp_step(rank, port, backend, out):
+def ddp_step(rank, port, out, backend):
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     device = torch.device("cuda", rank if backend == "nccl" else 0)
     torch.cuda.set_device(device)
@@ -93,34 +93,16 @@ def ddp_step(rank, port, backend, out):
 
 
 def main():
-    if not torch.cuda.is_available():
-        print("no CUDA device: skipped")
+    reason = cuda_skip_reason()
+    if reason:
+        print(f"{reason}: skipped")
         return 77
-    probe = torch.zeros(4, device="cuda")
-    try:
-        sidco_torch.compress(probe, 0.5, method="top-k")
-    except (RuntimeError, ValueError, NotImplementedError) as e:
-        if "built without CUDA" in str(e) or "CUDA' backend" in str(e):
-            print(f"sidco_torch built without CUDA ops: skipped ({e})")
-            return 77
-        raise
     for method in ("sidco-e", "top-k"):
         for dtype in (torch.float32, torch.float16):
             trimmed = codecs_agree(method, dtype)
             print(f"{method} {dtype}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=ddp_step, args=(rank, port, backend, out)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(out.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    results = run_ranks(ddp_step, backend, timeout=180)
     for rank, same, paths, nonzero, size in results:
         assert same, f"rank {rank}: the averaged gradients differ between ranks"
         assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"

@@ -14,6 +14,8 @@ import torch
 
 import sidco_torch
 
+from ranks import cuda_skip_reason
+
 GRADIENTS = os.environ.get("SIDCO_GRADIENTS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "examples",
                                                                "data", "gradients"))
 
@@ -23,17 +25,10 @@ def load(name, dtype=torch.float32):
 
 
 def main():
-    if not torch.cuda.is_available():
-        print("no CUDA device: skipped")
+    reason = cuda_skip_reason()
+    if reason:
+        print(f"{reason}: skipped")
         return 77
-    probe = torch.zeros(4, device="cuda")
-    try:
-        sidco_torch.compress(probe, 0.5, method="top-k")
-    except (RuntimeError, ValueError, NotImplementedError) as e:
-        if "built without CUDA" in str(e) or "CUDA' backend" in str(e):
-            print(f"sidco_torch built without CUDA ops: skipped ({e})")
-            return 77
-        raise
     g = load("cnn_it200.npy")
     for layers in (None, [g.numel() // 3, g.numel() - g.numel() // 3]):
         i_cpu, v_cpu = sidco_torch.compress(g, 0.01, method="top-k", layer_sizes=layers)

@@ -1,15 +1,14 @@
 """Run by install_test.sh with an installed sidco_torch: it must come from VENV (argv[1]),
 compress exactly, and carry a sparse DDP step over 2 gloo ranks."""
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 import sidco_torch
+from ranks import run_ranks
 
 VENV = os.path.realpath(sys.argv[1])
 
@@ -58,18 +57,7 @@ def main():
     expected = torch.topk(x.abs(), 100).indices.sort().values
     assert torch.equal(indices.sort().values, expected), "top-k differs from torch.topk"
     assert torch.equal(values, x[indices])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=step, args=(rank, port, out)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    results = run_ranks(step)
     for rank, same, paths, nonzero, size in results:
         assert same, f"rank {rank}: the averaged gradients differ between ranks"
         assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"
