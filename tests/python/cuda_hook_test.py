@@ -13,13 +13,10 @@ import sys
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.nn as nn
 
-import sidco_torch
 from sidco_torch.ops import _codec
 
-from ranks import cuda_skip_reason, run_ranks
+from ranks import cuda_skip_reason, run_ranks, sparse_ddp_step
 
 GRADIENTS = os.environ.get("SIDCO_GRADIENTS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "examples",
                                                                "data", "gradients"))
@@ -72,26 +69,6 @@ def codecs_agree(method, dtype):
     return trimmed
 
 
-def ddp_step(rank, port, out, backend):
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    device = torch.device("cuda", rank if backend == "nccl" else 0)
-    torch.cuda.set_device(device)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
-    sidco_torch.register(ddp, state)
-    torch.manual_seed(1 + rank)
-    for _ in range(2):
-        ddp(torch.randn(32, 64, device=device)).square().mean().backward()
-    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-    gathered = [torch.empty_like(grads) for _ in range(2)]
-    dist.all_gather(gathered, grads)
-    paths = {s["path"] for s in state.stats().values()}
-    out.put((rank, bool(torch.equal(gathered[0], gathered[1])), paths, int((grads != 0).sum()), grads.numel()))
-    dist.destroy_process_group()
-
-
 def main():
     reason = cuda_skip_reason()
     if reason:
@@ -102,7 +79,7 @@ def main():
             trimmed = codecs_agree(method, dtype)
             print(f"{method} {dtype}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    results = run_ranks(ddp_step, backend, timeout=180)
+    results = run_ranks(sparse_ddp_step, backend, "cuda", 2, timeout=180)
     for rank, same, paths, nonzero, size in results:
         assert same, f"rank {rank}: the averaged gradients differ between ranks"
         assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"

@@ -4,30 +4,11 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
-import torch.nn as nn
 
 import sidco_torch
-from ranks import run_ranks
+from ranks import run_ranks, sparse_ddp_step
 
 VENV = os.path.realpath(sys.argv[1])
-
-
-def step(rank, port, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
-    sidco_torch.register(ddp, state)
-    torch.manual_seed(1 + rank)
-    ddp(torch.randn(32, 64)).square().mean().backward()
-    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-    gathered = [torch.empty_like(grads) for _ in range(2)]
-    dist.all_gather(gathered, grads)
-    paths = {s["path"] for s in state.stats().values()}
-    out.put((rank, bool(torch.equal(gathered[0], gathered[1])), paths, int((grads != 0).sum()), grads.numel()))
-    dist.destroy_process_group()
 
 
 def main():
@@ -57,7 +38,7 @@ def main():
     expected = torch.topk(x.abs(), 100).indices.sort().values
     assert torch.equal(indices.sort().values, expected), "top-k differs from torch.topk"
     assert torch.equal(values, x[indices])
-    results = run_ranks(step)
+    results = run_ranks(sparse_ddp_step)
     for rank, same, paths, nonzero, size in results:
         assert same, f"rank {rank}: the averaged gradients differ between ranks"
         assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"

@@ -1,9 +1,11 @@
-"""What the Python tests share: a function run on spawned ranks, and whether this
-sidco_torch has CUDA ops to test."""
+"""What the Python tests share: a function run on spawned ranks, a sparse DDP step on
+them, and whether this sidco_torch has CUDA ops to test."""
 import socket
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn as nn
 
 import sidco_torch
 
@@ -38,3 +40,30 @@ def cuda_skip_reason():
             return f"sidco_torch built without CUDA ops ({e})"
         raise
     return None
+
+
+def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1):
+    """For run_ranks: a small model's DDP steps with the SIDCo-E hook on 2 ranks (device
+    "cuda": rank r on GPU r with NCCL, on GPU 0 with gloo). Puts (rank, whether both ranks
+    hold the same averaged gradients, the buckets' paths, nonzero gradients, size)."""
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    device = torch.device(device)
+    ids = None
+    if device.type == "cuda":
+        device = torch.device("cuda", rank if backend == "nccl" else 0)
+        torch.cuda.set_device(device)
+        ids = [device.index]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    sidco_torch.register(ddp, state)
+    torch.manual_seed(1 + rank)
+    for _ in range(steps):
+        ddp(torch.randn(32, 64, device=device)).square().mean().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(grads) for _ in range(2)]
+    dist.all_gather(gathered, grads)
+    paths = {s["path"] for s in state.stats().values()}
+    out.put((rank, bool(torch.equal(gathered[0], gathered[1])), paths, int((grads != 0).sum()), grads.numel()))
+    dist.destroy_process_group()
