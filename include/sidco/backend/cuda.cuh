@@ -6,7 +6,7 @@
 //
 // Syncs with the host per call (each is a device-to-host copy of a small result):
 //   analyze, tail, count_above, key_histogram, gather_magnitudes: 1
-//   select_above, select_band: 1 (the per-piece counts, which size the output)
+//   select_above, select_band: 1 (the per-piece counts, fetched after the write pass)
 //   select_indices, merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walk stays on the device)
 //   scatter_add: 1 (the index check, before anything is written)
 //   first_nonfinite (the error path): 2
@@ -104,8 +104,8 @@ class basic_cuda {
 
   template <bool Final, class Source, class T, class Index>
   void select_above(const Source& source, std::span<const segment> layout, std::span<const double> thresholds,
-                    output<T, Index>& out, std::size_t, std::span<std::size_t> kept) {
-    cuda_detail::select_above<Tuning, Final>(work_, source, layout, thresholds, out, kept);
+                    output<T, Index>& out, std::size_t hint, std::span<std::size_t> kept) {
+    cuda_detail::select_above<Tuning, Final>(work_, source, layout, thresholds, out, hint, kept);
   }
 
   template <class Source, class T, class Index>

@@ -1,17 +1,21 @@
 // backend::cuda's threshold selections (select_above per segment, select_band over one
-// source): a two-pass compaction. Per-piece counts (one host wait, which sizes the output),
-// offsets, then each block writes its piece's kept entries in index order, settling the
-// error-feedback state as it goes.
+// source). Per-piece counts, their scan on the device, then each block writes its piece's
+// kept entries in index order, settling the error-feedback state as it goes, into an output
+// sized from the caller's hint; one host wait at the end brings the counts back (the
+// per-segment totals). A block whose entries would not fit writes and settles nothing; only
+// those run again, once the output has grown (never when the hint held).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "sidco/backend/cuda/elementwise.hpp"
 #include "sidco/backend/cuda/tuning.cuh"
@@ -49,18 +53,22 @@ __global__ void __launch_bounds__(Tuning::block_threads)
 
 // Per piece: writes the kept (base + i, v) from offsets[piece] on, in index order, and
 // (Settle) settles every value: as sent where kept when Final, else as unsent.
+// Pass Retry = false runs the pieces whose entries end within capacity; Retry = true the
+// others (after the output grew), so each piece writes and settles exactly once.
 template <class Tuning, bool Rescan, bool Settle, bool Final, class Source, class Predicate, class Index>
 __global__ void __launch_bounds__(Tuning::block_threads)
     write_pieces(Source source, const piece* pieces, const Predicate* predicates, const std::size_t* offsets,
-                 Index* indices, typename Source::value_type* values) {
+                 const std::uint32_t* counts, std::size_t capacity, bool retry, Index* indices,
+                 typename Source::value_type* values) {
   using T = typename Source::value_type;
   constexpr int items = Tuning::write_items;
   using scan = cub::BlockScan<int, Tuning::block_threads>;
   __shared__ typename scan::TempStorage temp;
+  std::size_t at = offsets[blockIdx.x];
+  if ((at + counts[blockIdx.x] > capacity) != retry) return;
   const piece pc = pieces[blockIdx.x];
   const Predicate keep = predicates[pc.segment];
   const std::size_t end = pc.offset + pc.size;
-  std::size_t at = offsets[blockIdx.x];
   for (std::size_t chunk = pc.offset; chunk < end; chunk += std::size_t(Tuning::block_threads) * items) {
     T v[items];
     int flag[items], position[items];
@@ -86,48 +94,68 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   }
 }
 
+struct add_counts {
+  __device__ std::size_t operator()(std::size_t a, std::size_t b) const { return a + b; }
+};
+
+/// Room a one-pass compaction gives the hint (an expected count): above it, the pieces that
+/// did not fit run again.
+inline constexpr double hint_slack = 1.5;
+
 /// Appends what device_predicates (one a segment, in device memory) keep to out, per
-/// segment in order; kept[s]: how many segment s gave.
+/// segment in order; kept[s]: how many segment s gave. hint: the count expected (0: none).
 template <class Tuning, bool Rescan, bool Settle, bool Final, class Source, class Predicate, class T, class Index>
 void compact(workspace& ws, const Source& source, std::span<const segment> layout, const Predicate* device_predicates,
-             sparse_vector<T, Index, sidco::memory::device>& out, std::span<std::size_t> kept) {
+             sparse_vector<T, Index, sidco::memory::device>& out, std::span<std::size_t> kept, std::size_t hint) {
   ws.refresh_pieces(layout, Tuning::tile);
   const std::size_t pieces = ws.plan.pieces().size();
   ws.counts.resize(pieces);
+  ws.offsets.resize(pieces);
   count_pieces<Tuning, Rescan><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(
       source, ws.piece_table.data(), device_predicates, ws.counts.data());
   SIDCO_CUDA(cudaGetLastError());
+  std::size_t bytes = 0;
+  SIDCO_CUDA(cub::DeviceScan::ExclusiveScan(nullptr, bytes, ws.counts.data(), ws.offsets.data(), add_counts{},
+                                            std::size_t(0), pieces, ws.stream));
+  SIDCO_CUDA(cub::DeviceScan::ExclusiveScan(ws.scratch(bytes), bytes, ws.counts.data(), ws.offsets.data(),
+                                            add_counts{}, std::size_t(0), pieces, ws.stream));
+  const std::size_t start = out.size();
+  ws.adopt(out);
+  const auto wanted = std::size_t(hint_slack * double(hint));
+  const std::size_t capacity = std::max(out.capacity() - start, wanted);
+  out.resize(start + capacity);
+  auto write = [&](bool retry) {
+    write_pieces<Tuning, Rescan, Settle, Final><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(
+        source, ws.piece_table.data(), device_predicates, ws.offsets.data(), ws.counts.data(), capacity, retry,
+        out.index_data() + start, out.value_data() + start);
+    SIDCO_CUDA(cudaGetLastError());
+  };
+  write(false);
   ws.host_counts.resize(pieces);
   ws.copy_back(ws.host_counts.data(), ws.counts.data(), pieces);
-  const std::size_t start = out.size();
-  auto* host_offsets = ws.offset_staging.fill<std::size_t>(pieces);
   std::size_t total = 0;
-  for (std::size_t p = 0; p < pieces; ++p) {
-    host_offsets[p] = total;
-    total += ws.host_counts[p];
-  }
+  for (std::size_t p = 0; p < pieces; ++p) total += ws.host_counts[p];
   const auto& first = ws.plan.segment_first();
   for (std::size_t s = 0; s < layout.size(); ++s) {
     kept[s] = 0;
     for (std::uint32_t p = first[s]; p < first[s + 1]; ++p) kept[s] += ws.host_counts[p];
   }
-  ws.adopt(out);
-  out.resize(start + total);
-  auto* offsets = ws.upload<std::size_t>(ws.offsets, ws.offset_staging, pieces);
-  write_pieces<Tuning, Rescan, Settle, Final><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(
-      source, ws.piece_table.data(), device_predicates, offsets, out.index_data() + start, out.value_data() + start);
-  SIDCO_CUDA(cudaGetLastError());
+  if (total > capacity) {
+    out.resize(start + total);  // keeps what the first pass wrote (stream-ordered)
+    write(true);
+  }
+  out.truncate(start + total);
 }
 
 /// |x| > thresholds[s] per segment s of layout.
 template <class Tuning, bool Final, class Source, class T, class Index>
 void select_above(workspace& ws, const Source& source, std::span<const segment> layout,
                   std::span<const double> thresholds, sparse_vector<T, Index, sidco::memory::device>& out,
-                  std::span<std::size_t> kept) {
+                  std::size_t hint, std::span<std::size_t> kept) {
   auto* keys = ws.predicate_staging.fill<above_key<T>>(layout.size());
   for (std::size_t s = 0; s < layout.size(); ++s) keys[s] = {threshold_key<T>(thresholds[s])};
   const auto* predicates = ws.upload<above_key<T>>(ws.predicates, ws.predicate_staging, layout.size());
-  compact<Tuning, false, true, Final>(ws, source, layout, predicates, out, kept);
+  compact<Tuning, false, true, Final>(ws, source, layout, predicates, out, kept, hint);
 }
 
 /// low < |x| <= high over the settled state of the whole source.
@@ -138,7 +166,7 @@ void select_band(workspace& ws, const Source& source, double low, double high,
   *ws.predicate_staging.fill<in_band<T>>(1) = {threshold_key<T>(low), threshold_key<T>(high)};
   const auto* band = ws.upload<in_band<T>>(ws.predicates, ws.predicate_staging, 1);
   std::size_t kept = 0;
-  compact<Tuning, true, false, false>(ws, source, {&whole, 1}, band, out, {&kept, 1});
+  compact<Tuning, true, false, false>(ws, source, {&whole, 1}, band, out, {&kept, 1}, 0);
 }
 
 }  // namespace sidco::backend::cuda_detail

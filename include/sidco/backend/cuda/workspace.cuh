@@ -42,7 +42,7 @@ struct workspace {
   device_buffer<unsigned long long> counter_buffer;
   device_buffer<unsigned char> walk_state, bins, tallies;
   device_buffer<unsigned char> staging_indices, staging_values;
-  sidco::memory::upload_staging predicate_staging, offset_staging, position_staging, piece_staging, segment_staging;
+  sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging;
   std::vector<std::uint32_t> host_counts;
   std::vector<unsigned long long> host_counters;
   std::vector<unsigned char> result_bytes;
@@ -50,7 +50,7 @@ struct workspace {
   /// Device and host bytes kept: O(pieces + segments), never O(N) (plus the staging of
   /// Top-k's candidates, cold path only).
   std::size_t bytes() const {
-    std::size_t total = predicate_staging.capacity() + offset_staging.capacity() + position_staging.capacity() +
+    std::size_t total = predicate_staging.capacity() + position_staging.capacity() +
                         piece_staging.capacity() + segment_staging.capacity();
     each_device_buffer(*this, [&total](const auto& buffer) {
       total += buffer.capacity() * sizeof(*buffer.data());
