@@ -307,3 +307,112 @@ TEST_CASE("a CUDA failure is a sidco::runtime_error naming the call") {
   CHECK_THROWS_WITH_AS(huge.reserve(std::size_t(1) << 50), doctest::Contains("cudaMalloc"), sidco::runtime_error);
   cudaGetLastError();
 }
+
+namespace {
+
+// Every selection per layer over a layout whose sizes straddle the tile (one piece, one
+// value short of it, one over) with single-value layers between: the device result equals
+// the serial oracle's, entries and residual, call after call.
+template <class Device, class Host>
+void same_per_layer(const char* name, const std::vector<segment>& layout, const std::vector<float>& g, bool exact) {
+  INFO(name);
+  const auto gradient = move::upload<float>(g);
+  segmented<Device> d(layout);
+  segmented<Host> h(layout);
+  sparse_vector<float, std::uint32_t, device> out_d;
+  sparse_vector<float> out_h;
+  feedback::residual<float, device> residual_d(g.size());
+  feedback::residual<float> residual_h(g.size());
+  std::uint64_t waits = 0;
+  for (int call = 0; call < 3; ++call) {
+    const auto before = d.backend().host_waits();
+    d.template compress<float>(gradient.view(), 0.01, out_d, residual_d);
+    h.template compress<float>(g, 0.01, out_h, residual_h);
+    d.backend().synchronize();
+    waits = d.backend().host_waits() - before - 1;  // less the synchronize above
+    if (exact) {
+      CHECK(move::entries(out_d) == test::entries(out_h));
+      CHECK(move::download<const float>(residual_d.values()) ==
+            std::vector<float>(residual_h.values().begin(), residual_h.values().end()));
+    } else {
+      for (std::size_t s = 0; s < layout.size(); ++s)
+        CHECK(d.segment_reports()[s].threshold ==
+              doctest::Approx(h.segment_reports()[s].threshold).epsilon(1e-4));
+    }
+  }
+  std::printf("%s over %zu layers: %llu host waits per warm call\n", name, layout.size(), (unsigned long long)waits);
+}
+
+}  // namespace
+
+TEST_CASE("segmented over 200 layers of 1, tile - 1, tile and tile + 1 values: every selection as the oracle") {
+  constexpr std::size_t tile = backend::cuda::tile;
+  const std::size_t sizes[] = {1, tile - 1, tile, tile + 1, 37, 2 * tile + 5, 2, 1000};
+  std::vector<segment> layout;
+  std::size_t at = 0;
+  for (std::size_t s = 0; s < 200; ++s) {
+    layout.push_back({at, sizes[s % 8]});
+    at += sizes[s % 8];
+  }
+  const auto g = test::mixed_values<float>(at, 41, false);
+  using namespace presets;
+  using above = select::above_threshold;
+  same_per_layer<top_k<backend::cuda>, top_k<backend::serial>>("top-k", layout, g, true);
+  same_per_layer<random_k<backend::cuda>, random_k<backend::serial>>("random-k", layout, g, true);
+  same_per_layer<sidco_e_exact<backend::cuda>, sidco_e_exact<backend::serial>>("sidco-e exact_k", layout, g, true);
+  same_per_layer<sidco_e<above, backend::cuda>, sidco_e<above, backend::serial>>("sidco-e", layout, g, false);
+  same_per_layer<dgc<select::trimmed<20>, backend::cuda>, dgc<select::trimmed<20>, backend::serial>>("dgc", layout, g,
+                                                                                                      false);
+}
+
+namespace {
+
+// Small values from the index alone (|v| < 5e-4), the same on every run.
+__global__ void fill_small(float* g, std::size_t n) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint64_t z = i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+    g[i] = (float(z >> 40) / 16777216.0f - 0.5f) * 1e-3f;
+  }
+}
+
+__global__ void plant(float* g, const std::uint64_t* at, const float* values, std::size_t count) {
+  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) g[at[j]] = values[j];
+}
+
+}  // namespace
+
+TEST_CASE("2^31 + 17 values: 64-bit indices reach past 2^31") {
+  const std::size_t n = (std::size_t(1) << 31) + 17;
+  std::size_t free_bytes = 0, total = 0;
+  cudaMemGetInfo(&free_bytes, &total);
+  if (free_bytes < 3 * n * sizeof(float)) {
+    MESSAGE("skipped: needs ", 3 * n * sizeof(float), " bytes of device memory, ", free_bytes, " free");
+    return;
+  }
+  memory::device_buffer<float> g(n);
+  fill_small<<<4096, 256>>>(g.data(), n);
+  const std::size_t two31 = std::size_t(1) << 31;
+  const std::vector<std::uint64_t> at = {5, two31 - 1, two31, two31 + 1, n - 2, n - 1};
+  std::vector<float> values;
+  for (std::size_t j = 0; j < at.size(); ++j) values.push_back((j % 2 ? -1.0f : 1.0f) * float(10 + j));
+  const auto at_d = move::upload<std::uint64_t>(at);
+  const auto values_d = move::upload<float>(values);
+  plant<<<1, 32>>>(g.data(), at_d.data(), values_d.data(), at.size());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<std::pair<std::size_t, float>> planted;
+  for (std::size_t j = 0; j < at.size(); ++j) planted.emplace_back(std::size_t(at[j]), values[j]);
+  // k = floor(delta n) = the planted count.
+  const double delta = (double(at.size()) + 0.5) / double(n);
+  sparse_vector<float, std::uint64_t, device> out;
+  presets::top_k<backend::cuda> top;
+  top.compress<float>(g.view(), delta, out);
+  top.backend().synchronize();
+  CHECK(move::entries(out) == planted);
+  presets::sidco_e<select::above_threshold, backend::cuda> e;
+  e.compress<float>(g.view(), delta, out);
+  e.backend().synchronize();
+  const auto kept = move::entries(out);
+  for (const auto& entry : planted) CHECK(std::find(kept.begin(), kept.end(), entry) != kept.end());
+  for (const auto& [index, value] : kept) CHECK(index < n);
+}
