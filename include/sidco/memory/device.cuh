@@ -1,6 +1,7 @@
-// Device memory: the memory space of backend::cuda. Buffers are stream-ordered allocations
-// (cudaMallocAsync) that grow geometrically and keep their contents; pointers and views are
-// device addresses the host never dereferences. Whole-buffer operations (zero, copies to and
+// Device memory: the memory space of backend::cuda. Buffers grow geometrically and keep
+// their contents, in their stream's order when they have one (cudaMallocAsync), else
+// synchronously (cudaMalloc); pointers and views are device addresses the host never
+// dereferences. Whole-buffer operations (zero, copies to and
 // from host vectors) are synchronous: they are for setting up and inspecting, not for the
 // hot path.
 #pragma once

@@ -211,21 +211,21 @@ c10::Dict<std::string, double> Compressor::report() const {
 }
 
 at::Tensor codec_encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
-                  const c10::intrusive_ptr<Codec>& codec, std::int64_t tag, std::int64_t sequence) {
+                        const c10::intrusive_ptr<Codec>& codec, std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
     return codec->on(gradient.device()).encode(gradient, residual, fields_of(*codec, tag, sequence));
   });
 }
 
-at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive_ptr<Codec>& codec, std::string message,
-                          std::int64_t tag, std::int64_t sequence) {
+at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive_ptr<Codec>& codec,
+                                std::string message, std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
     return codec->on(gradient.device()).encode_failure(message, fields_of(*codec, tag, sequence));
   });
 }
 
 at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
-                  const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<Codec>& codec) {
+                        const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<Codec>& codec) {
   return translated([&] {
     codec->on(out.device()).decode(payloads, out, residual);
     return out;
