@@ -245,9 +245,14 @@ struct oracle {
       backend.merge_runs(a, 0, runs);
       serial.merge_runs(b, 0, runs);
       CHECK(move::entries(a) == entries(b));
-      const std::size_t k = b.size() / 3 + 1;
-      backend.keep_top_k(a, 0, k);
-      serial.keep_top_k(b, 0, k);
+      // One run, or four as segmented's layers give them: one empty, one kept whole.
+      const std::size_t n = b.size();
+      const std::vector<std::size_t> run_sizes =
+          t == 0.0 ? std::vector<std::size_t>{n} : std::vector<std::size_t>{n / 4, 0, n / 4, n - 2 * (n / 4)};
+      const std::vector<std::size_t> keep =
+          t == 0.0 ? std::vector<std::size_t>{n / 3 + 1} : std::vector<std::size_t>{n / 12 + 1, 3, n, 1};
+      backend.keep_top_k(a, 0, run_sizes, keep);
+      serial.keep_top_k(b, 0, run_sizes, keep);
       CHECK(move::entries(a) == entries(b));
       backend.mark_sent(sa, a, 0);
       serial.mark_sent(sb, b, 0);

@@ -1,6 +1,7 @@
 // What backend::cuda computes per element, checked on the host (it runs on machines without
 // a GPU): one thread's moments and tails against the serial oracle, the predicates, the
-// radix digit and the Top-k rank, and how layouts split into the blocks' pieces.
+// radix digit and the Top-k rank, keep_top_k's runs, and how layouts split into the blocks'
+// pieces.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +11,8 @@
 #include <doctest/doctest.h>
 #include <sidco/backend/cuda/elementwise.hpp>
 #include <sidco/backend/cuda/pieces.hpp>
+#include <sidco/backend/cuda/runs.hpp>
+#include <sidco/backend/host/keep_top_k.hpp>
 #include <sidco/backend/serial.hpp>
 #include <sidco/core/radix_select.hpp>
 
@@ -119,6 +122,60 @@ TEST_CASE("the radix select's digit walk finds the k-th largest key as a sort do
       CHECK(ties >= walk.needed);
       CHECK(walk.needed >= 1);
     }
+}
+
+TEST_CASE("keep_top_k's runs, tallies and output positions, as the device uses them, equal the oracle") {
+  // Runs with an empty one, one of one entry, heavy ties and runs kept whole.
+  auto x = test::mixed_values<float>(2000, 35, false);
+  for (std::size_t i = 900; i < 1400; ++i) x[i] = float(int(i * 7919 % 5) - 2) * 0.25f;
+  const std::vector<std::size_t> run_sizes{300, 0, 1, 599, 500, 600};
+  const std::vector<std::size_t> keep{17, 4, 1, 600, 123, 1};
+  std::vector<run_plan> plans(run_sizes.size());
+  const run_totals totals = plan_runs(run_sizes, keep, plans.data());
+  CHECK(totals.entries == x.size());
+  CHECK(totals.kept == 17 + 0 + 1 + 599 + 123 + 1);
+  CHECK(totals.trims);
+  // Every entry finds its run by binary search, empty runs skipped.
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    const std::size_t s = run_of(plans.data(), plans.size(), j);
+    REQUIRE(plans[s].begin <= j);
+    REQUIRE(j < plans[s].end);
+  }
+  // The device's passes, one entry at a time: every run's walk from its own histograms,
+  // the tallies' exclusive scan, each kept entry written at kept_at.
+  using walk_type = radix_select<std::uint32_t>;
+  std::vector<walk_type> walks;
+  for (const auto& plan : plans) walks.emplace_back(plan.keep);
+  for (int round = 0; round < walk_type::rounds; ++round) {
+    std::vector<std::size_t> bins(plans.size() * walk_type::bins);
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      const std::size_t s = run_of(plans.data(), plans.size(), j);
+      if (const int d = walks[s].digit(magnitude_key(x[j]), round); plans[s].trims() && d >= 0)
+        ++bins[s * walk_type::bins + std::size_t(d)];
+    }
+    for (std::size_t s = 0; s < plans.size(); ++s)
+      if (plans[s].trims()) walks[s].choose(bins.data() + s * walk_type::bins, round);
+  }
+  std::vector<top_k_tally> before(x.size());
+  top_k_tally sum;
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    before[j] = sum;
+    const std::size_t s = run_of(plans.data(), plans.size(), j);
+    sum = add_tallies{}(sum, tally(plans[s], walks[s], magnitude_key(x[j])));
+  }
+  std::vector<std::pair<std::size_t, float>> got(totals.kept, {not_kept, 0.f});
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    const std::size_t s = run_of(plans.data(), plans.size(), j);
+    const std::size_t at = kept_at(plans[s], walks[s], magnitude_key(x[j]), j, before[j], before[plans[s].begin]);
+    if (at == not_kept) continue;
+    REQUIRE(at < got.size());
+    REQUIRE(got[at].first == not_kept);  // each slot written once
+    got[at] = {j, x[j]};
+  }
+  sparse_vector<float> oracle(x.size());
+  for (std::size_t j = 0; j < x.size(); ++j) oracle.push_back(std::uint32_t(j), x[j]);
+  backend::host::keep_top_k(oracle, 0, run_sizes, keep);
+  CHECK(got == test::entries(oracle));
 }
 
 TEST_CASE("layouts split into pieces of at most a tile inside one segment, in order") {

@@ -244,3 +244,107 @@ TEST_CASE("bad layouts and bad input anywhere are rejected before anything is wr
                        doctest::Contains("density 2 for segment 0"), sidco::error);
   CHECK(entries(out) == saved_out);
 }
+
+namespace {
+// The serial backend, counting the selection members segmented calls.
+struct counting_backend : backend::serial {
+  using base = backend::serial;
+  int candidate_passes = 0, band_passes = 0, merges = 0, keeps = 0, marks = 0;
+
+  template <bool Final, class Source, class Out>
+  void select_above(const Source& s, std::span<const segment> layout, std::span<const double> t, Out& out,
+                    std::size_t hint, std::span<std::size_t> kept) {
+    ++candidate_passes;
+    base::template select_above<Final>(s, layout, t, out, hint, kept);
+  }
+  template <class Source, class Out>
+  void select_band(const Source& s, double low, double high, Out& out) {
+    ++band_passes;
+    base::select_band(s, low, high, out);
+  }
+  template <class Out>
+  void merge_runs(Out& out, std::size_t begin, std::span<const std::size_t> run_starts) {
+    ++merges;
+    base::merge_runs(out, begin, run_starts);
+  }
+  template <class Out>
+  void keep_top_k(Out& out, std::size_t begin, std::span<const std::size_t> run_sizes,
+                  std::span<const std::size_t> keep) {
+    ++keeps;
+    base::keep_top_k(out, begin, run_sizes, keep);
+  }
+  template <class Source, class Out>
+  void mark_sent(const Source& s, const Out& out, std::size_t begin) {
+    ++marks;
+    base::mark_sent(s, out, begin);
+  }
+};
+
+// 200 layers of sizes around the edges that matter (1, a warp, a block of 256), from the
+// LSTM gradient; layer 5 has five outliers over a flat floor, so a fitted threshold keeps
+// too few there and exact_k must rescan.
+std::vector<segment> edge_layers() {
+  const std::size_t sizes[] = {1, 3, 32, 255, 256, 257, 1000, 4097};
+  std::vector<segment> layers;
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < 200; ++i) {
+    layers.push_back({offset, sizes[i % std::size(sizes)]});
+    offset += layers.back().size;
+  }
+  return layers;
+}
+
+template <class Method>
+void check_one_pass_per_layout(const char* name) {
+  CAPTURE(name);
+  const auto layers = edge_layers();
+  const auto lstm = test::load_gradient("lstm_it10.npy");
+  std::vector<float> g(lstm.begin(), lstm.begin() + std::ptrdiff_t(layers.back().offset + layers.back().size));
+  for (std::size_t j = 0; j < layers[5].size; ++j) g[layers[5].offset + j] = j % 200 == 0 ? 1000.f : 0.001f;
+  segmented<Method> s(layers);
+  feedback::residual<float> residual(g.size());
+  std::vector<Method> alone(layers.size());
+  std::vector<feedback::residual<float>> residuals;
+  for (const auto& layer : layers) residuals.emplace_back(layer.size);
+  sparse_vector<float> out, part;
+  int rescans = 0;
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    auto& backend = s.backend();
+    backend = counting_backend{};
+    s.template compress<float>(g, 0.01, out, residual);
+    std::vector<std::pair<std::size_t, float>> expected;
+    int call_rescans = 0;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      CAPTURE(i);
+      const std::span<const float> slice(g.data() + layers[i].offset, layers[i].size);
+      const auto report = alone[i].template compress<float>(slice, s.segment_densities()[i], part, residuals[i]);
+      for (auto [j, v] : entries(part)) expected.emplace_back(j + layers[i].offset, v);
+      const auto& got = s.segment_reports()[i];
+      CHECK(got.selected == report.selected);
+      CHECK(got.candidates == report.candidates);
+      CHECK(got.rescans == report.rescans);
+      call_rescans += report.rescans;
+      for (std::size_t j = 0; j < layers[i].size; ++j)
+        REQUIRE(residual.values()[layers[i].offset + j] == residuals[i].values()[j]);
+    }
+    CHECK(entries(out) == expected);
+    // One candidate pass, one keep_top_k and one mark_sent for all 200 layers; bands only
+    // for the layers that came short, merged once.
+    CHECK(backend.candidate_passes == 1);
+    CHECK(backend.keeps == 1);
+    CHECK(backend.marks == 1);
+    CHECK(backend.band_passes == call_rescans);
+    CHECK(backend.merges == (call_rescans > 0 ? 1 : 0));
+    rescans += call_rescans;
+  }
+  if (std::string(name) == "exact_k") CHECK(rescans > 0);
+}
+}  // namespace
+
+TEST_CASE("segmented ranking selections make one pass over all layers and equal each layer alone") {
+  check_one_pass_per_layout<presets::sidco_e_exact<counting_backend>>("exact_k");
+  check_one_pass_per_layout<presets::top_k<counting_backend>>("top_k");
+  check_one_pass_per_layout<presets::dgc<select::trimmed<20>, counting_backend>>("dgc");
+  check_one_pass_per_layout<presets::redsync_trimmed<counting_backend>>("redsync trimmed");
+}

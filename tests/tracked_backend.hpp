@@ -168,9 +168,10 @@ struct backend {
     inner.gather_magnitudes(s, positions, out);
   }
   template <class Out>
-  void keep_top_k(Out& out, std::size_t begin, std::size_t k) {
+  void keep_top_k(Out& out, std::size_t begin, std::span<const std::size_t> run_sizes,
+                  std::span<const std::size_t> keep) {
     scope in;
-    inner.keep_top_k(out, begin, k);
+    inner.keep_top_k(out, begin, run_sizes, keep);
   }
   template <class Out>
   void merge_runs(Out& out, std::size_t begin, std::span<const std::size_t> run_starts) {

@@ -137,11 +137,14 @@ concept has_gather_magnitudes = requires(B& b, const probe_source<B>& s,
                                          std::span<const std::size_t> p, std::span<double> out) {
   b.gather_magnitudes(s, p, out);
 };
-/// keep_top_k(out, begin, k): keeps, of the entries from begin on, exactly the k largest
-/// magnitudes (ties to the lower index), in their order. Precondition: every entry tied
-/// with the k-th largest is among them.
+/// keep_top_k(out, begin, run_sizes, keep): the entries from begin on are consecutive runs
+/// (run_sizes, host); keeps of run s exactly the min(keep[s], run_sizes[s]) largest
+/// magnitudes (ties to the lower index), in their order, the runs compacted in order.
+/// Precondition: every entry tied with a run's keep[s]-th largest is in that run.
 template <class B>
-concept has_keep_top_k = requires(B& b, probe_output<B>& out) { b.keep_top_k(out, std::size_t{}, std::size_t{}); };
+concept has_keep_top_k = requires(B& b, probe_output<B>& out, std::span<const std::size_t> r) {
+  b.keep_top_k(out, std::size_t{}, r, r);
+};
 /// merge_runs(out, begin, run_starts): the entries from begin on are ascending runs, the
 /// first from begin and one from each of run_starts; merges them into one ascending run.
 template <class B>
@@ -200,7 +203,7 @@ consteval bool diagnose() {
                   "sidco backend: missing select_indices(source, chosen, out)");
     static_assert(contract::has_gather_magnitudes<B>,
                   "sidco backend: missing gather_magnitudes(source, positions, out)");
-    static_assert(contract::has_keep_top_k<B>, "sidco backend: missing keep_top_k(out, begin, k)");
+    static_assert(contract::has_keep_top_k<B>, "sidco backend: missing keep_top_k(out, begin, run_sizes, keep)");
     static_assert(contract::has_merge_runs<B>, "sidco backend: missing merge_runs(out, begin, run_starts)");
     static_assert(contract::has_mark_sent<B>, "sidco backend: missing mark_sent(source, out, begin)");
     static_assert(contract::has_scatter_add<B>, "sidco backend: missing scatter_add(in, dense, scale)");

@@ -229,8 +229,9 @@ class cpu {
   }
 
   template <class T, class Index>
-  void keep_top_k(sparse_vector<T, Index>& out, std::size_t begin, std::size_t k) {
-    host::keep_top_k(out, begin, k);
+  void keep_top_k(sparse_vector<T, Index>& out, std::size_t begin, std::span<const std::size_t> run_sizes,
+                  std::span<const std::size_t> keep) {
+    host::keep_top_k(out, begin, run_sizes, keep);
   }
 
   template <class T, class Index>

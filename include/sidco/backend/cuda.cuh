@@ -7,12 +7,15 @@
 // Syncs with the host per call (each is a device-to-host copy of a small result):
 //   analyze, tail, count_above, key_histogram, gather_magnitudes: 1
 //   select_above, select_band: 1 (the per-piece counts, fetched after the write pass)
-//   select_indices, merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walk stays on the device)
+//   select_indices, merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walks stay on the device)
 //   scatter_add: 1 (the index check, before anything is written)
 //   first_nonfinite (the error path): 2
 // So a threshold compress makes 2 plus one per pass of the estimator's own
 // (report.passes): 2 for a single-stage or steady multi-stage SIDCo call, exact_k's
-// included; Top-k makes 3 (moments, its coarse histogram, the candidates). host_waits()
+// included; Top-k makes 3 (moments, its coarse histogram, the candidates). Per layer
+// (segmented), exact_k, trimmed and Top-k select every layer's candidates in one pass and
+// keep every layer's top in one keep_top_k, so a call waits 2 plus the estimator's passes
+// and exact_k's rescans, plus one coarse histogram a layer for Top-k. host_waits()
 // counts them (tests/cuda/backend_test.cu asserts it). What goes up to the
 // device (probes, thresholds, offsets, positions) is staged in page-locked memory, whose
 // copies leave the stream running (from pageable memory each would synchronize it); buffers
@@ -124,8 +127,9 @@ class basic_cuda {
   }
 
   template <class T, class Index>
-  void keep_top_k(output<T, Index>& out, std::size_t begin, std::size_t k) {
-    cuda_detail::keep_top_k<Tuning>(work_, out, begin, k);
+  void keep_top_k(output<T, Index>& out, std::size_t begin, std::span<const std::size_t> run_sizes,
+                  std::span<const std::size_t> keep) {
+    cuda_detail::keep_top_k<Tuning>(work_, out, begin, run_sizes, keep);
   }
 
   template <class T, class Index>

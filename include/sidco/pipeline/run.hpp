@@ -3,7 +3,8 @@
 //   check    non-finite input is refused before anything is written;
 //   budget   each segment's density;
 //   estimate each segment's threshold (with the estimator's own passes, or the fallback);
-//   select   one pass over every segment when the selection fuses layers, else per segment;
+//   select   one pass over every segment when the selection fuses layers or ranks candidates
+//            (then one keep_top_k over all), else per segment;
 //   report   each segment's report (adaptive estimators learn from it).
 // compressor runs it over one segment, segmented over many.
 #pragma once
@@ -20,6 +21,7 @@
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/pipeline/scratch.hpp"
+#include "sidco/select/candidates.hpp"
 
 namespace sidco::pipeline {
 
@@ -73,6 +75,20 @@ void run(Backend& backend, std::span<Stage> stages, std::span<const segment> lay
                                         work.kept);
     for (std::size_t s = 0; s < n; ++s)
       work.reports[s] = stages[s].report(work.estimates[s], {work.kept[s], 0}, work.kept[s], work.all_of(s),
+                                         work.densities[s], layout[s].size);
+  } else if constexpr (select::ranks_candidates<Selection>) {
+    for (std::size_t s = 0; s < n; ++s) {
+      const auto part = source.slice(layout[s].offset, layout[s].size);
+      work.estimates[s] = stages[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
+      work.thresholds[s] = work.estimates[s].estimate.threshold;
+      work.targets[s] = target_count(work.densities[s], layout[s].size);
+    }
+    const auto candidates = work.candidates();
+    select::select_candidates(backend, source, layout,
+                              [stages](std::size_t s) -> Selection& { return stages[s].selection(); }, out,
+                              candidates);
+    for (std::size_t s = 0; s < n; ++s)
+      work.reports[s] = stages[s].report(work.estimates[s], work.picked[s], candidates.selected(s), work.all_of(s),
                                          work.densities[s], layout[s].size);
   } else {
     for (std::size_t s = 0; s < n; ++s) {

@@ -11,12 +11,15 @@
 #include "sidco/core/moments.hpp"
 #include "sidco/pipeline/report.hpp"
 #include "sidco/pipeline/stage.hpp"
+#include "sidco/select/candidates.hpp"
+#include "sidco/select/result.hpp"
 
 namespace sidco::pipeline {
 
 /// Spans over a call's storage, per segment s: per probe thresholds; measured[s * (1 + per)]
 /// the moments of the whole segment, then its per probes' tails; the segment's density,
-/// estimate, threshold, kept count and report.
+/// estimate, threshold, kept count and report; for selections that rank candidates, its
+/// target count, selection result and band starts (select::bands_per_segment each).
 struct scratch {
   std::size_t per = 0;
   std::span<double> probes;
@@ -26,7 +29,11 @@ struct scratch {
   std::span<double> thresholds;
   std::span<std::size_t> kept;
   std::span<compress_report> reports;
+  std::span<std::size_t> targets;
+  std::span<select::selection_result> picked;
+  std::span<std::size_t> band_starts;
 
+  select::candidate_scratch candidates() const { return {thresholds, targets, kept, picked, band_starts}; }
   const moments& all_of(std::size_t s) const { return measured[s * (1 + per)]; }
   std::span<const moments> probes_of(std::size_t s) const { return measured.subspan(s * (1 + per) + 1, per); }
 };
@@ -43,7 +50,10 @@ class single_scratch {
             std::span<estimate_outcome>(&estimate_, 1),
             std::span<double>(&threshold_, 1),
             std::span<std::size_t>(&kept_, 1),
-            std::span<compress_report>(&report_, 1)};
+            std::span<compress_report>(&report_, 1),
+            std::span<std::size_t>(&target_, 1),
+            std::span<select::selection_result>(&picked_, 1),
+            std::span<std::size_t>(band_starts_)};
   }
 
  private:
@@ -54,6 +64,9 @@ class single_scratch {
   double threshold_ = 0;
   std::size_t kept_ = 0;
   compress_report report_;
+  std::size_t target_ = 0;
+  select::selection_result picked_;
+  std::array<std::size_t, select::bands_per_segment> band_starts_{};
 };
 
 /// Any number of segments; grows only when the layout or the probe count does.
@@ -67,7 +80,11 @@ class growing_scratch {
     thresholds_.resize(segments);
     kept_.resize(segments);
     reports_.resize(segments);
-    return {per, probes_, measured_, densities_, estimates_, thresholds_, kept_, reports_};
+    targets_.resize(segments);
+    picked_.resize(segments);
+    band_starts_.resize(segments * select::bands_per_segment);
+    return {per,      probes_,   measured_, densities_, estimates_, thresholds_, kept_,
+            reports_, targets_, picked_,   band_starts_};
   }
   const std::vector<double>& densities() const { return densities_; }
   const std::vector<compress_report>& reports() const { return reports_; }
@@ -75,7 +92,8 @@ class growing_scratch {
     return probes_.capacity() * sizeof(double) + measured_.capacity() * sizeof(moments) +
            densities_.capacity() * sizeof(double) + estimates_.capacity() * sizeof(estimate_outcome) +
            thresholds_.capacity() * sizeof(double) + kept_.capacity() * sizeof(std::size_t) +
-           reports_.capacity() * sizeof(compress_report);
+           reports_.capacity() * sizeof(compress_report) + targets_.capacity() * sizeof(std::size_t) +
+           picked_.capacity() * sizeof(select::selection_result) + band_starts_.capacity() * sizeof(std::size_t);
   }
 
  private:
@@ -86,6 +104,9 @@ class growing_scratch {
   std::vector<double> thresholds_;
   std::vector<std::size_t> kept_;
   std::vector<compress_report> reports_;
+  std::vector<std::size_t> targets_;
+  std::vector<select::selection_result> picked_;
+  std::vector<std::size_t> band_starts_;
 };
 
 }  // namespace sidco::pipeline

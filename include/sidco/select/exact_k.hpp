@@ -3,15 +3,14 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <span>
 
 #include "sidco/backend/concept.hpp"
 #include "sidco/core/error.hpp"
+#include "sidco/select/candidates.hpp"
 #include "sidco/select/result.hpp"
-#include "sidco/select/single_threshold.hpp"
 
 namespace sidco::select {
 
@@ -23,6 +22,7 @@ struct exact_k {
   static constexpr const char* name = "exact_k";
   static constexpr bool needs_threshold = true;
   static constexpr bool fuses_layers = false;
+  static constexpr bool ranks_candidates = true;
   static constexpr int halvings = 8;
 
   double slack = 0.5;
@@ -37,28 +37,32 @@ struct exact_k {
 
   template <backend::backend Backend, class Source, class Out>
   selection_result select(Backend& backend, const Source& source, double threshold, std::size_t k, Out& out) {
-    const std::size_t begin = out.size();
-    k = std::min(k, source.size);
-    // A threshold that is not finite (a degenerate fit) cannot be halved: take everything.
-    double t = k == source.size || !std::isfinite(threshold) ? -1.0 : threshold;
-    selection_result result{detail::select_above<false>(backend, source, t, out,
-                                                        std::size_t(double(k) * (1 + slack))),
-                            0};
-    // Each band is a run ascending by index: at most halvings, then (0, t], then all.
-    std::array<std::size_t, halvings + 2> band_starts{};
-    while (out.size() - begin < k) {
+    return select_candidates_whole(backend, source, *this, threshold, k, out);
+  }
+
+  /// A threshold that is not finite (a degenerate fit) cannot be halved: take everything.
+  template <class Backend, class Source>
+  candidate_start start(Backend&, const Source& source, double threshold, std::size_t k) const {
+    return {k == source.size || !std::isfinite(threshold) ? -1.0 : threshold, std::size_t(double(k) * (1 + slack))};
+  }
+
+  /// Bands below t, each an ascending run: at most halvings, then (0, t], then all.
+  template <class Backend, class Source, class Out>
+  void widen(Backend& backend, const Source& source, std::size_t k, double t, Out& out, std::size_t& count,
+             selection_result& result, std::span<std::size_t> band_starts) const {
+    static_assert(halvings + 2 <= bands_per_segment);
+    while (count < k) {
       const double lower = t > 0 && result.rescans < halvings ? t / 2 : (t > 0 ? 0.0 : -1.0);
-      band_starts[std::size_t(result.rescans)] = out.size();
+      const std::size_t band_start = out.size();
+      band_starts[std::size_t(result.rescans)] = band_start;
       backend.select_band(source, lower, t, out);
+      count += out.size() - band_start;
       t = lower;
       ++result.rescans;
     }
-    if (result.rescans)
-      backend.merge_runs(out, begin, std::span<const std::size_t>(band_starts.data(), std::size_t(result.rescans)));
-    backend.keep_top_k(out, begin, k);
-    backend.mark_sent(source, out, begin);
-    return result;
   }
+
+  std::size_t keep(std::size_t k, std::size_t) const { return k; }
 };
 
 /// DGC's selection: keep |x| above the threshold; only when more than k (1 + SlackPercent/100)
@@ -70,16 +74,22 @@ struct trimmed {
   static constexpr const char* name = "trimmed";
   static constexpr bool needs_threshold = true;
   static constexpr bool fuses_layers = false;
+  static constexpr bool ranks_candidates = true;
 
   double estimation_density(double delta) const { return delta; }
 
   template <backend::backend Backend, class Source, class Out>
   selection_result select(Backend& backend, const Source& source, double threshold, std::size_t k, Out& out) {
-    const std::size_t begin = out.size();
-    const std::size_t candidates = detail::select_above<false>(backend, source, threshold, out, k);
-    if (double(candidates) > double(k) * (1 + SlackPercent / 100.0)) backend.keep_top_k(out, begin, k);
-    backend.mark_sent(source, out, begin);
-    return {candidates, 0};
+    return select_candidates_whole(backend, source, *this, threshold, k, out);
+  }
+
+  template <class Backend, class Source>
+  candidate_start start(Backend&, const Source&, double threshold, std::size_t k) const {
+    return {threshold, k};
+  }
+
+  std::size_t keep(std::size_t k, std::size_t candidates) const {
+    return double(candidates) > double(k) * (1 + SlackPercent / 100.0) ? k : candidates;
   }
 };
 

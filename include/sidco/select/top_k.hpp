@@ -1,13 +1,12 @@
 // Exact Top-k: the k largest magnitudes, ties to the lower index, indices ascending.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 
 #include "sidco/backend/concept.hpp"
+#include "sidco/select/candidates.hpp"
 #include "sidco/select/radix_threshold.hpp"
 #include "sidco/select/result.hpp"
-#include "sidco/select/single_threshold.hpp"
 
 namespace sidco::select {
 
@@ -20,19 +19,22 @@ struct top_k {
   static constexpr const char* name = "top_k";
   static constexpr bool needs_threshold = false;
   static constexpr bool fuses_layers = false;
+  static constexpr bool ranks_candidates = true;
 
   double estimation_density(double delta) const { return delta; }
 
   template <backend::backend Backend, class Source, class Out>
-  selection_result select(Backend& backend, const Source& source, double, std::size_t k, Out& out) {
-    const std::size_t begin = out.size();
-    k = std::min(k, source.size);
-    const auto start = detail::bucket_of_kth_largest(backend, source, k);
-    const std::size_t candidates = detail::select_above<false>(backend, source, start.threshold, out, start.at_or_above);
-    backend.keep_top_k(out, begin, k);
-    backend.mark_sent(source, out, begin);
-    return {candidates, 0};
+  selection_result select(Backend& backend, const Source& source, double threshold, std::size_t k, Out& out) {
+    return select_candidates_whole(backend, source, *this, threshold, k, out);
   }
+
+  template <class Backend, class Source>
+  candidate_start start(Backend& backend, const Source& source, double, std::size_t k) const {
+    const auto bucket = detail::bucket_of_kth_largest(backend, source, k);
+    return {bucket.threshold, bucket.at_or_above};
+  }
+
+  std::size_t keep(std::size_t k, std::size_t) const { return k; }
 };
 
 }  // namespace sidco::select

@@ -1,21 +1,27 @@
-// backend::cuda's exact Top-k over a sparse vector's entries: the radix walk of
-// core/radix_select.hpp kept on the device (one digit histogram per 8-bit round, the digit
-// chosen by a one-thread kernel that reads it), then one scan that counts, per entry, the
-// keys above the k-th and its ties before it, and one pass that writes the kept (index,
-// value) pairs in index order. No host wait: k is known, so nothing sizes the output.
+// backend::cuda's exact Top-k over runs of a sparse vector's entries (one run per layer):
+// the radix walk of core/radix_select.hpp kept on the device, one walk per run. Each 8-bit
+// round is one digit histogram over every run's entries and one launch that chooses every
+// run's digit (a block a run); then one scan counts, per entry, the keys above its run's k-th
+// and the ties before it, and one pass writes the kept (index, value) pairs in order. The
+// launches do not depend on the run count, and nothing waits for the host: the keeps are
+// known, so nothing sizes the output.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include <cub/device/device_scan.cuh>
+#include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
+#include "sidco/backend/cuda/runs.hpp"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
+#include "sidco/core/error.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -23,125 +29,147 @@
 
 namespace sidco::backend::cuda_detail {
 
-/// Per entry, in the scan's order: the keys above the k-th largest and the ties with it.
-struct top_k_tally {
-  unsigned long long above = 0, ties = 0;
-};
-
-struct add_tallies {
-  __device__ top_k_tally operator()(const top_k_tally& a, const top_k_tally& b) const {
-    return {a.above + b.above, a.ties + b.ties};
-  }
-};
-
-// One entry's tally once the walk is done (read through a transform iterator: no flag array).
+// Entry j's tally once the walks are done (read through a transform iterator: no flag array).
 template <class T>
 struct tally_of {
-  const radix_select<magnitude_key_t<T>>* walk;
-  __device__ top_k_tally operator()(const T& value) const {
-    const int r = walk->rank(magnitude_key(value));
-    return {r > 0 ? 1ull : 0ull, r == 0 ? 1ull : 0ull};
+  const T* values;
+  const run_plan* plans;
+  std::size_t runs;
+  const radix_select<magnitude_key_t<T>>* walks;
+  __device__ top_k_tally operator()(std::size_t j) const {
+    const std::size_t s = run_of(plans, runs, j);
+    return tally(plans[s], walks[s], magnitude_key(values[j]));
   }
 };
 
-// The walk before round 0, and round 0's bins zeroed.
+// Every run's walk before round 0.
 template <class Key>
-__global__ void start_walk(radix_select<Key>* walk, std::size_t k, unsigned long long* bins) {
-  if (threadIdx.x == 0) *walk = radix_select<Key>(k);
-  for (unsigned b = threadIdx.x; b < radix_select<Key>::bins; b += blockDim.x) bins[b] = 0;
+__global__ void start_walks(const run_plan* plans, std::size_t runs, radix_select<Key>* walks) {
+  for (std::size_t s = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; s < runs;
+       s += std::size_t(gridDim.x) * blockDim.x)
+    walks[s] = radix_select<Key>(plans[s].keep);
 }
 
-// Counts of this round's 8-bit digit among the keys still in the running.
+// Counts of this round's 8-bit digit among each trimmed run's keys still in the running,
+// runs x 256 bins. A block takes chunks of consecutive entries; the run its chunk starts in
+// counts in shared memory, a run starting inside the chunk (a small one) straight in global.
 template <class Tuning, class T>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    digit_histogram(const T* values, std::size_t count, const radix_select<magnitude_key_t<T>>* walk_state, int round,
-                    unsigned long long* bins) {
+    digit_histogram(const T* values, std::size_t count, const run_plan* plans, std::size_t runs,
+                    const radix_select<magnitude_key_t<T>>* walks, int round, unsigned long long* bins) {
   constexpr int bin_count = radix_select<magnitude_key_t<T>>::bins;
+  constexpr std::size_t chunk = std::size_t(Tuning::block_threads) * Tuning::write_items * 4;
   __shared__ unsigned int local[bin_count];
-  const auto walk = *walk_state;
-  for (int b = threadIdx.x; b < bin_count; b += Tuning::block_threads) local[b] = 0;
-  __syncthreads();
-  for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
-       j += std::size_t(gridDim.x) * Tuning::block_threads) {
-    const int d = walk.digit(magnitude_key(values[j]), round);
-    if (d >= 0) atomicAdd(&local[d], 1u);
+  for (std::size_t first = std::size_t(blockIdx.x) * chunk; first < count; first += std::size_t(gridDim.x) * chunk) {
+    const std::size_t last = first + chunk < count ? first + chunk : count;
+    const std::size_t home = run_of(plans, runs, first);
+    const run_plan home_plan = plans[home];
+    const auto home_walk = walks[home];
+    for (int b = threadIdx.x; b < bin_count; b += Tuning::block_threads) local[b] = 0;
+    __syncthreads();
+    for (std::size_t j = first + threadIdx.x; j < last; j += Tuning::block_threads) {
+      if (j < home_plan.end) {
+        if (!home_plan.trims()) continue;
+        const int d = home_walk.digit(magnitude_key(values[j]), round);
+        if (d >= 0) atomicAdd(&local[d], 1u);
+      } else {
+        const std::size_t s = run_of(plans, runs, j);
+        if (!plans[s].trims()) continue;
+        const int d = walks[s].digit(magnitude_key(values[j]), round);
+        if (d >= 0) atomicAdd(&bins[s * bin_count + std::size_t(d)], 1ull);
+      }
+    }
+    __syncthreads();
+    if (home_plan.trims())
+      for (int b = threadIdx.x; b < bin_count; b += Tuning::block_threads)
+        if (local[b]) atomicAdd(&bins[home * bin_count + std::size_t(b)], static_cast<unsigned long long>(local[b]));
+    __syncthreads();
   }
-  __syncthreads();
-  for (int b = threadIdx.x; b < bin_count; b += Tuning::block_threads)
-    if (local[b]) atomicAdd(&bins[b], static_cast<unsigned long long>(local[b]));
 }
 
-// This round's digit fixed from its histogram (one thread: 256 bins), then the bins zeroed
-// for the next round.
+// This round's digit of every trimmed run (block s: run s) from its histogram, then its
+// bins zeroed for the next round.
 template <class Key>
-__global__ void choose_digit(radix_select<Key>* walk, unsigned long long* bins, int round) {
-  if (threadIdx.x == 0) walk->choose(bins, round);
+__global__ void choose_digits(const run_plan* plans, radix_select<Key>* walks, unsigned long long* bins, int round) {
+  constexpr std::size_t bin_count = radix_select<Key>::bins;
+  const std::size_t s = blockIdx.x;
+  if (!plans[s].trims()) return;
+  unsigned long long* run_bins = bins + s * bin_count;
+  if (threadIdx.x == 0) walks[s].choose(run_bins, round);
   __syncthreads();
-  for (unsigned b = threadIdx.x; b < radix_select<Key>::bins; b += blockDim.x) bins[b] = 0;
+  for (unsigned b = threadIdx.x; b < bin_count; b += blockDim.x) run_bins[b] = 0;
 }
 
-// The top k (above the k-th key, or among its first walk.needed ties: ties go to the lower
-// index), each written at its rank in index order: the keys above before it plus the ties
-// before it, at most walk.needed of them.
+// Each kept entry at its run's output offset plus its rank in the run: every entry of a run
+// kept whole; else the keys above the k-th before it plus the ties before it, at most
+// walk.needed of them (ties go to the lower index).
 template <class Tuning, class T, class Index>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    write_top_k(const T* values, const Index* indices, std::size_t count,
-                const radix_select<magnitude_key_t<T>>* walk_state, const top_k_tally* before, Index* kept_indices,
+    write_top_k(const T* values, const Index* indices, std::size_t count, const run_plan* plans, std::size_t runs,
+                const radix_select<magnitude_key_t<T>>* walks, const top_k_tally* before, Index* kept_indices,
                 T* kept_values) {
-  const auto walk = *walk_state;
-  const unsigned long long needed = walk.needed;
   for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * Tuning::block_threads) {
+    const std::size_t s = run_of(plans, runs, j);
+    const run_plan plan = plans[s];
     const T v = values[j];
-    const int r = walk.rank(magnitude_key(v));
-    if (r < 0) continue;
-    const top_k_tally t = before[j];
-    if (r == 0 && t.ties >= needed) continue;
-    const std::size_t at = std::size_t(t.above + (t.ties < needed ? t.ties : needed));
+    const std::size_t at = kept_at(plan, walks[s], magnitude_key(v), j, before[j], before[plan.begin]);
+    if (at == not_kept) continue;
     kept_indices[at] = indices[j];
     kept_values[at] = v;
   }
 }
 
-/// Keeps the k entries of out from begin on with the largest magnitudes (ties: lowest
-/// index), in index order. Everything on the workspace's stream; no host wait.
+/// Of the entries of out from begin on, runs of run_sizes[s]: keeps the keep[s] largest
+/// magnitudes of each (ties: lowest index), in order. Everything on the workspace's stream;
+/// no host wait.
 template <class Tuning, class T, class Index>
 void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& out, std::size_t begin,
-                std::size_t k) {
+                std::span<const std::size_t> run_sizes, std::span<const std::size_t> keep) {
   using Key = magnitude_key_t<T>;
   using walk_type = radix_select<Key>;
-  static_assert(std::is_trivially_copyable_v<walk_type>);
-  const std::size_t count = out.size() - begin;
-  if (count <= k) return;
+  static_assert(std::is_trivially_copyable_v<walk_type> && std::is_trivially_copyable_v<run_plan>);
+  const std::size_t count = out.size() - begin, runs = run_sizes.size();
+  run_plan* plans = ws.run_staging.fill<run_plan>(runs);
+  const run_totals totals = plan_runs(run_sizes, keep, plans);
+  if (totals.entries != count)
+    sidco::detail::fail("keep_top_k: the runs hold ", totals.entries, " entries, the vector ", count, " from begin");
+  if (!totals.trims) return;
+  const run_plan* table = ws.upload<run_plan>(ws.run_table, ws.run_staging, runs);
   const T* values = out.value_data() + begin;
   const Index* indices = out.index_data() + begin;
-  const unsigned blocks = grid<Tuning>(count);
-  auto* walk = workspace::staging<walk_type>(ws.walk_state, 1);
-  auto* bins = workspace::staging<unsigned long long>(ws.bins, walk_type::bins);
-  start_walk<<<1, Tuning::block_threads, 0, ws.stream>>>(walk, k, bins);
+  auto* walks = workspace::staging<walk_type>(ws.walk_state, runs);
+  auto* bins = workspace::staging<unsigned long long>(ws.bins, runs * walk_type::bins);
+  const unsigned run_blocks = grid<Tuning>(runs);
+  start_walks<<<run_blocks, Tuning::block_threads, 0, ws.stream>>>(table, runs, walks);
   SIDCO_CUDA(cudaGetLastError());
+  SIDCO_CUDA(cudaMemsetAsync(bins, 0, runs * walk_type::bins * sizeof(unsigned long long), ws.stream));
+  const unsigned blocks = grid<Tuning>(count);
   for (int round = 0; round < walk_type::rounds; ++round) {
-    digit_histogram<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, walk, round, bins);
+    digit_histogram<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, table, runs, walks, round,
+                                                                             bins);
     SIDCO_CUDA(cudaGetLastError());
-    choose_digit<<<1, Tuning::block_threads, 0, ws.stream>>>(walk, bins, round);
+    choose_digits<<<unsigned(runs), Tuning::block_threads, 0, ws.stream>>>(table, walks, bins, round);
     SIDCO_CUDA(cudaGetLastError());
   }
   auto* tallies = workspace::staging<top_k_tally>(ws.tallies, count);
-  const auto tally_in = thrust::make_transform_iterator(values, tally_of<T>{walk});
+  const auto tally_in = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0),
+                                                        tally_of<T>{values, table, runs, walks});
   std::size_t bytes = 0;
   SIDCO_CUDA(cub::DeviceScan::ExclusiveScan(nullptr, bytes, tally_in, tallies, add_tallies{}, top_k_tally{}, count,
                                             ws.stream));
   SIDCO_CUDA(cub::DeviceScan::ExclusiveScan(ws.scratch(bytes), bytes, tally_in, tallies, add_tallies{}, top_k_tally{},
                                             count, ws.stream));
-  Index* kept_indices = workspace::staging<Index>(ws.staging_indices, k);
-  T* kept_values = workspace::staging<T>(ws.staging_values, k);
-  write_top_k<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, indices, count, walk, tallies,
-                                                                        kept_indices, kept_values);
+  Index* kept_indices = workspace::staging<Index>(ws.staging_indices, totals.kept);
+  T* kept_values = workspace::staging<T>(ws.staging_values, totals.kept);
+  write_top_k<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, indices, count, table, runs, walks,
+                                                                        tallies, kept_indices, kept_values);
   SIDCO_CUDA(cudaGetLastError());
-  SIDCO_CUDA(cudaMemcpyAsync(out.index_data() + begin, kept_indices, k * sizeof(Index), cudaMemcpyDeviceToDevice,
+  SIDCO_CUDA(cudaMemcpyAsync(out.index_data() + begin, kept_indices, totals.kept * sizeof(Index),
+                             cudaMemcpyDeviceToDevice, ws.stream));
+  SIDCO_CUDA(cudaMemcpyAsync(out.value_data() + begin, kept_values, totals.kept * sizeof(T), cudaMemcpyDeviceToDevice,
                              ws.stream));
-  SIDCO_CUDA(cudaMemcpyAsync(out.value_data() + begin, kept_values, k * sizeof(T), cudaMemcpyDeviceToDevice, ws.stream));
-  out.truncate(begin + k);
+  out.truncate(begin + totals.kept);
 }
 
 }  // namespace sidco::backend::cuda_detail

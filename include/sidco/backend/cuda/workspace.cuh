@@ -40,9 +40,9 @@ struct workspace {
   device_buffer<std::uint32_t> counts;
   device_buffer<std::size_t> offsets, positions;
   device_buffer<unsigned long long> counter_buffer;
-  device_buffer<unsigned char> walk_state, bins, tallies;
+  device_buffer<unsigned char> walk_state, bins, tallies, run_table;
   device_buffer<unsigned char> staging_indices, staging_values;
-  sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging;
+  sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging, run_staging;
   std::vector<std::uint32_t> host_counts;
   std::vector<unsigned long long> host_counters;
   std::vector<unsigned char> result_bytes;
@@ -51,7 +51,7 @@ struct workspace {
   /// Top-k's candidates, cold path only).
   std::size_t bytes() const {
     std::size_t total = predicate_staging.capacity() + position_staging.capacity() +
-                        piece_staging.capacity() + segment_staging.capacity();
+                        piece_staging.capacity() + segment_staging.capacity() + run_staging.capacity();
     each_device_buffer(*this, [&total](const auto& buffer) {
       total += buffer.capacity() * sizeof(*buffer.data());
     });
@@ -62,7 +62,7 @@ struct workspace {
   static void each_device_buffer(Self& self, F&& f) {
     f(self.piece_table), f(self.segment_table), f(self.temp), f(self.bundles), f(self.merged), f(self.predicates);
     f(self.counts), f(self.offsets), f(self.positions), f(self.counter_buffer), f(self.walk_state), f(self.bins);
-    f(self.tallies), f(self.staging_indices), f(self.staging_values);
+    f(self.tallies), f(self.run_table), f(self.staging_indices), f(self.staging_values);
   }
 
   /// Grows out's buffers on the stream from now on, so that growth is ordered after the

@@ -1,10 +1,13 @@
-// The exact top-k among a run of candidates in host memory, by radix select on the
-// magnitude bits (the digit walk of core/radix_select.hpp).
+// The exact top-k among runs of candidates in host memory (one run per segment), by radix
+// select on the magnitude bits (the digit walk of core/radix_select.hpp).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <span>
 
+#include "sidco/core/error.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -51,12 +54,28 @@ std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t
   return keep_top_k(indices, values, count, k, [](Index, T) {});
 }
 
-/// Keeps the top k of out's entries from begin on (a sparse vector in host-addressable memory).
+/// out's entries from begin on are consecutive runs of run_sizes[s] entries: keeps the top
+/// keep[s] of each run (all of it when keep[s] >= its size), runs compacted in their order.
 template <class T, class Index, class Memory>
-void keep_top_k(sparse_vector<T, Index, Memory>& out, std::size_t begin, std::size_t k) {
-  const std::size_t kept = keep_top_k(Memory::address(out.index_data()) + begin,
-                                      Memory::address(out.value_data()) + begin, out.size() - begin, k);
-  out.truncate(begin + kept);
+void keep_top_k(sparse_vector<T, Index, Memory>& out, std::size_t begin, std::span<const std::size_t> run_sizes,
+                std::span<const std::size_t> keep) {
+  std::size_t total = 0;
+  for (std::size_t size : run_sizes) total += size;
+  if (total != out.size() - begin)
+    sidco::detail::fail("keep_top_k: the runs hold ", total, " entries, the vector ", out.size() - begin, " from begin");
+  Index* indices = Memory::address(out.index_data());
+  T* values = Memory::address(out.value_data());
+  std::size_t read = begin, write = begin;
+  for (std::size_t s = 0; s < run_sizes.size(); ++s) {
+    const std::size_t kept = keep_top_k(indices + read, values + read, run_sizes[s], keep[s]);
+    if (write != read) {
+      std::copy(indices + read, indices + read + kept, indices + write);
+      std::copy(values + read, values + read + kept, values + write);
+    }
+    read += run_sizes[s];
+    write += kept;
+  }
+  out.truncate(write);
 }
 
 }  // namespace sidco::backend::host
