@@ -276,6 +276,8 @@ SIDCO_LAYERED(sidco_e<>, "sidco_e");
 SIDCO_LAYERED(sidco_gp<>, "sidco_gp");
 SIDCO_LAYERED(sidco_e_single<>, "sidco_e_single");
 SIDCO_LAYERED(top_k<>, "top_k");
+SIDCO_LAYERED(sidco_e_exact<>, "sidco_e_exact_k");
+SIDCO_LAYERED(dgc<>, "dgc");
 #undef SIDCO_LAYERED
 
 }  // namespace

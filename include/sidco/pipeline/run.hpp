@@ -63,33 +63,30 @@ void run(Backend& backend, std::span<Stage> stages, std::span<const segment> lay
   budget(work);
   out.clear(source.size);
 
-  if constexpr (Selection::fuses_layers) {
-    std::size_t hint = 0;
-    for (std::size_t s = 0; s < n; ++s) {
-      const auto part = source.slice(layout[s].offset, layout[s].size);
-      work.estimates[s] = stages[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
-      work.thresholds[s] = work.estimates[s].estimate.threshold;
-      hint += target_count(work.densities[s], layout[s].size);
-    }
-    backend.template select_above<true>(source, layout, std::span<const double>(work.thresholds), out, hint,
-                                        work.kept);
-    for (std::size_t s = 0; s < n; ++s)
-      work.reports[s] = stages[s].report(work.estimates[s], {work.kept[s], 0}, work.kept[s], work.all_of(s),
-                                         work.densities[s], layout[s].size);
-  } else if constexpr (select::ranks_candidates<Selection>) {
+  if constexpr (Selection::fuses_layers || select::ranks_candidates<Selection>) {
     for (std::size_t s = 0; s < n; ++s) {
       const auto part = source.slice(layout[s].offset, layout[s].size);
       work.estimates[s] = stages[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
       work.thresholds[s] = work.estimates[s].estimate.threshold;
       work.targets[s] = target_count(work.densities[s], layout[s].size);
     }
-    const auto candidates = work.candidates();
-    select::select_candidates(backend, source, layout,
-                              [stages](std::size_t s) -> Selection& { return stages[s].selection(); }, out,
-                              candidates);
-    for (std::size_t s = 0; s < n; ++s)
-      work.reports[s] = stages[s].report(work.estimates[s], work.picked[s], candidates.selected(s), work.all_of(s),
-                                         work.densities[s], layout[s].size);
+    if constexpr (Selection::fuses_layers) {
+      std::size_t hint = 0;
+      for (std::size_t s = 0; s < n; ++s) hint += work.targets[s];
+      backend.template select_above<true>(source, layout, std::span<const double>(work.thresholds), out, hint,
+                                          work.kept);
+      for (std::size_t s = 0; s < n; ++s)
+        work.reports[s] = stages[s].report(work.estimates[s], {work.kept[s], 0}, work.kept[s], work.all_of(s),
+                                           work.densities[s], layout[s].size);
+    } else {
+      const auto candidates = work.candidates();
+      select::select_candidates(backend, source, layout,
+                                [stages](std::size_t s) -> Selection& { return stages[s].selection(); }, out,
+                                candidates);
+      for (std::size_t s = 0; s < n; ++s)
+        work.reports[s] = stages[s].report(work.estimates[s], work.picked[s], candidates.selected(s),
+                                           work.all_of(s), work.densities[s], layout[s].size);
+    }
   } else {
     for (std::size_t s = 0; s < n; ++s) {
       const auto part = source.slice(layout[s].offset, layout[s].size);
