@@ -21,7 +21,7 @@
 #include "sidco/backend/cuda/runs.hpp"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
-#include "sidco/core/error.hpp"
+#include "sidco/backend/host/keep_top_k.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -53,12 +53,15 @@ __global__ void start_walks(const run_plan* plans, std::size_t runs, radix_selec
 // Counts of this round's 8-bit digit among each trimmed run's keys still in the running,
 // runs x 256 bins. A block takes chunks of consecutive entries; the run its chunk starts in
 // counts in shared memory, a run starting inside the chunk (a small one) straight in global.
+template <class Tuning>
+inline constexpr std::size_t histogram_chunk = std::size_t(Tuning::block_threads) * Tuning::write_items * 4;
+
 template <class Tuning, class T>
 __global__ void __launch_bounds__(Tuning::block_threads)
     digit_histogram(const T* values, std::size_t count, const run_plan* plans, std::size_t runs,
                     const radix_select<magnitude_key_t<T>>* walks, int round, unsigned long long* bins) {
   constexpr int bin_count = radix_select<magnitude_key_t<T>>::bins;
-  constexpr std::size_t chunk = std::size_t(Tuning::block_threads) * Tuning::write_items * 4;
+  constexpr std::size_t chunk = histogram_chunk<Tuning>;
   __shared__ unsigned int local[bin_count];
   for (std::size_t first = std::size_t(blockIdx.x) * chunk; first < count; first += std::size_t(gridDim.x) * chunk) {
     const std::size_t last = first + chunk < count ? first + chunk : count;
@@ -132,8 +135,7 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
   const std::size_t count = out.size() - begin, runs = run_sizes.size();
   run_plan* plans = ws.run_staging.fill<run_plan>(runs);
   const run_totals totals = plan_runs(run_sizes, keep, plans);
-  if (totals.entries != count)
-    sidco::detail::fail("keep_top_k: the runs hold ", totals.entries, " entries, the vector ", count, " from begin");
+  host::check_runs_hold(totals.entries, count);
   if (!totals.trims) return;
   const run_plan* table = ws.upload<run_plan>(ws.run_table, ws.run_staging, runs);
   const T* values = out.value_data() + begin;
@@ -144,10 +146,10 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
   start_walks<<<run_blocks, Tuning::block_threads, 0, ws.stream>>>(table, runs, walks);
   SIDCO_CUDA(cudaGetLastError());
   SIDCO_CUDA(cudaMemsetAsync(bins, 0, runs * walk_type::bins * sizeof(unsigned long long), ws.stream));
-  const unsigned blocks = grid<Tuning>(count);
+  const unsigned chunk_blocks = grid<Tuning>(count, histogram_chunk<Tuning>);
   for (int round = 0; round < walk_type::rounds; ++round) {
-    digit_histogram<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, table, runs, walks, round,
-                                                                             bins);
+    digit_histogram<Tuning><<<chunk_blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, table, runs, walks,
+                                                                                   round, bins);
     SIDCO_CUDA(cudaGetLastError());
     choose_digits<<<unsigned(runs), Tuning::block_threads, 0, ws.stream>>>(table, walks, bins, round);
     SIDCO_CUDA(cudaGetLastError());
@@ -162,6 +164,7 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
                                             count, ws.stream));
   Index* kept_indices = workspace::staging<Index>(ws.staging_indices, totals.kept);
   T* kept_values = workspace::staging<T>(ws.staging_values, totals.kept);
+  const unsigned blocks = grid<Tuning>(count);
   write_top_k<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, indices, count, table, runs, walks,
                                                                         tallies, kept_indices, kept_values);
   SIDCO_CUDA(cudaGetLastError());

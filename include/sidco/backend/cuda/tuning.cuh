@@ -22,10 +22,11 @@ struct default_tuning {
   static constexpr std::size_t max_grid = 4096;
 };
 
-/// Blocks for a grid-stride kernel over n items: one item a thread, at most max_grid.
+/// Blocks for a grid-stride kernel over n items, per_block items a block per step (default:
+/// one a thread), at most max_grid.
 template <class Tuning>
-unsigned grid(std::size_t n) {
-  const std::size_t blocks = (n + Tuning::block_threads - 1) / Tuning::block_threads;
+unsigned grid(std::size_t n, std::size_t per_block = std::size_t(Tuning::block_threads)) {
+  const std::size_t blocks = (n + per_block - 1) / per_block;
   return unsigned(std::clamp<std::size_t>(blocks, 1, Tuning::max_grid));
 }
 

@@ -54,6 +54,12 @@ std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t
   return keep_top_k(indices, values, count, k, [](Index, T) {});
 }
 
+/// Throws unless the runs hold exactly the entries after begin (every backend's check).
+inline void check_runs_hold(std::size_t in_runs, std::size_t after_begin) {
+  if (in_runs != after_begin)
+    sidco::detail::fail("keep_top_k: the runs hold ", in_runs, " entries, the vector ", after_begin, " from begin");
+}
+
 /// out's entries from begin on are consecutive runs of run_sizes[s] entries: keeps the top
 /// keep[s] of each run (all of it when keep[s] >= its size), runs compacted in their order.
 template <class T, class Index, class Memory>
@@ -61,8 +67,7 @@ void keep_top_k(sparse_vector<T, Index, Memory>& out, std::size_t begin, std::sp
                 std::span<const std::size_t> keep) {
   std::size_t total = 0;
   for (std::size_t size : run_sizes) total += size;
-  if (total != out.size() - begin)
-    sidco::detail::fail("keep_top_k: the runs hold ", total, " entries, the vector ", out.size() - begin, " from begin");
+  check_runs_hold(total, out.size() - begin);
   Index* indices = Memory::address(out.index_data());
   T* values = Memory::address(out.value_data());
   std::size_t read = begin, write = begin;
