@@ -161,10 +161,29 @@ struct oracle {
     CHECK(got[0].zeros == want[0].zeros);
     CHECK(got[0].nonfinite == want[0].nonfinite);
     CHECK(got[0].count == want[0].count);
-    std::array<std::uint64_t, 4096> h_backend{}, h_serial{};
-    backend.key_histogram(source, 8 * int(sizeof(T)) - 13, h_backend);
-    serial.key_histogram(host, 8 * int(sizeof(T)) - 13, h_serial);
-    CHECK(h_backend == h_serial);
+    // The coarse bin of each segment's k-th largest, whole and per segment, at k from 0 to
+    // past the segment's size: the highest bin with k or more values in it or above (0 when
+    // none), against a histogram counted here.
+    for (const auto& parts : {std::vector<segment>{whole}, layout})
+      for (const double share : {0.0, 1e-9, 0.001, 0.3, 1.0, 2.0}) {
+        constexpr int shift = coarse_shift<magnitude_key_t<T>>;
+        std::vector<std::size_t> targets;
+        for (const auto& part : parts) targets.push_back(std::size_t(std::ceil(share * double(part.size))));
+        std::vector<key_bin> got(parts.size());
+        backend.kth_largest_bins(source, std::span<const segment>(parts), std::span<const std::size_t>(targets),
+                                 std::span<key_bin>(got));
+        for (std::size_t s = 0; s < parts.size(); ++s) {
+          const std::size_t bin = got[s].bin, k = targets[s], segments = parts.size();
+          INFO("segment ", s, " of ", segments, ", k ", k);
+          std::vector<std::size_t> at_or_above(coarse_bins + 1, 0);
+          for (std::size_t i = parts[s].offset; i < parts[s].end(); ++i) ++at_or_above[magnitude_key(x[i]) >> shift];
+          for (std::size_t b = coarse_bins; b-- > 0;) at_or_above[b] += at_or_above[b + 1];
+          REQUIRE(bin < coarse_bins);
+          CHECK(got[s].at_or_above == at_or_above[bin]);
+          CHECK((bin == 0 || at_or_above[bin] >= k));
+          CHECK((bin == coarse_bins - 1 || at_or_above[bin + 1] < k));
+        }
+      }
     const auto nonfinite = backend.first_nonfinite(source), nonfinite_serial = serial.first_nonfinite(host);
     CHECK(nonfinite.index == nonfinite_serial.index);
     if (nonfinite.index < x.size()) CHECK(std::isnan(nonfinite.value) == std::isnan(nonfinite_serial.value));

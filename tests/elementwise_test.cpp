@@ -124,6 +124,50 @@ TEST_CASE("the radix select's digit walk finds the k-th largest key as a sort do
     }
 }
 
+TEST_CASE("the coarse bin of the k-th largest, split over a block's shares as the device does, equals the walk") {
+  // Histograms of 4,096 bins: sparse, dense, one bin only, and empty; targets from 0 to past
+  // the total, and at every share boundary's running count.
+  std::vector<std::vector<std::uint64_t>> histograms(4, std::vector<std::uint64_t>(coarse_bins, 0));
+  for (std::size_t b = 0; b < coarse_bins; b += 97) histograms[0][b] = b % 5;
+  for (std::size_t b = 0; b < coarse_bins; ++b) histograms[1][b] = (b * 7919) % 13;
+  histograms[2][0] = 40;
+  for (const std::size_t threads : {std::size_t(256), std::size_t(128), std::size_t(1000)}) {
+    const std::size_t share = (coarse_bins + threads - 1) / threads;
+    for (const auto& counts : histograms) {
+      std::uint64_t total = 0;
+      std::vector<std::size_t> targets = {0, 1, 2, 39, 40, 41};
+      for (std::size_t t = 0; t < threads; ++t) {
+        // The running count at each share's lowest bin, and one past it.
+        const std::size_t high = t * share < coarse_bins ? coarse_bins - t * share : 0;
+        for (std::size_t b = high > share ? high - share : 0; b < high; ++b) total += counts[b];
+        targets.push_back(std::size_t(total));
+        targets.push_back(std::size_t(total) + 1);
+      }
+      for (const std::size_t k : targets) {
+        CAPTURE(threads);
+        CAPTURE(k);
+        const key_bin want = kth_largest_bin(counts.data(), coarse_bins, k);
+        std::size_t above = 0, answers = 0;
+        key_bin got;
+        for (std::size_t t = 0; t < threads; ++t) {
+          const std::size_t taken = t * share;
+          const std::size_t high = taken < coarse_bins ? coarse_bins - taken : 0;
+          const std::size_t low = high > share ? high - share : 0;
+          key_bin mine;
+          if (kth_largest_bin_in_share(counts.data(), low, high, above, k, t == 0, low == 0 && high > 0, mine)) {
+            ++answers;
+            got = mine;
+          }
+          for (std::size_t b = low; b < high; ++b) above += counts[b];
+        }
+        CHECK(answers == 1);
+        CHECK(got.bin == want.bin);
+        CHECK(got.at_or_above == want.at_or_above);
+      }
+    }
+  }
+}
+
 TEST_CASE("keep_top_k's runs, tallies and output positions, as the device uses them, equal the oracle") {
   // Runs with an empty one, one of one entry, heavy ties and runs kept whole.
   auto x = test::mixed_values<float>(2000, 35, false);

@@ -137,9 +137,10 @@ struct backend {
     return inner.count_above(s, t);
   }
   template <class Source>
-  void key_histogram(const Source& s, int shift, std::span<std::uint64_t> counts) {
+  void kth_largest_bins(const Source& s, std::span<const segment> layout, std::span<const std::size_t> targets,
+                        std::span<sidco::key_bin> out) {
     scope in;
-    inner.key_histogram(s, shift, counts);
+    inner.kth_largest_bins(s, layout, targets, out);
   }
   template <class Source>
   sidco::backend::nonfinite_value first_nonfinite(const Source& s) {

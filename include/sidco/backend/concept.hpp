@@ -22,6 +22,7 @@
 #include "sidco/backend/pass_statistics.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 
@@ -95,11 +96,14 @@ template <class B>
 concept has_count_above = requires(B& b, const probe_source<B>& s) {
   { b.count_above(s, 0.0) } -> std::convertible_to<std::size_t>;
 };
-/// key_histogram(source, shift, counts): counts[d] += how many magnitude keys have
-/// key >> shift == d (counts in host memory).
+/// kth_largest_bins(source, layout, targets, out): per segment s, out[s] = the coarse bin
+/// (magnitude key >> coarse_shift) of its targets[s]-th largest magnitude and how many of its
+/// values lie in that bin or above (kth_largest_bin of its coarse histogram). One pass over
+/// every segment: Top-k's first step and the radix threshold's.
 template <class B>
-concept has_key_histogram = requires(B& b, const probe_source<B>& s, std::span<std::uint64_t> c) {
-  b.key_histogram(s, 0, c);
+concept has_kth_largest_bins = requires(B& b, const probe_source<B>& s, std::span<const segment> layout,
+                                        std::span<const std::size_t> targets, std::span<key_bin> out) {
+  b.kth_largest_bins(s, layout, targets, out);
 };
 /// first_nonfinite(source): index and value of the first NaN or infinity (index == size:
 /// none). The error path; reads only.
@@ -170,7 +174,7 @@ concept has_scatter_add = requires(B& b, const probe_output<B>& in,
 template <class B>
 concept backend = contract::has_memory<B> && contract::has_name<B> && contract::has_analyze<B> &&
                   contract::has_tail<B> && contract::has_count_above<B> &&
-                  contract::has_key_histogram<B> && contract::has_first_nonfinite<B> &&
+                  contract::has_kth_largest_bins<B> && contract::has_first_nonfinite<B> &&
                   contract::has_select_above<B> && contract::has_select_band<B> &&
                   contract::has_select_indices<B> && contract::has_gather_magnitudes<B> &&
                   contract::has_keep_top_k<B> && contract::has_merge_runs<B> &&
@@ -192,8 +196,8 @@ consteval bool diagnose() {
     static_assert(contract::has_tail<B>,
                   "sidco backend: missing tail<Log>(source, t), the excess moments over one threshold");
     static_assert(contract::has_count_above<B>, "sidco backend: missing count_above(source, t)");
-    static_assert(contract::has_key_histogram<B>,
-                  "sidco backend: missing key_histogram(source, shift, counts)");
+    static_assert(contract::has_kth_largest_bins<B>,
+                  "sidco backend: missing kth_largest_bins(source, layout, targets, out)");
     static_assert(contract::has_first_nonfinite<B>,
                   "sidco backend: missing first_nonfinite(source) returning nonfinite_value");
     static_assert(contract::has_select_above<B>,

@@ -34,6 +34,7 @@
 #include "sidco/core/half.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/memory/host.hpp"
@@ -116,16 +117,24 @@ class cpu {
     }, offsets_);
   }
 
+  /// Segment by segment, each split over the threads its size earns (a small layer counts
+  /// on the calling thread: no hand-off per layer).
   template <class Source>
-  void key_histogram(const Source& source, int shift, std::span<std::uint64_t> counts) {
-    const std::size_t ranges = std::size_t(threads_.count(source.size));
-    histograms_.assign(ranges * counts.size(), 0);
-    threads_.for_each(source.size, [&](int r, std::size_t lo, std::size_t hi) {
-      std::uint64_t* h = histograms_.data() + std::size_t(r) * counts.size();
-      for (std::size_t i = lo; i < hi; ++i) ++h[magnitude_key(source.value(i)) >> shift];
-    });
-    for (std::size_t r = 0; r < ranges; ++r)
-      for (std::size_t d = 0; d < counts.size(); ++d) counts[d] += histograms_[r * counts.size() + d];
+  void kth_largest_bins(const Source& source, std::span<const segment> layout, std::span<const std::size_t> targets,
+                        std::span<key_bin> out) {
+    constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
+    for (std::size_t s = 0; s < layout.size(); ++s) {
+      const auto part = source.slice(layout[s].offset, layout[s].size);
+      const std::size_t ranges = std::size_t(threads_.count(part.size));
+      histograms_.assign(ranges * coarse_bins, 0);
+      threads_.for_each(part.size, [&](int r, std::size_t lo, std::size_t hi) {
+        std::uint64_t* h = histograms_.data() + std::size_t(r) * coarse_bins;
+        for (std::size_t i = lo; i < hi; ++i) ++h[magnitude_key(part.value(i)) >> shift];
+      });
+      for (std::size_t r = 1; r < ranges; ++r)
+        for (std::size_t d = 0; d < coarse_bins; ++d) histograms_[d] += histograms_[r * coarse_bins + d];
+      out[s] = kth_largest_bin(histograms_.data(), coarse_bins, targets[s]);
+    }
   }
 
   /// The error path only: the single-threaded scan is enough.

@@ -5,7 +5,7 @@
 // pass that feeds it brings back a few bytes (the moments, a count).
 //
 // Syncs with the host per call (each is a device-to-host copy of a small result):
-//   analyze, tail, count_above, key_histogram, gather_magnitudes: 1
+//   analyze, tail, count_above, kth_largest_bins, gather_magnitudes: 1
 //   select_above, select_band: 1 (the per-piece counts, fetched after the write pass)
 //   select_indices, merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walks stay on the device)
 //   scatter_add: 1 (the index check, before anything is written)
@@ -13,14 +13,15 @@
 // So a threshold compress makes 2 plus one per pass of the estimator's own
 // (report.passes): 2 for a single-stage or steady multi-stage SIDCo call, exact_k's
 // included; Top-k makes 3 (moments, its coarse histogram, the candidates). Per layer
-// (segmented), exact_k, trimmed and Top-k select every layer's candidates in one pass and
-// keep every layer's top in one keep_top_k, so a call waits 2 plus the estimator's passes
-// and exact_k's rescans, plus one coarse histogram a layer for Top-k. host_waits()
-// counts them (tests/cuda/backend_test.cu asserts it). What goes up to the
-// device (probes, thresholds, offsets, positions) is staged in page-locked memory, whose
-// copies leave the stream running (from pageable memory each would synchronize it); buffers
-// are reused, so a warm call allocates nothing on the host or the device, and they (and the
-// outputs this backend writes) grow in the stream's order (memory::device_buffer).
+// (segmented), exact_k, trimmed and Top-k select every layer's candidates in one pass,
+// keep every layer's top in one keep_top_k, and Top-k finds every layer's coarse bin in one
+// pass, so a call waits 2 plus the estimator's passes and exact_k's rescans (Top-k: 3),
+// whatever the layer count. host_waits() counts them (tests/cuda/backend_test.cu asserts
+// it). What goes up to the device (probes, thresholds, offsets, positions) is staged in
+// page-locked memory, whose copies leave the stream running (from pageable memory each would
+// synchronize it); buffers are reused, so a warm call allocates nothing on the host or the
+// device, and they (and the outputs this backend writes) grow in the stream's order
+// (memory::device_buffer).
 //
 // Block layout: every pass hands each thread block one piece of the layout (at most
 // `tile` values inside one segment), so per-layer passes cost one launch whatever the
@@ -96,8 +97,9 @@ class basic_cuda {
   }
 
   template <class Source>
-  void key_histogram(const Source& source, int shift, std::span<std::uint64_t> counts) {
-    cuda_detail::key_histogram<Tuning>(work_, source, shift, counts);
+  void kth_largest_bins(const Source& source, std::span<const segment> layout, std::span<const std::size_t> targets,
+                        std::span<key_bin> out) {
+    cuda_detail::kth_largest_bins<Tuning>(work_, source, layout, targets, out);
   }
 
   template <class Source>

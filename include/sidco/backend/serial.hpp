@@ -3,6 +3,7 @@
 // space the host can address (host memory, or a test's instrumented memory).
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "sidco/backend/pass_statistics.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/memory/host.hpp"
@@ -59,8 +61,16 @@ struct basic_serial {
   }
 
   template <class Source>
-  void key_histogram(const Source& source, int shift, std::span<std::uint64_t> counts) {
-    for (std::size_t i = 0; i < source.size; ++i) ++counts[magnitude_key(source.value(i)) >> shift];
+  void kth_largest_bins(const Source& source, std::span<const segment> layout, std::span<const std::size_t> targets,
+                        std::span<key_bin> out) {
+    constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
+    std::array<std::uint64_t, coarse_bins> counts;
+    for (std::size_t s = 0; s < layout.size(); ++s) {
+      counts.fill(0);
+      for (std::size_t i = layout[s].offset; i < layout[s].end(); ++i)
+        ++counts[magnitude_key(source.value(i)) >> shift];
+      out[s] = kth_largest_bin(counts.data(), coarse_bins, targets[s]);
+    }
   }
 
   template <class Source>

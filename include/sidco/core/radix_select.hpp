@@ -1,6 +1,6 @@
 // Radix select on magnitude keys: the digit walk that every backend's exact Top-k and the
 // coarse radix threshold share, on the host and (SIDCO_HOST_DEVICE) in CUDA kernels. The
-// backends only differ in how they count a round's histogram.
+// backends only differ in how they count a histogram and split the walk over threads.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +18,50 @@ SIDCO_HOST_DEVICE constexpr std::size_t highest_bin_reaching(const Count* counts
   std::size_t bin = bins - 1;
   for (; bin > 0 && counts[bin] < needed; --bin) needed -= counts[bin];
   return bin;
+}
+
+/// The coarse pass of radix selection looks at the top 12 bits of a magnitude key (whose
+/// top bit is clear): 4,096 bins, key >> coarse_shift<Key>.
+inline constexpr int coarse_key_bits = 12;
+inline constexpr std::size_t coarse_bins = std::size_t(1) << coarse_key_bits;
+template <class Key>
+inline constexpr int coarse_shift = int(8 * sizeof(Key)) - 1 - coarse_key_bits;
+
+/// A bin of a histogram and how many entries lie in it or above it.
+struct key_bin {
+  std::size_t bin = 0;
+  std::size_t at_or_above = 0;
+};
+
+/// The highest bin at which k or more entries lie in it or above it (bin 0, holding
+/// everything, when fewer than k do).
+template <class Count>
+SIDCO_HOST_DEVICE constexpr key_bin kth_largest_bin(const Count* counts, std::size_t bins, std::size_t k) {
+  std::size_t needed = k;
+  const std::size_t bin = highest_bin_reaching(counts, bins, needed);
+  return {bin, std::size_t(k - needed + std::size_t(counts[bin]))};
+}
+
+/// kth_largest_bin split over shares of the bins taken from the top (a thread block's
+/// threads): this share holds bins [low, high), above entries lie in the bins over high,
+/// first: it holds the top bin, last: it holds bin 0. True, with out set, for exactly one
+/// share: the one holding the answer.
+template <class Count>
+SIDCO_HOST_DEVICE constexpr bool kth_largest_bin_in_share(const Count* counts, std::size_t low, std::size_t high,
+                                                           std::size_t above, std::size_t k, bool first, bool last,
+                                                           key_bin& out) {
+  if (!first && above >= k) return false;  // a share above already reached k
+  std::size_t at_or_above = above;
+  for (std::size_t bin = high; bin-- > low;) {
+    at_or_above += std::size_t(counts[bin]);
+    if (at_or_above >= k) {
+      out = {bin, at_or_above};
+      return true;
+    }
+  }
+  if (!last) return false;
+  out = {0, at_or_above};  // fewer than k in all: bin 0 holds everything
+  return true;
 }
 
 /// The exact k-th largest key, eight bits a round from the top. Each round counts the digit

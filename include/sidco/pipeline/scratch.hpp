@@ -9,6 +9,7 @@
 
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/radix_select.hpp"
 #include "sidco/pipeline/report.hpp"
 #include "sidco/pipeline/stage.hpp"
 #include "sidco/select/candidates.hpp"
@@ -19,7 +20,8 @@ namespace sidco::pipeline {
 /// Spans over a call's storage, per segment s: per probe thresholds; measured[s * (1 + per)]
 /// the moments of the whole segment, then its per probes' tails; the segment's density,
 /// estimate, threshold, kept count and report; for selections that rank candidates, its
-/// target count, selection result and band starts (select::bands_per_segment each).
+/// target count, selection result, coarse radix bin and band starts
+/// (select::bands_per_segment each).
 struct scratch {
   std::size_t per = 0;
   std::span<double> probes;
@@ -31,9 +33,10 @@ struct scratch {
   std::span<compress_report> reports;
   std::span<std::size_t> targets;
   std::span<select::selection_result> picked;
+  std::span<key_bin> bins;
   std::span<std::size_t> band_starts;
 
-  select::candidate_scratch candidates() const { return {thresholds, targets, kept, picked, band_starts}; }
+  select::candidate_scratch candidates() const { return {thresholds, targets, kept, picked, bins, band_starts}; }
   const moments& all_of(std::size_t s) const { return measured[s * (1 + per)]; }
   std::span<const moments> probes_of(std::size_t s) const { return measured.subspan(s * (1 + per) + 1, per); }
 };
@@ -53,6 +56,7 @@ class single_scratch {
             std::span<compress_report>(&report_, 1),
             std::span<std::size_t>(&target_, 1),
             std::span<select::selection_result>(&picked_, 1),
+            std::span<key_bin>(&bin_, 1),
             std::span<std::size_t>(band_starts_)};
   }
 
@@ -66,6 +70,7 @@ class single_scratch {
   compress_report report_;
   std::size_t target_ = 0;
   select::selection_result picked_;
+  key_bin bin_;
   std::array<std::size_t, select::bands_per_segment> band_starts_{};
 };
 
@@ -82,9 +87,10 @@ class growing_scratch {
     reports_.resize(segments);
     targets_.resize(segments);
     picked_.resize(segments);
+    bins_.resize(segments);
     band_starts_.resize(segments * select::bands_per_segment);
-    return {per,      probes_,   measured_, densities_, estimates_, thresholds_, kept_,
-            reports_, targets_, picked_,   band_starts_};
+    return {per,      probes_,  measured_, densities_, estimates_, thresholds_, kept_,
+            reports_, targets_, picked_,   bins_,      band_starts_};
   }
   const std::vector<double>& densities() const { return densities_; }
   const std::vector<compress_report>& reports() const { return reports_; }
@@ -93,7 +99,8 @@ class growing_scratch {
            densities_.capacity() * sizeof(double) + estimates_.capacity() * sizeof(estimate_outcome) +
            thresholds_.capacity() * sizeof(double) + kept_.capacity() * sizeof(std::size_t) +
            reports_.capacity() * sizeof(compress_report) + targets_.capacity() * sizeof(std::size_t) +
-           picked_.capacity() * sizeof(select::selection_result) + band_starts_.capacity() * sizeof(std::size_t);
+           picked_.capacity() * sizeof(select::selection_result) + bins_.capacity() * sizeof(key_bin) +
+           band_starts_.capacity() * sizeof(std::size_t);
   }
 
  private:
@@ -106,6 +113,7 @@ class growing_scratch {
   std::vector<compress_report> reports_;
   std::vector<std::size_t> targets_;
   std::vector<select::selection_result> picked_;
+  std::vector<key_bin> bins_;
   std::vector<std::size_t> band_starts_;
 };
 

@@ -1,17 +1,19 @@
 // Selections that collect candidates above a threshold and keep the top of them (exact_k,
-// trimmed, top_k), over any number of segments at once: one candidate pass over every
-// segment, band rescans only for the segments that came short, one merge, one keep_top_k
-// over every segment's run and one mark_sent. On a device that is one host wait for the
-// candidates plus one per rescan, whatever the layer count; a compressor runs it over one
-// segment.
+// trimmed, top_k), over any number of segments at once: Top-k's coarse bins of every
+// segment in one pass, one candidate pass over every segment, band rescans only for the
+// segments that came short, one merge, one keep_top_k over every segment's run and one
+// mark_sent. On a device that is one host wait for the candidates, one per rescan and one
+// for Top-k's coarse bins, whatever the layer count; a compressor runs it over one segment.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 
 #include "sidco/backend/concept.hpp"
+#include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/select/result.hpp"
 
@@ -27,25 +29,60 @@ struct candidate_start {
 };
 
 /// A selection that ranks candidates: start(backend, source, threshold, k) gives its
-/// candidate pass's start, keep(k, candidates) how many of the candidates it keeps, and
-/// widen(backend, source, k, threshold, out, count, result, band_starts), where present,
-/// appends bands (ascending runs) until count reaches k.
+/// candidate pass's start (or, when it starts_from_kth_bin, start_from_bin<T>(bin) from the
+/// coarse radix bin of its k-th largest, found for every segment in one kth_largest_bins
+/// pass), keep(k, candidates) how many of the candidates it keeps, and widen(backend, source,
+/// k, threshold, out, count, result, band_starts), where present, appends bands (ascending
+/// runs) until count reaches k.
 template <class S>
 concept ranks_candidates = requires { requires S::ranks_candidates; };
+template <class S>
+concept starts_from_kth_bin = ranks_candidates<S> && requires { requires S::starts_from_kth_bin; };
 
 /// Per segment s: thresholds[s] (the estimate in; where its candidates start out),
-/// targets[s] (k in; how many it keeps out), counts[s] (its candidates), results[s], and
+/// targets[s] (k in; how many it keeps out), counts[s] (its candidates), results[s], bins[s]
+/// (the coarse bin of its k-th largest, for selections that start from one) and
 /// bands_per_segment band starts a segment.
 struct candidate_scratch {
   std::span<double> thresholds;
   std::span<std::size_t> targets;
   std::span<std::size_t> counts;
   std::span<selection_result> results;
+  std::span<key_bin> bins;
   std::span<std::size_t> band_starts;
 
   /// How many entries segment s holds in the output.
   std::size_t selected(std::size_t s) const { return std::min(targets[s], counts[s]); }
 };
+
+namespace detail {
+
+/// Each segment's candidate start into work.thresholds; returns the expected candidates.
+template <class Backend, class Source, class SelectionOf>
+std::size_t start_candidates(Backend& backend, const Source& source, std::span<const segment> layout,
+                             SelectionOf& selection_of, const candidate_scratch& work) {
+  using Selection = std::remove_cvref_t<decltype(selection_of(std::size_t{}))>;
+  const std::size_t n = layout.size();
+  std::size_t hint = 0;
+  if constexpr (starts_from_kth_bin<Selection>) {
+    backend.kth_largest_bins(source, layout, std::span<const std::size_t>(work.targets), work.bins.first(n));
+    for (std::size_t s = 0; s < n; ++s) {
+      const candidate_start start = selection_of(s).template start_from_bin<typename Source::value_type>(work.bins[s]);
+      work.thresholds[s] = start.threshold;
+      hint += start.hint;
+    }
+  } else {
+    for (std::size_t s = 0; s < n; ++s) {
+      const auto part = source.slice(layout[s].offset, layout[s].size);
+      const candidate_start start = selection_of(s).start(backend, part, work.thresholds[s], work.targets[s]);
+      work.thresholds[s] = start.threshold;
+      hint += start.hint;
+    }
+  }
+  return hint;
+}
+
+}  // namespace detail
 
 /// Appends, for each segment s of layout (which tiles source in order), the selection of
 /// selection_of(s) aiming at work.targets[s] entries, with global indices in index order.
@@ -53,14 +90,8 @@ template <backend::backend Backend, class Source, class Out, class SelectionOf>
 void select_candidates(Backend& backend, const Source& source, std::span<const segment> layout,
                        SelectionOf&& selection_of, Out& out, const candidate_scratch& work) {
   const std::size_t n = layout.size(), begin = out.size();
-  std::size_t hint = 0;
-  for (std::size_t s = 0; s < n; ++s) {
-    const auto part = source.slice(layout[s].offset, layout[s].size);
-    work.targets[s] = std::min(work.targets[s], layout[s].size);
-    const candidate_start start = selection_of(s).start(backend, part, work.thresholds[s], work.targets[s]);
-    work.thresholds[s] = start.threshold;
-    hint += start.hint;
-  }
+  for (std::size_t s = 0; s < n; ++s) work.targets[s] = std::min(work.targets[s], layout[s].size);
+  const std::size_t hint = detail::start_candidates(backend, source, layout, selection_of, work);
   backend.template select_above<false>(source, layout, std::span<const double>(work.thresholds), out, hint,
                                        work.counts);
   std::size_t bands = 0;
@@ -89,10 +120,11 @@ selection_result select_candidates_whole(Backend& backend, const Source& source,
   const segment whole{0, source.size};
   std::size_t count = 0;
   selection_result result;
+  key_bin bin;
   std::array<std::size_t, bands_per_segment> band_starts{};
   select_candidates(backend, source, std::span<const segment>(&whole, 1),
                     [&selection](std::size_t) -> Selection& { return selection; }, out,
-                    candidate_scratch{{&threshold, 1}, {&k, 1}, {&count, 1}, {&result, 1}, band_starts});
+                    candidate_scratch{{&threshold, 1}, {&k, 1}, {&count, 1}, {&result, 1}, {&bin, 1}, band_starts});
   return result;
 }
 

@@ -1,43 +1,43 @@
-// The threshold below the k-th largest magnitude's radix bucket, from one histogram pass.
+// The threshold below the k-th largest magnitude's coarse radix bin, from one histogram pass.
 #pragma once
 
-#include <array>
 #include <cmath>
 #include <cstddef>
-#include <cstdint>
 #include <limits>
+#include <span>
 
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/radix_select.hpp"
+#include "sidco/core/segment.hpp"
 
 namespace sidco::select::detail {
 
-/// Where a radix select over the top radix_bucket_bits of the magnitude keys starts.
+/// Where a radix select over the coarse bins of the magnitude keys starts.
 struct radix_bucket {
-  double threshold;          // |x| > threshold exactly for the keys in the bucket and above
+  double threshold;          // |x| > threshold exactly for the keys in the bin and above
   std::size_t at_or_above;   // how many values that keeps (at least k, unless N < k)
-  bool everything;           // the bucket is the lowest: threshold -1 keeps zeros too
+  bool everything;           // the bin is the lowest: threshold -1 keeps zeros too
 };
 
-inline constexpr int radix_bucket_bits = 12;
+/// The threshold that keeps exactly the values of T in the coarse bin found and above.
+template <class T>
+radix_bucket bucket_at(key_bin found) {
+  using Key = magnitude_key_t<T>;
+  if (found.bin == 0) return {-1.0, found.at_or_above, true};
+  // |x| > t exactly when the key is at least the bin's lowest key.
+  const double t = std::nextafter(double(magnitude_of_key<T>(Key(Key(found.bin) << coarse_shift<Key>))),
+                                  -std::numeric_limits<double>::infinity());
+  return {t, found.at_or_above, false};
+}
 
-/// One histogram pass of the top 12 key bits (magnitude keys have a clear top bit): the
-/// highest bucket at which k or more values lie at or above it.
+/// The coarse bin of source's k-th largest magnitude, from one pass.
 template <class Backend, class Source>
 radix_bucket bucket_of_kth_largest(Backend& backend, const Source& source, std::size_t k) {
-  using T = typename Source::value_type;
-  using Key = magnitude_key_t<T>;
-  constexpr int shift = int(8 * sizeof(Key)) - 1 - radix_bucket_bits;
-  std::array<std::uint64_t, std::size_t(1) << radix_bucket_bits> counts{};
-  backend.key_histogram(source, shift, counts);
-  std::size_t needed = k;
-  const std::size_t bucket = highest_bin_reaching(counts.data(), counts.size(), needed);
-  const std::size_t at_or_above = std::size_t(k - needed + counts[bucket]);
-  if (bucket == 0) return {-1.0, at_or_above, true};
-  // |x| > t exactly when the key is at least the bucket's lowest key.
-  const double t = std::nextafter(double(magnitude_of_key<T>(Key(bucket) << shift)),
-                                  -std::numeric_limits<double>::infinity());
-  return {t, at_or_above, false};
+  const segment whole{0, source.size};
+  key_bin found;
+  backend.kth_largest_bins(source, std::span<const segment>(&whole, 1), std::span<const std::size_t>(&k, 1),
+                           std::span<key_bin>(&found, 1));
+  return bucket_at<typename Source::value_type>(found);
 }
 
 }  // namespace sidco::select::detail

@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "sidco/backend/concept.hpp"
+#include "sidco/core/radix_select.hpp"
 #include "sidco/select/candidates.hpp"
 #include "sidco/select/radix_threshold.hpp"
 #include "sidco/select/result.hpp"
@@ -28,9 +29,11 @@ struct top_k {
     return select_candidates_whole(backend, source, *this, threshold, k, out);
   }
 
-  template <class Backend, class Source>
-  candidate_start start(Backend& backend, const Source& source, double, std::size_t k) const {
-    const auto bucket = detail::bucket_of_kth_largest(backend, source, k);
+  /// Starts where its coarse radix bin begins (kth_largest_bins, one pass over every layer).
+  static constexpr bool starts_from_kth_bin = true;
+  template <class T>
+  candidate_start start_from_bin(key_bin found) const {
+    const auto bucket = detail::bucket_at<T>(found);
     return {bucket.threshold, bucket.at_or_above};
   }
 

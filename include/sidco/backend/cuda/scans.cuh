@@ -1,39 +1,69 @@
-// backend::cuda's whole-source scans: count above a threshold, a magnitude-key histogram,
-// the first non-finite value, a gather of chosen values (each one host wait for its small
-// result), and the sent marks of error feedback (none).
+// backend::cuda's scans: count above a threshold, the coarse radix bin of each segment's
+// k-th largest, the first non-finite value, a gather of chosen values (each one host wait
+// for its small result), and the sent marks of error feedback (none).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "sidco/backend/cuda/elementwise.hpp"
+#include "sidco/backend/cuda/pieces.hpp"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
 #include "sidco/backend/pass_statistics.hpp"
 #include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/radix_select.hpp"
+#include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/memory/device.cuh"
 
 namespace sidco::backend::cuda_detail {
 
-// Counts magnitude keys >> shift into bins (a block's histogram in shared memory first).
+// The coarse histogram of one piece per block (magnitude key >> coarse_shift) into its
+// segment's coarse_bins counters: in shared memory first, added to global where non-zero.
 template <class Tuning, class Source>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    histogram_keys(Source source, int shift, unsigned long long* bins, int bin_count) {
-  extern __shared__ unsigned int local[];
-  for (int b = threadIdx.x; b < bin_count; b += Tuning::block_threads) local[b] = 0;
+    coarse_histogram(Source source, const piece* pieces, unsigned long long* bins) {
+  constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
+  __shared__ unsigned int local[coarse_bins];
+  for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads) local[b] = 0;
   __syncthreads();
-  for (std::size_t i = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; i < source.size;
-       i += std::size_t(gridDim.x) * Tuning::block_threads)
+  const piece pc = pieces[blockIdx.x];
+  for (std::size_t i = pc.offset + threadIdx.x; i < pc.offset + pc.size; i += Tuning::block_threads)
     atomicAdd(&local[magnitude_key(source.value(i)) >> shift], 1u);
   __syncthreads();
-  for (int b = threadIdx.x; b < bin_count; b += Tuning::block_threads)
-    if (local[b]) atomicAdd(&bins[b], static_cast<unsigned long long>(local[b]));
+  unsigned long long* own = bins + std::size_t(pc.segment) * coarse_bins;
+  for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads)
+    if (local[b]) atomicAdd(&own[b], static_cast<unsigned long long>(local[b]));
+}
+
+// Block s: segment s's kth_largest_bin, each thread taking a share of the bins from the top
+// and an exclusive scan telling it how many lie above its share.
+template <class Tuning>
+__global__ void __launch_bounds__(Tuning::block_threads)
+    choose_kth_bins(const unsigned long long* bins, const std::size_t* targets, key_bin* out) {
+  constexpr std::size_t share = (coarse_bins + Tuning::block_threads - 1) / Tuning::block_threads;
+  const unsigned long long* own = bins + std::size_t(blockIdx.x) * coarse_bins;
+  const std::size_t taken = std::size_t(threadIdx.x) * share;
+  const std::size_t high = taken < coarse_bins ? coarse_bins - taken : 0;
+  const std::size_t low = high > share ? high - share : 0;
+  unsigned long long mine = 0;
+  for (std::size_t b = low; b < high; ++b) mine += own[b];
+  using scan = cub::BlockScan<unsigned long long, Tuning::block_threads>;
+  __shared__ typename scan::TempStorage temp;
+  unsigned long long above = 0;
+  scan(temp).ExclusiveSum(mine, above);
+  key_bin found;
+  if (kth_largest_bin_in_share(own, low, high, std::size_t(above), targets[blockIdx.x], threadIdx.x == 0,
+                               low == 0 && high > 0, found))
+    out[blockIdx.x] = found;
 }
 
 // How many |x| > t, into *count.
@@ -90,16 +120,28 @@ std::size_t count_above(workspace& ws, const Source& source, double t) {
   return std::size_t(ws.fetch_counter(count));
 }
 
-/// counts[d] += how many magnitude keys >> shift equal d.
+/// out[s] = the coarse bin of segment s's targets[s]-th largest magnitude: one histogram
+/// kernel over every segment's pieces, one choosing kernel (a block a segment), one host
+/// wait for the segments' bins (16 bytes each).
 template <class Tuning, class Source>
-void key_histogram(workspace& ws, const Source& source, int shift, std::span<std::uint64_t> counts) {
-  auto* bins = ws.counters(counts.size());
-  histogram_keys<Tuning><<<grid<Tuning>(source.size), Tuning::block_threads, counts.size() * sizeof(unsigned int),
-                           ws.stream>>>(source, shift, bins, int(counts.size()));
+void kth_largest_bins(workspace& ws, const Source& source, std::span<const segment> layout,
+                      std::span<const std::size_t> targets, std::span<key_bin> out) {
+  const std::size_t segments = layout.size();
+  if (segments == 0) return;
+  ws.refresh_pieces(layout, Tuning::tile);
+  auto* bins = ws.counters(segments * coarse_bins);
+  const std::size_t pieces = ws.plan.pieces().size();
+  if (pieces > 0) {
+    coarse_histogram<Tuning><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(source, ws.piece_table.data(),
+                                                                                        bins);
+    SIDCO_CUDA(cudaGetLastError());
+  }
+  std::copy(targets.begin(), targets.end(), ws.position_staging.fill<std::size_t>(segments));
+  const std::size_t* device_targets = ws.upload<std::size_t>(ws.positions, ws.position_staging, segments);
+  key_bin* found = workspace::staging<key_bin>(ws.merged, segments);
+  choose_kth_bins<Tuning><<<unsigned(segments), Tuning::block_threads, 0, ws.stream>>>(bins, device_targets, found);
   SIDCO_CUDA(cudaGetLastError());
-  ws.host_counters.resize(counts.size());
-  ws.copy_back(ws.host_counters.data(), bins, counts.size());
-  for (std::size_t d = 0; d < counts.size(); ++d) counts[d] += ws.host_counters[d];
+  ws.copy_back(out.data(), found, segments);
 }
 
 /// out[j] = x (magnitude: |x|) at positions[j], in double.
