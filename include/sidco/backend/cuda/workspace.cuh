@@ -44,7 +44,6 @@ struct workspace {
   device_buffer<unsigned char> staging_indices, staging_values;
   sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging, run_staging;
   std::vector<std::uint32_t> host_counts;
-  std::vector<unsigned long long> host_counters;
   std::vector<unsigned char> result_bytes;
 
   /// Device and host bytes kept: O(pieces + segments), never O(N) (plus the staging of
