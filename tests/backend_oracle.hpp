@@ -17,6 +17,8 @@
 #include <sidco/backend/concept.hpp>
 #include <sidco/backend/serial.hpp>
 #include <sidco/backend/source.hpp>
+#include <sidco/core/splitmix.hpp>
+#include <sidco/core/uniform_subset.hpp>
 
 #include "reference.hpp"
 
@@ -187,14 +189,21 @@ struct oracle {
     const auto nonfinite = backend.first_nonfinite(source), nonfinite_serial = serial.first_nonfinite(host);
     CHECK(nonfinite.index == nonfinite_serial.index);
     if (nonfinite.index < x.size()) CHECK(std::isnan(nonfinite.value) == std::isnan(nonfinite_serial.value));
-    std::vector<std::size_t> positions;
-    for (std::size_t i = 0; i < x.size(); i += 7) positions.push_back(i);
-    std::vector<double> gathered(positions.size()), gathered_serial(positions.size());
-    backend.gather_magnitudes(source, positions, gathered);
-    serial.gather_magnitudes(host, positions, gathered_serial);
-    CHECK(std::equal(gathered.begin(), gathered.end(), gathered_serial.begin(), [](double a, double b) {
-      return a == b || (std::isnan(a) && std::isnan(b));
-    }));
+    // The sample's positions are drawn inside the backend: the same magnitudes as the
+    // sequential generator's positions read on the host.
+    for (const std::uint64_t state : {std::uint64_t(0xd6c), ~std::uint64_t(0)}) {
+      if (x.empty()) break;
+      std::vector<double> sampled(x.size() / 3 + 5), sampled_serial(sampled.size());
+      backend.sample_magnitudes(source, state, sampled);
+      serial.sample_magnitudes(host, state, sampled_serial);
+      splitmix64 sequential{state};
+      for (std::size_t j = 0; j < sampled.size(); ++j) {
+        const double expected = std::fabs(double(x[sequential.below(x.size())]));
+        INFO("sample ", j, " of generator state ", state);
+        CHECK((sampled_serial[j] == expected || (std::isnan(expected) && std::isnan(sampled_serial[j]))));
+        CHECK((sampled[j] == expected || (std::isnan(expected) && std::isnan(sampled[j]))));
+      }
+    }
 
     for (double t : {-1.0, 0.0, 1e-40, 0.001, 0.003, 0.01, 1e30, double(std::numeric_limits<float>::denorm_min())}) {
       INFO("threshold ", t);
@@ -283,18 +292,28 @@ struct oracle {
       serial.scatter_add(b, std::span<T>(dense_serial), T(0.5));
       CHECK(move::template download<T>({dense.data(), dense.size()}) == dense_serial);
     }
-    std::vector<std::size_t> chosen;
-    for (std::size_t i = 0; i < g.size(); i += 97) chosen.push_back(i);
-    auto ra = move::template upload<T>(r0);
-    auto rb = std::vector<T>(r0.begin(), r0.end());
-    const backend::feedback_source<T, M> sa{gradient.data(), ra.data(), g.size()};
-    const backend::feedback_source<T> sb{g.data(), rb.data(), g.size()};
-    sparse_vector<T, std::uint32_t, M> a(g.size());
-    sparse_vector<T> b(g.size());
-    backend.select_indices(sa, chosen, a);
-    serial.select_indices(sb, chosen, b);
-    CHECK(move::entries(a) == entries(b));
-    CHECK(move::template download<T>({ra.data(), ra.size()}) == rb);
+    // Random-k's draw at every size: none, one, small and large by redraws (n / 40: the
+    // device draws it where k reaches its tuning's device_draw_from), by selection sampling
+    // (n / 10) and all: the subset uniform_subset draws, the state settled as the oracle's.
+    const std::size_t n = g.size();
+    for (const std::size_t k : {std::size_t(0), std::size_t(1), std::size_t(16), n / 40, n / 10, n})
+      for (const std::uint64_t state : {std::uint64_t(0x51dc0), ~std::uint64_t(0)}) {
+        INFO("random subset of ", k, " from state ", state);
+        auto ra = move::template upload<T>(r0);
+        auto rb = std::vector<T>(r0.begin(), r0.end());
+        const backend::feedback_source<T, M> sa{gradient.data(), ra.data(), n};
+        const backend::feedback_source<T> sb{g.data(), rb.data(), n};
+        sparse_vector<T, std::uint32_t, M> a(n);
+        sparse_vector<T> b(n);
+        backend.select_random(sa, k, state, a);
+        serial.select_random(sb, k, state, b);
+        std::vector<std::size_t> drawn;
+        uniform_subset(n, k, state, drawn);
+        REQUIRE(b.size() == drawn.size());
+        CHECK(std::equal(drawn.begin(), drawn.end(), b.indices().begin()));
+        CHECK(move::entries(a) == entries(b));
+        CHECK(move::template download<T>({ra.data(), ra.size()}) == rb);
+      }
   }
 };
 

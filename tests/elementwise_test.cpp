@@ -15,6 +15,7 @@
 #include <sidco/backend/host/keep_top_k.hpp>
 #include <sidco/backend/serial.hpp>
 #include <sidco/core/radix_select.hpp>
+#include <sidco/core/splitmix.hpp>
 
 #include "backend_oracle.hpp"
 
@@ -246,4 +247,25 @@ TEST_CASE("layouts split into pieces of at most a tile inside one segment, in or
   CHECK(first[4] == plan.pieces().size());
   CHECK(plan.plan(std::vector<segment>{{0, 1311}}, 256));
   CHECK(plan.pieces().size() == 6);
+}
+
+TEST_CASE("a sample position drawn by its index equals the sequential generator's draw, and skip advances alike") {
+  for (const std::uint64_t state : {std::uint64_t(0), std::uint64_t(0xd6c), ~std::uint64_t(0) - 3}) {
+    for (const std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(16384), (std::size_t(1) << 31) + 17,
+                                std::numeric_limits<std::size_t>::max()}) {
+      INFO("state ", state, ", n ", n);
+      splitmix64 sequential{state};
+      std::size_t highest = 0;
+      for (std::size_t j = 0; j < 1000; ++j) {
+        const std::size_t drawn = sequential.below(n);
+        CHECK(sample_position(state, j, n) == drawn);
+        CHECK(drawn < n);
+        highest = std::max(highest, drawn);
+      }
+      if (n > 1000) CHECK(highest > n / 2);  // the high word spreads over [0, n)
+      splitmix64 skipped{state};
+      skipped.skip(1000);
+      CHECK(skipped.state == sequential.state);
+    }
+  }
 }

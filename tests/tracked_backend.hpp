@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -159,14 +160,14 @@ struct backend {
     inner.select_band(s, low, high, out);
   }
   template <class Source, class Out>
-  void select_indices(const Source& s, std::span<const std::size_t> chosen, Out& out) {
+  void select_random(const Source& s, std::size_t k, std::uint64_t state, Out& out) {
     scope in;
-    inner.select_indices(s, chosen, out);
+    inner.select_random(s, k, state, out);
   }
   template <class Source>
-  void gather_magnitudes(const Source& s, std::span<const std::size_t> positions, std::span<double> out) {
+  void sample_magnitudes(const Source& s, std::uint64_t state, std::span<double> out) {
     scope in;
-    inner.gather_magnitudes(s, positions, out);
+    inner.sample_magnitudes(s, state, out);
   }
   template <class Out>
   void keep_top_k(Out& out, std::size_t begin, std::span<const std::size_t> run_sizes,

@@ -63,12 +63,14 @@ TEST_CASE("cuda kernels equal the serial oracle on the real gradients") {
 }
 
 // Other launch shapes give the same bits: small blocks, two items per write step, short
-// pieces and a grid cap far below the block count, so that every grid-stride loop wraps.
+// pieces and a grid cap far below the block count, so that every grid-stride loop wraps;
+// Random-k's draws made on the device from k = 16.
 struct narrow_tuning {
   static constexpr int block_threads = 64;
   static constexpr int write_items = 2;
   static constexpr std::size_t tile = std::size_t(block_threads) * 5;
   static constexpr std::size_t max_grid = 3;
+  static constexpr std::size_t device_draw_from = 16;
 };
 
 TEST_CASE("cuda kernels with another tuning equal the serial oracle") {
@@ -274,7 +276,7 @@ TEST_CASE("a warm call allocates nothing on the host or the device") {
   CHECK(free_after == free_before);
 }
 
-TEST_CASE("host waits per warm call: one for the moments pass, one per estimator pass, one for the selection, none for the exact Top-k") {
+TEST_CASE("host waits per warm call: one for the moments pass, one per estimator pass, one for the selection, one for DGC's sample, none for the exact Top-k") {
   const auto g = test::load_gradient("lstm_it10.npy");
   const auto gradient = move::upload<float>(g);
   sparse_vector<float, std::uint32_t, device> out;
@@ -297,6 +299,10 @@ TEST_CASE("host waits per warm call: one for the moments pass, one per estimator
   presets::sidco_e_exact<backend::cuda> exact;
   const auto [exact_waits, exact_passes] = waits_of(exact, "sidco-e exact_k");
   CHECK(exact_waits == std::uint64_t(2 + exact_passes));
+  // DGC: its sample's magnitudes (positions drawn on the device) are one wait more.
+  presets::dgc<select::above_threshold, backend::cuda> dgc;
+  const auto [dgc_waits, dgc_passes] = waits_of(dgc, "dgc");
+  CHECK(dgc_waits == std::uint64_t(3 + dgc_passes));
   // Top-k: the moments pass, the coarse key histogram, the candidates' selection.
   presets::top_k<backend::cuda> top;
   CHECK(waits_of(top, "top-k").first == 3);
@@ -306,6 +312,14 @@ TEST_CASE("a CUDA failure is a sidco::runtime_error naming the call") {
   memory::device_buffer<float> huge;
   CHECK_THROWS_WITH_AS(huge.reserve(std::size_t(1) << 50), doctest::Contains("cudaMalloc"), sidco::runtime_error);
   cudaGetLastError();
+}
+
+TEST_CASE("Random-k's draw made on the device picks the host's subset") {
+  // n = 2^22: k = 4,195 and 41,943 are drawn on the device (by redraws, from
+  // device_draw_from on), 209,715 on the host (selection sampling: above n / 32).
+  const auto g = test::mixed_values<float>(std::size_t(1) << 22, 29, false);
+  for (double delta : {0.001, 0.01, 0.05})
+    same_method<presets::random_k<backend::cuda>, presets::random_k<backend::serial>>("random-k", g, delta, true);
 }
 
 namespace {

@@ -128,18 +128,19 @@ template <class B>
 concept has_select_band = requires(B& b, const probe_source<B>& s, probe_output<B>& out) {
   b.select_band(s, 0.0, 1.0, out);
 };
-/// select_indices(source, chosen, out): appends the entries at the ascending local indices
-/// chosen (host memory) and settles every entry (sent where chosen).
+/// select_random(source, k, state, out): appends the entries at the local indices
+/// uniform_subset(size, k, state) draws (core/uniform_subset.hpp; k <= size), ascending,
+/// and settles every entry (sent where chosen).
 template <class B>
-concept has_select_indices = requires(B& b, const probe_source<B>& s, std::span<const std::size_t> c,
-                                      probe_output<B>& out) {
-  b.select_indices(s, c, out);
+concept has_select_random = requires(B& b, const probe_source<B>& s, std::uint64_t state, probe_output<B>& out) {
+  b.select_random(s, std::size_t{}, state, out);
 };
-/// gather_magnitudes(source, positions, out): out[j] = |x at positions[j]| (both host).
+/// sample_magnitudes(source, state, out): out[j] = |x at sample_position(state, j, size)|
+/// (core/splitmix.hpp: uniform positions drawn where the values are; out in host memory).
 template <class B>
-concept has_gather_magnitudes = requires(B& b, const probe_source<B>& s,
-                                         std::span<const std::size_t> p, std::span<double> out) {
-  b.gather_magnitudes(s, p, out);
+concept has_sample_magnitudes = requires(B& b, const probe_source<B>& s, std::uint64_t state,
+                                         std::span<double> out) {
+  b.sample_magnitudes(s, state, out);
 };
 /// keep_top_k(out, begin, run_sizes, keep): the entries from begin on are consecutive runs
 /// (run_sizes, host); keeps of run s exactly the min(keep[s], run_sizes[s]) largest
@@ -176,7 +177,7 @@ concept backend = contract::has_memory<B> && contract::has_name<B> && contract::
                   contract::has_tail<B> && contract::has_count_above<B> &&
                   contract::has_kth_largest_bins<B> && contract::has_first_nonfinite<B> &&
                   contract::has_select_above<B> && contract::has_select_band<B> &&
-                  contract::has_select_indices<B> && contract::has_gather_magnitudes<B> &&
+                  contract::has_select_random<B> && contract::has_sample_magnitudes<B> &&
                   contract::has_keep_top_k<B> && contract::has_merge_runs<B> &&
                   contract::has_mark_sent<B> && contract::has_scatter_add<B>;
 
@@ -203,10 +204,10 @@ consteval bool diagnose() {
     static_assert(contract::has_select_above<B>,
                   "sidco backend: missing select_above<Final>(source, layout, thresholds, out, hint, kept)");
     static_assert(contract::has_select_band<B>, "sidco backend: missing select_band(source, low, high, out)");
-    static_assert(contract::has_select_indices<B>,
-                  "sidco backend: missing select_indices(source, chosen, out)");
-    static_assert(contract::has_gather_magnitudes<B>,
-                  "sidco backend: missing gather_magnitudes(source, positions, out)");
+    static_assert(contract::has_select_random<B>,
+                  "sidco backend: missing select_random(source, k, state, out)");
+    static_assert(contract::has_sample_magnitudes<B>,
+                  "sidco backend: missing sample_magnitudes(source, state, out)");
     static_assert(contract::has_keep_top_k<B>, "sidco backend: missing keep_top_k(out, begin, run_sizes, keep)");
     static_assert(contract::has_merge_runs<B>, "sidco backend: missing merge_runs(out, begin, run_starts)");
     static_assert(contract::has_mark_sent<B>, "sidco backend: missing mark_sent(source, out, begin)");

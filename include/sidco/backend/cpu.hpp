@@ -37,6 +37,7 @@
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
+#include "sidco/core/uniform_subset.hpp"
 #include "sidco/memory/host.hpp"
 
 namespace sidco::backend {
@@ -213,7 +214,9 @@ class cpu {
   /// loop that vectorizes), then the chosen ones are marked sent, as the oracle's one
   /// pass leaves them.
   template <class Source, class T, class Index>
-  void select_indices(const Source& source, std::span<const std::size_t> chosen, sparse_vector<T, Index>& out) {
+  void select_random(const Source& source, std::size_t k, std::uint64_t state, sparse_vector<T, Index>& out) {
+    uniform_subset(source.size, k, state, chosen_);
+    const std::span<const std::size_t> chosen(chosen_);
     const std::size_t start = out.size();
     out.resize(start + chosen.size());
     Index* const indices = out.index_data() + start;
@@ -233,8 +236,8 @@ class cpu {
   }
 
   template <class Source>
-  void gather_magnitudes(const Source& source, std::span<const std::size_t> positions, std::span<double> out) {
-    host::gather_magnitudes(source, positions, out);
+  void sample_magnitudes(const Source& source, std::uint64_t state, std::span<double> out) {
+    host::sample_magnitudes(source, state, out);
   }
 
   template <class T, class Index>
@@ -258,12 +261,13 @@ class cpu {
     host::scatter_add(in, dense, scale);
   }
 
-  /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit).
+  /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit), plus
+  /// Random-k's k drawn indices.
   std::size_t workspace_bytes() const {
     const std::size_t probes =
         std::apply([](const auto&... v) { return (std::size_t(0) + ... + (v.capacity() * sizeof(v[0]))); }, probes_);
     return partials_.capacity() * sizeof(moments) + probes +
-           (first_unit_.capacity() + offsets_.capacity()) * sizeof(std::size_t) +
+           (first_unit_.capacity() + offsets_.capacity() + chosen_.capacity()) * sizeof(std::size_t) +
            histograms_.capacity() * sizeof(std::uint64_t) + keys_.capacity() * sizeof(std::int64_t) +
            selection_.workspace_bytes();
   }
@@ -320,6 +324,7 @@ class cpu {
   std::vector<std::size_t> first_unit_, offsets_;
   std::vector<std::uint64_t> histograms_;
   std::vector<std::int64_t> keys_;
+  std::vector<std::size_t> chosen_;  // Random-k's draw
 };
 
 }  // namespace sidco::backend

@@ -5,14 +5,16 @@
 // pass that feeds it brings back a few bytes (the moments, a count).
 //
 // Syncs with the host per call (each is a device-to-host copy of a small result):
-//   analyze, tail, count_above, kth_largest_bins, gather_magnitudes: 1
+//   analyze, tail, count_above, kth_largest_bins, sample_magnitudes: 1
 //   select_above, select_band: 1 (the per-piece counts, fetched after the write pass)
-//   select_indices, merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walks stay on the device)
+//   merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walks stay on the device)
+//   select_random: one per redraw round where the device draws (k >= device_draw_from and
+//     k <= N/32; two rounds when the first draws repeats, likely once k^2 > 2N), else 0
 //   scatter_add: 1 (the index check, before anything is written)
 //   first_nonfinite (the error path): 2
 // So a threshold compress makes 2 plus one per pass of the estimator's own
-// (report.passes): 2 for a single-stage or steady multi-stage SIDCo call, exact_k's
-// included; Top-k makes 3 (moments, its coarse histogram, the candidates). Per layer
+// (report.passes), plus one for DGC's sample: 2 for a single-stage or steady multi-stage
+// SIDCo call, exact_k's included; Top-k makes 3 (moments, its coarse histogram, the candidates). Per layer
 // (segmented), exact_k, trimmed and Top-k select every layer's candidates in one pass,
 // keep every layer's top in one keep_top_k, and Top-k finds every layer's coarse bin in one
 // pass, so a call waits 2 plus the estimator's passes and exact_k's rescans (Top-k: 3),
@@ -46,7 +48,7 @@
 #include "sidco/backend/cuda/merge_runs.cuh"
 #include "sidco/backend/cuda/scans.cuh"
 #include "sidco/backend/cuda/scatter_add.cuh"
-#include "sidco/backend/cuda/select_indices.cuh"
+#include "sidco/backend/cuda/select_random.cuh"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
 #include "sidco/backend/pass_statistics.hpp"
@@ -119,13 +121,13 @@ class basic_cuda {
   }
 
   template <class Source, class T, class Index>
-  void select_indices(const Source& source, std::span<const std::size_t> chosen, output<T, Index>& out) {
-    cuda_detail::select_indices<Tuning>(work_, source, chosen, out);
+  void select_random(const Source& source, std::size_t k, std::uint64_t state, output<T, Index>& out) {
+    cuda_detail::select_random<Tuning>(work_, source, k, state, out);
   }
 
   template <class Source>
-  void gather_magnitudes(const Source& source, std::span<const std::size_t> positions, std::span<double> out) {
-    cuda_detail::gather<Tuning>(work_, source, positions, out, true);
+  void sample_magnitudes(const Source& source, std::uint64_t state, std::span<double> out) {
+    cuda_detail::sample_magnitudes<Tuning>(work_, source, state, out);
   }
 
   template <class T, class Index>

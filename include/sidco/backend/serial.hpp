@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "sidco/backend/host/keep_top_k.hpp"
 #include "sidco/backend/host/merge_runs.hpp"
@@ -20,6 +21,7 @@
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
+#include "sidco/core/uniform_subset.hpp"
 #include "sidco/memory/host.hpp"
 
 namespace sidco::backend {
@@ -103,8 +105,9 @@ struct basic_serial {
   }
 
   template <class Source, class T, class Index>
-  void select_indices(const Source& source, std::span<const std::size_t> chosen,
-                      sparse_vector<T, Index, Memory>& out) {
+  void select_random(const Source& source, std::size_t k, std::uint64_t state, sparse_vector<T, Index, Memory>& out) {
+    uniform_subset(source.size, k, state, chosen_);
+    const std::span<const std::size_t> chosen(chosen_);
     std::size_t next = 0;
     for (std::size_t i = 0; i < source.size; ++i) {
       const T v = source.value(i);
@@ -116,9 +119,8 @@ struct basic_serial {
   }
 
   template <class Source>
-  void gather_magnitudes(const Source& source, std::span<const std::size_t> positions,
-                         std::span<double> out) {
-    host::gather_magnitudes(source, positions, out);
+  void sample_magnitudes(const Source& source, std::uint64_t state, std::span<double> out) {
+    host::sample_magnitudes(source, state, out);
   }
 
   template <class T, class Index>
@@ -161,6 +163,8 @@ struct basic_serial {
     Memory::address(out.index_data())[at] = index;
     Memory::address(out.value_data())[at] = value;
   }
+
+  std::vector<std::size_t> chosen_;  // Random-k's draw, reused
 };
 
 /// The serial oracle on host memory.

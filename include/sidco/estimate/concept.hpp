@@ -7,7 +7,7 @@
 // estimate(all, probes, delta, pass) -> threshold_estimate, where all is the moments of the
 // whole input, probes the tails the moments pass measured where the estimator asked, delta
 // the density to aim at, and pass its way to passes of its own (pass.tail<Log>(t),
-// pass.count_above(t), pass.gather_magnitudes(positions, out)).
+// pass.count_above(t), pass.sample_magnitudes(state, out)).
 //
 // Optional hooks:
 //   observes = true: observe(achieved_density, delta) after every call, with the density
@@ -18,6 +18,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "sidco/core/moments.hpp"
@@ -32,7 +33,7 @@ struct pass_archetype {
   template <bool Log>
   moments tail(double) { return {}; }
   std::size_t count_above(double) { return 0; }
-  void gather_magnitudes(std::span<const std::size_t>, std::span<double>) {}
+  void sample_magnitudes(std::uint64_t, std::span<double>) {}
 };
 
 template <class E>

@@ -13,9 +13,9 @@
 #include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/splitmix.hpp"
 #include "sidco/core/state_io.hpp"
 #include "sidco/estimate/result.hpp"
-#include "sidco/select/random_k.hpp"
 
 namespace sidco::estimate {
 
@@ -23,7 +23,8 @@ namespace sidco::estimate {
 /// takes the ceil(delta s)-th largest sampled magnitude as t and keeps |x| >= t (t = 0: |x| > 0). While fewer
 /// than k values reach t, t is lowered by lower_factor (at most max_lowerings times).
 /// The sample positions come from a seeded generator that advances every call; the backend
-/// gathers the magnitudes there.
+/// draws them where the values are (core/splitmix.hpp: a GPU uploads no positions) and
+/// returns the magnitudes there.
 class sampled {
  public:
   static constexpr const char* name = "dgc_sampled";
@@ -54,10 +55,9 @@ class sampled {
     const double wanted = std::max(options_.sample_fraction * double(n), std::ceil(2 / delta));
     // Clamp before converting: 2/delta overflows size_t for tiny (valid) densities.
     const std::size_t samples = wanted >= double(n) ? n : std::size_t(wanted);
-    positions_.resize(samples);
     sample_.resize(samples);
-    for (auto& p : positions_) p = rng_.below(n);
-    pass.gather_magnitudes(positions_, sample_);
+    pass.sample_magnitudes(rng_.state, sample_);
+    rng_.skip(samples);
     const std::size_t top = std::min(samples, std::size_t(std::ceil(delta * double(samples))));
     std::nth_element(sample_.begin(), sample_.begin() + std::ptrdiff_t(top - 1), sample_.end(),
                      std::greater<double>());
@@ -87,8 +87,7 @@ class sampled {
 
  private:
   options options_{};
-  select::detail::splitmix64 rng_{0xd6c};
-  std::vector<std::size_t> positions_;
+  splitmix64 rng_{0xd6c};
   std::vector<double> sample_;
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <utility>
 
@@ -36,8 +37,8 @@ struct estimator_pass {
     ++passes;
     return backend.count_above(source, t);
   }
-  void gather_magnitudes(std::span<const std::size_t> positions, std::span<double> out) {
-    backend.gather_magnitudes(source, positions, out);
+  void sample_magnitudes(std::uint64_t state, std::span<double> out) {
+    backend.sample_magnitudes(source, state, out);
   }
 };
 

@@ -1,6 +1,7 @@
 // backend::cuda's scans: count above a threshold, the coarse radix bin of each segment's
-// k-th largest, the first non-finite value, a gather of chosen values (each one host wait
-// for its small result), and the sent marks of error feedback (none).
+// k-th largest, the first non-finite value, a sample of magnitudes at positions drawn on the
+// device, a gather of chosen values (each one host wait for its small result), and the sent
+// marks of error feedback (none).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +22,7 @@
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
+#include "sidco/core/splitmix.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/memory/device.cuh"
 
@@ -90,14 +92,23 @@ __global__ void __launch_bounds__(Tuning::block_threads) find_nonfinite(Source s
       atomicMin(first, static_cast<unsigned long long>(i));
 }
 
-// out[j] = x (or |x|) at positions[j].
+// out[j] = x at positions[j].
 template <class Tuning, class Source>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    gather_values(Source source, const std::size_t* positions, std::size_t count, double* out, bool magnitude) {
+    gather_values(Source source, const std::size_t* positions, std::size_t count, double* out) {
+  for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
+       j += std::size_t(gridDim.x) * Tuning::block_threads)
+    out[j] = double(to_accumulator(source.value(positions[j])));
+}
+
+// out[j] = |x| at sample position j of a generator at state (the host's draw, made here).
+template <class Tuning, class Source>
+__global__ void __launch_bounds__(Tuning::block_threads)
+    sample_values(Source source, std::uint64_t state, std::size_t count, double* out) {
   for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * Tuning::block_threads) {
-    const double v = double(to_accumulator(source.value(positions[j])));
-    out[j] = magnitude ? (v < 0 ? -v : v) : v;
+    const double v = double(to_accumulator(source.value(sample_position(state, j, source.size))));
+    out[j] = v < 0 ? -v : v;
   }
 }
 
@@ -144,17 +155,28 @@ void kth_largest_bins(workspace& ws, const Source& source, std::span<const segme
   ws.copy_back(out.data(), found, segments);
 }
 
-/// out[j] = x (magnitude: |x|) at positions[j], in double.
+/// out[j] = x at positions[j], in double.
 template <class Tuning, class Source>
-void gather(workspace& ws, const Source& source, std::span<const std::size_t> positions, std::span<double> out,
-            bool magnitude) {
+void gather(workspace& ws, const Source& source, std::span<const std::size_t> positions, std::span<double> out) {
   if (positions.empty()) return;
   auto* device_positions = ws.upload_positions(positions);
   double* values = workspace::staging<double>(ws.staging_values, positions.size());
   gather_values<Tuning><<<grid<Tuning>(positions.size()), Tuning::block_threads, 0, ws.stream>>>(
-      source, device_positions, positions.size(), values, magnitude);
+      source, device_positions, positions.size(), values);
   SIDCO_CUDA(cudaGetLastError());
   ws.copy_back(out.data(), values, positions.size());
+}
+
+/// out[j] = |x| at sample_position(state, j, size), in double: the positions are drawn on
+/// the device, so only the magnitudes cross the bus (one host wait).
+template <class Tuning, class Source>
+void sample_magnitudes(workspace& ws, const Source& source, std::uint64_t state, std::span<double> out) {
+  if (out.empty() || source.size == 0) return;
+  double* values = workspace::staging<double>(ws.staging_values, out.size());
+  sample_values<Tuning><<<grid<Tuning>(out.size()), Tuning::block_threads, 0, ws.stream>>>(source, state, out.size(),
+                                                                                           values);
+  SIDCO_CUDA(cudaGetLastError());
+  ws.copy_back(out.data(), values, out.size());
 }
 
 /// The first NaN or infinity and its value ({size, 0} when none): the error path's 2 waits.
@@ -169,7 +191,7 @@ nonfinite_value first_nonfinite(workspace& ws, const Source& source) {
   if (at >= source.size) return {source.size, 0.0};
   double value = 0;
   const std::size_t position = at;
-  gather<Tuning>(ws, source, {&position, 1}, {&value, 1}, false);
+  gather<Tuning>(ws, source, {&position, 1}, {&value, 1});
   return {at, value};
 }
 

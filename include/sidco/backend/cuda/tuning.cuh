@@ -20,6 +20,9 @@ struct default_tuning {
   static constexpr std::size_t tile = std::size_t(block_threads) * 64;
   /// Most blocks a grid-stride kernel launches.
   static constexpr std::size_t max_grid = 4096;
+  /// Random-k draws k indices on the device from this k on (when by redraws): below, the
+  /// host's draw and sort (tens of microseconds) cost less than the device's wait a round.
+  static constexpr std::size_t device_draw_from = 4096;
 };
 
 /// Blocks for a grid-stride kernel over n items, per_block items a block per step (default:

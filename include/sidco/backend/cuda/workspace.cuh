@@ -45,12 +45,14 @@ struct workspace {
   sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging, run_staging;
   std::vector<std::uint32_t> host_counts;
   std::vector<unsigned char> result_bytes;
+  std::vector<std::size_t> host_chosen;  // Random-k's draw where the host makes it
 
   /// Device and host bytes kept: O(pieces + segments), never O(N) (plus the staging of
-  /// Top-k's candidates, cold path only).
+  /// Top-k's candidates, cold path only, and Random-k's k indices).
   std::size_t bytes() const {
     std::size_t total = predicate_staging.capacity() + position_staging.capacity() +
-                        piece_staging.capacity() + segment_staging.capacity() + run_staging.capacity();
+                        piece_staging.capacity() + segment_staging.capacity() + run_staging.capacity() +
+                        host_chosen.capacity() * sizeof(std::size_t);
     each_device_buffer(*this, [&total](const auto& buffer) {
       total += buffer.capacity() * sizeof(*buffer.data());
     });

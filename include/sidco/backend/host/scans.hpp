@@ -2,6 +2,7 @@
 // share: the cheap or cold ones, where threads or SIMD would not pay.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "sidco/core/float_traits.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
+#include "sidco/core/splitmix.hpp"
 #include "sidco/core/sparse_vector.hpp"
 
 namespace sidco::backend::host {
@@ -46,8 +48,16 @@ nonfinite_value first_nonfinite(const Source& source) {
 }
 
 template <class Source>
-void gather_magnitudes(const Source& source, std::span<const std::size_t> positions, std::span<double> out) {
-  for (std::size_t j = 0; j < positions.size(); ++j) out[j] = std::fabs(double(source.value(positions[j])));
+void sample_magnitudes(const Source& source, std::uint64_t state, std::span<double> out) {
+  // A block of positions first, then their reads: the reads' cache misses overlap as in a
+  // gather from a table (drawn inside the read loop, fewer reads are in flight).
+  constexpr std::size_t block = 256;
+  std::size_t at[block];
+  for (std::size_t first = 0; first < out.size(); first += block) {
+    const std::size_t count = std::min(block, out.size() - first);
+    for (std::size_t j = 0; j < count; ++j) at[j] = sample_position(state, first + j, source.size);
+    for (std::size_t j = 0; j < count; ++j) out[first + j] = std::fabs(double(source.value(at[j])));
+  }
 }
 
 /// Marks out's entries from begin on as sent in the source's error-feedback state.
