@@ -31,6 +31,25 @@ sidco::methods::options parse_options(const c10::Dict<std::string, double>& opti
 
 namespace {
 
+// The object kept for device (cpu, or cuda[index] grown to hold it), made on first use;
+// what names the argument in errors. cuda_built: whether a CUDA factory was registered.
+template <class T, class MakeCpu, class MakeCuda>
+std::unique_ptr<T>& per_device(const at::Device& device, const char* what, bool cuda_built, std::unique_ptr<T>& cpu,
+                               std::vector<std::unique_ptr<T>>& cuda, MakeCpu make_cpu, MakeCuda make_cuda) {
+  if (device.is_cuda()) {
+    if (!cuda_built)
+      sidco::throw_error(what, ": device ", device, ": this sidco_torch was built without CUDA (the torch it was ",
+                         "built against had none)");
+    const auto index = std::size_t(device.has_index() ? device.index() : 0);
+    if (cuda.size() <= index) cuda.resize(index + 1);
+    if (!cuda[index]) cuda[index] = make_cuda(at::Device(at::kCUDA, at::DeviceIndex(index)));
+    return cuda[index];
+  }
+  if (!device.is_cpu()) sidco::throw_error(what, ": device ", device, " is neither the CPU nor a CUDA device");
+  if (!cpu) cpu = make_cpu();
+  return cpu;
+}
+
 at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float32") return at::kFloat;
   if (name == "float64") return at::kDouble;
@@ -89,25 +108,13 @@ sidco::comm::wire_fields fields_of(const Codec& codec, std::int64_t tag, std::in
 void register_cuda_codec(cuda_codec_factory factory) { cuda_codecs = factory; }
 
 codec_impl& Codec::on(const at::Device& device) const {
-  std::unique_ptr<codec_impl>* slot = nullptr;
-  if (device.is_cuda()) {
-    if (!cuda_codecs)
-      sidco::throw_error("bucket: device ", device, ": this sidco_torch was built without CUDA (the torch it was ",
-                         "built against had none)");
-    const auto index = std::size_t(device.has_index() ? device.index() : 0);
-    if (cuda_.size() <= index) cuda_.resize(index + 1);
-    slot = &cuda_[index];
-    if (!*slot) *slot = cuda_codecs(settings_, format_, plan_, at::Device(at::kCUDA, at::DeviceIndex(index)));
-  } else if (device.is_cpu()) {
-    slot = &cpu_;
-    if (!*slot) *slot = make_cpu_codec(settings_, format_, plan_);
-  } else {
-    sidco::throw_error("bucket: device ", device, " is neither the CPU nor a CUDA device");
-  }
+  std::unique_ptr<codec_impl>& slot = per_device(
+      device, "bucket", cuda_codecs != nullptr, cpu_, cuda_, [&] { return make_cpu_codec(settings_, format_, plan_); },
+      [&](const at::Device& on) { return cuda_codecs(settings_, format_, plan_, on); });
   // The compressors' state follows the bucket from the device it was last on (or loaded into).
-  if (current_ && current_ != slot->get())
-    for (std::size_t i = 0; i < settings_.layout.size(); ++i) (*slot)->load_layer(i, current_->save_layer(i));
-  current_ = slot->get();
+  if (current_ && current_ != slot.get())
+    for (std::size_t i = 0; i < settings_.layout.size(); ++i) slot->load_layer(i, current_->save_layer(i));
+  current_ = slot.get();
   return *current_;
 }
 
@@ -177,20 +184,12 @@ cuda_compressor_factory cuda_factory = nullptr;
 void register_cuda_compressor(cuda_compressor_factory factory) { cuda_factory = factory; }
 
 compressor_impl& Compressor::on(const at::Device& device) {
-  if (device.is_cuda()) {
-    if (!cuda_factory)
-      sidco::throw_error("gradient: device ", device, ": this sidco_torch was built without CUDA (the torch it was ",
-                         "built against had none)");
-    const auto index = std::size_t(device.has_index() ? device.index() : 0);
-    if (cuda_.size() <= index) cuda_.resize(index + 1);
-    if (!cuda_[index]) cuda_[index] = cuda_factory(method_, options_, at::Device(at::kCUDA, at::DeviceIndex(index)));
-    last_ = cuda_[index].get();
-    return *last_;
-  }
-  if (!device.is_cpu()) sidco::throw_error("gradient: device ", device, " is neither the CPU nor a CUDA device");
-  if (!cpu_) cpu_ = make_cpu_compressor(method_, options_);
-  last_ = cpu_.get();
-  return *cpu_;
+  last_ = per_device(
+              device, "gradient", cuda_factory != nullptr, cpu_, cuda_,
+              [&] { return make_cpu_compressor(method_, options_); },
+              [&](const at::Device& on) { return cuda_factory(method_, options_, on); })
+              .get();
+  return *last_;
 }
 
 c10::Dict<std::string, double> Compressor::report() const {
