@@ -3,6 +3,7 @@
 // radix digit and the Top-k rank, keep_top_k's runs, and how layouts split into the blocks'
 // pieces.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -12,6 +13,8 @@
 #include <sidco/backend/cuda/elementwise.hpp>
 #include <sidco/backend/cuda/pieces.hpp>
 #include <sidco/backend/cuda/runs.hpp>
+#include <sidco/backend/cuda/stripes.hpp>
+#include <sidco/backend/cuda/tuning.cuh>
 #include <sidco/backend/host/keep_top_k.hpp>
 #include <sidco/backend/serial.hpp>
 #include <sidco/core/radix_select.hpp>
@@ -247,6 +250,55 @@ TEST_CASE("layouts split into pieces of at most a tile inside one segment, in or
   CHECK(first[4] == plan.pieces().size());
   CHECK(plan.plan(std::vector<segment>{{0, 1311}}, 256));
   CHECK(plan.pieces().size() == 6);
+}
+
+namespace {
+
+// The indices for_each_striped<Items> reads and uses, against the plain loop's.
+template <int Items>
+void check_striped(std::size_t begin, std::size_t end, std::size_t stride) {
+  std::vector<std::size_t> plain, read, used;
+  for (std::size_t i = begin; i < end; i += stride) plain.push_back(i);
+  sidco::backend::cuda_detail::for_each_striped<Items>(
+      begin, end, stride, [&](std::size_t i) { return read.push_back(i), i; }, [&](std::size_t i) { used.push_back(i); });
+  INFO(Items, " items from ", begin, " below ", end, " by ", stride);
+  CHECK(used == plain);
+  std::sort(read.begin(), read.end());
+  CHECK(read == plain);  // each index read once, none past the end
+}
+
+}  // namespace
+
+TEST_CASE("striped reads visit the plain loop's indices once each, used in its order") {
+  for (const std::size_t stride : {std::size_t(1), std::size_t(3), std::size_t(256)})
+    for (std::size_t begin = 0; begin < 2 * stride + 2; begin += (stride > 8 ? stride / 2 : 1))
+      for (std::size_t length = 0; length < 9 * stride + 3; length += (stride > 8 ? 37 : 1)) {
+        check_striped<1>(begin, begin + length, stride);
+        check_striped<3>(begin, begin + length, stride);
+        check_striped<4>(begin, begin + length, stride);
+      }
+}
+
+TEST_CASE("a layout's tile is the smallest doubling of min_tile whose pieces fit blocks_per_sm a multiprocessor") {
+  using tuning = sidco::backend::cuda_detail::default_tuning;
+  using sidco::backend::cuda_detail::tile_for;
+  constexpr std::size_t smallest = tuning::min_tile;
+  for (const std::size_t sms : {std::size_t(1), std::size_t(108), std::size_t(132)}) {
+    const std::size_t target = sms * tuning::blocks_per_sm;
+    for (const std::size_t total : {std::size_t(0), std::size_t(1), smallest, smallest * target, smallest * target + 1,
+                                    std::size_t(1) << 20, std::size_t(1) << 26, (std::size_t(1) << 31) + 17}) {
+      INFO(sms, " multiprocessors, ", total, " values");
+      const std::size_t tile = tile_for<tuning>(total, sms);
+      CHECK(tile % smallest == 0);
+      CHECK(std::has_single_bit(tile / smallest));
+      CHECK((total + tile - 1) / tile <= target);                                // one wave covers the layout
+      if (tile > smallest) CHECK((total + tile / 2 - 1) / (tile / 2) > target);  // and it is the smallest that does
+    }
+  }
+  CHECK(tile_for<tuning>(std::size_t(1) << 20, 132) == 2048);  // 1,056 blocks at most: 512 pieces of 2,048
+  CHECK(tile_for<tuning>(std::size_t(1) << 26, 132) == std::size_t(1) << 16);  // 1,024 pieces of 65,536
+  // Piece sizes are 32-bit: the tile stops at 2^30 whatever N asks for.
+  CHECK(tile_for<tuning>(std::numeric_limits<std::size_t>::max(), 1) == std::size_t(1) << 30);
 }
 
 TEST_CASE("a sample position drawn by its index equals the sequential generator's draw, and skip advances alike") {

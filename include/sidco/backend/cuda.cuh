@@ -21,14 +21,19 @@
 // whatever the layer count. host_waits() counts them (tests/cuda/backend_test.cu asserts
 // it). What goes up to the device (probes, thresholds, offsets, positions) is staged in
 // page-locked memory, whose copies leave the stream running (from pageable memory each would
-// synchronize it); buffers are reused, so a warm call allocates nothing on the host or the
-// device, and they (and the outputs this backend writes) grow in the stream's order
-// (memory::device_buffer).
+// synchronize it); refilling a staging whose last upload is still queued waits for it and
+// counts (not in a warm compress, where an earlier wait covered it); buffers are reused, so
+// a warm call allocates nothing on the host or the device, and they (and the outputs this
+// backend writes) grow in the stream's order (memory::device_buffer).
 //
-// Block layout: every pass hands each thread block one piece of the layout (at most
-// `tile` values inside one segment), so per-layer passes cost one launch whatever the
-// layer count, and results merge per piece and per segment in a fixed order: the same
-// input gives the same bits on the same GPU.
+// Block layout: every pass hands each thread block one piece of the layout (at most a tile
+// of values inside one segment), so per-layer passes cost one launch whatever the layer
+// count, and results merge per piece and per segment in a fixed order: the same input gives
+// the same bits on the same GPU. The tile follows N and the multiprocessor count (min_tile
+// doubled until about blocks_per_sm pieces a multiprocessor cover N: one wave of blocks,
+// whose per-piece partial results stay O(multiprocessors + segments) at any N); grid-stride
+// kernels launch at most blocks_per_sm blocks a multiprocessor; streaming passes keep
+// load_items loads in flight per thread (cuda/stripes.hpp).
 //
 // One algorithm per file under cuda/ (its kernels and its launch), all on the workspace
 // (cuda/workspace.cuh: the stream, the buffers, every host wait); the launch shapes are a
@@ -69,14 +74,18 @@ class basic_cuda {
   using memory = sidco::memory::device;
   using tuning = Tuning;
   static constexpr const char* name = "cuda";
-  /// Values per piece: a thread block's share of a pass.
-  static constexpr std::size_t tile = Tuning::tile;
+  /// The smallest piece: a thread block's share of a pass over a short layout.
+  static constexpr std::size_t min_tile = Tuning::min_tile;
 
   basic_cuda() = default;
   /// Every kernel and copy runs on stream (which the caller keeps alive).
   explicit basic_cuda(cudaStream_t stream) : work_(stream) {}
 
   cudaStream_t stream() const { return work_.stream; }
+
+  /// The piece size a layout of total values gets on the current GPU (tests use it to put
+  /// layer sizes on piece boundaries).
+  std::size_t tile_for(std::size_t total) { return work_.template tile<Tuning>(total); }
 
   template <class Stats, class Source>
   void analyze(const Source& source, std::span<const segment> layout, std::span<const double> probes,
@@ -158,8 +167,8 @@ class basic_cuda {
   /// the workspace), so that tests can assert the syncs per call listed above.
   std::uint64_t host_waits() const { return work_.host_waits; }
 
-  /// Device and host bytes kept between calls: O(pieces + segments), never O(N) (plus the
-  /// staging of Top-k's candidates, cold path only).
+  /// Device and host bytes kept between calls: O(multiprocessors + segments), never O(N)
+  /// (plus O(candidates) for an exact Top-k, and Random-k's k indices).
   std::size_t workspace_bytes() const { return work_.bytes(); }
 
  private:

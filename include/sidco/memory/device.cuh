@@ -120,6 +120,20 @@ class upload_staging {
     if (data_) cudaFreeHost(data_);
   }
 
+  /// Whether the last upload is still queued (fill would wait for it).
+  bool upload_pending() const {
+    if (!event_) return false;
+    const cudaError_t state = cudaEventQuery(event_);
+    if (state == cudaErrorNotReady) {
+      // Not an error: cleared so that the next launch check does not report it (every
+      // launch is checked where it is made, so nothing else is cleared here).
+      static_cast<void>(cudaGetLastError());
+      return true;
+    }
+    SIDCO_CUDA(state);
+    return false;
+  }
+
   /// Room for count values of U, filled by the caller, then upload()ed.
   template <class U>
   U* fill(std::size_t count) {

@@ -11,6 +11,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "sidco/backend/cuda/elementwise.hpp"
+#include "sidco/backend/cuda/stripes.hpp"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
 #include "sidco/core/magnitude_key.hpp"
@@ -28,8 +29,9 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   const piece pc = pieces[blockIdx.x];
   thread_statistics<T, Probes> mine;
   const device_probe<T>* own = probes + std::size_t(pc.segment) * Probes;
-  for (std::size_t i = pc.offset + threadIdx.x; i < pc.offset + pc.size; i += Tuning::block_threads)
-    mine.template add<Log, TailLog>(source.value(i), own);
+  for_each_striped<Tuning::load_items>(
+      pc.offset + threadIdx.x, pc.offset + pc.size, Tuning::block_threads, [&](std::size_t i) { return source.value(i); },
+      [&](T v) { mine.template add<Log, TailLog>(v, own); });
   moments_bundle<1 + Probes> bundle;
   mine.to_moments(bundle.m);
   using reduce = cub::BlockReduce<moments_bundle<1 + Probes>, Tuning::block_threads>;
@@ -61,9 +63,9 @@ void analyze(workspace& ws, const Source& source, std::span<const segment> layou
   static_assert(Probes <= 1, "backend::cuda: at most one probe per segment");
   using T = typename Source::value_type;
   constexpr std::size_t width = 1 + Probes;
-  ws.refresh_pieces(layout, Tuning::tile);
+  ws.refresh_pieces<Tuning>(layout);
   const std::size_t probe_count = layout.size() * Probes;
-  auto* host_probes = ws.predicate_staging.fill<device_probe<T>>(probe_count);
+  auto* host_probes = ws.fill<device_probe<T>>(ws.predicate_staging, probe_count);
   for (std::size_t p = 0; p < probe_count; ++p) {
     const auto key = threshold_key<T>(probes[p] < 0 ? 0.0 : probes[p]);
     host_probes[p] = {key, to_accumulator(magnitude_of_key<T>(magnitude_key_t<T>(key)))};

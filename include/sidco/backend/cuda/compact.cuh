@@ -18,6 +18,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include "sidco/backend/cuda/elementwise.hpp"
+#include "sidco/backend/cuda/stripes.hpp"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
 #include "sidco/core/magnitude_key.hpp"
@@ -43,8 +44,9 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   const piece pc = pieces[blockIdx.x];
   const Predicate keep = predicates[pc.segment];
   std::uint32_t mine = 0;
-  for (std::size_t i = pc.offset + threadIdx.x; i < pc.offset + pc.size; i += Tuning::block_threads)
-    mine += keep(read<Rescan>(source, i));
+  for_each_striped<Tuning::load_items>(
+      pc.offset + threadIdx.x, pc.offset + pc.size, Tuning::block_threads,
+      [&](std::size_t i) { return read<Rescan>(source, i); }, [&](typename Source::value_type v) { mine += keep(v); });
   using reduce = cub::BlockReduce<std::uint32_t, Tuning::block_threads>;
   __shared__ typename reduce::TempStorage temp;
   const std::uint32_t total = reduce(temp).Sum(mine);
@@ -58,8 +60,8 @@ __global__ void __launch_bounds__(Tuning::block_threads)
 template <class Tuning, bool Rescan, bool Settle, bool Final, class Source, class Predicate, class Index>
 __global__ void __launch_bounds__(Tuning::block_threads)
     write_pieces(Source source, const piece* pieces, const Predicate* predicates, const std::size_t* offsets,
-                 const std::uint32_t* counts, std::size_t capacity, bool retry, Index* indices,
-                 typename Source::value_type* values) {
+                 const std::uint32_t* counts, std::size_t capacity, bool retry, Index* __restrict__ indices,
+                 typename Source::value_type* __restrict__ values) {
   using T = typename Source::value_type;
   constexpr int items = Tuning::write_items;
   using scan = cub::BlockScan<int, Tuning::block_threads>;
@@ -73,11 +75,16 @@ __global__ void __launch_bounds__(Tuning::block_threads)
     T v[items];
     int flag[items], position[items];
     const std::size_t first = chunk + std::size_t(threadIdx.x) * items;
+    // Every item loaded before any state is stored: a store may alias a later load as far
+    // as the compiler knows, which would serialize them.
+#pragma unroll
+    for (int j = 0; j < items; ++j)
+      if (first + std::size_t(j) < end) v[j] = read<Rescan>(source, first + std::size_t(j));
+#pragma unroll
     for (int j = 0; j < items; ++j) {
       const std::size_t i = first + std::size_t(j);
       flag[j] = 0;
       if (i < end) {
-        v[j] = read<Rescan>(source, i);
         flag[j] = keep(v[j]);
         if constexpr (Settle && Source::has_state) source.settle(i, v[j], Final && flag[j]);
       }
@@ -107,7 +114,7 @@ inline constexpr double hint_slack = 1.5;
 template <class Tuning, bool Rescan, bool Settle, bool Final, class Source, class Predicate, class T, class Index>
 void compact(workspace& ws, const Source& source, std::span<const segment> layout, const Predicate* device_predicates,
              sparse_vector<T, Index, sidco::memory::device>& out, std::span<std::size_t> kept, std::size_t hint) {
-  ws.refresh_pieces(layout, Tuning::tile);
+  ws.refresh_pieces<Tuning>(layout);
   const std::size_t pieces = ws.plan.pieces().size();
   ws.counts.resize(pieces);
   ws.offsets.resize(pieces);
@@ -152,7 +159,7 @@ template <class Tuning, bool Final, class Source, class T, class Index>
 void select_above(workspace& ws, const Source& source, std::span<const segment> layout,
                   std::span<const double> thresholds, sparse_vector<T, Index, sidco::memory::device>& out,
                   std::size_t hint, std::span<std::size_t> kept) {
-  auto* keys = ws.predicate_staging.fill<above_key<T>>(layout.size());
+  auto* keys = ws.fill<above_key<T>>(ws.predicate_staging, layout.size());
   for (std::size_t s = 0; s < layout.size(); ++s) keys[s] = {threshold_key<T>(thresholds[s])};
   const auto* predicates = ws.upload<above_key<T>>(ws.predicates, ws.predicate_staging, layout.size());
   compact<Tuning, false, true, Final>(ws, source, layout, predicates, out, kept, hint);
@@ -163,7 +170,7 @@ template <class Tuning, class Source, class T, class Index>
 void select_band(workspace& ws, const Source& source, double low, double high,
                  sparse_vector<T, Index, sidco::memory::device>& out) {
   const segment whole{0, source.size};
-  *ws.predicate_staging.fill<in_band<T>>(1) = {threshold_key<T>(low), threshold_key<T>(high)};
+  *ws.fill<in_band<T>>(ws.predicate_staging, 1) = {threshold_key<T>(low), threshold_key<T>(high)};
   const auto* band = ws.upload<in_band<T>>(ws.predicates, ws.predicate_staging, 1);
   std::size_t kept = 0;
   compact<Tuning, true, false, false>(ws, source, {&whole, 1}, band, out, {&kept, 1}, 0);

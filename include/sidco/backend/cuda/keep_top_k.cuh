@@ -1,5 +1,6 @@
 // backend::cuda's exact Top-k over runs of a sparse vector's entries (one run per layer):
-// the radix walk of core/radix_select.hpp kept on the device, one walk per run. Each 8-bit
+// the radix walk of core/radix_select.hpp kept on the device, one walk per run. Each entry's
+// run is found once (a binary search over the runs) and kept as a 32-bit label; each 8-bit
 // round is one digit histogram over every run's entries and one launch that chooses every
 // run's digit (a block a run); then one scan counts, per entry, the keys above its run's k-th
 // and the ties before it, and one pass writes the kept (index, value) pairs in order. The
@@ -34,13 +35,22 @@ template <class T>
 struct tally_of {
   const T* values;
   const run_plan* plans;
-  std::size_t runs;
+  const std::uint32_t* labels;
   const radix_select<magnitude_key_t<T>>* walks;
   __device__ top_k_tally operator()(std::size_t j) const {
-    const std::size_t s = run_of(plans, runs, j);
+    const std::uint32_t s = labels[j];
     return tally(plans[s], walks[s], magnitude_key(values[j]));
   }
 };
+
+// labels[j] = the run holding entry j.
+template <class Tuning>
+__global__ void __launch_bounds__(Tuning::block_threads)
+    label_runs(const run_plan* plans, std::size_t runs, std::size_t count, std::uint32_t* labels) {
+  for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
+       j += std::size_t(gridDim.x) * Tuning::block_threads)
+    labels[j] = std::uint32_t(run_of(plans, runs, j));
+}
 
 // Every run's walk before round 0.
 template <class Key>
@@ -58,14 +68,15 @@ inline constexpr std::size_t histogram_chunk = std::size_t(Tuning::block_threads
 
 template <class Tuning, class T>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    digit_histogram(const T* values, std::size_t count, const run_plan* plans, std::size_t runs,
+    digit_histogram(const T* __restrict__ values, std::size_t count, const run_plan* plans,
+                    const std::uint32_t* __restrict__ labels,
                     const radix_select<magnitude_key_t<T>>* walks, int round, unsigned long long* bins) {
   constexpr int bin_count = radix_select<magnitude_key_t<T>>::bins;
   constexpr std::size_t chunk = histogram_chunk<Tuning>;
   __shared__ unsigned int local[bin_count];
   for (std::size_t first = std::size_t(blockIdx.x) * chunk; first < count; first += std::size_t(gridDim.x) * chunk) {
     const std::size_t last = first + chunk < count ? first + chunk : count;
-    const std::size_t home = run_of(plans, runs, first);
+    const std::size_t home = labels[first];
     const run_plan home_plan = plans[home];
     const auto home_walk = walks[home];
     for (int b = threadIdx.x; b < bin_count; b += Tuning::block_threads) local[b] = 0;
@@ -76,7 +87,7 @@ __global__ void __launch_bounds__(Tuning::block_threads)
         const int d = home_walk.digit(magnitude_key(values[j]), round);
         if (d >= 0) atomicAdd(&local[d], 1u);
       } else {
-        const std::size_t s = run_of(plans, runs, j);
+        const std::size_t s = labels[j];
         if (!plans[s].trims()) continue;
         const int d = walks[s].digit(magnitude_key(values[j]), round);
         if (d >= 0) atomicAdd(&bins[s * bin_count + std::size_t(d)], 1ull);
@@ -108,12 +119,13 @@ __global__ void choose_digits(const run_plan* plans, radix_select<Key>* walks, u
 // walk.needed of them (ties go to the lower index).
 template <class Tuning, class T, class Index>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    write_top_k(const T* values, const Index* indices, std::size_t count, const run_plan* plans, std::size_t runs,
-                const radix_select<magnitude_key_t<T>>* walks, const top_k_tally* before, Index* kept_indices,
-                T* kept_values) {
+    write_top_k(const T* __restrict__ values, const Index* __restrict__ indices, std::size_t count,
+                const run_plan* plans, const std::uint32_t* __restrict__ labels,
+                const radix_select<magnitude_key_t<T>>* walks, const top_k_tally* __restrict__ before,
+                Index* __restrict__ kept_indices, T* __restrict__ kept_values) {
   for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * Tuning::block_threads) {
-    const std::size_t s = run_of(plans, runs, j);
+    const std::uint32_t s = labels[j];
     const run_plan plan = plans[s];
     const T v = values[j];
     const std::size_t at = kept_at(plan, walks[s], magnitude_key(v), j, before[j], before[plan.begin]);
@@ -133,7 +145,7 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
   using walk_type = radix_select<Key>;
   static_assert(std::is_trivially_copyable_v<walk_type> && std::is_trivially_copyable_v<run_plan>);
   const std::size_t count = out.size() - begin, runs = run_sizes.size();
-  run_plan* plans = ws.run_staging.fill<run_plan>(runs);
+  run_plan* plans = ws.fill<run_plan>(ws.run_staging, runs);
   const run_totals totals = plan_runs(run_sizes, keep, plans);
   host::check_runs_hold(totals.entries, count);
   if (!totals.trims) return;
@@ -142,13 +154,18 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
   const Index* indices = out.index_data() + begin;
   auto* walks = workspace::staging<walk_type>(ws.walk_state, runs);
   auto* bins = workspace::staging<unsigned long long>(ws.bins, runs * walk_type::bins);
-  const unsigned run_blocks = grid<Tuning>(runs);
+  const unsigned run_blocks = ws.blocks<Tuning>(runs);
   start_walks<<<run_blocks, Tuning::block_threads, 0, ws.stream>>>(table, runs, walks);
   SIDCO_CUDA(cudaGetLastError());
   SIDCO_CUDA(cudaMemsetAsync(bins, 0, runs * walk_type::bins * sizeof(unsigned long long), ws.stream));
-  const unsigned chunk_blocks = grid<Tuning>(count, histogram_chunk<Tuning>);
+  ws.run_labels.resize(count);
+  std::uint32_t* labels = ws.run_labels.data();
+  const unsigned blocks = ws.blocks<Tuning>(count);
+  label_runs<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(table, runs, count, labels);
+  SIDCO_CUDA(cudaGetLastError());
+  const unsigned chunk_blocks = ws.blocks<Tuning>(count, histogram_chunk<Tuning>);
   for (int round = 0; round < walk_type::rounds; ++round) {
-    digit_histogram<Tuning><<<chunk_blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, table, runs, walks,
+    digit_histogram<Tuning><<<chunk_blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, table, labels, walks,
                                                                                    round, bins);
     SIDCO_CUDA(cudaGetLastError());
     choose_digits<<<unsigned(runs), Tuning::block_threads, 0, ws.stream>>>(table, walks, bins, round);
@@ -156,7 +173,7 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
   }
   auto* tallies = workspace::staging<top_k_tally>(ws.tallies, count);
   const auto tally_in = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0),
-                                                        tally_of<T>{values, table, runs, walks});
+                                                        tally_of<T>{values, table, labels, walks});
   std::size_t bytes = 0;
   SIDCO_CUDA(cub::DeviceScan::ExclusiveScan(nullptr, bytes, tally_in, tallies, add_tallies{}, top_k_tally{}, count,
                                             ws.stream));
@@ -164,8 +181,7 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
                                             count, ws.stream));
   Index* kept_indices = workspace::staging<Index>(ws.staging_indices, totals.kept);
   T* kept_values = workspace::staging<T>(ws.staging_values, totals.kept);
-  const unsigned blocks = grid<Tuning>(count);
-  write_top_k<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, indices, count, table, runs, walks,
+  write_top_k<Tuning><<<blocks, Tuning::block_threads, 0, ws.stream>>>(values, indices, count, table, labels, walks,
                                                                         tallies, kept_indices, kept_values);
   SIDCO_CUDA(cudaGetLastError());
   SIDCO_CUDA(cudaMemcpyAsync(out.index_data() + begin, kept_indices, totals.kept * sizeof(Index),

@@ -16,6 +16,7 @@
 
 #include "sidco/backend/cuda/elementwise.hpp"
 #include "sidco/backend/cuda/pieces.hpp"
+#include "sidco/backend/cuda/stripes.hpp"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
 #include "sidco/backend/pass_statistics.hpp"
@@ -38,8 +39,9 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads) local[b] = 0;
   __syncthreads();
   const piece pc = pieces[blockIdx.x];
-  for (std::size_t i = pc.offset + threadIdx.x; i < pc.offset + pc.size; i += Tuning::block_threads)
-    atomicAdd(&local[magnitude_key(source.value(i)) >> shift], 1u);
+  for_each_striped<Tuning::load_items>(
+      pc.offset + threadIdx.x, pc.offset + pc.size, Tuning::block_threads, [&](std::size_t i) { return source.value(i); },
+      [&](typename Source::value_type v) { atomicAdd(&local[magnitude_key(v) >> shift], 1u); });
   __syncthreads();
   unsigned long long* own = bins + std::size_t(pc.segment) * coarse_bins;
   for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads)
@@ -73,9 +75,10 @@ template <class Tuning, class Source>
 __global__ void __launch_bounds__(Tuning::block_threads)
     count_exceeding(Source source, above_key<typename Source::value_type> keep, unsigned long long* count) {
   unsigned long long mine = 0;
-  for (std::size_t i = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; i < source.size;
-       i += std::size_t(gridDim.x) * Tuning::block_threads)
-    mine += keep(source.value(i));
+  for_each_striped<Tuning::load_items>(
+      std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x, source.size,
+      std::size_t(gridDim.x) * Tuning::block_threads, [&](std::size_t i) { return source.value(i); },
+      [&](typename Source::value_type v) { mine += keep(v); });
   using reduce = cub::BlockReduce<unsigned long long, Tuning::block_threads>;
   __shared__ typename reduce::TempStorage temp;
   const unsigned long long total = reduce(temp).Sum(mine);
@@ -95,7 +98,7 @@ __global__ void __launch_bounds__(Tuning::block_threads) find_nonfinite(Source s
 // out[j] = x at positions[j].
 template <class Tuning, class Source>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    gather_values(Source source, const std::size_t* positions, std::size_t count, double* out) {
+    gather_values(Source source, const std::size_t* __restrict__ positions, std::size_t count, double* __restrict__ out) {
   for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * Tuning::block_threads)
     out[j] = double(to_accumulator(source.value(positions[j])));
@@ -104,7 +107,7 @@ __global__ void __launch_bounds__(Tuning::block_threads)
 // out[j] = |x| at sample position j of a generator at state (the host's draw, made here).
 template <class Tuning, class Source>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    sample_values(Source source, std::uint64_t state, std::size_t count, double* out) {
+    sample_values(Source source, std::uint64_t state, std::size_t count, double* __restrict__ out) {
   for (std::size_t j = std::size_t(blockIdx.x) * Tuning::block_threads + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * Tuning::block_threads) {
     const double v = double(to_accumulator(source.value(sample_position(state, j, source.size))));
@@ -125,7 +128,7 @@ template <class Tuning, class Source>
 std::size_t count_above(workspace& ws, const Source& source, double t) {
   using T = typename Source::value_type;
   auto* count = ws.counters(1);
-  count_exceeding<Tuning><<<grid<Tuning>(source.size), Tuning::block_threads, 0, ws.stream>>>(
+  count_exceeding<Tuning><<<ws.blocks<Tuning>(source.size), Tuning::block_threads, 0, ws.stream>>>(
       source, above_key<T>{threshold_key<T>(t)}, count);
   SIDCO_CUDA(cudaGetLastError());
   return std::size_t(ws.fetch_counter(count));
@@ -139,7 +142,7 @@ void kth_largest_bins(workspace& ws, const Source& source, std::span<const segme
                       std::span<const std::size_t> targets, std::span<key_bin> out) {
   const std::size_t segments = layout.size();
   if (segments == 0) return;
-  ws.refresh_pieces(layout, Tuning::tile);
+  ws.refresh_pieces<Tuning>(layout);
   auto* bins = ws.counters(segments * coarse_bins);
   const std::size_t pieces = ws.plan.pieces().size();
   if (pieces > 0) {
@@ -147,7 +150,7 @@ void kth_largest_bins(workspace& ws, const Source& source, std::span<const segme
                                                                                         bins);
     SIDCO_CUDA(cudaGetLastError());
   }
-  std::copy(targets.begin(), targets.end(), ws.position_staging.fill<std::size_t>(segments));
+  std::copy(targets.begin(), targets.end(), ws.fill<std::size_t>(ws.position_staging, segments));
   const std::size_t* device_targets = ws.upload<std::size_t>(ws.positions, ws.position_staging, segments);
   key_bin* found = workspace::staging<key_bin>(ws.merged, segments);
   choose_kth_bins<Tuning><<<unsigned(segments), Tuning::block_threads, 0, ws.stream>>>(bins, device_targets, found);
@@ -161,7 +164,7 @@ void gather(workspace& ws, const Source& source, std::span<const std::size_t> po
   if (positions.empty()) return;
   auto* device_positions = ws.upload_positions(positions);
   double* values = workspace::staging<double>(ws.staging_values, positions.size());
-  gather_values<Tuning><<<grid<Tuning>(positions.size()), Tuning::block_threads, 0, ws.stream>>>(
+  gather_values<Tuning><<<ws.blocks<Tuning>(positions.size()), Tuning::block_threads, 0, ws.stream>>>(
       source, device_positions, positions.size(), values);
   SIDCO_CUDA(cudaGetLastError());
   ws.copy_back(out.data(), values, positions.size());
@@ -173,8 +176,8 @@ template <class Tuning, class Source>
 void sample_magnitudes(workspace& ws, const Source& source, std::uint64_t state, std::span<double> out) {
   if (out.empty() || source.size == 0) return;
   double* values = workspace::staging<double>(ws.staging_values, out.size());
-  sample_values<Tuning><<<grid<Tuning>(out.size()), Tuning::block_threads, 0, ws.stream>>>(source, state, out.size(),
-                                                                                           values);
+  sample_values<Tuning><<<ws.blocks<Tuning>(out.size()), Tuning::block_threads, 0, ws.stream>>>(
+      source, state, out.size(), values);
   SIDCO_CUDA(cudaGetLastError());
   ws.copy_back(out.data(), values, out.size());
 }
@@ -185,7 +188,7 @@ nonfinite_value first_nonfinite(workspace& ws, const Source& source) {
   auto* first = ws.counters(1);
   const unsigned long long none = source.size;
   SIDCO_CUDA(cudaMemcpyAsync(first, &none, sizeof none, cudaMemcpyHostToDevice, ws.stream));
-  find_nonfinite<Tuning><<<grid<Tuning>(source.size), Tuning::block_threads, 0, ws.stream>>>(source, first);
+  find_nonfinite<Tuning><<<ws.blocks<Tuning>(source.size), Tuning::block_threads, 0, ws.stream>>>(source, first);
   SIDCO_CUDA(cudaGetLastError());
   const std::size_t at = std::size_t(ws.fetch_counter(first));
   if (at >= source.size) return {source.size, 0.0};
@@ -202,7 +205,7 @@ void mark_sent(workspace& ws, const Source& source, const sparse_vector<T, Index
   if constexpr (Source::has_state) {
     const std::size_t count = out.size() - begin;
     if (count == 0) return;
-    clear_sent<Tuning><<<grid<Tuning>(count), Tuning::block_threads, 0, ws.stream>>>(
+    clear_sent<Tuning><<<ws.blocks<Tuning>(count), Tuning::block_threads, 0, ws.stream>>>(
         source, out.indices().data() + begin, count);
     SIDCO_CUDA(cudaGetLastError());
   }

@@ -50,13 +50,13 @@ void scatter_add(workspace& ws, const sparse_vector<T, Index, sidco::memory::dev
     sidco::detail::fail("dense: size ", dense.size(), " does not match the sparse vector's dense size ", in.dense_size());
   if (in.empty()) return;
   auto* largest = ws.counters(1);
-  largest_index<Tuning><<<grid<Tuning>(in.size()), Tuning::block_threads, 0, ws.stream>>>(in.indices().data(),
-                                                                                          in.size(), largest);
+  largest_index<Tuning><<<ws.blocks<Tuning>(in.size()), Tuning::block_threads, 0, ws.stream>>>(
+      in.indices().data(), in.size(), largest);
   SIDCO_CUDA(cudaGetLastError());
   const auto top = ws.fetch_counter(largest);
   if (top >= dense.size())
     sidco::detail::fail("sparse vector: index ", top, " is out of range for dense size ", dense.size());
-  add_entries<Tuning><<<grid<Tuning>(in.size()), Tuning::block_threads, 0, ws.stream>>>(
+  add_entries<Tuning><<<ws.blocks<Tuning>(in.size()), Tuning::block_threads, 0, ws.stream>>>(
       in.indices().data(), in.values().data(), in.size(), dense.data(), scale);
   SIDCO_CUDA(cudaGetLastError());
 }

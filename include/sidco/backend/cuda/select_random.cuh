@@ -81,8 +81,8 @@ const std::size_t* draw_subset(workspace& ws, std::size_t n, std::size_t k, std:
   std::size_t have = 0, drawn = 0;
   while (have < k) {
     const std::size_t missing = k - have;
-    draw_positions<Tuning><<<grid<Tuning>(missing), Tuning::block_threads, 0, ws.stream>>>(state, drawn, missing, n,
-                                                                                         kept + have);
+    draw_positions<Tuning><<<ws.blocks<Tuning>(missing), Tuning::block_threads, 0, ws.stream>>>(
+        state, drawn, missing, n, kept + have);
     SIDCO_CUDA(cudaGetLastError());
     std::size_t temp_bytes = bytes;
     SIDCO_CUDA(cub::DeviceRadixSort::SortKeys(temp, temp_bytes, kept, sorted, std::int64_t(k), 0, end_bit,
@@ -110,12 +110,12 @@ void select_random(workspace& ws, const Source& source, std::size_t k, std::uint
     positions = ws.upload_positions(ws.host_chosen);
   }
   if (k > 0)
-    write_chosen<Tuning><<<grid<Tuning>(k), Tuning::block_threads, 0, ws.stream>>>(
+    write_chosen<Tuning><<<ws.blocks<Tuning>(k), Tuning::block_threads, 0, ws.stream>>>(
         source, positions, k, out.index_data() + start, out.value_data() + start);
   if constexpr (Source::has_state) {
-    settle_unsent<Tuning><<<grid<Tuning>(source.size), Tuning::block_threads, 0, ws.stream>>>(source);
+    settle_unsent<Tuning><<<ws.blocks<Tuning>(source.size), Tuning::block_threads, 0, ws.stream>>>(source);
     if (k > 0)
-      mark_chosen<Tuning><<<grid<Tuning>(k), Tuning::block_threads, 0, ws.stream>>>(source, positions, k);
+      mark_chosen<Tuning><<<ws.blocks<Tuning>(k), Tuning::block_threads, 0, ws.stream>>>(source, positions, k);
   }
   SIDCO_CUDA(cudaGetLastError());
 }

@@ -1,6 +1,7 @@
 // backend::cuda's launch shapes in one struct, so that a build for another architecture (or
 // a tuned one) passes its own to basic_cuda instead of editing the kernels. Every kernel
-// takes it as its first template parameter.
+// takes it as its first template parameter. Grids and tiles follow from it, the input's size
+// and the GPU's multiprocessor count (the workspace reads it once).
 #pragma once
 
 #include <algorithm>
@@ -16,21 +17,46 @@ struct default_tuning {
   /// Values a thread handles per step of a selection's write pass (4 floats: 16 bytes, one
   /// cache line a warp).
   static constexpr int write_items = 4;
-  /// Values per piece of the layout, a thread block's share of a pass: 64 a thread.
-  static constexpr std::size_t tile = std::size_t(block_threads) * 64;
-  /// Most blocks a grid-stride kernel launches.
+  /// Independent loads a thread has in flight in a streaming pass (moments, counts,
+  /// histograms): each a warp-wide coalesced stripe, issued before any is used.
+  static constexpr int load_items = 4;
+  /// Resident blocks aimed at per multiprocessor: grid-stride kernels launch at most this
+  /// many a multiprocessor, and a pass's pieces are sized so that about as many cover N.
+  static constexpr int blocks_per_sm = 8;
+  /// Smallest piece of the layout (a thread block's share of a pass): 8 values a thread.
+  /// Pieces double from here until the layout needs at most blocks_per_sm a multiprocessor.
+  static constexpr std::size_t min_tile = std::size_t(block_threads) * 8;
+  /// Most blocks a grid-stride kernel launches, whatever the multiprocessor count.
   static constexpr std::size_t max_grid = 4096;
   /// Random-k draws k indices on the device from this k on (when by redraws): below, the
   /// host's draw and sort (tens of microseconds) cost less than the device's wait a round.
   static constexpr std::size_t device_draw_from = 4096;
 };
 
-/// Blocks for a grid-stride kernel over n items, per_block items a block per step (default:
-/// one a thread), at most max_grid.
+/// Blocks for a grid-stride kernel over n items, per_block items a block per step, at most
+/// cap (at least one).
+inline unsigned grid_for(std::size_t n, std::size_t per_block, std::size_t cap) {
+  const std::size_t blocks = (n + per_block - 1) / per_block;
+  return unsigned(std::clamp<std::size_t>(blocks, 1, std::max<std::size_t>(cap, 1)));
+}
+
+/// Blocks for a grid-stride kernel over n items with no multiprocessor count at hand (one
+/// item a thread per step by default), at most max_grid.
 template <class Tuning>
 unsigned grid(std::size_t n, std::size_t per_block = std::size_t(Tuning::block_threads)) {
-  const std::size_t blocks = (n + per_block - 1) / per_block;
-  return unsigned(std::clamp<std::size_t>(blocks, 1, Tuning::max_grid));
+  return grid_for(n, per_block, Tuning::max_grid);
+}
+
+/// The piece size for total values on multiprocessors: min_tile doubled until at most
+/// blocks_per_sm pieces a multiprocessor cover total (and below 2^31, as piece sizes are
+/// 32-bit). A power-of-two multiple, so that nearby totals share a plan.
+template <class Tuning>
+constexpr std::size_t tile_for(std::size_t total, std::size_t multiprocessors) {
+  const std::size_t target = std::max<std::size_t>(multiprocessors, 1) * std::size_t(Tuning::blocks_per_sm);
+  constexpr std::size_t largest = std::size_t(1) << 30;
+  std::size_t tile = Tuning::min_tile;
+  while (tile < largest && total / tile + (total % tile != 0) > target) tile *= 2;
+  return tile;
 }
 
 }  // namespace sidco::backend::cuda_detail

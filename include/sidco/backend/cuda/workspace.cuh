@@ -1,7 +1,8 @@
 // What backend::cuda keeps between calls: its stream, the host-wait counter, the layout's
 // piece tables and the buffers its algorithms reuse (grown, never shrunk, so a warm call
-// allocates nothing on the host or the device). Every host wait goes through copy_back or
-// synchronize, so host_waits counts them all.
+// allocates nothing on the host or the device). Every host wait goes through copy_back,
+// synchronize or fill (a staging whose last upload is still queued), so host_waits counts
+// them all. Grids and piece sizes come from the tuning and the multiprocessor count.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 
 #include "sidco/backend/cuda/check.cuh"
 #include "sidco/backend/cuda/pieces.hpp"
+#include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/core/segment.hpp"
 #include "sidco/memory/device.cuh"
 
@@ -32,12 +34,13 @@ struct workspace {
 
   cudaStream_t stream = nullptr;
   std::uint64_t host_waits = 0;
+  std::size_t multiprocessor_count = 0;  // 0 until read
 
   piece_plan plan;
   device_buffer<piece> piece_table;
   device_buffer<std::uint32_t> segment_table;
   device_buffer<unsigned char> temp, bundles, merged, predicates;
-  device_buffer<std::uint32_t> counts;
+  device_buffer<std::uint32_t> counts, run_labels;
   device_buffer<std::size_t> offsets, positions;
   device_buffer<unsigned long long> counter_buffer;
   device_buffer<unsigned char> walk_state, bins, tallies, run_table;
@@ -47,8 +50,9 @@ struct workspace {
   std::vector<unsigned char> result_bytes;
   std::vector<std::size_t> host_chosen;  // Random-k's draw where the host makes it
 
-  /// Device and host bytes kept: O(pieces + segments), never O(N) (plus the staging of
-  /// Top-k's candidates, cold path only, and Random-k's k indices).
+  /// Device and host bytes kept: O(pieces + segments), pieces O(multiprocessors +
+  /// segments), never O(N) (plus, per candidate of an exact Top-k, its tally, run label and
+  /// staging, and Random-k's k indices).
   std::size_t bytes() const {
     std::size_t total = predicate_staging.capacity() + position_staging.capacity() +
                         piece_staging.capacity() + segment_staging.capacity() + run_staging.capacity() +
@@ -62,7 +66,7 @@ struct workspace {
   template <class Self, class F>
   static void each_device_buffer(Self& self, F&& f) {
     f(self.piece_table), f(self.segment_table), f(self.temp), f(self.bundles), f(self.merged), f(self.predicates);
-    f(self.counts), f(self.offsets), f(self.positions), f(self.counter_buffer), f(self.walk_state), f(self.bins);
+    f(self.counts), f(self.run_labels), f(self.offsets), f(self.positions), f(self.counter_buffer), f(self.walk_state), f(self.bins);
     f(self.tallies), f(self.run_table), f(self.staging_indices), f(self.staging_values);
   }
 
@@ -79,18 +83,56 @@ struct workspace {
     SIDCO_CUDA(cudaStreamSynchronize(stream));
   }
 
+  /// The current device's multiprocessor count, read once (kernels run on the current
+  /// device, as the stream must belong to it).
+  std::size_t multiprocessors() {
+    if (multiprocessor_count == 0) {
+      int device = 0, count = 0;
+      SIDCO_CUDA(cudaGetDevice(&device));
+      SIDCO_CUDA(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+      multiprocessor_count = std::size_t(std::max(count, 1));
+    }
+    return multiprocessor_count;
+  }
+
+  /// Blocks for a grid-stride kernel over n items (per_block a block per step): enough to
+  /// cover n, at most blocks_per_sm a multiprocessor and max_grid.
+  template <class Tuning>
+  unsigned blocks(std::size_t n, std::size_t per_block = std::size_t(Tuning::block_threads)) {
+    return grid_for(n, per_block,
+                    std::min<std::size_t>(Tuning::max_grid, multiprocessors() * std::size_t(Tuning::blocks_per_sm)));
+  }
+
+  /// The piece size of a layout of total values (tile_for on this GPU).
+  template <class Tuning>
+  std::size_t tile(std::size_t total) {
+    return tile_for<Tuning>(total, multiprocessors());
+  }
+
   /// The layout's piece tables on the device, re-uploaded only when the layout changed:
   /// through page-locked staging on the stream, ordered after any kernel still reading the
   /// old ones (a pageable cudaMemcpy runs on the legacy stream, unordered against a
   /// non-blocking one, and can return before the data lands).
-  void refresh_pieces(std::span<const segment> layout, std::size_t tile) {
-    if (!plan.plan(layout, tile)) return;
+  template <class Tuning>
+  void refresh_pieces(std::span<const segment> layout) {
+    std::size_t total = 0;
+    for (const segment& s : layout) total += s.size;
+    if (!plan.plan(layout, tile<Tuning>(total))) return;
     const auto& all = plan.pieces();
     const auto& first = plan.segment_first();
-    std::copy(all.begin(), all.end(), piece_staging.fill<piece>(all.size()));
+    std::copy(all.begin(), all.end(), fill<piece>(piece_staging, all.size()));
     upload<piece>(piece_table, piece_staging, all.size());
-    std::copy(first.begin(), first.end(), segment_staging.fill<std::uint32_t>(first.size()));
+    std::copy(first.begin(), first.end(), fill<std::uint32_t>(segment_staging, first.size()));
     upload<std::uint32_t>(segment_table, segment_staging, first.size());
+  }
+
+  /// Room for count values of U in a staging, once its last upload has left it: a host wait
+  /// (counted) only where that upload is still queued (not in a warm compress, where an
+  /// earlier wait covered it).
+  template <class U>
+  U* fill(sidco::memory::upload_staging& staging, std::size_t count) {
+    if (staging.upload_pending()) ++host_waits;
+    return staging.fill<U>(count);
   }
 
   /// count values of U from a staging to a device byte buffer grown to hold them.
@@ -107,7 +149,7 @@ struct workspace {
     return to.data();
   }
   const std::size_t* upload_positions(std::span<const std::size_t> chosen) {
-    std::copy(chosen.begin(), chosen.end(), position_staging.fill<std::size_t>(chosen.size()));
+    std::copy(chosen.begin(), chosen.end(), fill<std::size_t>(position_staging, chosen.size()));
     return upload<std::size_t>(positions, position_staging, chosen.size());
   }
 
