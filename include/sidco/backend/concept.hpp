@@ -79,7 +79,8 @@ concept has_name = requires { { B::name } -> std::convertible_to<const char*>; }
 /// the layout and P = probes.size() / layout.size() (0 or 1): out[s (1 + P)] = moments of |x| over the
 /// segment (counts only unless Stats::sums; ln|x| when Stats::log); out[s (1 + P) + 1 + j] =
 /// moments of the excesses |x| - p over the values with |x| > p, p = probes[s P + j] (count:
-/// how many exceed p). Reads the source, writes nothing but out (host).
+/// how many exceed p; a negative p is taken as 0, here and in tail). Reads the source, writes
+/// nothing but out (host).
 template <class B>
 concept has_analyze = requires(B& b, const probe_source<B>& s, std::span<const segment> layout,
                                std::span<const double> probes, std::span<moments> out) {

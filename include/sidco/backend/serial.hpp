@@ -146,8 +146,11 @@ struct basic_serial {
   }
 
  private:
+  // A negative threshold is taken as 0 (the non-zero values, excesses |x|), as every backend
+  // takes it: the contract's probes and tails are for thresholds >= 0.
   template <bool Log, class Source>
   static moments tail_in(const Source& source, double t, std::size_t lo, std::size_t hi) {
+    if (t < 0) t = 0;
     moments m;
     for (std::size_t i = lo; i < hi; ++i) {
       const double a = std::fabs(double(source.value(i)));
