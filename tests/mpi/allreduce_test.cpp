@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,30 @@ TEST_CASE("every rank sends nothing: the result is zero, not an error") {
   const auto report = allreducer.allreduce(mine, 0.01, std::span<float>(dense));
   CHECK(report.gathered == 0);
   CHECK(dense == std::vector<float>(n, 0.f));
+}
+
+TEST_CASE("an allreducer destroyed with its gathers in flight completes them; the next call is exact") {
+  const std::size_t n = 1 << 18;
+  for (int round = 0; round < 3; ++round) {
+    sparse_vector<float> mine(n);
+    for (std::size_t i = std::size_t(rank_of()); i < n; i += 97) mine.push_back(std::uint32_t(i), 1.f);
+    std::vector<float> dense(n);
+    try {
+      comm::sparse_allreducer<float> allreducer(MPI_COMM_WORLD);
+      allreducer.start(mine, 0.01, std::span<float>(dense), comm::reduction::sum);
+      throw std::runtime_error("between start and wait");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "between start and wait");
+    }
+    comm::sparse_allreducer<float> next(MPI_COMM_WORLD);
+    std::vector<float> sum(n);
+    next.allreduce(mine, 0.01, std::span<float>(sum), comm::reduction::sum);
+    double total = 0;
+    for (float v : sum) total += v;
+    long expected = 0;
+    for (int r = 0; r < size_of(); ++r) expected += long((n - std::size_t(r) + 96) / 97);
+    CHECK(total == double(expected));
+  }
 }
 
 TEST_CASE("mismatched inputs are a clear error on every rank, not a hang") {

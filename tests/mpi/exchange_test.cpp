@@ -10,7 +10,9 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sidco/comm/exchange.hpp>
@@ -142,36 +144,94 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing
     REQUIRE(residual.values()[i] == (rank_of() == 1 ? before[i] : g[i] + before[i]));
 }
 
-TEST_CASE("ranks that disagree: every rank throws naming the first that differs") {
-  const std::size_t n = 1000;
-  // The last rank asks for another density (the same capacity, so the payloads match in size).
-  const double delta = rank_of() == size_of() - 1 ? 0.0100000001 : 0.01;
-  comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, delta);
-  std::vector<float> g(n, 1.0f);
+TEST_CASE("ranks whose payloads would differ are refused by every rank's constructor, naming the first") {
+  const std::size_t n = 100000;
+  const auto refused = [](auto make) {
+    try {
+      make();
+    } catch (const runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  // The last rank asks for twice the density: its payloads would be twice as long (this
+  // overran the others' receive buffers before the setup was agreed).
+  const double delta = rank_of() == size_of() - 1 ? 0.02 : 0.01;
+  std::string message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, delta); });
+  const std::string last = std::to_string(size_of() - 1);
+  CHECK_MESSAGE(message.find("rank " + last + " has density 0.02, rank 0 has 0.01") != std::string::npos, message);
+  // The same density but another capacity through the layout: {n}, {n/2, n/2}, {10, n - 10}.
+  const std::vector<segment> layouts[] = {{{0, n}}, {{0, n / 2}, {n / 2, n / 2}}, {{0, 10}, {10, n - 10}}};
+  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, layouts[rank_of() % 3], 0.01); });
+  CHECK_MESSAGE(message.find("rank 1 has a layout of 2 segments unlike rank 0's 1") != std::string::npos, message);
+  // A smaller payload (a lower density) on one rank: refused the same way, not truncated.
+  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, rank_of() == 1 ? 0.005 : 0.01); });
+  CHECK_MESSAGE(message.find("rank 1 has density 0.005, rank 0 has 0.01") != std::string::npos, message);
+  // A rank that cannot set up (an invalid density) makes every rank's constructor throw it.
+  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, rank_of() == 1 ? 2.0 : 0.01); });
+  CHECK_MESSAGE(message.find("exchange setup (tag 0): rank 1 failed: delta = 2 is outside (0, 1]") != std::string::npos,
+                message);
+  // Agreed ranks go on: the communicator is intact.
+  comm::sparse_exchange<float> fine(MPI_COMM_WORLD, n, 0.01);
+  std::vector<float> g(n, 1.0f), dense(n);
   sparse_vector<float> sent;
-  presets::top_k<>{}.compress<float>(g, delta, sent);
-  exchange.start(sent, {}, 0);
-  std::vector<float> dense(n);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
-  const std::string expected = "rank " + std::to_string(size_of() - 1) + " has density 0.0100000001, rank 0 has 0.01";
-  CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
+  presets::top_k<>{}.compress(g, 0.01, sent);
+  fine.start(sent, {}, 0);
+  CHECK(fine.wait(dense).entries == sent.size() * std::size_t(size_of()));
+}
 
-  // A rank at another step (ranks out of step).
+TEST_CASE("ranks at another step: every rank's wait() throws naming the first") {
+  const std::size_t n = 1000;
+  std::vector<float> g(n, 1.0f), dense(n);
+  sparse_vector<float> sent;
   comm::sparse_exchange<float> other(MPI_COMM_WORLD, n, 0.01);
-  presets::top_k<>{}.compress<float>(g, 0.01, sent);
+  presets::top_k<>{}.compress(g, 0.01, sent);
   other.start(sent, {}, rank_of() == 1 ? 4 : 3);
-  message.clear();
+  std::string message;
   try {
     other.wait(dense);
   } catch (const runtime_error& e) {
     message = e.what();
   }
   CHECK_MESSAGE(message.find("rank 1 is at step 4, rank 0 at step 3") != std::string::npos, message);
+}
+
+TEST_CASE("an exchange destroyed with its all-gather in flight completes it: no write into freed memory") {
+  // A throw between start() and wait() (the documented overlap window) unwinds the exchange
+  // while MPI still writes into its inbox; the destructor completes the all-gather, and the
+  // next collectives run normally on every rank.
+  const std::size_t n = 1 << 20;
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = float(i % 977) + float(rank_of());
+  for (int round = 0; round < 3; ++round) {
+    try {
+      comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
+      sparse_vector<float> sent;
+      presets::top_k<>{}.compress(g, 0.01, sent);
+      exchange.start(sent, {}, std::uint64_t(round));
+      throw std::runtime_error("between start and wait");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "between start and wait");
+    }
+    // Memory the inbox held is reused at once; the next exchange is exact.
+    std::vector<std::byte> reuse(std::size_t(size_of()) * (n / 100) * 8 + 4096, std::byte{0x5a});
+    comm::sparse_exchange<float> next(MPI_COMM_WORLD, n, 0.01);
+    sparse_vector<float> sent;
+    presets::top_k<>{}.compress(g, 0.01, sent);
+    next.start(sent, {}, 100);
+    std::vector<float> dense(n);
+    CHECK(next.wait(dense).entries == sent.size() * std::size_t(size_of()));
+    CHECK(bits_equal(dense, rank_order_average(sent, n)));
+    CHECK(reuse[reuse.size() / 2] == std::byte{0x5a});
+  }
+  // A moved exchange carries its request: the moved-from one has nothing in flight.
+  comm::sparse_exchange<float> first(MPI_COMM_WORLD, n, 0.01);
+  sparse_vector<float> sent;
+  presets::top_k<>{}.compress(g, 0.01, sent);
+  first.start(sent, {}, 5);
+  comm::sparse_exchange<float> moved(std::move(first));
+  std::vector<float> dense(n);
+  CHECK(moved.wait(dense).entries == sent.size() * std::size_t(size_of()));
 }
 
 int main(int argc, char** argv) {

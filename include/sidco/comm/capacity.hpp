@@ -97,4 +97,13 @@ std::size_t trim_to_capacity(sparse_vector<T, Index>& out, std::span<const segme
   return removed;
 }
 
+/// residual[index - base] = value for each of out's entries: a selection that will not be
+/// sent (its exchange could not start) goes back where the compressor took it from (it left
+/// +0 there). Nothing happens without a residual (no error feedback).
+template <class T, class Index>
+void return_entries(const sparse_vector<T, Index>& out, std::span<T> residual, std::size_t base = 0) {
+  if (residual.empty()) return;
+  for (std::size_t j = 0; j < out.size(); ++j) residual[std::size_t(out.indices()[j]) - base] = out.values()[j];
+}
+
 }  // namespace sidco::comm

@@ -9,6 +9,7 @@
 #include <exception>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #ifndef OMPI_SKIP_MPICXX
@@ -18,6 +19,7 @@
 
 #include "sidco/comm/capacity.hpp"
 #include "sidco/comm/report.hpp"
+#include "sidco/comm/setup.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/segment.hpp"
@@ -44,25 +46,63 @@ struct exchange_options {
 ///   ... compress the next tensor meanwhile ...
 ///   exchange.wait(dense);   // the rank-order average, or the same error on every rank
 ///
-/// Every rank must call start (or start_failed) and wait in the same order, with the same
-/// layout, density and options; a rank whose arguments differ makes every rank's wait()
-/// throw naming it. Not thread-safe: one exchange, one thread.
+/// Every rank must construct its exchanges, and call start (or start_failed) and wait, in the
+/// same order; ranks whose layouts, densities or options differ are refused by every rank's
+/// constructor, and a rank at another step or tag makes every rank's wait() throw naming
+/// it. Not thread-safe: one exchange, one thread (two threads in one exchange race on its
+/// buffers, and nothing detects it).
 template <class T, class Index = std::uint32_t>
 class sparse_exchange {
  public:
+  /// Collective: every rank constructs its exchanges in the same order. The ranks agree here
+  /// on everything that decides the payload's size (layout, density, options, types): a
+  /// rank whose differ, or that cannot set up (an invalid argument, no memory), makes every
+  /// rank's constructor throw the same sidco::runtime_error naming it.
   sparse_exchange(MPI_Comm comm, std::vector<segment> layout, double delta, exchange_options options = {})
       : comm_(comm), layout_(std::move(layout)), delta_(delta), options_(options) {
     check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-    plan_ = plan_capacity(layout_, delta, options.slack);
-    size_ = layout_.back().end();
-    if (size_ > sparse_vector<T, Index>::max_dense_size)
-      sidco::detail::fail("sparse_exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
-    format_ = format_for<T, Index>(plan_.total);
-    if (format_.bytes() > std::size_t(std::numeric_limits<int>::max()))
-      sidco::detail::fail("sparse_exchange: a payload of ", format_.bytes(), " bytes exceeds MPI's int counts");
-    payload_.resize(format_.bytes());
-    inbox_.resize(format_.bytes() * std::size_t(ranks_));
+    exchange_setup mine;
+    try {
+      plan_ = plan_capacity(layout_, delta, options.slack);
+      size_ = layout_.back().end();
+      if (size_ > sparse_vector<T, Index>::max_dense_size)
+        sidco::detail::fail("sparse_exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
+      format_ = format_for<T, Index>(plan_.total);
+      if (format_.bytes() > std::size_t(std::numeric_limits<int>::max()))
+        sidco::detail::fail("sparse_exchange: a payload of ", format_.bytes(), " bytes exceeds MPI's int counts");
+      payload_.resize(format_.bytes());
+      inbox_.resize(format_.bytes() * std::size_t(ranks_));
+      mine = setup_of<T, Index>(layout_, format_, fields(0), options.slack);
+    } catch (const std::exception& e) {
+      mine = failed_setup(e, options.tag);
+    }
+    std::vector<exchange_setup> setups(static_cast<std::size_t>(ranks_));
+    check_mpi(MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, setups.data(), int(sizeof mine), MPI_BYTE, comm_),
+              "MPI_Allgather of the setup");
+    check_setups(setups);
+  }
+
+  sparse_exchange(const sparse_exchange&) = delete;
+  sparse_exchange& operator=(const sparse_exchange&) = delete;
+  /// The moved-from exchange has nothing in flight (the buffers move with their addresses).
+  sparse_exchange(sparse_exchange&& other) noexcept
+      : comm_(other.comm_), ranks_(other.ranks_), rank_(other.rank_), layout_(std::move(other.layout_)),
+        size_(other.size_), delta_(other.delta_), options_(other.options_), plan_(std::move(other.plan_)),
+        format_(other.format_), payload_(std::move(other.payload_)), inbox_(std::move(other.inbox_)),
+        residual_(other.residual_), request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
+        in_flight_(std::exchange(other.in_flight_, false)) {}
+  sparse_exchange& operator=(sparse_exchange&&) = delete;
+
+  /// Completes an all-gather still in flight (a throw between start() and wait()), so that
+  /// MPI never writes into freed buffers; the other ranks' wait() is not disturbed. What
+  /// this rank sent is not returned to its residual (it may be gone by now): call wait()
+  /// to keep it.
+  ~sparse_exchange() {
+    if (!in_flight_) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Wait(&request_, MPI_STATUS_IGNORE);
   }
 
   /// One tensor of size values.
@@ -81,15 +121,18 @@ class sparse_exchange {
   void start(sparse_vector<T, Index>& sent, std::span<T> residual, std::uint64_t step) {
     begin();
     residual_ = residual;
+    bool checked = false;
     try {
       if (sent.dense_size() != size_)
         sidco::detail::fail("sparse_exchange: the sparse vector's dense size ", sent.dense_size(),
                             " is not the exchange's ", size_);
       if (!residual.empty() && residual.size() != size_)
         sidco::detail::fail("sparse_exchange: residual: size ", residual.size(), " is not the exchange's ", size_);
+      checked = true;
       const std::size_t trimmed = trim_to_capacity(sent, layout_, plan_, residual);
       pack(sent, trimmed, fields(step), format_, std::span<std::byte>(payload_));
     } catch (const std::exception& e) {
+      if (checked) return_entries(sent, residual);  // not sent: back into the residual
       pack_failure<T, Index>(e, size_, fields(step), format_, std::span<std::byte>(payload_));
     }
     send();

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
+#include "sidco/core/utf8.hpp"
 
 namespace sidco::comm::detail {
 
@@ -25,7 +27,8 @@ inline rank_header make_header(std::size_t dense_size, std::size_t count, double
                                rank_status state, const char* reason) {
   rank_header h{dense_size, count, 0, std::uint64_t(state), std::uint64_t(op), {}};
   std::memcpy(&h.delta_bits, &delta, sizeof delta);
-  std::strncpy(h.reason, reason, sizeof h.reason - 1);
+  const std::string_view text = sidco::detail::utf8_prefix(reason, sizeof h.reason - 1);
+  std::memcpy(h.reason, text.data(), text.size());
   return h;
 }
 
@@ -36,7 +39,11 @@ inline void check_headers(std::span<const rank_header> headers) {
   for (std::size_t r = 0; r < headers.size(); ++r) {
     const rank_header& h = headers[r];
     if (h.state == std::uint64_t(rank_status::failed))
-      sidco::detail::fail("sparse_allreduce: rank ", r, " failed: ", std::string(h.reason, strnlen(h.reason, sizeof h.reason)));
+      sidco::detail::fail("sparse_allreduce: rank ", r, " failed: ",
+                          sidco::detail::valid_utf8(std::string_view(h.reason, strnlen(h.reason, sizeof h.reason))));
+    if (h.state != std::uint64_t(rank_status::ok) && h.state != std::uint64_t(rank_status::dense_mismatch))
+      sidco::detail::fail("sparse_allreduce: rank ", r, " sent status ", h.state, ", which this sidco does not know "
+                          "(mixed sidco versions?)");
     if (h.state == std::uint64_t(rank_status::dense_mismatch))
       sidco::detail::fail("sparse_allreduce: rank ", r,
                           " passed a dense buffer whose size does not match its sparse vector's dense size ", h.dense_size);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifndef OMPI_SKIP_MPICXX
@@ -61,6 +62,27 @@ class sparse_allreducer {
   explicit sparse_allreducer(MPI_Comm comm) : comm_(comm) {
     detail::check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  }
+
+  sparse_allreducer(const sparse_allreducer&) = delete;
+  sparse_allreducer& operator=(const sparse_allreducer&) = delete;
+  sparse_allreducer& operator=(sparse_allreducer&&) = delete;
+  /// The moved-from allreducer has nothing in flight (the buffers move with their addresses).
+  sparse_allreducer(sparse_allreducer&& other) noexcept
+      : comm_(other.comm_), ranks_(other.ranks_), rank_(other.rank_), in_flight_(std::exchange(other.in_flight_, false)),
+        op_(other.op_), dense_(other.dense_), report_(other.report_),
+        requests_{std::exchange(other.requests_[0], MPI_REQUEST_NULL), std::exchange(other.requests_[1], MPI_REQUEST_NULL)},
+        headers_(std::move(other.headers_)), counts_(std::move(other.counts_)),
+        displacements_(std::move(other.displacements_)), gathered_indices_(std::move(other.gathered_indices_)),
+        gathered_values_(std::move(other.gathered_values_)) {}
+
+  /// Completes the gathers still in flight (a throw between start() and wait()), so that MPI
+  /// never writes into freed buffers; dense is left as MPI wrote it.
+  ~sparse_allreducer() {
+    if (!in_flight_) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE);
   }
 
   int ranks() const { return ranks_; }
