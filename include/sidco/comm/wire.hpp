@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,10 +24,14 @@
 #include "sidco/core/error.hpp"
 #include "sidco/core/float_traits.hpp"
 #include "sidco/core/sparse_vector.hpp"
+#include "sidco/core/utf8.hpp"
 
 namespace sidco::comm {
 
-enum class wire_status : std::uint8_t { ok = 0, failed = 1 };
+/// failed: this rank failed (the message is its reason); relayed: this rank passes on an
+/// error a collective before this one raised (the reduce-scatter exchange's owners relay
+/// what they found in the blocks they received; the message is the whole error).
+enum class wire_status : std::uint8_t { ok = 0, failed = 1, relayed = 2 };
 /// What a failed rank threw: an invalid argument (sidco::error) or anything else.
 enum class error_kind : std::uint8_t { none = 0, invalid_argument = 1, runtime = 2 };
 
@@ -123,6 +128,25 @@ wire_header header_for(const wire_fields& f, std::size_t dense_size, const wire_
   return h;
 }
 
+/// Whether the T stored at at is finite (by its bits: any T sidco sends, 16-bit included).
+template <class T>
+bool finite_at(const std::byte* at) {
+  typename float_traits<T>::key bits;
+  std::memcpy(&bits, at, sizeof bits);
+  return (bits & ~float_traits<T>::sign) < float_traits<T>::infinity;
+}
+
+inline bool all_zero(const std::byte* from, const std::byte* to) {
+  return std::all_of(from, to, [](std::byte b) { return b == std::byte{0}; });
+}
+
+template <class Index>
+std::uint64_t index_at(const std::byte* at) {
+  Index i;
+  std::memcpy(&i, at, sizeof i);
+  return std::uint64_t(i);
+}
+
 inline const char* op_name(std::uint8_t op) {
   return op == std::uint8_t(reduction::sum) ? "sum" : op == std::uint8_t(reduction::average) ? "average" : "unknown";
 }
@@ -172,13 +196,14 @@ void pack(const sparse_vector<T, Index>& sent, std::size_t trimmed, const wire_f
 /// the room the format has), so that every rank can raise the same error.
 template <class T, class Index>
 void pack_failure(const std::exception& reason, std::size_t dense_size, const wire_fields& fields,
-                  const wire_format& format, std::span<std::byte> payload) {
+                  const wire_format& format, std::span<std::byte> payload,
+                  wire_status status = wire_status::failed) {
   detail::check_payload_size(payload, format);
   wire_header h = detail::header_for<T, Index>(fields, dense_size, format);
-  h.status = std::uint8_t(wire_status::failed);
+  h.status = std::uint8_t(status);
   h.error = std::uint8_t(dynamic_cast<const sidco::error*>(&reason) ? error_kind::invalid_argument : error_kind::runtime);
-  const std::string_view text = reason.what();
-  h.count = std::min(text.size(), format.message_bytes());
+  const std::string_view text = sidco::detail::utf8_prefix(reason.what(), format.message_bytes());
+  h.count = text.size();
   std::memset(payload.data() + sizeof h, 0, format.message_bytes());
   std::memcpy(payload.data() + sizeof h, text.data(), std::size_t(h.count));
   detail::write_header(h, payload);
@@ -190,8 +215,10 @@ using payload_views = std::span<const std::span<const std::byte>>;
 /// Throws sidco::runtime_error for the first problem in rank order, with the same message on
 /// every rank (they all read the same payloads): a payload that is not sidco's, or of
 /// another version; a rank that failed (with its message); a tag, step, dense size,
-/// density, value type, index width, reduction or capacity unlike rank 0's; a count over
-/// the capacity; indices not strictly ascending or outside the dense size. Reads only.
+/// density, value type, index width, reduction or capacity unlike rank 0's; a status that is
+/// neither ok nor failed; a count over the capacity; indices not strictly ascending or
+/// outside the dense size; a value that is not finite (it would poison every rank's
+/// update); a slot past the count that is not zero (pack() zeroes them). Messages from failed ranks are read as UTF-8 with replacement. Reads only.
 template <class T, class Index>
 void agree(payload_views payloads, const wire_format& format) {
   if (payloads.empty()) sidco::detail::fail("exchange: no payloads");
@@ -206,6 +233,8 @@ void agree(payload_views payloads, const wire_format& format) {
     if (h.version != wire_version)
       throw runtime_error(sidco::detail::message("exchange: rank ", r, " speaks wire version ", int(h.version),
                                                  ", this rank ", int(wire_version), " (mixed sidco versions?)"));
+    if (h.status > std::uint8_t(wire_status::relayed))
+      fail(h, "rank ", r, " sent status ", int(h.status), ", neither ok (0), failed (1) nor relayed (2)");
   }
   // Failures first: they explain whatever else differs.
   for (std::size_t r = 0; r < ranks; ++r) {
@@ -217,8 +246,11 @@ void agree(payload_views payloads, const wire_format& format) {
     const std::size_t length = std::min<std::size_t>(std::size_t(h.count), format.message_bytes());
     std::string_view reason(reinterpret_cast<const char*>(payloads[r].data() + sizeof h), length);
     if (reason.starts_with("sidco: ")) reason.remove_prefix(7);
-    if (others) fail(h, "rank ", r, " failed (", others, " later rank(s) failed too): ", reason);
-    fail(h, "rank ", r, " failed: ", reason);
+    // A message cut mid-sequence, or bytes that are not text, still read as a message.
+    const std::string text = sidco::detail::valid_utf8(reason);
+    if (h.status == std::uint8_t(wire_status::relayed)) throw runtime_error("sidco: " + text);
+    if (others) fail(h, "rank ", r, " failed (", others, " later rank(s) failed too): ", text);
+    fail(h, "rank ", r, " failed: ", text);
   }
   const wire_header first = detail::read_header(payloads[0]);
   for (std::size_t r = 1; r < ranks; ++r) {
@@ -263,6 +295,15 @@ void agree(payload_views payloads, const wire_format& format) {
              " (indices must ascend)");
       previous = std::uint64_t(i);
     }
+    const std::byte* values = payloads[r].data() + format.values_offset();
+    for (std::size_t j = 0; j < h.count; ++j)
+      if (!detail::finite_at<T>(values + j * sizeof(T)))
+        fail(first, "rank ", r, " sent a non-finite value at position ", j, " (index ",
+             detail::index_at<Index>(at + j * sizeof(Index)), ")");
+    // pack() zeroes every slot past the count: a count lowered in transit shows here.
+    if (!detail::all_zero(at + h.count * sizeof(Index), values) ||
+        !detail::all_zero(values + h.count * sizeof(T), payloads[r].data() + payloads[r].size()))
+      fail(first, "rank ", r, " sent a payload with entries past its count ", h.count, " (damaged in transit?)");
   }
 }
 
@@ -279,8 +320,9 @@ struct exchange_report {
 };
 
 /// dense = per index, 0 plus the ranks' values added in rank order (in T; in float for
-/// 16-bit types) and, for reduction::average, divided once by the rank count; 0 where no rank sent
-/// anything. Every rank gets the same bits. Calls agree() first: on any problem it throws
+/// 16-bit types) and, for reduction::average, divided once by the rank count (where that
+/// sum overflows, each value divided before the sum instead, so an average is finite where
+/// every value is); 0 where no rank sent anything. Every rank gets the same bits. Calls agree() first: on any problem it throws
 /// having written nothing. dense must have the exchange's dense size.
 template <class T, class Index>
 exchange_report decode(payload_views payloads, const wire_format& format, std::span<T> dense) {
@@ -319,8 +361,24 @@ exchange_report decode(payload_views payloads, const wire_format& format, std::s
   }
   const bool average = first.op == std::uint8_t(reduction::average);
   const A divisor = A(double(ranks));
-  auto write = [&](std::uint64_t index, A sum) {
-    dense[std::size_t(index)] = T(average ? A(sum / divisor) : sum);
+  std::vector<A> values;  // one index's values, in rank order
+  values.reserve(ranks);
+  // The sum, divided once for an average; where that sum overflows (every value is finite,
+  // agree() checked), the sum of the values each divided first, as a dense all-reduce of
+  // averaged buffers would give.
+  auto write = [&](std::uint64_t index) {
+    A sum = A(0);
+    for (const A v : values) sum = A(sum + v);
+    if (average) {
+      if (std::isfinite(double(sum))) {
+        sum = A(sum / divisor);
+      } else {
+        sum = A(0);
+        for (const A v : values) sum = A(sum + A(v / divisor));
+      }
+    }
+    dense[std::size_t(index)] = T(sum);
+    values.clear();
     ++report.distinct;
   };
   std::fill(dense.begin(), dense.end(), T(0));
@@ -333,13 +391,12 @@ exchange_report decode(payload_views payloads, const wire_format& format, std::s
       for (const cursor& c : cursors)
         if (c.at < c.count) next = std::min(next, c.index());
       if (next == UINT64_MAX) break;
-      A sum = A(0);
       for (cursor& c : cursors)
         if (c.at < c.count && c.index() == next) {
-          sum = A(sum + c.value());
+          values.push_back(c.value());
           ++c.at;
         }
-      write(next, sum);
+      write(next);
     }
     return report;
   }
@@ -349,15 +406,14 @@ exchange_report decode(payload_views payloads, const wire_format& format, std::s
     if (cursors[r].count) heap.push({cursors[r].index(), r});
   while (!heap.empty()) {
     const std::uint64_t index = heap.top().first;
-    A sum = A(0);
     while (!heap.empty() && heap.top().first == index) {
       const std::size_t r = heap.top().second;
       cursor& c = cursors[r];
       heap.pop();
-      sum = A(sum + c.value());
+      values.push_back(c.value());
       if (++c.at < c.count) heap.push({c.index(), r});
     }
-    write(index, sum);
+    write(index);
   }
   return report;
 }

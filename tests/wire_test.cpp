@@ -1,0 +1,268 @@
+// The one-round exchange's payload (comm/wire.hpp) and setup record (comm/setup.hpp), without
+// a network: every rank decodes the same payloads, so a property of decode() on one set of
+// payloads holds on every rank alike.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <sidco/comm/capacity.hpp>
+#include <sidco/comm/setup.hpp>
+#include <sidco/comm/wire.hpp>
+#include <sidco/core/utf8.hpp>
+#include <sidco/sidco.hpp>
+
+using namespace sidco;
+
+namespace {
+
+constexpr std::size_t n = 2000;
+constexpr double delta = 0.02;
+
+// One rank's side of an exchange: its gradient, old residual, and what it packed.
+struct rank_side {
+  std::vector<float> gradient, old_residual;
+  feedback::residual<float> residual{n};
+  std::vector<std::byte> payload;
+};
+
+std::vector<rank_side> pack_ranks(int ranks, const comm::wire_format& format, const comm::capacity_plan& plan) {
+  std::vector<rank_side> sides(static_cast<std::size_t>(ranks));
+  const std::vector<segment> layout{{0, n}};
+  for (int r = 0; r < ranks; ++r) {
+    rank_side& side = sides[std::size_t(r)];
+    std::mt19937_64 rng(100 + std::uint64_t(r));
+    std::normal_distribution<float> normal;
+    side.gradient.resize(n);
+    side.old_residual.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      side.gradient[i] = normal(rng);
+      side.old_residual[i] = 0.1f * normal(rng);
+      side.residual.values()[i] = side.old_residual[i];
+    }
+    sparse_vector<float> sent;
+    presets::sidco_e<> compressor;
+    compressor.compress(side.gradient, delta, sent, side.residual);
+    const std::size_t trimmed = comm::trim_to_capacity(sent, layout, plan, side.residual.values());
+    side.payload.resize(format.bytes());
+    comm::pack(sent, trimmed, {3, 7, delta, comm::reduction::average}, format, side.payload);
+  }
+  return sides;
+}
+
+std::vector<std::span<const std::byte>> views_of(const std::vector<std::vector<std::byte>>& payloads) {
+  return {payloads.begin(), payloads.end()};
+}
+
+// What decode() gives: the dense result, or the message it threw.
+struct verdict {
+  std::vector<float> dense;
+  std::string error;
+  bool operator==(const verdict& o) const {
+    return error == o.error && dense.size() == o.dense.size() &&
+           std::memcmp(dense.data(), o.dense.data(), dense.size() * sizeof(float)) == 0;
+  }
+};
+
+verdict decode_all(const std::vector<std::vector<std::byte>>& payloads, const comm::wire_format& format) {
+  verdict v;
+  v.dense.assign(n, -1.0f);
+  try {
+    comm::decode<float, std::uint32_t>(views_of(payloads), format, std::span<float>(v.dense));
+  } catch (const sidco::runtime_error& e) {
+    v.error = e.what();
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("utf8_prefix never cuts a sequence; valid_utf8 replaces what is not text") {
+  const std::string text = "ab\xC3\xA9\xE2\x82\xAC";  // "abé€"
+  CHECK(detail::utf8_prefix(text, 3) == "ab");
+  CHECK(detail::utf8_prefix(text, 4) == "ab\xC3\xA9");
+  CHECK(detail::utf8_prefix(text, 6) == "ab\xC3\xA9");
+  CHECK(detail::utf8_prefix(text, 7) == text);
+  CHECK(detail::utf8_prefix(text, 100) == text);
+  CHECK(detail::valid_utf8(text) == text);
+  CHECK(detail::valid_utf8("a\xC3") == "a\xEF\xBF\xBD");           // cut mid-sequence
+  CHECK(detail::valid_utf8("\x1a") == "\xEF\xBF\xBD");              // a control character
+  CHECK(detail::valid_utf8("\xC0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong NUL
+  CHECK(detail::valid_utf8("\xED\xA0\x80").find("\xED") == std::string::npos);  // a surrogate
+  CHECK(detail::valid_utf8("\xF4\x90\x80\x80").find("\xF4") == std::string::npos);  // above U+10FFFF
+  CHECK(detail::valid_utf8("line\nnext\ttab") == "line\nnext\ttab");
+}
+
+TEST_CASE("a failed rank's message cut mid-UTF-8, or not text, still reads as a message") {
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(2);
+  std::vector<std::vector<std::byte>> payloads(2, std::vector<std::byte>(format.bytes()));
+  sparse_vector<float> none(n);
+  comm::pack(none, 0, {0, 1, delta, comm::reduction::average}, format, payloads[0]);
+  // A message longer than the room, with a two-byte character across the cut.
+  std::string long_message(format.message_bytes() - 1, 'x');
+  long_message += "\xC3\xA9 and more";
+  comm::pack_failure<float, std::uint32_t>(sidco::runtime_error(long_message), n, {0, 1, delta, comm::reduction::average},
+                                           format, payloads[1]);
+  CHECK(comm::header_of(payloads[1]).count == format.message_bytes() - 1);  // the 'é' left out whole
+  std::vector<float> dense(n);
+  CHECK(decode_all(payloads, format).error.find("rank 1 failed: xxx") != std::string::npos);
+  // Bytes that are not text (a peer's damaged message) are replaced, never passed on.
+  std::memcpy(payloads[1].data() + comm::wire_format::header_bytes, "bad \xFF\xFE\x1a", 7);
+  try {
+    comm::decode<float, std::uint32_t>(views_of(payloads), format, std::span<float>(dense));
+    FAIL("no error");
+  } catch (const sidco::runtime_error& e) {
+    const std::string message = e.what();
+    CHECK(message.find("rank 1 failed: bad \xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD") != std::string::npos);
+    CHECK(detail::valid_utf8(message) == message);
+  }
+}
+
+TEST_CASE("an unknown status is named; a non-finite value from a peer is refused") {
+  const comm::capacity_plan plan = comm::plan_capacity(std::vector<segment>{{0, n}}, delta, 1.25);
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(plan.total);
+  auto sides = pack_ranks(2, format, plan);
+  std::vector<std::vector<std::byte>> payloads{sides[0].payload, sides[1].payload};
+  payloads[1][5] = std::byte{0x1a};  // status
+  CHECK(decode_all(payloads, format).error.find("rank 1 sent status 26, neither ok (0), failed (1) nor relayed (2)") !=
+        std::string::npos);
+  payloads[1] = sides[1].payload;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(payloads[1].data() + format.values_offset() + 3 * sizeof(float), &nan, sizeof nan);
+  CHECK(decode_all(payloads, format).error.find("rank 1 sent a non-finite value at position 3") != std::string::npos);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(payloads[1].data() + format.values_offset(), &inf, sizeof inf);
+  CHECK(decode_all(payloads, format).error.find("rank 1 sent a non-finite value at position 0") != std::string::npos);
+}
+
+TEST_CASE("an average whose sum overflows divides first: finite where every value is") {
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(1);
+  std::vector<std::vector<std::byte>> payloads(3, std::vector<std::byte>(format.bytes()));
+  for (int r = 0; r < 3; ++r) {
+    sparse_vector<float> one(10);
+    one.push_back(4, 3e38f);
+    comm::pack(one, 0, {0, 0, 0.1, comm::reduction::average}, format, payloads[std::size_t(r)]);
+  }
+  std::vector<float> dense(10);
+  comm::decode<float, std::uint32_t>(views_of(payloads), format, std::span<float>(dense));
+  // (3e38 / 3) three times, as a dense all-reduce of averaged buffers gives it.
+  CHECK(dense[4] == 3e38f / 3 + 3e38f / 3 + 3e38f / 3);
+  CHECK(std::isfinite(dense[4]));
+  // Where the sum does not overflow, it is divided once, as before.
+  for (int r = 0; r < 3; ++r) {
+    sparse_vector<float> one(10);
+    one.push_back(4, 0.1f * float(r + 1));
+    comm::pack(one, 0, {0, 0, 0.1, comm::reduction::average}, format, payloads[std::size_t(r)]);
+  }
+  comm::decode<float, std::uint32_t>(views_of(payloads), format, std::span<float>(dense));
+  CHECK(dense[4] == (0.0f + 0.1f + 0.2f + 0.3f) / 3.0f);
+}
+
+TEST_CASE("every single-field corruption of a header is refused alike on every rank, or decodes the same") {
+  // Each header field of rank 1's payload (or rank 0's, against which the others are
+  // compared) set to other values in transit. Every rank reads the same payloads, so each
+  // rank's verdict is this one; a refusal returns each rank's own sent entries (from its
+  // own copy, not the damaged one) to its residual: residual = gradient + old residual.
+  const comm::capacity_plan plan = comm::plan_capacity(std::vector<segment>{{0, n}}, delta, 1.25);
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(plan.total);
+  const auto sides = pack_ranks(3, format, plan);
+  std::vector<std::vector<std::byte>> clean;
+  for (const auto& side : sides) clean.push_back(side.payload);
+  const verdict reference = decode_all(clean, format);
+  REQUIRE(reference.error.empty());
+
+  struct field {
+    const char* name;
+    std::size_t offset, bytes;
+  };
+  const field fields[] = {{"magic", 0, 4},      {"version", 4, 1},   {"status", 5, 1},     {"value_code", 6, 1},
+                          {"index_bytes", 7, 1}, {"op", 8, 1},        {"error", 9, 1},      {"reserved", 10, 2},
+                          {"tag", 12, 4},        {"dense_size", 16, 8}, {"capacity", 24, 8}, {"count", 32, 8},
+                          {"sequence", 40, 8},   {"trimmed", 48, 8},  {"delta", 56, 8}};
+  std::size_t refused = 0, equal = 0;
+  std::set<std::string> refused_fields;
+  for (const std::size_t damaged : {std::size_t(1), std::size_t(0)}) {
+    for (const field& f : fields) {
+      for (const std::uint64_t change : {std::uint64_t(1), std::uint64_t(0x80), ~std::uint64_t(0), std::uint64_t(2)}) {
+        auto payloads = clean;
+        std::uint64_t value = 0;
+        std::memcpy(&value, payloads[damaged].data() + f.offset, f.bytes);
+        value = change == 2 ? value - 1 : value ^ change;  // 2: the field one lower
+        std::memcpy(payloads[damaged].data() + f.offset, &value, f.bytes);
+        if (payloads[damaged] == clean[damaged]) continue;
+        const verdict v = decode_all(payloads, format);
+        // Every rank alike: decode reads only the payloads.
+        CHECK(decode_all(payloads, format) == v);
+        if (!v.error.empty()) {
+          ++refused;
+          refused_fields.insert(f.name);
+          for (const auto& side : sides) {
+            std::vector<float> residual(side.residual.values().begin(), side.residual.values().end());
+            comm::return_to_residual<float, std::uint32_t>(side.payload, format, std::span<float>(residual));
+            for (std::size_t i = 0; i < n; ++i) REQUIRE(residual[i] == side.gradient[i] + side.old_residual[i]);
+          }
+        } else {
+          ++equal;
+          INFO(std::string(f.name), " of rank ", damaged, " changed by ", change);
+          CHECK(v == reference);
+        }
+      }
+    }
+  }
+  // Fields only reports read (error while ok, reserved, trimmed) decode the same; the rest
+  // are refused.
+  for (const char* name : {"magic", "version", "status", "value_code", "index_bytes", "op", "tag", "dense_size",
+                           "capacity", "count", "sequence", "delta"})
+    CHECK_MESSAGE(refused_fields.count(name) == 1, name);
+  CHECK(refused > 0);
+  CHECK(equal > 0);
+}
+
+TEST_CASE("setup records: ranks whose payloads would differ are named, with both values") {
+  const std::vector<segment> whole{{0, n}}, halves{{0, n / 2}, {n / 2, n / 2}};
+  const comm::wire_fields fields{2, 0, 0.01, comm::reduction::average};
+  const auto record = [&](const std::vector<segment>& layout, double d, double slack) {
+    const auto plan = comm::plan_capacity(layout, d, slack);
+    return comm::setup_of<float, std::uint32_t>(layout, comm::format_for<float, std::uint32_t>(plan.total),
+                                                {fields.tag, 0, d, fields.op}, slack);
+  };
+  const auto check = [](std::vector<comm::exchange_setup> setups, const std::string& expected) {
+    std::string message = "accepted";
+    try {
+      comm::check_setups(setups);
+    } catch (const sidco::runtime_error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
+  };
+  CHECK_NOTHROW(comm::check_setups(std::vector{record(whole, 0.01, 1.25), record(whole, 0.01, 1.25)}));
+  check({record(whole, 0.01, 1.25), record(whole, 0.02, 1.25)}, "rank 1 has density 0.02, rank 0 has 0.01");
+  check({record(whole, 0.01, 1.25), record(whole, 0.01, 1.25), record(halves, 0.01, 1.25)},
+        "rank 2 has a layout of 2 segments unlike rank 0's 1");
+  check({record(whole, 0.01, 1.25), record(whole, 0.01, 2.0)}, "rank 1 has capacity slack 2, rank 0 has 1.25");
+  auto other_type = comm::setup_of<double, std::uint32_t>(whole, comm::format_for<double, std::uint32_t>(25),
+                                                          {2, 0, 0.01, fields.op}, 1.25);
+  check({record(whole, 0.01, 1.25), other_type}, "rank 1 sends float64 values, rank 0 float32");
+  check({record(whole, 0.01, 1.25), comm::failed_setup(sidco::error("sidco: density = 2 is outside (0, 1]"), 2)},
+        "exchange setup (tag 2): rank 1 failed: density = 2 is outside (0, 1]");
+}
+
+TEST_CASE("DGC's sample stays bounded near a density of one entry in N") {
+  // k = 1 of 2^22: the 2/delta minimum would sample 2^23 values, more than N.
+  std::vector<float> g(std::size_t(1) << 22);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal;
+  for (auto& v : g) v = normal(rng);
+  presets::dgc<> dgc;
+  sparse_vector<float> out;
+  const double tiny = 1.0 / double(g.size());
+  const auto report = dgc.compress(g, tiny, out);
+  CHECK(report.selected >= 1);
+  CHECK(dgc.workspace_bytes() <= 8 * (std::size_t(1) << 20) + (std::size_t(1) << 16));
+}
+
