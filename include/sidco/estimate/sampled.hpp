@@ -19,7 +19,8 @@
 
 namespace sidco::estimate {
 
-/// Samples about sample_fraction of the values (at least ceil(2/delta)) at random positions,
+/// Samples about sample_fraction of the values (at least ceil(2/delta), up to
+/// max_density_samples for that minimum) at random positions,
 /// takes the ceil(delta s)-th largest sampled magnitude as t and keeps |x| >= t (t = 0: |x| > 0). While fewer
 /// than k values reach t, t is lowered by lower_factor (at most max_lowerings times).
 /// The sample positions come from a seeded generator that advances every call; the backend
@@ -30,6 +31,11 @@ class sampled {
   static constexpr const char* name = "dgc_sampled";
   static constexpr bool provides_threshold = true;
   using statistics = backend::pass_statistics<false>;  // counts: the input check and N
+
+  /// The most samples the 2/delta minimum asks for: at a density near 1/N it would sample
+  /// (and keep 8 bytes a sample for) nearly the whole vector; past this the lowering loop
+  /// below finds the threshold.
+  static constexpr double max_density_samples = double(1 << 20);
 
   struct options {
     double sample_fraction = 0.01;
@@ -52,7 +58,8 @@ class sampled {
   template <class Pass>
   threshold_estimate estimate(const moments& all, std::span<const moments>, double delta, Pass& pass) {
     const std::size_t n = std::size_t(all.count);
-    const double wanted = std::max(options_.sample_fraction * double(n), std::ceil(2 / delta));
+    const double wanted =
+        std::max(options_.sample_fraction * double(n), std::min(std::ceil(2 / delta), max_density_samples));
     // Clamp before converting: 2/delta overflows size_t for tiny (valid) densities.
     const std::size_t samples = wanted >= double(n) ? n : std::size_t(wanted);
     sample_.resize(samples);
@@ -75,7 +82,10 @@ class sampled {
     return {t > 0 ? at_least(t) : 0.0, 1};
   }
 
- /// The generator's position (the seed it started from is an option).
+  /// The sample's buffer, kept between calls.
+  std::size_t workspace_bytes() const { return sample_.capacity() * sizeof(double); }
+
+  /// The generator's position (the seed it started from is an option).
   void save_state(state_writer& out) const {
     out.name(name);
     out.word(rng_.state);
