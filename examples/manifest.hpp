@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,12 +40,22 @@ inline std::size_t whole_number(const nlohmann::json& v, const std::string& path
 inline std::map<std::string, std::vector<sidco::segment>> parse_layers(const std::string& text,
                                                                        const std::string& path) {
   nlohmann::json root;
+  // A file listed twice would silently take its last entry: the parser reports each key.
+  std::set<std::string> files;
+  std::string twice;
+  const auto note_file = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && !files.insert(parsed.get<std::string>()).second &&
+        twice.empty())
+      twice = parsed.get<std::string>();
+    return true;
+  };
   try {
-    root = nlohmann::json::parse(text);
+    root = nlohmann::json::parse(text, note_file);
   } catch (const nlohmann::json::exception& e) {
     detail::fail(path, e.what());
   }
   if (!root.is_object()) detail::fail(path, "not a JSON object");
+  if (!twice.empty()) detail::fail(path, "'" + twice + "' is listed twice");
   std::map<std::string, std::vector<sidco::segment>> layouts;
   for (const auto& [file, entry] : root.items()) {
     if (!entry.is_object() || !entry.contains("layers") || !entry["layers"].is_array())
@@ -70,6 +82,7 @@ inline std::map<std::string, std::vector<sidco::segment>> parse_layers(const std
 
 /// The manifest file at `path`, as parse_layers reads it.
 inline std::map<std::string, std::vector<sidco::segment>> load_layers(const std::string& path) {
+  if (std::filesystem::is_directory(path)) detail::fail(path, "is a directory, not a manifest file");
   std::ifstream in(path);
   if (!in) detail::fail(path, "cannot open");
   std::stringstream text;

@@ -205,7 +205,11 @@ int run(int argc, char** argv) {
   app.add_option("--density", densities, "a density in (0, 1] (repeatable; default: 0.1 0.01 0.001)")
       ->type_name("D")
       ->check(density_in_range);
-  app.add_option("--repeat", repeat, "timed calls per row, 1 to 1e6 (median; default 5)")->type_name("N")->check(whole_repeat);
+  // Read as a number (so that 1e6 is taken as the help says), checked whole by the validator.
+  app.add_option_function<double>("--repeat", [&](double r) { repeat = int(r); },
+                                  "timed calls per row, 1 to 1e6 (median; default 5)")
+      ->type_name("N")
+      ->check(whole_repeat);
   app.add_option("--layers", layers_path,
                  "estimate per layer (sidco::segmented) with the layout this manifest gives for each "
                  "file; method names get a /layers suffix")
@@ -312,13 +316,18 @@ int run(int argc, char** argv) {
         const double ms = result.median_ms;
         const double rate = double(g.size()) / (ms * 1e-3);
         const std::string name = m->name + (m->name == "topk-nth-element" ? "" : suffix);
+        // A ratio past 10^6 (a density below one entry of the file) in exponent form, not
+        // hundreds of digits.
+        const bool huge = !(report.density_ratio() < 1e6);
         if (csv)
-          std::printf("%s,%s,%g,%.6g,%.4f,%.6g,%d,%zu,%.4f,%.4g,%.3f,%d\n", file.c_str(),
+          std::printf(huge ? "%s,%s,%g,%.6g,%.4e,%.6g,%d,%zu,%.4f,%.4g,%.3f,%d\n"
+                           : "%s,%s,%g,%.6g,%.4f,%.6g,%d,%zu,%.4f,%.4g,%.3f,%d\n", file.c_str(),
                       name.c_str(), delta, report.density, report.density_ratio(),
                       report.threshold, report.stages, report.selected, ms, rate, base_ms / ms,
                       int(report.fallback));
         else
-          std::printf("%-18s %-22s %8g %10.3g %6.2f %11.4g %3d %9.3f %10.1f %7.1fx\n",
+          std::printf(huge ? "%-18s %-22s %8g %10.3g %6.2g %11.4g %3d %9.3f %10.1f %7.1fx\n"
+                           : "%-18s %-22s %8g %10.3g %6.2f %11.4g %3d %9.3f %10.1f %7.1fx\n",
                       file.c_str(), name.c_str(), delta, report.density,
                       report.density_ratio(), report.threshold, report.stages, ms, rate * 1e-6,
                       base_ms / ms);

@@ -53,6 +53,17 @@ done
 expect_refusal "--repeat: 0 is not a whole number" --repeat 0
 expect_refusal "--density: 'abc' is not a number" --density abc
 expect_refusal "not expected: --bogus" --bogus
+expect_refusal "--repeat: 2.5 is not a whole number" --repeat 2.5
+expect_refusal "--repeat: 1e7 is not a whole number" --repeat 1e7
+expect_refusal "is a directory, not a manifest file" --layers "$tmp" --input "$data/ffn_it10.npy"
+printf '{"ffn_it10.npy": {"layers": [{"offset": 0, "size": 10}]}, "ffn_it10.npy": {"layers": []}}' > "$tmp/twice.json"
+expect_refusal "'ffn_it10.npy' is listed twice" --layers "$tmp/twice.json" --input "$data/ffn_it10.npy"
+# Numbers as the help writes them (1e0 is 1), and a density far below one entry of the file:
+# its ratio in exponent form, not hundreds of digits.
+"$eval_bin" --csv --repeat 1e0 --input "$data/ffn_it10.npy" --method top-k --density 1e-300 > "$tmp/tiny.csv"
+ratio=$(awk -F, 'NR == 2 { print $5 }' "$tmp/tiny.csv")
+case "$ratio" in *e+*) [ "${#ratio}" -le 12 ] || { echo "ratio printed as $ratio"; exit 1; } ;;
+  *) echo "ratio at density 1e-300 printed as $ratio"; exit 1 ;; esac
 npy_dir=$(mktemp -d -p "$tmp")
 expect_refusal "is a directory, not a .npy file" --input "$npy_dir"
 npy() {  # npy FILE HEADER [PAYLOAD_BYTES]: a version-1 file with that header dict
