@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ template <class T>
 std::unique_ptr<codec_impl> make_cpu_codec_of(const codec_settings& settings, const sidco::comm::wire_format& format,
                                               const sidco::comm::capacity_plan& plan);
 
+/// One DDP bucket's compressors, capacity and payload. Every entry point (the ops and the
+/// methods) holds the Codec's lock while it runs: the ops release the GIL, so two Python
+/// threads sharing one Codec are served in turn instead of racing on its buffers.
 class Codec : public torch::CustomClassHolder {
  public:
   Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
@@ -81,6 +85,8 @@ class Codec : public torch::CustomClassHolder {
   codec_impl& on(const at::Device& device) const;
   /// The one used last (the CPU's before any).
   codec_impl& current() const;
+  /// Held by every entry point while it runs (not re-entrant: on() and current() take none).
+  std::unique_lock<std::mutex> lock() const { return std::unique_lock<std::mutex>(mutex_); }
 
   std::int64_t payload_bytes() const { return std::int64_t(format_.bytes()); }
   std::int64_t capacity() const { return std::int64_t(format_.capacity); }
@@ -98,6 +104,7 @@ class Codec : public torch::CustomClassHolder {
   mutable std::unique_ptr<codec_impl> cpu_;
   mutable std::vector<std::unique_ptr<codec_impl>> cuda_;  // per device index
   mutable codec_impl* current_ = nullptr;
+  mutable std::mutex mutex_;
 };
 
 /// Made by cuda/ops.cu, which registers it when the library is built with CUDA.
@@ -163,11 +170,16 @@ using cuda_compressor_factory = std::unique_ptr<compressor_impl> (*)(const std::
                                                                      const at::Device& device);
 void register_cuda_compressor(cuda_compressor_factory factory);
 
+/// sidco_torch.Compressor: one compressor per device and element type. compress() and
+/// report() hold its lock, so two Python threads sharing one are served in turn.
 class Compressor : public torch::CustomClassHolder {
  public:
   Compressor(std::string method, c10::Dict<std::string, double> options);
 
-  compressor_impl& on(const at::Device& device);
+  /// gradient (+ residual) compressed on its device's compressor, under the lock.
+  std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
+                                              const std::vector<std::int64_t>& layers,
+                                              const c10::optional<at::Tensor>& residual);
   c10::Dict<std::string, double> report() const;
   std::string method() const { return method_; }
 
@@ -177,6 +189,9 @@ class Compressor : public torch::CustomClassHolder {
   std::unique_ptr<compressor_impl> cpu_;
   std::vector<std::unique_ptr<compressor_impl>> cuda_;  // per device index
   compressor_impl* last_ = nullptr;
+  mutable std::mutex mutex_;
+
+  compressor_impl& on(const at::Device& device);
 };
 
 /// The options dictionary a method takes (known: seed).

@@ -131,6 +131,7 @@ std::vector<std::int64_t> Codec::layer_capacities() const {
 }
 
 c10::Dict<std::string, double> Codec::report() const {
+  const auto hold = lock();
   const codec_report& r = current().report();
   c10::Dict<std::string, double> d;
   d.insert("selected", double(r.compress.selected));
@@ -144,6 +145,7 @@ c10::Dict<std::string, double> Codec::report() const {
   d.insert("target_density", settings_.density);
   d.insert("threshold", r.compress.threshold);
   d.insert("stages", double(r.compress.stages));
+  d.insert("fallback", r.compress.fallback ? 1.0 : 0.0);
   d.insert("failed", r.failed ? 1.0 : 0.0);
   d.insert("received_entries", double(r.exchange.entries));
   d.insert("distinct_indices", double(r.exchange.distinct));
@@ -153,6 +155,7 @@ c10::Dict<std::string, double> Codec::report() const {
 
 at::Tensor Codec::layer_state(std::int64_t layer) const {
   return translated([&] {
+    const auto hold = lock();
     const auto bytes = current().save_layer(layer_index(layer));
     auto t = at::empty({std::int64_t(bytes.size())}, at::kByte);
     std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
@@ -164,6 +167,7 @@ void Codec::load_layer_state(std::int64_t layer, const at::Tensor& state) {
   translated([&] {
     check_cpu_tensor("state", state);
     if (state.scalar_type() != at::kByte) sidco::throw_error("state: dtype ", state.scalar_type(), " is not uint8");
+    const auto hold = lock();
     current().load_layer(layer_index(layer), bytes_of(state));
     return 0;
   });
@@ -183,6 +187,13 @@ cuda_compressor_factory cuda_factory = nullptr;
 
 void register_cuda_compressor(cuda_compressor_factory factory) { cuda_factory = factory; }
 
+std::tuple<at::Tensor, at::Tensor> Compressor::compress(const at::Tensor& gradient, double density,
+                                                        const std::vector<std::int64_t>& layers,
+                                                        const c10::optional<at::Tensor>& residual) {
+  const std::lock_guard<std::mutex> hold(mutex_);
+  return on(gradient.device()).compress(gradient, density, layers, residual);
+}
+
 compressor_impl& Compressor::on(const at::Device& device) {
   last_ = per_device(
               device, "gradient", cuda_factory != nullptr, cpu_, cuda_,
@@ -193,6 +204,7 @@ compressor_impl& Compressor::on(const at::Device& device) {
 }
 
 c10::Dict<std::string, double> Compressor::report() const {
+  const std::lock_guard<std::mutex> hold(mutex_);
   const sidco::compress_report r = last_ ? last_->report() : sidco::compress_report{};
   c10::Dict<std::string, double> d;
   d.insert("threshold", r.threshold);
@@ -212,6 +224,7 @@ c10::Dict<std::string, double> Compressor::report() const {
 at::Tensor codec_encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
                         const c10::intrusive_ptr<Codec>& codec, std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
+    const auto hold = codec->lock();
     return codec->on(gradient.device()).encode(gradient, residual, fields_of(*codec, tag, sequence));
   });
 }
@@ -219,6 +232,7 @@ at::Tensor codec_encode(const at::Tensor& gradient, const c10::optional<at::Tens
 at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive_ptr<Codec>& codec,
                                 std::string message, std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
+    const auto hold = codec->lock();
     return codec->on(gradient.device()).encode_failure(message, fields_of(*codec, tag, sequence));
   });
 }
@@ -226,6 +240,7 @@ at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive
 at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
                         const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<Codec>& codec) {
   return translated([&] {
+    const auto hold = codec->lock();
     codec->on(out.device()).decode(payloads, out, residual);
     return out;
   });

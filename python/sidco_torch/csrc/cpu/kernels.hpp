@@ -42,21 +42,25 @@ class cpu_codec final : public codec_impl {
                     const sidco::comm::wire_fields& fields) override {
     report_ = {};
     // Whatever fails here fails on this rank alone: the payload carries the error to every
-    // rank, and the residual is as it was (compress changes nothing when it throws).
+    // rank, and the residual is as it was (compress changes nothing when it throws; after
+    // it, the selected entries go back).
+    std::span<T> r;
+    bool compressed = false;
     try {
       check(gradient, "bucket");
-      std::span<T> r;
       if (residual) {
         check(*residual, "residual");
         r = span_of<T>(*residual);
       }
       report_.compress = engine_->compress(span_of<const T>(gradient), settings_.density, r, sent_);
+      compressed = true;
       report_.trimmed = sidco::comm::trim_to_capacity(sent_, settings_.layout, plan_, r);
       report_.compress.selected = sent_.size();
       report_.compress.density = double(sent_.size()) / double(size_);
       sidco::comm::pack(sent_, report_.trimmed, fields, format_, bytes_of(payload_));
     } catch (const std::exception& e) {
       report_.failed = true;
+      if (compressed) sidco::comm::return_entries(sent_, r);
       sidco::comm::pack_failure<T, index32>(e, size_, fields, format_, bytes_of(payload_));
     }
     return payload_;
@@ -71,20 +75,20 @@ class cpu_codec final : public codec_impl {
 
   void decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
               const c10::optional<at::Tensor>& residual) override {
-    check(out, "out");
     if (residual) check(*residual, "residual");
-    std::vector<std::span<const std::byte>> views;
-    views.reserve(payloads.size());
-    for (const at::Tensor& p : payloads) {
-      check_cpu_tensor("payload", p);
-      if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
-      views.push_back(bytes_of(p));
-    }
     try {
+      check(out, "out");
+      std::vector<std::span<const std::byte>> views;
+      views.reserve(payloads.size());
+      for (const at::Tensor& p : payloads) {
+        check_cpu_tensor("payload", p);
+        if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
+        views.push_back(bytes_of(p));
+      }
       report_.exchange = sidco::comm::decode<T, index32>(views, format_, span_of<T>(out));
-    } catch (const sidco::runtime_error&) {
-      // The exchange failed on every rank alike: what this rank sent waits in its residual
-      // for the next step instead of being lost.
+    } catch (...) {
+      // The exchange failed (on every rank alike, or here alone: a bad argument): what this
+      // rank sent waits in its residual for the next step instead of being lost.
       if (residual) sidco::comm::return_to_residual<T, index32>(bytes_of(payload_), format_, span_of<T>(*residual));
       throw;
     }

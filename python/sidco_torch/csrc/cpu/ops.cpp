@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double d
                             gradient.scalar_type());
       sidco::check::same_size("residual", std::size_t(residual->numel()), std::size_t(gradient.numel()));
     }
-    return compressor->on(gradient.device()).compress(gradient, density, layer_sizes, residual);
+    return compressor->compress(gradient, density, layer_sizes, residual);
   });
 }
 

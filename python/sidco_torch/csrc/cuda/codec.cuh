@@ -155,17 +155,23 @@ class cuda_codec final : public codec_impl {
   void decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
               const c10::optional<at::Tensor>& residual) override {
     const c10::cuda::CUDAGuard guard(device_);
-    check(out, "out");
     if (residual) check(*residual, "residual");
-    const std::size_t bytes = format_.bytes(), ranks = payloads.size();
-    if (ranks == 0) sidco::throw_error("payloads: none");
-    for (const at::Tensor& p : payloads) {
-      check_cuda_tensor("payload", p, device_);
-      if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
-      if (std::size_t(p.numel()) != bytes)
-        sidco::throw_error("payload: ", p.numel(), " bytes, the format takes ", bytes);
-    }
     const cudaStream_t current = at::cuda::getCurrentCUDAStream(device_.index()).stream();
+    const std::size_t bytes = format_.bytes(), ranks = payloads.size();
+    try {
+      check(out, "out");
+      if (ranks == 0) sidco::throw_error("payloads: none");
+      for (const at::Tensor& p : payloads) {
+        check_cuda_tensor("payload", p, device_);
+        if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
+        if (std::size_t(p.numel()) != bytes)
+          sidco::throw_error("payload: ", p.numel(), " bytes, the format takes ", bytes);
+      }
+    } catch (...) {
+      // A bad argument on this rank: what it sent still waits in its residual.
+      if (residual) return_own_entries(reinterpret_cast<T*>(residual->data_ptr()), current);
+      throw;
+    }
     if (std::size_t(gathered_.numel()) < ranks * bytes)
       gathered_ = at::empty({std::int64_t(ranks * bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
     auto* host = reinterpret_cast<std::byte*>(gathered_.data_ptr());
@@ -176,7 +182,7 @@ class cuda_codec final : public codec_impl {
     for (std::size_t r = 0; r < ranks; ++r) views.emplace_back(host + r * bytes, bytes);
     try {
       report_.exchange = agreed(views);
-    } catch (const sidco::runtime_error&) {
+    } catch (...) {
       // The exchange failed on every rank alike: what this rank sent waits in its residual
       // for the next step instead of being lost.
       if (residual) return_own_entries(reinterpret_cast<T*>(residual->data_ptr()), current);
