@@ -12,6 +12,7 @@
 
 #include <doctest/doctest.h>
 #include <sidco/comm/capacity.hpp>
+#include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/comm/setup.hpp>
 #include <sidco/comm/wire.hpp>
 #include <sidco/core/utf8.hpp>
@@ -266,3 +267,68 @@ TEST_CASE("DGC's sample stays bounded near a density of one entry in N") {
   CHECK(dgc.workspace_bytes() <= 8 * (std::size_t(1) << 20) + (std::size_t(1) << 16));
 }
 
+TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed, and every rank raises it alike") {
+  // Three ranks simulated in one process: blocks packed, transposed to their owners,
+  // selected, and the selections applied on every rank, as the MPI and gloo transports do.
+  constexpr int ranks = 3;
+  const std::vector<segment> layout{{0, n}};
+  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
+  const auto owners = comm::regions::even(n, ranks);
+  const comm::wire_fields fields{5, 2, delta, comm::reduction::average};
+  struct side {
+    std::vector<float> gradient, old;
+    std::vector<float> residual;
+    sparse_vector<float> sent;
+    std::vector<std::byte> blocks;
+  };
+  std::vector<side> sides(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    side& s = sides[std::size_t(r)];
+    std::mt19937_64 rng(40 + std::uint64_t(r));
+    std::normal_distribution<float> normal;
+    for (std::size_t i = 0; i < n; ++i) s.gradient.push_back(normal(rng)), s.old.push_back(0.1f * normal(rng));
+    s.residual = s.old;
+    feedback::residual<float> state(std::span<float>(s.residual));
+    presets::sidco_e<> compressor;
+    compressor.compress(s.gradient, delta, s.sent, state);
+    s.blocks.resize(plan.format.bytes() * ranks);
+    comm::pack_blocks(s.sent, owners, plan, fields, std::span<float>(s.residual), std::span<std::byte>(s.blocks));
+  }
+  const std::size_t bytes = plan.format.bytes();
+  // Rank 1's block to owner 2 names an index below owner 2's region (ascending still).
+  std::uint32_t zero = 0;
+  REQUIRE(comm::header_of(std::span<const std::byte>(sides[1].blocks).subspan(2 * bytes, bytes)).count > 0);
+  std::memcpy(sides[1].blocks.data() + 2 * bytes + plan.format.indices_offset(), &zero, sizeof zero);
+  std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
+  for (int j = 0; j < ranks; ++j) {
+    std::vector<std::span<const std::byte>> received;
+    for (int r = 0; r < ranks; ++r)
+      received.push_back(std::span<const std::byte>(sides[std::size_t(r)].blocks).subspan(std::size_t(j) * bytes, bytes));
+    comm::owner_top_k policy;
+    comm::reduce_report report;
+    comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
+                                              selections[std::size_t(j)], report);
+  }
+  CHECK(comm::header_of(selections[2]).status == std::uint8_t(comm::wire_status::relayed));
+  CHECK(comm::header_of(selections[0]).status == std::uint8_t(comm::wire_status::ok));
+  std::set<std::string> messages;
+  for (int r = 0; r < ranks; ++r) {
+    side& s = sides[std::size_t(r)];
+    std::vector<float> dense(n, 9.0f);
+    std::vector<std::uint32_t> global;
+    comm::reduce_report report;
+    try {
+      comm::apply_selections<float, std::uint32_t>(views_of(selections), owners, plan, s.sent,
+                                                   std::span<float>(s.residual), std::span<float>(dense), global, report);
+      FAIL("no error on rank ", r);
+    } catch (const sidco::runtime_error& e) {
+      messages.insert(e.what());
+    }
+    CHECK(dense == std::vector<float>(n, 9.0f));
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(s.residual[i] == s.gradient[i] + s.old[i]);
+  }
+  REQUIRE(messages.size() == 1);
+  CHECK_MESSAGE(messages.begin()->find("exchange (tag 5, step 2): rank 1 sent index 0, outside its region [1334, 2000)") !=
+                    std::string::npos,
+                *messages.begin());
+}

@@ -1,0 +1,317 @@
+// The reduce-scatter exchange, whatever carries it: bytes per rank that do not grow with the
+// number of ranks P. The index space is split into P regions, one owner each
+// (comm/regions.hpp). Per step:
+//
+//   1. each rank splits its selection by region into P blocks of fixed capacity c (what
+//      does not fit, the smallest, goes back into its residual) and an all-to-all moves
+//      block j to owner j;
+//   2. each owner adds the blocks it received in rank order and selects its region's share
+//      of the global target (the average rank's count there) with an owner policy (SIDCo on
+//      the reduced values, or exact Top-k), at most c entries; one all-gather moves every
+//      owner's selection to every rank;
+//   3. every rank applies the same update (each index is one owner's: the sum divided by P
+//      for an average), and puts back into its residual each entry it sent whose index the
+//      global selection left out.
+//
+// Per rank, bitwise: residual + applied contribution = gradient + old residual. Each payload
+// (block or selection) is a wire payload (comm/wire.hpp) of c entries, so every rank sends
+// about 2 (P - 1) c (8 bytes + a 64-byte header) a step, c = ceil(slack k / P): about
+// 2 slack 8k, whatever P. A rank's failure travels in its blocks; an owner relays what its
+// blocks' check found in its selection's payload, so every rank raises the same error after
+// the all-gather, and every rank's sent entries go back into its residual.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <vector>
+
+#include "sidco/backend/host/keep_top_k.hpp"
+#include "sidco/comm/capacity.hpp"
+#include "sidco/comm/regions.hpp"
+#include "sidco/comm/report.hpp"
+#include "sidco/comm/wire.hpp"
+#include "sidco/core/checks.hpp"
+#include "sidco/core/error.hpp"
+#include "sidco/core/float_traits.hpp"
+#include "sidco/core/sparse_vector.hpp"
+#include "sidco/core/state_io.hpp"
+#include "sidco/presets.hpp"
+
+namespace sidco::comm {
+
+/// Owner policy: exact Top-k of the reduced values (ties to the lower index).
+struct owner_top_k {
+  static constexpr const char* name = "top-k";
+  /// Keeps the k largest magnitudes of values[0, count) (indices ascending, kept so).
+  template <class T, class Index>
+  std::size_t select(Index* indices, T* values, std::size_t count, std::size_t k) {
+    return backend::host::keep_top_k(indices, values, count, k);
+  }
+};
+
+/// Owner policy: a compressor (SIDCo by default: presets::sidco_e on the serial backend, the
+/// union is about k values) run on the reduced values at density k / count; its adaptive
+/// state carries from step to step (save_state / load_state for checkpoints).
+template <class Compressor>
+struct owner_compressor {
+  static constexpr const char* name = "compressor";
+  Compressor compressor{};
+
+  template <class T, class Index>
+  std::size_t select(Index* indices, T* values, std::size_t count, std::size_t k) {
+    if (count <= k) return count;
+    sparse_vector<T, std::uint32_t> picked;
+    compressor.compress(std::span<const T>(values, count), double(k) / double(count), picked);
+    const auto at = picked.indices();
+    for (std::size_t j = 0; j < at.size(); ++j) {  // positions ascend: compact in place
+      indices[j] = indices[at[j]];
+      values[j] = values[at[j]];
+    }
+    return at.size();
+  }
+  void save_state(state_writer& out) const { compressor.save_state(out); }
+  void load_state(state_reader& in) { compressor.load_state(in); }
+};
+
+/// The default owner policy: SIDCo-E's threshold on the reduced values, trimmed to exactly
+/// the region's share (select::exact_k): the global selection holds what the ranks' own
+/// compressors aimed at, on average, whatever the reduced values' distribution.
+using owner_sidco_e = owner_compressor<presets::sidco_e<select::exact_k, backend::serial>>;
+
+/// Sizes of one tensor's reduce-scatter exchange among P ranks.
+struct reduce_plan {
+  std::size_t size = 0;         // N
+  std::size_t ranks = 1;        // P
+  std::size_t target = 0;       // k: the global selection's aim, sum of the layout's counts
+  std::size_t capacity = 0;     // c: entries per block and per owner's selection
+  wire_format format;           // of every block and selection
+};
+
+/// The plan for a layout at delta among ranks: k = sum of max(1, floor(delta n_s)) over the
+/// layout (the count the local compressors aim at), c = ceil(slack k / P), at least 1.
+template <class T, class Index>
+reduce_plan plan_reduce(std::span<const segment> layout, double delta, double slack, std::size_t ranks) {
+  check::density(delta);
+  check_slack(slack);
+  const std::size_t size = check::layout(layout);
+  if (ranks == 0) sidco::detail::fail("reduce-scatter exchange: ranks = 0");
+  reduce_plan plan;
+  plan.size = size;
+  plan.ranks = ranks;
+  for (const segment& s : layout) plan.target += target_count(delta, s.size);
+  const double wanted = std::ceil(slack * double(plan.target) / double(ranks));
+  plan.capacity = std::max<std::size_t>(1, wanted >= double(size) ? size : std::size_t(wanted));
+  plan.format = format_for<T, Index>(plan.capacity);
+  return plan;
+}
+
+/// What one step of the exchange did, on this rank.
+struct reduce_report {
+  std::size_t sent = 0;        // entries this rank put in its blocks
+  std::size_t trimmed = 0;     // over a block's capacity: back into this rank's residual
+  std::size_t returned = 0;    // sent, left out of the global selection: back into the residual
+  std::size_t received = 0;    // entries in the blocks this rank's region received
+  std::size_t union_size = 0;  // distinct indices over every owner (sum of their unions)
+  std::size_t selected = 0;    // the global selection's entries (every owner's)
+  std::size_t bytes_sent = 0;  // payload bytes this rank put on the wire (P - 1 blocks and its selection P - 1 times)
+  std::size_t bytes_received = 0;
+  std::size_t target = 0;      // k
+  int ranks = 0;
+};
+
+/// Round 1 on the sender: splits sent (ascending, dense size plan.size) by region into
+/// plan.ranks blocks of plan.format, each trimmed to its largest plan.capacity entries
+/// (what it removes goes into residual, when given; sent keeps what the blocks hold), and
+/// packs block j into blocks[j * format.bytes(), ...). Returns how many entries it trimmed.
+template <class T, class Index>
+std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
+                        const wire_fields& fields, std::span<T> residual, std::span<std::byte> blocks) {
+  const std::size_t bytes = plan.format.bytes();
+  if (blocks.size() != bytes * plan.ranks)
+    sidco::detail::fail("reduce-scatter exchange: blocks: ", blocks.size(), " bytes, the plan takes ", bytes * plan.ranks);
+  if (owners.owners() != plan.ranks || owners.size() != plan.size)
+    sidco::detail::fail("reduce-scatter exchange: ", owners.owners(), " regions over ", owners.size(), " values, the plan has ",
+                        plan.ranks, " ranks and ", plan.size, " values");
+  if (sent.dense_size() != plan.size)
+    sidco::detail::fail("reduce-scatter exchange: the sparse vector's dense size ", sent.dense_size(), " is not ", plan.size);
+  // Region by region (regions may be empty): each run of sent trimmed to the capacity in
+  // place, then packed as that owner's block.
+  Index* index = sent.index_data();
+  T* value = sent.value_data();
+  const std::size_t count = sent.size();
+  std::vector<std::size_t> runs(plan.ranks + 1, 0);  // block j: [runs[j], runs[j + 1]) after compaction
+  std::size_t read = 0, write = 0, trimmed = 0;
+  for (std::size_t j = 0; j < plan.ranks; ++j) {
+    std::size_t n = 0;
+    while (read + n < count && std::size_t(index[read + n]) < owners.end(j)) ++n;
+    if (write != read) {
+      std::move(index + read, index + read + n, index + write);
+      std::move(value + read, value + read + n, value + write);
+    }
+    std::size_t kept = n;
+    if (n > plan.capacity) {
+      kept = backend::host::keep_top_k(index + write, value + write, n, plan.capacity, [&](Index i, T v) {
+        if (!residual.empty()) residual[std::size_t(i)] = v;
+      });
+      trimmed += n - kept;
+    }
+    read += n;
+    write += kept;
+    runs[j + 1] = write;
+  }
+  sent.truncate(write);
+  sparse_vector<T, Index> block(plan.size);
+  for (std::size_t j = 0; j < plan.ranks; ++j) {
+    block.clear(plan.size);
+    for (std::size_t e = runs[j]; e < runs[j + 1]; ++e) block.push_back(index[e], value[e]);
+    pack(block, trimmed, fields, plan.format, blocks.subspan(j * bytes, bytes));
+  }
+  return trimmed;
+}
+
+/// A failure on this rank, in every block (every owner relays it, so every rank raises it).
+template <class T, class Index>
+void pack_failed_blocks(const std::exception& reason, const reduce_plan& plan, const wire_fields& fields,
+                        std::span<std::byte> blocks) {
+  const std::size_t bytes = plan.format.bytes();
+  for (std::size_t j = 0; j < plan.ranks; ++j)
+    pack_failure<T, Index>(reason, plan.size, fields, plan.format, blocks.subspan(j * bytes, bytes));
+}
+
+namespace detail {
+
+/// Throws unless every index of an ok payload lies in [begin, end).
+inline void check_region(std::span<const std::byte> payload, const wire_format& format, std::size_t index_bytes,
+                         std::size_t begin, std::size_t end, const char* whose, std::size_t rank) {
+  const wire_header h = read_header(payload);
+  if (h.status != std::uint8_t(wire_status::ok) || h.count == 0) return;
+  // Ascending indices (agree checked): the first and the last bound the rest.
+  auto index = [&](std::size_t j) {
+    std::uint64_t i = 0;
+    std::memcpy(&i, payload.data() + format.indices_offset() + j * index_bytes, index_bytes);
+    return i;
+  };
+  const std::uint64_t first = index(0), last = index(std::size_t(h.count) - 1);
+  if (first < begin || last >= end)
+    disagree(h, whose, " ", rank, " sent index ", first < begin ? first : last, ", outside its region [", begin, ", ",
+             end, ")");
+}
+
+}  // namespace detail
+
+/// Round 2 on owner `me`: checks the blocks it received (one per rank, in rank order; every
+/// check of agree() plus the region), adds them in rank order (in the accumulator type,
+/// rounded once to T) and keeps the region's share of the global target, ceil(received /
+/// P) entries (at most the capacity), chosen by policy, in its selection payload. A
+/// problem in the blocks is relayed in the payload instead, for every rank to raise.
+/// Returns (union size, received entries) through the report.
+template <class T, class Index, class Policy>
+void select_region(std::span<const std::span<const std::byte>> blocks, const regions& owners, std::size_t me,
+                   const reduce_plan& plan, const wire_fields& fields, Policy& policy, std::span<std::byte> selection,
+                   reduce_report& report) {
+  using A = typename float_traits<T>::accumulator;
+  try {
+    if (blocks.size() != plan.ranks)
+      sidco::detail::fail("reduce-scatter exchange: ", blocks.size(), " blocks received, ", plan.ranks, " ranks");
+    agree<T, Index>(blocks, plan.format);
+    for (std::size_t r = 0; r < blocks.size(); ++r)
+      detail::check_region(blocks[r], plan.format, sizeof(Index), owners.begin(me), owners.end(me), "rank", r);
+    // A P-way merge of ascending runs, each index's values added in rank order.
+    struct cursor {
+      const std::byte* indices;
+      const std::byte* values;
+      std::size_t count, at;
+    };
+    std::vector<cursor> cursors(blocks.size());
+    std::size_t received = 0;
+    for (std::size_t r = 0; r < blocks.size(); ++r) {
+      const wire_header h = detail::read_header(blocks[r]);
+      cursors[r] = {blocks[r].data() + plan.format.indices_offset(), blocks[r].data() + plan.format.values_offset(),
+                    std::size_t(h.count), 0};
+      received += std::size_t(h.count);
+    }
+    sparse_vector<T, Index> reduced(plan.size);
+    reduced.reserve(received);
+    for (;;) {
+      std::uint64_t next = UINT64_MAX;
+      for (const cursor& c : cursors)
+        if (c.at < c.count) next = std::min(next, detail::index_at<Index>(c.indices + c.at * sizeof(Index)));
+      if (next == UINT64_MAX) break;
+      A sum = A(0);
+      for (cursor& c : cursors)
+        if (c.at < c.count && detail::index_at<Index>(c.indices + c.at * sizeof(Index)) == next) {
+          T v;
+          std::memcpy(&v, c.values + c.at * sizeof(T), sizeof v);
+          sum = A(sum + A(v));
+          ++c.at;
+        }
+      reduced.push_back(Index(next), T(sum));
+    }
+    const std::size_t union_size = reduced.size();
+    const std::size_t share = std::min(plan.capacity, (received + plan.ranks - 1) / plan.ranks);
+    std::size_t kept = union_size;
+    if (union_size > share) kept = policy.template select<T, Index>(reduced.index_data(), reduced.value_data(), union_size, share);
+    reduced.truncate(kept);
+    if (reduced.size() > plan.capacity)
+      reduced.truncate(backend::host::keep_top_k(reduced.index_data(), reduced.value_data(), reduced.size(), plan.capacity));
+    report.received = received;
+    // The header's trimmed field carries what the owner left out of its union.
+    pack(reduced, union_size - reduced.size(), fields, plan.format, selection);
+  } catch (const runtime_error& e) {
+    pack_failure<T, Index>(e, plan.size, fields, plan.format, selection, wire_status::relayed);
+  } catch (const std::exception& e) {
+    pack_failure<T, Index>(e, plan.size, fields, plan.format, selection);
+  }
+}
+
+/// Round 3 on every rank: dense (overwritten) = every owner's selection, divided by P for an
+/// average (the same bits on every rank); each entry of sent (what this rank's blocks held)
+/// left out of the global selection goes back into residual. On any problem it throws
+/// sidco::runtime_error, the same on every rank, having written nothing to dense and put
+/// every entry of sent back into residual. `global` receives the global selection's
+/// indices (ascending), for the next step's regions.
+template <class T, class Index>
+void apply_selections(std::span<const std::span<const std::byte>> selections, const regions& owners,
+                      const reduce_plan& plan, const sparse_vector<T, Index>& sent, std::span<T> residual,
+                      std::span<T> dense, std::vector<Index>& global, reduce_report& report) {
+  try {
+    if (selections.size() != plan.ranks)
+      sidco::detail::fail("reduce-scatter exchange: ", selections.size(), " selections received, ", plan.ranks, " ranks");
+    if (dense.size() != plan.size)
+      sidco::detail::fail("reduce-scatter exchange: dense: size ", dense.size(), " is not ", plan.size);
+    agree<T, Index>(selections, plan.format);
+    for (std::size_t j = 0; j < selections.size(); ++j)
+      detail::check_region(selections[j], plan.format, sizeof(Index), owners.begin(j), owners.end(j), "owner", j);
+    const exchange_report decoded = decode<T, Index>(selections, plan.format, dense);
+    report.selected = decoded.entries;
+    report.union_size = decoded.entries + decoded.trimmed;
+  } catch (...) {
+    return_entries(sent, residual);
+    report.returned = sent.size();
+    throw;
+  }
+  // The global selection, ascending (owners' regions ascend).
+  global.clear();
+  for (const auto& s : selections) {
+    const wire_header h = detail::read_header(s);
+    for (std::size_t j = 0; j < h.count; ++j)
+      global.push_back(Index(detail::index_at<Index>(s.data() + plan.format.indices_offset() + j * sizeof(Index))));
+  }
+  // What this rank sent that no owner kept waits in its residual.
+  std::size_t g = 0;
+  report.returned = 0;
+  for (std::size_t j = 0; j < sent.size(); ++j) {
+    const Index i = sent.indices()[j];
+    while (g < global.size() && global[g] < i) ++g;
+    if (g < global.size() && global[g] == i) continue;
+    if (!residual.empty()) residual[std::size_t(i)] = sent.values()[j];
+    ++report.returned;
+  }
+}
+
+}  // namespace sidco::comm
