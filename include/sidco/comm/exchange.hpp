@@ -19,6 +19,7 @@
 
 #include "sidco/comm/capacity.hpp"
 #include "sidco/comm/report.hpp"
+#include "sidco/comm/mpi_support.hpp"
 #include "sidco/comm/setup.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
@@ -77,10 +78,7 @@ class sparse_exchange {
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
-    std::vector<exchange_setup> setups(static_cast<std::size_t>(ranks_));
-    check_mpi(MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, setups.data(), int(sizeof mine), MPI_BYTE, comm_),
-              "MPI_Allgather of the setup");
-    check_setups(setups);
+    mpi::agree_setup(comm_, ranks_, mine, "sparse_exchange");
   }
 
   sparse_exchange(const sparse_exchange&) = delete;
@@ -99,10 +97,7 @@ class sparse_exchange {
   /// this rank sent is not returned to its residual (it may be gone by now): call wait()
   /// to keep it.
   ~sparse_exchange() {
-    if (!in_flight_) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    if (in_flight_) mpi::complete(&request_, 1);
   }
 
   /// One tensor of size values.
@@ -167,13 +162,7 @@ class sparse_exchange {
   }
 
  private:
-  static void check_mpi(int status, const char* what) {
-    if (status == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(status, text, &length);
-    sidco::detail::fail_at_run_time("sparse_exchange: ", what, " failed: ", std::string(text, std::size_t(length)));
-  }
+  static void check_mpi(int status, const char* what) { mpi::check(status, "sparse_exchange", what); }
 
   void begin() {
     if (in_flight_) sidco::detail::fail("sparse_exchange: start() twice without wait()");

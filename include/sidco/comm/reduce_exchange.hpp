@@ -22,6 +22,7 @@
 #include "sidco/comm/exchange.hpp"
 #include "sidco/comm/reduce_scatter.hpp"
 #include "sidco/comm/regions.hpp"
+#include "sidco/comm/mpi_support.hpp"
 #include "sidco/comm/setup.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/state_io.hpp"
@@ -70,10 +71,7 @@ class sparse_reduce_exchange {
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
-    std::vector<exchange_setup> setups(static_cast<std::size_t>(ranks_));
-    check_mpi(MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, setups.data(), int(sizeof mine), MPI_BYTE, comm_),
-              "MPI_Allgather of the setup");
-    check_setups(setups);
+    mpi::agree_setup(comm_, ranks_, mine, "sparse_reduce_exchange");
   }
 
   /// One tensor of size values.
@@ -87,10 +85,7 @@ class sparse_reduce_exchange {
   /// Completes a round still in flight (a throw between start() and wait()), so that MPI
   /// never writes into freed buffers. The all-gather of round 2 only runs inside wait().
   ~sparse_reduce_exchange() {
-    if (!in_flight_) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    if (in_flight_) mpi::complete(&request_, 1);
   }
 
   int ranks() const { return ranks_; }
@@ -188,13 +183,7 @@ class sparse_reduce_exchange {
   }
 
  private:
-  static void check_mpi(int status, const char* what) {
-    if (status == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(status, text, &length);
-    sidco::detail::fail_at_run_time("sparse_reduce_exchange: ", what, " failed: ", std::string(text, std::size_t(length)));
-  }
+  static void check_mpi(int status, const char* what) { mpi::check(status, "sparse_reduce_exchange", what); }
 
   void begin(std::uint64_t step) {
     if (in_flight_) sidco::detail::fail("sparse_reduce_exchange: start() twice without wait()");

@@ -20,6 +20,7 @@
 
 #include "sidco/backend/host/scatter_add.hpp"
 #include "sidco/comm/header.hpp"
+#include "sidco/comm/mpi_support.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -37,14 +38,7 @@ MPI_Datatype mpi_type() {
   else static_assert(sizeof(T) == 0, "sparse_allreduce: no MPI type for this element type");
 }
 
-inline void check_mpi(int status, const char* what) {
-  if (status != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(status, text, &length);
-    sidco::detail::fail_at_run_time("sparse_allreduce: ", what, " failed: ", std::string(text, std::size_t(length)));
-  }
-}
+inline void check_mpi(int status, const char* what) { mpi::check(status, "sparse_allreduce", what); }
 
 }  // namespace detail
 
@@ -79,10 +73,7 @@ class sparse_allreducer {
   /// Completes the gathers still in flight (a throw between start() and wait()), so that MPI
   /// never writes into freed buffers; dense is left as MPI wrote it.
   ~sparse_allreducer() {
-    if (!in_flight_) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE);
+    if (in_flight_) mpi::complete(requests_, 2);
   }
 
   int ranks() const { return ranks_; }
