@@ -27,10 +27,13 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .ops import METHODS, _codec, _options_dict
+from .ops import METHODS, _codec, _options_dict, _reduce_codec
 
-_STATE_FORMAT = 1
+_STATE_FORMAT = 2  # 2: rank and world size added (format 1 states load without that check)
 _COMPRESSED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_EXCHANGES = ("auto", "allgather", "reduce")
+_DTYPE_CODES = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
+_DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in _DTYPE_CODES.items()}
 
 
 def _shortest(value, dtype):
@@ -77,19 +80,32 @@ class _Layer:
 
 
 class _Bucket:
-    """One bucket layout's codec, residual and receive buffers."""
+    """One bucket layout's codec, residual and receive buffers. exchange: "allgather" (one
+    all-gather of every rank's payload) or "reduce" (an all-to-all of blocks to the regions'
+    owners, then an all-gather of the owners' selections; CPU buckets)."""
 
-    def __init__(self, state, keys, sizes, dtype, device, world):
+    def __init__(self, state, keys, sizes, dtype, device, world, rank, exchange):
         self.keys = keys
         self.sizes = sizes
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.dtype = dtype
         self.device = device
-        self.codec = _codec(state.method, state.options, sizes, dtype, state.density, state.capacity_slack)
+        self.exchange = exchange
         numel = sum(sizes)
         # On the bucket's device: a CUDA bucket is encoded, gathered (NCCL) and decoded there.
         self.residual = torch.zeros(numel, dtype=dtype, device=device) if state.feedback else None
-        self.inbox = [torch.empty(self.codec.payload_bytes(), dtype=torch.uint8, device=device) for _ in range(world)]
+        if exchange == "reduce":
+            self.codec = _reduce_codec(state.method, state.options, sizes, dtype, state.density, state.capacity_slack,
+                                       world, rank, state.owner)
+            payload = self.codec.block_bytes()
+            self.received = torch.empty(world * payload, dtype=torch.uint8, device=device)
+        else:
+            self.codec = _codec(state.method, state.options, sizes, dtype, state.density, state.capacity_slack)
+            payload = self.codec.payload_bytes()
+        self.inbox = [torch.empty(payload, dtype=torch.uint8, device=device) for _ in range(world)]
+
+    def payload_bytes(self):
+        return self.codec.block_bytes() if self.exchange == "reduce" else self.codec.payload_bytes()
 
 
 class State:
@@ -99,7 +115,13 @@ class State:
     process_group: None for the default group; start_iter: iterations all-reduced densely
     first; min_bucket_elements: smaller buckets are all-reduced densely; feedback: error
     feedback (recommended); capacity_slack: each tensor sends at most ceil(slack k) entries,
-    k = max(1, floor(density n)); options: passed to the compressor (seed).
+    k = max(1, floor(density n)); exchange: "allgather" (one all-gather of every rank's
+    selection: (P - 1) slack 8k bytes a rank), "reduce" (an all-to-all of fixed-size blocks to
+    P regions' owners, then an all-gather of each owner's selection of its region's reduced
+    values: about 2 slack 8k bytes a rank whatever P; CPU buckets) or "auto" (see
+    exchange_for); owner: how a region's owner selects from its reduced values, "sidco-e"
+    (SIDCo-E's threshold, trimmed to the region's share) or "top-k"; options: passed to the
+    compressor (seed).
 
     One State serves one model. Register it with sidco_torch.register(ddp_model, state) so
     that its state_dict() is keyed by parameter name; with ddp_model.register_comm_hook(state,
@@ -107,7 +129,8 @@ class State:
     the same in every run of the same model."""
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
-                 min_bucket_elements=1024, feedback=True, capacity_slack=1.25, **options):
+                 min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e",
+                 **options):
         density = _real_scalar(density, "density")
         if not 0 < density <= 1:
             raise ValueError(f"sidco_torch.State: density = {density!r} is outside (0, 1]")
@@ -120,8 +143,14 @@ class State:
                 and min_bucket_elements >= 0):
             raise ValueError(f"sidco_torch.State: min_bucket_elements = {min_bucket_elements!r} is not a "
                              "non-negative integer")
+        if exchange not in _EXCHANGES:
+            raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
+        if owner not in ("sidco-e", "top-k"):
+            raise ValueError(f"sidco_torch.State: owner = {owner!r} is not 'sidco-e' or 'top-k'")
         _codec(method, options, [1], torch.float32, density, capacity_slack)  # unknown method or option: here
         self.method = method
+        self.exchange = exchange
+        self.owner = owner
         self._density = density
         self.process_group = process_group
         self.start_iter = start_iter
@@ -142,11 +171,27 @@ class State:
         self._module = None
         self._complete = False  # a whole iteration has been seen: the model's parameters are known
         self._agreed = False
+        self._signatures = {}   # bucket index -> what every rank agreed its payload is
+        self._pending_exchanges = {}  # "|".join(keys) -> a reduce codec's saved regions and owner state
+        self._loaded_from = None  # (rank, world) of a loaded state, checked by the next agreement
         self._warned = set()
 
     @property
     def density(self):
         return self._density
+
+    def exchange_for(self, world, device_type="cpu"):
+        """The exchange the hook uses among world ranks. "auto" follows the byte model each
+        rank's sent bytes per step give (k = density n entries of 4 + v bytes, slack s):
+        allgather (P - 1) s k (4 + v); reduce 2 (P - 1) (64 + ceil(s k / P) (4 + v)), about
+        2 s k (4 + v): reduce from 3 ranks on, allgather at 2 (the same bytes in one round
+        fewer) and on CUDA buckets (the reduce exchange runs on CPU buckets)."""
+        if self.exchange == "reduce" and device_type != "cpu":
+            raise ValueError(f"sidco_torch.State: exchange = 'reduce' runs on CPU buckets, this one is on "
+                             f"{device_type}; use 'allgather' or 'auto' there")
+        if self.exchange != "auto":
+            return self.exchange
+        return "reduce" if world >= 3 and device_type == "cpu" else "allgather"
 
     # ----- registration and parameter keys
 
@@ -161,13 +206,25 @@ class State:
         if self._keying == "order":
             raise ValueError("sidco_torch.State: this State keys its parameters by DDP's order (the hook ran, "
                              "or an order-keyed state was loaded, before attach()); attach or register first")
-        for name, p in module.named_parameters():
+        named = list(module.named_parameters())
+        for name, p in named:
             if p.requires_grad and p.dtype not in _COMPRESSED:
                 raise TypeError(f"sidco_torch.State: parameter {name} is {p.dtype}; sidco_torch compresses "
                                 "float32, float64, float16 and bfloat16 buckets")
+        if self._module is None and self._pending:  # a state loaded before: its names must be this model's
+            self._check_names(self._pending, {name for name, _ in named})
+        for name, p in named:
             self._keys[id(p)] = (weakref.ref(p), name)
         self._module = weakref.ref(module)
         self._keying = "names"
+
+    @staticmethod
+    def _check_names(keys, names):
+        unknown = sorted(set(keys) - set(names))
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            raise ValueError(f"sidco_torch.State: the state holds {len(unknown)} parameter(s) this model does not "
+                             f"have ({shown}); it was saved from another model")
 
     def _key(self, p):
         entry = self._keys.get(id(p))
@@ -189,9 +246,15 @@ class State:
     def stats(self):
         """The last step's statistics, per bucket index: path (sparse or dense, and the reason
         when dense), size, selected, candidates, trimmed, capacity, density (achieved),
-        target_density, threshold (-1 when per layer), stages, compress_seconds,
+        target_density, threshold (-1 when per layer), stages, fallback (some tensor's fit
+        degenerated and the radix threshold replaced it), compress_seconds,
         exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
-        (per rank), failed."""
+        (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
+        its P - 1 blocks and its selection), failed, exchange ("allgather" or "reduce"); with
+        "reduce" also union_density (the owners' reduced entries over the bucket),
+        global_density (the global selection's), returned (entries this rank sent that the
+        owners left out: back in its residual), dropped (their share of what it sent) and
+        bytes_received."""
         return {index: dict(s) for index, s in self._stats.items()}
 
     # ----- checkpoints
@@ -204,20 +267,46 @@ class State:
                         "compressor": layer.compressor} for key, layer in self._pending.items()}
         for key, (bucket, i) in self._owner.items():
             layers[key] = self._export(bucket, i)
+        # The reduce exchange's regions and owner state, per bucket layout.
+        exchanges = dict(self._pending_exchanges)
+        for keys, b in self._buckets.items():
+            if b.exchange == "reduce":
+                exchanges["|".join(keys)] = b.codec.exchange_state()
+        rank, world = self._rank_and_world()
         return {"format": _STATE_FORMAT, "method": self.method, "density": self.density,
                 "capacity_slack": self.capacity_slack, "feedback": self.feedback, "options": dict(self.options),
-                "iteration": self.iteration, "keys": self._keying or "order", "layers": layers}
+                "iteration": self.iteration, "keys": self._keying or "order", "rank": rank, "world": world,
+                "exchange": self.exchange, "owner": self.owner, "layers": layers, "exchanges": exchanges}
+
+    def _rank_and_world(self):
+        """This process's rank and world size in the State's group (None, None before
+        torch.distributed is initialized)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None, None
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        return dist.get_rank(group), dist.get_world_size(group)
 
     def load_state_dict(self, state_dict):
         """Restores what state_dict() returned: checked whole before anything changes."""
         d = state_dict
-        if not isinstance(d, dict) or d.get("format") != _STATE_FORMAT:
+        if not isinstance(d, dict) or d.get("format") not in (1, _STATE_FORMAT):
             raise ValueError(f"sidco_torch.State.load_state_dict: not a sidco_torch state (format "
                              f"{d.get('format') if isinstance(d, dict) else type(d).__name__})")
-        for field in ("method", "density", "capacity_slack", "feedback", "options"):
-            mine = getattr(self, field)
-            if d[field] != mine:
-                raise ValueError(f"sidco_torch.State.load_state_dict: the state has {field} {d[field]!r}, this "
+        saved_by = (d.get("rank"), d.get("world"))
+        if any(v is not None and not (isinstance(v, int) and v >= 0) for v in saved_by):
+            raise ValueError(f"sidco_torch.State.load_state_dict: rank {saved_by[0]!r}, world {saved_by[1]!r}")
+        rank, world = self._rank_and_world()
+        if None not in saved_by and rank is not None and saved_by != (rank, world):
+            raise ValueError(f"sidco_torch.State.load_state_dict: this state was saved by rank {saved_by[0]} of "
+                             f"{saved_by[1]}, this process is rank {rank} of {world}; the state holds that rank's "
+                             "residuals: each rank saves and loads its own (torch.save(state.state_dict(), "
+                             "f'sidco-{rank}.pt'))")
+        # States saved before the exchange and owner options had their defaults.
+        defaults = {"exchange": "auto", "owner": "sidco-e"}
+        for field in ("method", "density", "capacity_slack", "feedback", "options", "exchange", "owner"):
+            mine, theirs = getattr(self, field), d.get(field, defaults.get(field))
+            if theirs != mine:
+                raise ValueError(f"sidco_torch.State.load_state_dict: the state has {field} {theirs!r}, this "
                                  f"State {mine!r}; make the State as the state was made")
         if d["keys"] not in ("names", "order") or (self._keying is not None and d["keys"] != self._keying):
             raise ValueError(f"sidco_torch.State.load_state_dict: the state is keyed by parameter {d['keys']}, "
@@ -229,9 +318,20 @@ class State:
         layers = {}
         for key, entry in d["layers"].items():
             layers[key] = self._checked_layer(key, entry)
+        module = self._module() if self._module is not None else None
+        if d["keys"] == "names" and module is not None:
+            self._check_names(layers, (name for name, _ in module.named_parameters()))
+        exchanges = d.get("exchanges", {})
+        if not isinstance(exchanges, dict) or not all(
+                isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1 for v in exchanges.values()):
+            raise ValueError("sidco_torch.State.load_state_dict: exchanges is not a dict of uint8 tensors")
         # Everything checked: apply.
+        self._pending_exchanges = {k: v.clone() for k, v in exchanges.items()}
         self._keying = d["keys"]
         self.iteration = iteration
+        # The next hook call agrees again: the iteration, and who saved the state, on every rank.
+        self._agreed = False
+        self._loaded_from = None if None in saved_by else saved_by
         self._pending = {}
         for key, layer in layers.items():
             owner = self._owner.get(key)
@@ -253,6 +353,10 @@ class State:
         if residual is not None and (not isinstance(residual, torch.Tensor) or residual.dtype != dtype
                                      or residual.numel() != size):
             raise ValueError(f"{where}: residual is not a {dtype} tensor of {size} values")
+        if residual is not None and not bool(torch.isfinite(residual).all()):
+            bad = int((~torch.isfinite(residual)).sum())
+            raise ValueError(f"{where}: residual holds {bad} non-finite value(s); every later step would fail "
+                             "on every rank")
         if not (isinstance(compressor, torch.Tensor) and compressor.dtype == torch.uint8 and compressor.dim() == 1):
             raise ValueError(f"{where}: compressor state is not a uint8 tensor")
         # A damaged compressor state is refused here, not at the first step.
@@ -284,7 +388,8 @@ class State:
         # The process group cannot be pickled (PowerSGD's state drops it too).
         return {"config": dict(method=self.method, density=self.density, start_iter=self.start_iter,
                                min_bucket_elements=self.min_bucket_elements, feedback=self.feedback,
-                               capacity_slack=self.capacity_slack, **self.options),
+                               capacity_slack=self.capacity_slack, exchange=self.exchange, owner=self.owner,
+                               **self.options),
                 "state": self.state_dict()}
 
     def __setstate__(self, pickled):
@@ -301,7 +406,12 @@ class State:
                   ("feedback", int(self.feedback)), ("start_iter", self.start_iter),
                   ("min_bucket_elements", self.min_bucket_elements),
                   ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
+                  ("exchange", _EXCHANGES.index(self.exchange)), ("owner", int(self.owner == "top-k")),
                   ("iteration", self.iteration), ("ranks", world)]
+        rank = dist.get_rank(group)
+        loaded = self._loaded_from
+        # Whether this rank loaded a state another rank (or another world) saved: -1 if not.
+        fields.append(("loaded", -1 if loaded is None or loaded == (rank, world) else loaded[0] * 65536 + loaded[1]))
         # On the buckets' device: NCCL gathers CUDA tensors only.
         mine = torch.tensor([v for _, v in fields], dtype=torch.int64, device=device)
         everyone = [torch.empty_like(mine) for _ in range(world)]
@@ -309,13 +419,56 @@ class State:
         everyone = [t.cpu() for t in everyone]
         shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0]}
+        loaded_at = len(fields) - 1
         for rank, theirs in enumerate(everyone):
-            for j, (name, _) in enumerate(fields):
+            if int(theirs[loaded_at]) >= 0:
+                saver, saved_world = divmod(int(theirs[loaded_at]), 65536)
+                raise ValueError(f"sidco_torch.State: rank {rank} loaded the state that rank {saver} of {saved_world} "
+                                 "saved; the state holds that rank's residuals: each rank saves and loads its own "
+                                 "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))")
+            for j, (name, _) in enumerate(fields[:loaded_at]):
                 if theirs[j] != everyone[0][j]:
                     show = shown.get(name, lambda v: v)
                     raise ValueError(f"sidco_torch.State: rank {rank} has {name} {show(int(theirs[j]))}, rank 0 has "
                                      f"{show(int(everyone[0][j]))}; every rank must make its State alike")
         self._agreed = True
+        self._loaded_from = None
+
+    def _agree_bucket(self, group, world, bucket, sparse, payload_bytes):
+        """What this bucket puts on the wire (path, dtype, values, bytes), compared across ranks
+        whenever it changes (the first steps, DDP's bucket rebuild, the switch at start_iter),
+        before the collective whose sizes it decides: gloo aborts the process on a size
+        mismatch, so a rank whose bucket differs (another dtype under fp16_compress_wrapper,
+        another layout) must be refused before it."""
+        buffer = bucket.buffer()
+        mine = (bucket.index(), int(sparse), _DTYPE_CODES.get(buffer.dtype, 0), buffer.numel(), payload_bytes)
+        # sparse: 0 dense, 1 allgather, 2 reduce
+        if self._signatures.get(bucket.index()) == mine:
+            return
+        everyone = [torch.empty(len(mine), dtype=torch.int64, device=buffer.device) for _ in range(world)]
+        dist.all_gather(everyone, torch.tensor(mine, dtype=torch.int64, device=buffer.device), group=group)
+        everyone = [tuple(int(v) for v in t.cpu()) for t in everyone]
+        first = everyone[0]
+        for rank, theirs in enumerate(everyone):
+            if theirs == first:
+                continue
+            index, sparse0, dtype0, numel0, bytes0 = first
+            _, sparse1, dtype1, numel1, bytes1 = theirs
+            if theirs[0] != index:
+                what = f"is at bucket {theirs[0]}, rank 0 at bucket {index}"
+            elif dtype1 != dtype0:
+                what = (f"sends bucket {index} as {_DTYPE_NAMES.get(dtype1, dtype1)}, rank 0 as "
+                        f"{_DTYPE_NAMES.get(dtype0, dtype0)} (a communication hook wrapper on some ranks only?)")
+            elif numel1 != numel0:
+                what = f"has {numel1} values in bucket {index}, rank 0 has {numel0}"
+            elif sparse1 != sparse0:
+                paths = ("dense", "by all-gather", "by reduce-scatter")
+                what = f"sends bucket {index} {paths[sparse1]}, rank 0 {paths[sparse0]}"
+            else:
+                what = f"sends bucket {index} in {bytes1}-byte payloads, rank 0 in {bytes0} (another layout)"
+            raise ValueError(f"sidco_torch.State: rank {rank} {what}; every rank must hand the hook the same "
+                             "buckets")
+        self._signatures[bucket.index()] = mine
 
     def _bucket(self, bucket, world):
         """The bucket's state, and what went wrong on this rank alone (None: nothing). A
@@ -328,10 +481,13 @@ class State:
             raise ValueError(f"sidco_torch.State: bucket {bucket.index()} holds {buffer.numel()} values, its "
                              f"parameters {sum(sizes)}")
         keys = tuple(self._key(p) for p in params)
+        exchange = self.exchange_for(world, buffer.device.type)
         b = self._buckets.get(keys)
-        if b is not None and b.dtype == buffer.dtype and b.device == buffer.device and len(b.inbox) == world:
+        if b is not None and b.dtype == buffer.dtype and b.device == buffer.device and len(b.inbox) == world \
+                and b.exchange == exchange:
             return b, None
-        b = _Bucket(self, keys, sizes, buffer.dtype, buffer.device, world)
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        b = _Bucket(self, keys, sizes, buffer.dtype, buffer.device, world, dist.get_rank(group), exchange)
         # Each parameter's state follows it: from the bucket that held it, or a loaded state.
         try:
             for i, key in enumerate(keys):
@@ -340,8 +496,12 @@ class State:
                     self._import(b, i, _Layer(**self._export(*owner)))
                 elif key in self._pending:
                     self._import(b, i, self._pending[key])
+            saved = self._pending_exchanges.get("|".join(keys))
+            if saved is not None and exchange == "reduce":
+                b.codec.load_exchange_state(saved)
         except Exception as e:  # noqa: BLE001 - any of it is this rank's failure to report
             return b, f"{type(e).__name__}: {e}"
+        self._pending_exchanges.pop("|".join(keys), None)
         for i, key in enumerate(keys):
             self._pending.pop(key, None)
             self._owner[key] = (b, i)
@@ -357,6 +517,12 @@ class State:
         if buffer.numel() < self.min_bucket_elements:
             return f"{buffer.numel()} values < min_bucket_elements {self.min_bucket_elements}"
         value = buffer.element_size()
+        if self.exchange_for(world, buffer.device.type) == "reduce":
+            # Two rounds of about slack k entries against a ring all-reduce's 2 (P - 1) / P x the bucket.
+            if self.density * self.capacity_slack * (4 + value) >= value:
+                return (f"density x capacity_slack = {self.density * self.capacity_slack:.3g} makes the exchanged "
+                        "entries outweigh a dense all-reduce")
+            return None
         # The gathered payloads against a ring all-reduce's 2 x the bucket.
         if world * self.density * self.capacity_slack * (4 + value) >= 2 * value:
             return (f"density x ranks x capacity_slack = {self.density * world * self.capacity_slack:.3g} "
@@ -372,15 +538,40 @@ def register(ddp_model, state, comm_hook=None):
     ddp_model.register_comm_hook(state, comm_hook or hook)
 
 
+def _fold_residuals(state, bucket):
+    """Adds each of the bucket's parameters' residuals into the bucket and clears it: a
+    parameter all-reduced densely sends its residual too, instead of keeping it unsent."""
+    if not state.feedback:
+        return
+    buffer = bucket.buffer()
+    offset = 0
+    for p in bucket.parameters():
+        key, size = state._key(p), p.numel()
+        owner, pending = state._owner.get(key), state._pending.get(key)
+        if owner is not None and owner[0].residual is not None:
+            b, i = owner
+            residual = b.residual[b.offsets[i]: b.offsets[i] + b.sizes[i]]
+        elif pending is not None and pending.residual is not None:
+            residual = pending.residual
+        else:
+            residual = None
+        if residual is not None and residual.numel() == size:
+            buffer[offset: offset + size].add_(residual.to(device=buffer.device, dtype=buffer.dtype))
+            residual.zero_()
+        offset += size
+
+
 def _dense(state, bucket, group, world, reason):
     buffer = bucket.buffer()
+    _fold_residuals(state, bucket)
     if reason not in state._warned and not reason.startswith("iteration"):
         state._warned.add(reason)
         warnings.warn(f"sidco_torch: bucket {bucket.index()} is all-reduced densely: {reason}", stacklevel=3)
     stats = {"path": "dense", "reason": reason, "size": buffer.numel(), "selected": buffer.numel(),
              "candidates": buffer.numel(), "trimmed": 0, "capacity": buffer.numel(), "density": 1.0,
-             "target_density": state.density, "threshold": 0.0, "stages": 0, "compress_seconds": 0.0,
-             "decode_seconds": 0.0, "bytes_sent": buffer.numel() * buffer.element_size(), "failed": False}
+             "target_density": state.density, "threshold": 0.0, "stages": 0, "fallback": False,
+             "compress_seconds": 0.0, "decode_seconds": 0.0, "bytes_sent": buffer.numel() * buffer.element_size(),
+             "failed": False}
     state._stats[bucket.index()] = stats
     sent = time.perf_counter()
     buffer.div_(world)  # first: the sum of averages cannot overflow where the sum could
@@ -390,6 +581,48 @@ def _dense(state, bucket, group, world, reason):
         return future.value()[0]
 
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
+
+
+def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent):
+    """A sparse bucket's statistics from its codec's report (State.stats() lists them)."""
+    return {"path": "sparse", "exchange": exchange, "size": buffer.numel(), "selected": int(report["selected"]),
+            "candidates": int(report["candidates"]), "trimmed": int(report["trimmed"]),
+            "capacity": int(report["capacity"]), "density": report["density"], "target_density": state.density,
+            "threshold": report["threshold"], "stages": int(report["stages"]), "fallback": bool(report["fallback"]),
+            "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"])}
+
+
+def _reduce(state, bucket, b, group, iteration, problem, started):
+    """The reduce-scatter exchange: blocks to the regions' owners (all_to_all_single, waited
+    for here: the owners' selection needs them), each owner's selection all-gathered
+    asynchronously, and decoded in the future's then() (local work only)."""
+    buffer = bucket.buffer()
+    if problem is None:
+        blocks = torch.ops.sidco.reduce_encode(buffer, b.residual, b.codec, bucket.index(), iteration)
+    else:
+        blocks = torch.ops.sidco.reduce_encode_failure(buffer, b.codec, problem, bucket.index(), iteration)
+    encoded = time.perf_counter()
+    dist.all_to_all_single(b.received, blocks, group=group)
+    selection = torch.ops.sidco.reduce_select(b.received, b.codec)
+    report = b.codec.report()
+    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, int(report["payload_bytes"]) * len(b.inbox))
+    state._stats[bucket.index()] = stats
+    inbox = b.inbox
+
+    def decode(future):
+        future.value()  # a failed all-gather raises here
+        began = time.perf_counter()
+        stats["exchange_seconds"] = began - encoded
+        torch.ops.sidco.reduce_decode(inbox, buffer, b.residual, b.codec)
+        done = b.codec.report()
+        stats["decode_seconds"] = time.perf_counter() - began
+        stats.update(union_density=done["union_entries"] / buffer.numel(),
+                     global_density=done["global_selected"] / buffer.numel(),
+                     returned=int(done["returned"]), bytes_received=int(done["bytes_received"]),
+                     dropped=done["returned"] / max(1.0, done["selected"]))
+        return buffer
+
+    return dist.all_gather(inbox, selection, group=group, async_op=True).get_future().then(decode)
 
 
 def hook(state, bucket):
@@ -408,20 +641,20 @@ def hook(state, bucket):
     buffer = bucket.buffer()
     reason = state._dense_reason(buffer, world, iteration)
     if reason is not None:
+        state._agree_bucket(group, world, bucket, False, buffer.numel() * buffer.element_size())
         return _dense(state, bucket, group, world, reason)
     started = time.perf_counter()
     b, problem = state._bucket(bucket, world)
+    state._agree_bucket(group, world, bucket, 2 if b.exchange == "reduce" else 1, b.payload_bytes())
+    if b.exchange == "reduce":
+        return _reduce(state, bucket, b, group, iteration, problem, started)
     if problem is None:
         payload = torch.ops.sidco.encode(buffer, b.residual, b.codec, bucket.index(), iteration)
     else:
         payload = torch.ops.sidco.encode_failure(buffer, b.codec, problem, bucket.index(), iteration)
     report = b.codec.report()
     encoded = time.perf_counter()
-    stats = {"path": "sparse", "size": buffer.numel(), "selected": int(report["selected"]),
-             "candidates": int(report["candidates"]), "trimmed": int(report["trimmed"]),
-             "capacity": int(report["capacity"]), "density": report["density"], "target_density": state.density,
-             "threshold": report["threshold"], "stages": int(report["stages"]), "compress_seconds": encoded - started,
-             "bytes_sent": int(report["payload_bytes"]), "failed": bool(report["failed"])}
+    stats = _sparse_stats(state, buffer, report, "allgather", encoded - started, int(report["payload_bytes"]))
     state._stats[bucket.index()] = stats
     inbox = b.inbox
 

@@ -25,6 +25,14 @@ def _codec(method, options, layer_sizes, dtype, density, slack):
                                      float(density), float(slack))
 
 
+def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, rank, owner):
+    """A CPU bucket's side of the reduce-scatter exchange."""
+    if dtype not in _DTYPES:
+        raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
+    return torch.classes.sidco.ReduceCodec(method, _options_dict(options), [int(n) for n in layer_sizes], _DTYPES[dtype],
+                                           float(density), float(slack), int(ranks), int(rank), owner)
+
+
 class Compressor:
     """One tensor's compressor (its adaptive state and per-layer layout persist across
     calls). method: one of sidco_torch.METHODS; options: seed (random-k)."""

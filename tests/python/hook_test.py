@@ -119,15 +119,17 @@ def recording_hook(records):
         old = residual_of(state, keys, buffer.numel(), buffer.dtype)
         future = sidco_torch.hook(state, bucket)
         b = state._buckets.get(keys)
-        new = b.residual.clone() if b is not None and b.residual is not None else None
-        stats = dict(state.stats()[bucket.index()])
+        stats = state.stats()[bucket.index()]
 
         def record(f):
             out = f.value()
+            # After the decode: the reduce exchange returns unkept entries to the residual there.
+            new = b.residual.clone() if b is not None and b.residual is not None else None
             inbox = [p.clone() for p in b.inbox] if stats["path"] == "sparse" else None
             records.append(dict(index=bucket.index(), path=stats["path"], before=before, old=old, new=new,
-                                out=out.clone(), inbox=inbox, stats=stats, capacities=b.codec.layer_capacities()
-                                if b is not None else None, sizes=b.sizes if b is not None else None))
+                                out=out.clone(), inbox=inbox, stats=dict(state.stats()[bucket.index()]),
+                                capacities=b.codec.layer_capacities() if b is not None and b.exchange == "allgather"
+                                else None, sizes=b.sizes if b is not None else None))
             return out
         return future.then(record)
     return hook
@@ -142,7 +144,7 @@ def scenario_exact(rank, world, method, slack, wrapper=None, model_dtype=torch.f
     """wrapper: torch's fp16/bf16 compress wrapper around the hook (the bucket arrives in 16
     bits); model_dtype: the parameters' (and so the buckets') type."""
     state = sidco_torch.State(method=method, density=0.05, start_iter=0 if model_dtype == torch.bfloat16 else 1,
-                              capacity_slack=slack)
+                              capacity_slack=slack, exchange="allgather")
     records = []
     hook = recording_hook(records)
     if wrapper:
@@ -189,8 +191,8 @@ def scenario_exact(rank, world, method, slack, wrapper=None, model_dtype=torch.f
     return {"trimmed": trimmed, "buckets": len({r["index"] for r in records})}
 
 
-def scenario_failure_nan(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+def scenario_failure_nan(rank, world, exchange="allgather"):
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange=exchange)
     calls = []
     armed = []
 
@@ -225,7 +227,9 @@ def scenario_failure_nan(rank, world):
             future.wait()  # every bucket's decode has run (and failed) before we look
         except RuntimeError:
             pass
-        residual = state._buckets[keys].residual
+        bucket_state = state._buckets[keys]
+        assert bucket_state.exchange == exchange, bucket_state.exchange
+        residual = bucket_state.residual
         # Nothing lost: what the others sent is back in their residuals; rank 1 changed nothing.
         expected = old if rank == 1 else before + old
         assert torch.equal(residual, expected), f"rank {rank}: the residual lost what was sent"
@@ -395,6 +399,194 @@ def scenario_dense_switch(rank, world):
     return "reported once"
 
 
+def scenario_dtype_mismatch(rank, world):
+    """Rank 1 alone wraps the hook in fp16_compress_wrapper: its buckets are float16, rank 0's
+    float32, so its payloads (and dense all-reduces) would be half as long. Every rank
+    raises naming the dtypes instead of gloo aborting the process."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    hook = default_hooks.fp16_compress_wrapper(sidco_torch.hook) if rank == 1 else None
+    model, ddp, optimizer = make(state, rank, hook=hook)
+    try:
+        train_step(ddp, optimizer, rank, 0)
+    except (ValueError, RuntimeError) as e:
+        message = str(e)
+    else:
+        raise AssertionError("different bucket dtypes were accepted")
+    assert "rank 1 sends bucket 0 as float16, rank 0 as float32" in message, message
+    return "refused"
+
+
+def scenario_foreign_checkpoint(rank, world):
+    """Rank 0's checkpoint loaded on every rank (the usual DDP pattern for the model): the
+    state holds rank 0's residuals, so every rank refuses it at the first step, naming the
+    rank that loaded another's; each rank loading its own resumes."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    model, ddp, optimizer = make(state, rank)
+    for step in range(3):
+        train_step(ddp, optimizer, rank, step)
+    own = state.state_dict()
+    assert own["rank"] == rank and own["world"] == world, (own["rank"], own["world"])
+    everyone = [None] * world
+    dist.all_gather_object(everyone, own)
+    # Each rank its own: accepted.
+    fresh = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    fresh.load_state_dict(own)
+    # Rank 0's on every rank: refused where it is another's, at load time (the process knows
+    # its rank) ...
+    if rank != 0:
+        try:
+            sidco_torch.State(method="sidco-e", density=0.05, start_iter=1).load_state_dict(everyone[0])
+        except ValueError as e:
+            assert f"saved by rank 0 of {world}, this process is rank {rank} of {world}" in str(e), str(e)
+        else:
+            raise AssertionError("another rank's state was accepted")
+    # ... and, for a state loaded before the process group knew the rank, at the first step on
+    # every rank alike.
+    other = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    other.load_state_dict(everyone[rank])
+    other._loaded_from = (0, world)  # what load_state_dict(everyone[0]) records before init_process_group
+    model, ddp, optimizer = make(other, rank)
+    try:
+        train_step(ddp, optimizer, rank, 3)
+    except (ValueError, RuntimeError) as e:
+        message = str(e)
+    else:
+        raise AssertionError("rank 0's state was accepted on every rank")
+    assert f"rank 1 loaded the state that rank 0 of {world} saved" in message, message
+    return "refused"
+
+
+def scenario_dense_fold(rank, world):
+    """Parameters that a new DDP wrapper puts alone in buckets under min_bucket_elements go
+    dense: their residuals are sent with them (folded into the bucket) and cleared, not
+    stranded in the state."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=300)
+    model, ddp, optimizer = make(state, rank, bucket_cap_mb=1)
+    for step in range(3):
+        train_step(ddp, optimizer, rank, step)
+    small = [name for name, p in model.named_parameters() if p.numel() < 300]
+    records = []
+    torch.manual_seed(0)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 1
+    ddp = DDP(model, bucket_cap_mb=0.0001)  # one parameter a bucket, once DDP rebuilds its buckets
+    sidco_torch.register(ddp, state, recording_hook(records))
+    train_step(ddp, optimizer, rank, 3)  # DDP's first iteration: one bucket of everything
+    before = {name: state.state_dict()["layers"][name]["residual"].clone() for name in small}
+    assert any(r.abs().sum() > 0 for r in before.values()), "no residual to strand: the test tests nothing"
+    records.clear()
+    x, y = batch(rank, 4)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(ddp(x), y).backward()
+    after = state.state_dict()["layers"]
+    dense = sorted((r for r in records if r["path"] == "dense"), key=lambda r: r["index"])  # collectives below
+    assert dense, f"no bucket went dense: {[(r['index'], r['path'], r['before'].numel()) for r in records]}"
+    for name in small:
+        assert not after[name]["residual"].any(), f"{name}: residual left on the dense path"
+    # What went dense is each rank's gradient plus its residual, averaged: (g0 + r0)/2 + (g1 + r1)/2.
+    for r in dense:
+        mine = (r["before"] + r["old"]) / world
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        total = everyone[0]
+        for other in everyone[1:]:
+            total = total + other
+        assert torch.equal(r["out"], total), f"bucket {r['index']}: the residual was not sent"
+    return f"{len(small)} small parameters folded"
+
+
+def scenario_reduce_exact(rank, world, owner):
+    """exchange="reduce": every rank holds the same bucket, bit for bit, equal to the
+    rank-order sum of what the ranks sent at each index the owners kept, divided by P; per
+    rank, residual + applied contribution = gradient + old residual, bitwise; the global
+    density tracks the target."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce", owner=owner)
+    records = []
+    model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
+    densities = []
+    for step in range(6):
+        records.clear()
+        train_step(ddp, optimizer, rank, step)
+        # In bucket order: the callbacks append in the order the gathers finish, which differs
+        # between ranks, and the checks below are collectives.
+        for r in sorted(records, key=lambda r: r["index"]):
+            if r["path"] != "sparse":
+                continue
+            assert r["stats"]["exchange"] == "reduce", r["stats"]
+            total = r["before"] + r["old"]
+            gathered = {}
+            for name, t in (("out", r["out"]), ("total", total), ("new", r["new"])):
+                parts = [torch.empty_like(t) for _ in range(world)]
+                dist.all_gather(parts, t)
+                gathered[name] = parts
+            for other in gathered["out"]:
+                assert torch.equal(other, r["out"]), "ranks hold different buckets"
+            # The global selection: every owner's entries (the all-gathered selections).
+            kept = torch.zeros(total.numel(), dtype=torch.bool)
+            for p in r["inbox"]:
+                header, indices, _ = read_payload(p, total.dtype)
+                assert header["status"] == 0, header
+                kept[indices] = True
+            # Per rank: outside the global selection the residual holds gradient + old residual.
+            assert torch.equal(r["new"][~kept], total[~kept]), "an unkept entry left the residual"
+            expected = torch.zeros_like(total)
+            for q in range(world):
+                sent = kept & (gathered["new"][q] == 0) & (gathered["total"][q] != 0)
+                expected = torch.where(sent, expected + gathered["total"][q], expected)
+            expected = torch.where(kept, expected / world, torch.zeros_like(expected))
+            assert torch.equal(r["out"], expected), f"step {step}: not the owners' rank-order sums / P"
+            densities.append(r["stats"]["global_density"] / state.density)
+    late = sorted(densities[len(densities) // 2:])
+    assert 0.7 <= late[0] and late[-1] <= 1.3, densities
+    return f"global density / target {late[0]:.2f}-{late[-1]:.2f}"
+
+
+def scenario_reduce_resume(rank, world):
+    """The reduce exchange resumed from state_dict() (regions and owner state included) on
+    the same bucket layout: bit-identical to the uninterrupted run. Its result depends on
+    which tensors share a bucket, so the resumed DDP must bucket as the saved one did: torch
+    1.13 puts every parameter in one bucket for a new DDP's first iteration unless
+    find_unused_parameters=True, and then (a model whose parameters are registered in the
+    order backward produces their gradients, reversed) its first buckets are its rebuilt ones."""
+    steps, split = 7, 4
+    seen = {}
+
+    def build(state, run):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+        ddp = DDP(model, bucket_cap_mb=0.1, find_unused_parameters=True)
+        sidco_torch.register(ddp, state, layouts(seen.setdefault(run, {})))
+        return model, ddp, torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+
+    def fresh():
+        return sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
+    state = fresh()
+    model, ddp, optimizer = build(state, "whole")
+    for step in range(steps):
+        train_step(ddp, optimizer, rank, step)
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    state = fresh()
+    model, ddp, optimizer = build(state, "first")
+    for step in range(split):
+        train_step(ddp, optimizer, rank, step)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sidco": state.state_dict()}, saved)
+    assert state.state_dict()["exchanges"], "no regions saved"
+    saved.seek(0)
+    checkpoint = torch.load(saved)
+    state = fresh()
+    state.load_state_dict(checkpoint["sidco"])
+    model, ddp, optimizer = build(state, "resumed")
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    for step in range(split, steps):
+        train_step(ddp, optimizer, rank, step)
+    assert len(seen["whole"][split]) > 1 and seen["whole"][split] == seen["resumed"][split], seen
+    for a, b in zip(uninterrupted, model.parameters()):
+        assert torch.equal(a, b.detach()), f"resumed run differs by {(a - b.detach()).abs().max().item()}"
+    return "bit-identical"
+
+
 def run(scenario, world, *args, timeout=120):
     """scenario(rank, world, *args) on world processes; its per-rank results, or an error."""
     port = free_port()
@@ -465,6 +657,9 @@ def check_local():
         else:
             raise AssertionError(f"State({bad}) did not raise")
     check_sixteen_bit()
+    check_loaded_states()
+    check_threads()
+    check_decode_corruptions()
     # Layer sizes whose sum wraps past 2^64 are refused, not read past the tensor.
     try:
         sidco_torch.compress(torch.ones(1000), 0.01, layer_sizes=[2 ** 62] * 4 + [1000])
@@ -483,7 +678,159 @@ def check_local():
         raise AssertionError("an int64 gradient was accepted")
     assert compressor.report()["size"] == 100
     print("local: pickle, deepcopy, torch.save, scalar densities, bad arguments, 16-bit top-k, wrapping layer sizes, "
-          "integer gradients")
+          "integer gradients, loaded states checked, two threads on one object, decode of corrupted payloads")
+
+
+def check_loaded_states():
+    """A residual with NaN, and a state of another model's parameters, are refused whole."""
+    model = Shuffled()
+    state = sidco_torch.State(method="sidco-e", density=0.05)
+    layers = {}
+    for name, p in model.named_parameters():
+        layers[name] = {"size": p.numel(), "dtype": torch.float32, "residual": torch.zeros(p.numel()),
+                        "compressor": sidco_torch.ops._codec("sidco-e", {}, [p.numel()], torch.float32, 0.05,
+                                                             1.25).layer_state(0)}
+    good = dict(state.state_dict(), keys="names", layers=layers)
+    bad = copy.deepcopy(good)
+    bad["layers"]["middle.bias"]["residual"][7] = float("nan")
+    for attempt, expected in [(bad, "layer middle.bias: residual holds 1 non-finite value(s)")]:
+        try:
+            sidco_torch.State(method="sidco-e", density=0.05).load_state_dict(attempt)
+        except ValueError as e:
+            assert expected in str(e), str(e)
+        else:
+            raise AssertionError(f"accepted: {expected}")
+    # Another model's names: refused when the State serves a model (at load, or at attach).
+    renamed = copy.deepcopy(good)
+    renamed["layers"] = {"encoder." + k: v for k, v in good["layers"].items()}
+    attached = sidco_torch.State(method="sidco-e", density=0.05)
+    attached.attach(model)
+    try:
+        attached.load_state_dict(renamed)
+    except ValueError as e:
+        assert "the state holds 6 parameter(s) this model does not have (encoder.first.bias" in str(e), str(e)
+    else:
+        raise AssertionError("another model's state was accepted")
+    loaded_first = sidco_torch.State(method="sidco-e", density=0.05)
+    loaded_first.load_state_dict(renamed)
+    try:
+        loaded_first.attach(model)
+    except ValueError as e:
+        assert "saved from another model" in str(e), str(e)
+    else:
+        raise AssertionError("another model's state was accepted at attach")
+    attached.load_state_dict(good)  # the model's own names: accepted
+
+
+def check_threads():
+    """One Compressor (and one Codec) used from two Python threads: the ops release the GIL,
+    the objects serialize their calls, so every result is well-formed and nothing crashes."""
+    import threading
+    g = torch.randn(200000, generator=torch.Generator().manual_seed(3))
+    compressor = sidco_torch.Compressor("sidco-e")
+    codec = sidco_torch.ops._codec("sidco-e", {}, [150000, 50000], torch.float32, 0.01, 1.25)
+    # A payload encoded before the threads start: decoding it gives the same bits every time.
+    payload = torch.ops.sidco.encode(g, None, codec, 0, 0).clone()
+    expected = torch.empty_like(g)
+    torch.ops.sidco.decode([payload], expected, None, codec)
+    problems = []
+
+    def work(seed):
+        residual = torch.zeros_like(g)
+        for step in range(60):
+            with_feedback = step % 2 == 1
+            indices, values = compressor.compress(g, 0.01, residual=residual if with_feedback else None)
+            ascending = indices.numel() > 0 and bool((indices[1:] > indices[:-1]).all())
+            if not ascending or (not with_feedback and not torch.equal(values, g[indices])):
+                problems.append(f"thread {seed}: malformed selection at step {step}")
+            torch.ops.sidco.encode(g, None, codec, 0, step)  # the codec's buffers, written under its lock
+            out = torch.empty_like(g)
+            torch.ops.sidco.decode([payload], out, None, codec)
+            if not torch.equal(out, expected):
+                problems.append(f"thread {seed}: decode differs at step {step}")
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not problems, problems[:3]
+
+
+HEADER_FIELDS = [("magic", 0, 4), ("version", 4, 1), ("status", 5, 1), ("value_code", 6, 1), ("index_bytes", 7, 1),
+                 ("op", 8, 1), ("error", 9, 1), ("reserved", 10, 2), ("tag", 12, 4), ("dense_size", 16, 8),
+                 ("capacity", 24, 8), ("count", 32, 8), ("sequence", 40, 8), ("trimmed", 48, 8), ("delta", 56, 8)]
+
+
+def check_decode_corruptions():
+    """The hook's decode (the op) fed every single-field corruption of one rank's payload,
+    as three ranks would see it: each rank refuses with the same message (a RuntimeError
+    whose text is the whole message, even for a damaged peer message) or decodes the same
+    bits, and a rank that refuses keeps what it sent: residual = gradient + old residual."""
+    n, ranks = 3000, 3
+    gradients = [torch.randn(n, generator=torch.Generator().manual_seed(10 + r)) for r in range(ranks)]
+    olds = [0.1 * torch.randn(n, generator=torch.Generator().manual_seed(20 + r)) for r in range(ranks)]
+
+    def encode_all():
+        codecs = [sidco_torch.ops._codec("sidco-e", {}, [1000, 2000], torch.float32, 0.02, 1.25) for _ in range(ranks)]
+        residuals = [o.clone() for o in olds]
+        payloads = [torch.ops.sidco.encode(g, res, c, 4, 9).clone() for g, res, c in zip(gradients, residuals, codecs)]
+        return codecs, residuals, payloads
+
+    def verdicts(payloads):
+        codecs, residuals, _ = encode_all()
+        results = []
+        for r in range(ranks):
+            out = torch.full((n,), -1.0)
+            try:
+                torch.ops.sidco.decode(payloads, out, residuals[r], codecs[r])
+                results.append(("ok", out))
+            except RuntimeError as e:
+                assert str(e).strip(), "an empty message"
+                results.append(("refused", str(e).split("\n")[0]))
+                assert torch.equal(residuals[r], gradients[r] + olds[r]), f"rank {r} lost what it sent"
+        return results
+
+    _, _, clean = encode_all()
+    reference = verdicts(clean)
+    assert all(v[0] == "ok" for v in reference)
+    refused_fields = set()
+    for damaged in (1, 0):
+        for name, offset, size in HEADER_FIELDS:
+            for change in (1, 0x80, -1):
+                payloads = [p.clone() for p in clean]
+                field = payloads[damaged][offset: offset + size]  # a view
+                if change == -1:
+                    field.bitwise_xor_(0xFF)
+                else:
+                    field[0] = int(field[0]) ^ change
+                if torch.equal(payloads[damaged], clean[damaged]):
+                    continue
+                results = verdicts(payloads)
+                first = results[0]
+                for r, result in enumerate(results):
+                    assert result[0] == first[0], (name, r, result, first)
+                    if first[0] == "ok":
+                        assert torch.equal(result[1], reference[0][1]), (name, damaged, change)
+                    else:
+                        assert result[1] == first[1], (name, r, result[1], first[1])
+                if first[0] == "refused":
+                    refused_fields.add(name)
+    expected = {"magic", "version", "status", "value_code", "index_bytes", "op", "tag", "dense_size", "capacity",
+                "count", "sequence", "delta"}
+    assert expected <= refused_fields, expected - refused_fields
+    # A peer's message cut mid-UTF-8, or not text: still the whole message.
+    codecs, residuals, payloads = encode_all()
+    failed = torch.ops.sidco.encode_failure(gradients[1], codecs[1], "caf\u00e9 " * 200, 4, 9).clone()
+    raw = failed[64:]
+    raw[4] = 0xFF  # the second byte of the first "é"
+    try:
+        torch.ops.sidco.decode([payloads[0], failed, payloads[2]], torch.empty(n), residuals[0], codecs[0])
+    except RuntimeError as e:
+        assert "rank 1 failed: caf\ufffd" in str(e), str(e)[:200]
+    else:
+        raise AssertionError("a failed rank was accepted")
+    report = codecs[0].report()
+    assert "fallback" in report, sorted(report)
 
 
 def check_sixteen_bit():
@@ -529,6 +876,13 @@ def main():
     print("different densities:", run(scenario_agreement, 2)[0])
     print("two models:", run(scenario_two_models, 1)[0])
     print("dense switch:", run(scenario_dense_switch, 2)[0])
+    print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])
+    print("rank 0's checkpoint on every rank:", run(scenario_foreign_checkpoint, 2)[0])
+    print("residuals on the dense path:", run(scenario_dense_fold, 2)[0])
+    for owner, world in (("sidco-e", 3), ("top-k", 5), ("sidco-e", 2)):
+        print(f"reduce exchange, {owner} owners, {world} ranks:", run(scenario_reduce_exact, world, owner, timeout=240)[0])
+    print("failure (NaN on rank 1 of 3, reduce exchange):", run(scenario_failure_nan, 3, "reduce")[0])
+    print("resume (reduce exchange, 3 ranks):", run(scenario_reduce_resume, 3, timeout=240)[0])
     return 0
 
 

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "binding.hpp"
 #include "classes.hpp"
+#include "reduce_codec.hpp"
 
 namespace sidco_torch {
 
@@ -72,6 +75,19 @@ std::vector<sidco::segment> parse_layout(const std::vector<std::int64_t>& sizes)
   return layout;
 }
 
+// A saved state's bytes as a uint8 tensor, and a uint8 CPU tensor's bytes to load.
+at::Tensor state_tensor(const std::vector<std::byte>& bytes) {
+  auto t = at::empty({std::int64_t(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::span<const std::byte> state_bytes(const at::Tensor& state) {
+  check_cpu_tensor("state", state);
+  if (state.scalar_type() != at::kByte) sidco::throw_error("state: dtype ", state.scalar_type(), " is not uint8");
+  return bytes_of(state);
+}
+
 }  // namespace
 
 Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
@@ -97,10 +113,10 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
 namespace {
 cuda_codec_factory cuda_codecs = nullptr;
 
-sidco::comm::wire_fields fields_of(const Codec& codec, std::int64_t tag, std::int64_t sequence) {
+sidco::comm::wire_fields fields_of(const codec_settings& settings, std::int64_t tag, std::int64_t sequence) {
   if (tag < 0 || tag > std::int64_t(UINT32_MAX)) sidco::throw_error("tag = ", tag, " is outside [0, 2^32)");
   if (sequence < 0) sidco::throw_error("sequence = ", sequence, " is negative");
-  return {std::uint32_t(tag), std::uint64_t(sequence), codec.settings().density, sidco::comm::reduction::average};
+  return {std::uint32_t(tag), std::uint64_t(sequence), settings.density, sidco::comm::reduction::average};
 }
 
 }  // namespace
@@ -156,19 +172,15 @@ c10::Dict<std::string, double> Codec::report() const {
 at::Tensor Codec::layer_state(std::int64_t layer) const {
   return translated([&] {
     const auto hold = lock();
-    const auto bytes = current().save_layer(layer_index(layer));
-    auto t = at::empty({std::int64_t(bytes.size())}, at::kByte);
-    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    return t;
+    return state_tensor(current().save_layer(layer_index(layer)));
   });
 }
 
 void Codec::load_layer_state(std::int64_t layer, const at::Tensor& state) {
   translated([&] {
-    check_cpu_tensor("state", state);
-    if (state.scalar_type() != at::kByte) sidco::throw_error("state: dtype ", state.scalar_type(), " is not uint8");
+    const auto bytes = state_bytes(state);
     const auto hold = lock();
-    current().load_layer(layer_index(layer), bytes_of(state));
+    current().load_layer(layer_index(layer), bytes);
     return 0;
   });
 }
@@ -225,7 +237,7 @@ at::Tensor codec_encode(const at::Tensor& gradient, const c10::optional<at::Tens
                         const c10::intrusive_ptr<Codec>& codec, std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
     const auto hold = codec->lock();
-    return codec->on(gradient.device()).encode(gradient, residual, fields_of(*codec, tag, sequence));
+    return codec->on(gradient.device()).encode(gradient, residual, fields_of(codec->settings(), tag, sequence));
   });
 }
 
@@ -233,7 +245,7 @@ at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive
                                 std::string message, std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
     const auto hold = codec->lock();
-    return codec->on(gradient.device()).encode_failure(message, fields_of(*codec, tag, sequence));
+    return codec->on(gradient.device()).encode_failure(message, fields_of(codec->settings(), tag, sequence));
   });
 }
 
@@ -242,6 +254,135 @@ at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tenso
   return translated([&] {
     const auto hold = codec->lock();
     codec->on(out.device()).decode(payloads, out, residual);
+    return out;
+  });
+}
+
+ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> options,
+                         std::vector<std::int64_t> layer_sizes, std::string dtype, double density, double slack,
+                         std::int64_t ranks, std::int64_t rank, std::string owner) {
+  translated([&] {
+    if (ranks < 1) sidco::throw_error("ranks = ", ranks, " is not positive");
+    if (rank < 0 || rank >= ranks) sidco::throw_error("rank = ", rank, " is outside [0, ", ranks, ")");
+    if (owner != "sidco-e" && owner != "top-k") sidco::throw_error("owner = '", owner, "' is not sidco-e or top-k");
+    settings_.method = std::move(method);
+    settings_.options = parse_options(options);
+    settings_.layout = parse_layout(layer_sizes);
+    settings_.dtype = parse_dtype(dtype);
+    settings_.density = density;
+    settings_.slack = slack;
+    const std::size_t total = settings_.layout.back().end();
+    if (total > std::size_t(std::numeric_limits<std::uint32_t>::max()) + 1)
+      sidco::throw_error("bucket: ", total, " values; sidco_torch's codec addresses 2^32 (32-bit indices)");
+    plan_ = with_value_type(settings_.dtype, "bucket", [&](auto tag) {
+      return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, density, slack,
+                                                                                  std::size_t(ranks));
+    });
+    sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
+    impl_ = make_reduce_codec(settings_, plan_, std::size_t(rank), owner);
+    return 0;
+  });
+}
+
+std::size_t ReduceCodec::layer_index(std::int64_t layer) const {
+  if (layer < 0 || std::size_t(layer) >= settings_.layout.size())
+    sidco::throw_error("layer ", layer, " is outside [0, ", settings_.layout.size(), ")");
+  return std::size_t(layer);
+}
+
+std::vector<std::int64_t> ReduceCodec::bounds() const {
+  const auto hold = lock();
+  return impl_->bounds();
+}
+
+c10::Dict<std::string, double> ReduceCodec::report() const {
+  const auto hold = lock();
+  const auto& r = impl_->report();
+  const auto& c = impl_->compress_report();
+  c10::Dict<std::string, double> d;
+  d.insert("selected", double(r.sent));
+  d.insert("candidates", double(c.candidates));
+  d.insert("trimmed", double(r.trimmed));
+  d.insert("size", double(plan_.size));
+  d.insert("zeros", double(c.zeros));
+  d.insert("capacity", double(plan_.capacity * plan_.ranks));  // all its blocks: what a rank may send
+  d.insert("payload_bytes", double(plan_.format.bytes()));
+  d.insert("density", double(r.sent) / double(plan_.size));
+  d.insert("target_density", settings_.density);
+  d.insert("threshold", c.threshold);
+  d.insert("stages", double(c.stages));
+  d.insert("fallback", c.fallback ? 1.0 : 0.0);
+  d.insert("failed", impl_->failed() ? 1.0 : 0.0);
+  d.insert("received_entries", double(r.received));
+  d.insert("union_entries", double(r.union_size));
+  d.insert("global_selected", double(r.selected));
+  d.insert("returned", double(r.returned));
+  d.insert("target", double(r.target));
+  d.insert("bytes_sent", double(r.bytes_sent));
+  d.insert("bytes_received", double(r.bytes_received));
+  return d;
+}
+
+at::Tensor ReduceCodec::layer_state(std::int64_t layer) const {
+  return translated([&] {
+    const auto hold = lock();
+    return state_tensor(impl_->save_layer(layer_index(layer)));
+  });
+}
+
+void ReduceCodec::load_layer_state(std::int64_t layer, const at::Tensor& state) {
+  translated([&] {
+    const auto bytes = state_bytes(state);
+    const auto hold = lock();
+    impl_->load_layer(layer_index(layer), bytes);
+    return 0;
+  });
+}
+
+at::Tensor ReduceCodec::exchange_state() const {
+  return translated([&] {
+    const auto hold = lock();
+    return state_tensor(impl_->save_exchange());
+  });
+}
+
+void ReduceCodec::load_exchange_state(const at::Tensor& state) {
+  translated([&] {
+    const auto bytes = state_bytes(state);
+    const auto hold = lock();
+    impl_->load_exchange(bytes);
+    return 0;
+  });
+}
+
+at::Tensor reduce_encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
+                         const c10::intrusive_ptr<ReduceCodec>& codec, std::int64_t tag, std::int64_t sequence) {
+  return translated([&] {
+    const auto hold = codec->lock();
+    return codec->impl().encode(gradient, residual, fields_of(codec->settings(), tag, sequence));
+  });
+}
+
+at::Tensor reduce_encode_failure(const at::Tensor&, const c10::intrusive_ptr<ReduceCodec>& codec, std::string message,
+                                 std::int64_t tag, std::int64_t sequence) {
+  return translated([&] {
+    const auto hold = codec->lock();
+    return codec->impl().encode_failure(message, fields_of(codec->settings(), tag, sequence));
+  });
+}
+
+at::Tensor reduce_select(const at::Tensor& received, const c10::intrusive_ptr<ReduceCodec>& codec) {
+  return translated([&] {
+    const auto hold = codec->lock();
+    return codec->impl().select(received);
+  });
+}
+
+at::Tensor reduce_decode(const std::vector<at::Tensor>& selections, const at::Tensor& out,
+                         const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<ReduceCodec>& codec) {
+  return translated([&] {
+    const auto hold = codec->lock();
+    codec->impl().decode(selections, out, residual);
     return out;
   });
 }
@@ -263,6 +404,25 @@ TORCH_LIBRARY(sidco, m) {
       .def("report", &Codec::report)
       .def("layer_state", &Codec::layer_state)
       .def("load_layer_state", &Codec::load_layer_state);
+  m.class_<ReduceCodec>("ReduceCodec")
+      .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
+                       double, std::int64_t, std::int64_t, std::string>())
+      .def("block_bytes", &ReduceCodec::block_bytes)
+      .def("capacity", &ReduceCodec::capacity)
+      .def("target", &ReduceCodec::target)
+      .def("bounds", &ReduceCodec::bounds)
+      .def("report", &ReduceCodec::report)
+      .def("layer_state", &ReduceCodec::layer_state)
+      .def("load_layer_state", &ReduceCodec::load_layer_state)
+      .def("exchange_state", &ReduceCodec::exchange_state)
+      .def("load_exchange_state", &ReduceCodec::load_exchange_state);
+  m.def("reduce_encode(Tensor gradient, Tensor(a!)? residual, __torch__.torch.classes.sidco.ReduceCodec codec, "
+        "int tag, int sequence) -> Tensor");
+  m.def("reduce_encode_failure(Tensor gradient, __torch__.torch.classes.sidco.ReduceCodec codec, str message, "
+        "int tag, int sequence) -> Tensor");
+  m.def("reduce_select(Tensor received, __torch__.torch.classes.sidco.ReduceCodec codec) -> Tensor");
+  m.def("reduce_decode(Tensor[] selections, Tensor(a!) out, Tensor(b!)? residual, "
+        "__torch__.torch.classes.sidco.ReduceCodec codec) -> Tensor(a!)");
   m.def("compress(Tensor gradient, float density, int[] layer_sizes, Tensor(a!)? residual, "
         "__torch__.torch.classes.sidco.Compressor compressor) -> (Tensor, Tensor)");
   m.def("encode(Tensor gradient, Tensor(a!)? residual, __torch__.torch.classes.sidco.Codec codec, int tag, "

@@ -20,6 +20,7 @@
 
 #include "../binding.hpp"
 #include "../classes.hpp"
+#include "../reduce_codec.hpp"
 
 namespace sidco_torch {
 namespace {
@@ -95,4 +96,8 @@ TORCH_LIBRARY_IMPL(sidco, CPU, m) {
   m.impl("decode", sidco_torch::codec_decode);
   m.impl("scatter_add_", sidco_torch::scatter_add_);
   m.impl("decompress", sidco_torch::decompress);
+  m.impl("reduce_encode", sidco_torch::reduce_encode);
+  m.impl("reduce_encode_failure", sidco_torch::reduce_encode_failure);
+  m.impl("reduce_select", sidco_torch::reduce_select);
+  m.impl("reduce_decode", sidco_torch::reduce_decode);
 }

@@ -1,0 +1,199 @@
+// The hook's reduce-scatter exchange (sidco/comm/reduce_scatter.hpp) for CPU buckets: a
+// ReduceCodec per bucket and the three ops the hook calls around its two collectives:
+//   reduce_encode   compress the bucket per tensor, split by region into P blocks;
+//   reduce_select   this rank's region: the blocks it received, reduced and selected;
+//   reduce_decode   every owner's selection into the bucket, what was not kept back into
+//                   the residual, the regions balanced for the next step.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sidco/comm/reduce_scatter.hpp>
+#include <sidco/core/half.hpp>
+#include <sidco/core/state_io.hpp>
+
+#include "../binding.hpp"
+#include "../classes.hpp"
+#include "../engine.hpp"
+#include "../reduce_codec.hpp"
+
+namespace sidco_torch {
+namespace {
+
+using index32 = std::uint32_t;
+
+template <class T>
+class reduce_impl final : public reduce_codec_impl {
+ public:
+  reduce_impl(const codec_settings& settings, const sidco::comm::reduce_plan& plan, std::size_t rank,
+              const std::string& owner)
+      : settings_(settings),
+        plan_(plan),
+        rank_(rank),
+        exact_owner_(owner == "top-k"),
+        engine_(make_engine<T, index32>(settings.method, settings.options, settings.layout, layer_budget::per_layer)),
+        regions_(sidco::comm::regions::even(plan.size, plan.ranks)),
+        blocks_(at::zeros({std::int64_t(plan.format.bytes() * plan.ranks)}, at::kByte)),
+        selection_(at::zeros({std::int64_t(plan.format.bytes())}, at::kByte)) {}
+
+  at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
+                    const sidco::comm::wire_fields& fields) override {
+    report_ = {};
+    fields_ = fields;
+    sent_.clear(plan_.size);
+    residual_ = {};
+    bool compressed = false;
+    try {
+      check(gradient, "bucket");
+      if (residual) {
+        check(*residual, "residual");
+        residual_ = span_of<T>(*residual);
+      }
+      compress_ = engine_->compress(span_of<const T>(gradient), settings_.density, residual_, sent_);
+      compressed = true;
+      report_.trimmed = sidco::comm::pack_blocks(sent_, regions_, plan_, fields, residual_, bytes_of(blocks_));
+      report_.sent = sent_.size();
+    } catch (const std::exception& e) {
+      failed_ = true;
+      if (compressed) sidco::comm::return_entries(sent_, residual_);
+      sent_.clear(plan_.size);
+      sidco::comm::pack_failed_blocks<T, index32>(e, plan_, fields, bytes_of(blocks_));
+      return blocks_;
+    }
+    failed_ = false;
+    return blocks_;
+  }
+
+  at::Tensor encode_failure(const std::string& message, const sidco::comm::wire_fields& fields) override {
+    report_ = {};
+    fields_ = fields;
+    failed_ = true;
+    sent_.clear(plan_.size);
+    residual_ = {};
+    sidco::comm::pack_failed_blocks<T, index32>(sidco::runtime_error(message), plan_, fields, bytes_of(blocks_));
+    return blocks_;
+  }
+
+  at::Tensor select(const at::Tensor& received) override {
+    check_cpu_tensor("received", received);
+    const std::size_t bytes = plan_.format.bytes();
+    if (received.scalar_type() != at::kByte || std::size_t(received.numel()) != bytes * plan_.ranks)
+      sidco::throw_error("received: ", received.numel(), " ", received.scalar_type(), " values, the exchange takes ",
+                         bytes * plan_.ranks, " bytes");
+    const auto all = bytes_of(received);
+    std::vector<std::span<const std::byte>> views;
+    for (std::size_t r = 0; r < plan_.ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
+    if (exact_owner_) {
+      sidco::comm::owner_top_k policy;
+      sidco::comm::select_region<T, index32>(views, regions_, rank_, plan_, fields_, policy, bytes_of(selection_), report_);
+    } else {
+      sidco::comm::select_region<T, index32>(views, regions_, rank_, plan_, fields_, owner_, bytes_of(selection_),
+                                             report_);
+    }
+    return selection_;
+  }
+
+  void decode(const std::vector<at::Tensor>& selections, const at::Tensor& out,
+              const c10::optional<at::Tensor>& residual) override {
+    std::span<T> r;
+    if (residual) {
+      check(*residual, "residual");
+      r = span_of<T>(*residual);
+    }
+    std::vector<std::span<const std::byte>> views;
+    try {
+      check(out, "out");
+      for (const at::Tensor& p : selections) {
+        check_cpu_tensor("selection", p);
+        if (p.scalar_type() != at::kByte) sidco::throw_error("selection: dtype ", p.scalar_type(), " is not uint8");
+        views.push_back(bytes_of(p));
+      }
+    } catch (...) {
+      sidco::comm::return_entries(sent_, r);
+      throw;
+    }
+    report_.ranks = int(plan_.ranks);
+    report_.target = plan_.target;
+    report_.bytes_sent = report_.bytes_received = 2 * (plan_.ranks - 1) * plan_.format.bytes();
+    sidco::comm::apply_selections<T, index32>(views, regions_, plan_, sent_, r, span_of<T>(out), global_, report_);
+    regions_ = sidco::comm::regions::balanced<index32>(global_, plan_.size, plan_.ranks);
+  }
+
+  std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
+  void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
+
+  std::vector<std::byte> save_exchange() const override {
+    sidco::state_writer out;
+    out.name("reduce_codec");
+    out.word(regions_.bounds().size());
+    for (std::size_t b : regions_.bounds()) out.word(b);
+    owner_.save_state(out);
+    return out.take();
+  }
+  void load_exchange(std::span<const std::byte> bytes) override {
+    sidco::state_reader in(bytes);
+    in.expect("reduce_codec");
+    const std::uint64_t count = in.word("reduce_codec: bounds");
+    if (count != plan_.ranks + 1)
+      sidco::throw_error("reduce_codec: the state has ", count, " region bounds, this exchange ", plan_.ranks + 1);
+    std::vector<std::size_t> bounds(count);
+    for (auto& b : bounds) b = std::size_t(in.word("reduce_codec: bound"));
+    auto regions = sidco::comm::regions::from_bounds(std::move(bounds), plan_.size);
+    auto owner = owner_;
+    owner.load_state(in);
+    in.finish();
+    regions_ = std::move(regions);
+    owner_ = std::move(owner);
+  }
+
+  std::vector<std::int64_t> bounds() const override { return {regions_.bounds().begin(), regions_.bounds().end()}; }
+  const sidco::comm::reduce_report& report() const override { return report_; }
+  const sidco::compress_report& compress_report() const override { return compress_; }
+  bool failed() const override { return failed_; }
+
+ private:
+  void check(const at::Tensor& t, const char* what) const {
+    check_cpu_tensor(what, t);
+    if (t.scalar_type() != settings_.dtype)
+      sidco::throw_error(what, ": dtype ", t.scalar_type(), " is not the codec's ", settings_.dtype);
+    if (std::size_t(t.numel()) != plan_.size)
+      sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", plan_.size);
+  }
+
+  codec_settings settings_;
+  sidco::comm::reduce_plan plan_;
+  std::size_t rank_;
+  bool exact_owner_;
+  std::unique_ptr<engine<T, index32>> engine_;
+  sidco::comm::owner_sidco_e owner_;
+  sidco::comm::regions regions_;
+  at::Tensor blocks_, selection_;
+  sidco::sparse_vector<T, index32> sent_;
+  std::span<T> residual_;
+  std::vector<index32> global_;
+  sidco::comm::wire_fields fields_;
+  sidco::comm::reduce_report report_;
+  sidco::compress_report compress_;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<reduce_codec_impl> make_reduce_codec(const codec_settings& settings, const sidco::comm::reduce_plan& plan,
+                                                     std::size_t rank, const std::string& owner) {
+  return with_value_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<reduce_codec_impl> {
+    return std::make_unique<reduce_impl<typename decltype(tag)::type>>(settings, plan, rank, owner);
+  });
+}
+
+}  // namespace sidco_torch
