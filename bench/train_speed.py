@@ -16,7 +16,8 @@ with tc (as root; nothing leaves the namespace) and runs every mode below.
 Methods: compute (every step without communication), ddp-local (DDP with a hook that
 sends nothing: DDP's own cost), none (DDP's dense all-reduce), powersgd (torch's hook, rank
 --powersgd-rank, one bucket and its own process group: gloo aborts it otherwise), or a
-sidco_torch method (sidco-e, top-k, dgc, ...). NAME@previous runs NAME with the package
+sidco_torch method (sidco-e, top-k, dgc, ...), optionally with the hook's exchange
+(sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"). NAME@previous runs NAME with the package
 in --previous (an earlier build's python directory), for before/after comparisons.
 """
 import argparse
@@ -82,6 +83,7 @@ class Job:
         torch.manual_seed(a.seed)
         self.model = wikitext.make_model(spec["kind"], vocab, spec["dim"], spec["layers"])
         name, _, variant = method.partition("@")
+        name, _, exchange = name.partition(":")  # sidco-e:reduce, sidco-e:allgather (default: the hook's auto)
         self.state, self.sidco = None, name not in ("compute", "none", "powersgd", "ddp-local")
         if name == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -100,7 +102,8 @@ class Job:
             self.ddp.register_comm_hook(None, local)
         if self.sidco:
             import sidco_torch
-            self.state = sidco_torch.State(method=name, density=a.density, start_iter=2)
+            self.state = sidco_torch.State(method=name, density=a.density, start_iter=2,
+                                           **({"exchange": exchange} if exchange else {}))
             if hasattr(sidco_torch, "register"):
                 sidco_torch.register(self.ddp, self.state)
             else:  # an earlier package
