@@ -63,7 +63,7 @@ class sparse_exchange {
       : comm_(comm), layout_(std::move(layout)), delta_(delta), options_(options) {
     check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-    exchange_setup mine;
+    exchange_setup mine{};
     try {
       plan_ = plan_capacity(layout_, delta, options.slack);
       size_ = layout_.back().end();

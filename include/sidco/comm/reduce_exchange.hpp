@@ -53,7 +53,7 @@ class sparse_reduce_exchange {
       : comm_(comm), delta_(delta), options_(options), policy_(std::move(policy)) {
     check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-    exchange_setup mine;
+    exchange_setup mine{};
     try {
       plan_ = plan_reduce<T, Index>(layout, delta, options.slack, std::size_t(ranks_));
       if (plan_.size > sparse_vector<T, Index>::max_dense_size)
