@@ -88,21 +88,31 @@ std::span<const std::byte> state_bytes(const at::Tensor& state) {
   return bytes_of(state);
 }
 
+// The settings both codecs parse from their constructor's arguments (a bucket addresses
+// 2^32 values: 32-bit indices).
+codec_settings settings_of(std::string method, const c10::Dict<std::string, double>& options,
+                           const std::vector<std::int64_t>& layer_sizes, const std::string& dtype, double density,
+                           double slack) {
+  codec_settings settings;
+  settings.method = std::move(method);
+  settings.options = parse_options(options);
+  settings.layout = parse_layout(layer_sizes);
+  settings.dtype = parse_dtype(dtype);
+  settings.density = density;
+  settings.slack = slack;
+  const std::size_t total = settings.layout.back().end();
+  if (total > std::size_t(std::numeric_limits<std::uint32_t>::max()) + 1)
+    sidco::throw_error("bucket: ", total, " values; sidco_torch's codec addresses 2^32 (32-bit indices)");
+  return settings;
+}
+
 }  // namespace
 
 Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
              std::string dtype, double density, double slack) {
   translated([&] {
-    settings_.method = std::move(method);
-    settings_.options = parse_options(options);
-    settings_.layout = parse_layout(layer_sizes);
-    settings_.dtype = parse_dtype(dtype);
-    settings_.density = density;
-    settings_.slack = slack;
+    settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     plan_ = sidco::comm::plan_capacity(settings_.layout, density, slack);
-    const std::size_t total = settings_.layout.back().end();
-    if (total > std::size_t(std::numeric_limits<std::uint32_t>::max()) + 1)
-      sidco::throw_error("bucket: ", total, " values; sidco_torch's codec addresses 2^32 (32-bit indices)");
     format_ = {plan_.total, sizeof(std::uint32_t), std::size_t(c10::elementSize(settings_.dtype))};
     // Fails here, not at the first step, for an unknown method.
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
@@ -265,15 +275,7 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
     if (ranks < 1) sidco::throw_error("ranks = ", ranks, " is not positive");
     if (rank < 0 || rank >= ranks) sidco::throw_error("rank = ", rank, " is outside [0, ", ranks, ")");
     if (owner != "sidco-e" && owner != "top-k") sidco::throw_error("owner = '", owner, "' is not sidco-e or top-k");
-    settings_.method = std::move(method);
-    settings_.options = parse_options(options);
-    settings_.layout = parse_layout(layer_sizes);
-    settings_.dtype = parse_dtype(dtype);
-    settings_.density = density;
-    settings_.slack = slack;
-    const std::size_t total = settings_.layout.back().end();
-    if (total > std::size_t(std::numeric_limits<std::uint32_t>::max()) + 1)
-      sidco::throw_error("bucket: ", total, " values; sidco_torch's codec addresses 2^32 (32-bit indices)");
+    settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     plan_ = with_value_type(settings_.dtype, "bucket", [&](auto tag) {
       return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, density, slack,
                                                                                   std::size_t(ranks));
