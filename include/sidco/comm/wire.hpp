@@ -185,9 +185,10 @@ void pack(const sparse_vector<T, Index>& sent, std::size_t trimmed, const wire_f
   h.trimmed = trimmed;
   std::byte* const base = payload.data();
   const std::size_t n = sent.size();
-  std::memcpy(base + format.indices_offset(), sent.indices().data(), n * sizeof(Index));
+  // An empty vector may hold no buffer at all: memcpy from null is undefined even for 0 bytes.
+  if (n > 0) std::memcpy(base + format.indices_offset(), sent.indices().data(), n * sizeof(Index));
   std::memset(base + format.indices_offset() + n * sizeof(Index), 0, format.values_offset() - format.indices_offset() - n * sizeof(Index));
-  std::memcpy(base + format.values_offset(), sent.values().data(), n * sizeof(T));
+  if (n > 0) std::memcpy(base + format.values_offset(), sent.values().data(), n * sizeof(T));
   std::memset(base + format.values_offset() + n * sizeof(T), 0, format.bytes() - format.values_offset() - n * sizeof(T));
   detail::write_header(h, payload);
 }
