@@ -186,17 +186,14 @@ void pack_failed_blocks(const std::exception& reason, const reduce_plan& plan, c
 namespace detail {
 
 /// Throws unless every index of an ok payload lies in [begin, end).
-inline void check_region(std::span<const std::byte> payload, const wire_format& format, std::size_t index_bytes,
-                         std::size_t begin, std::size_t end, const char* whose, std::size_t rank) {
+template <class Index>
+void check_region(std::span<const std::byte> payload, const wire_format& format, std::size_t begin, std::size_t end,
+                  const char* whose, std::size_t rank) {
   const wire_header h = read_header(payload);
   if (h.status != std::uint8_t(wire_status::ok) || h.count == 0) return;
   // Ascending indices (agree checked): the first and the last bound the rest.
-  auto index = [&](std::size_t j) {
-    std::uint64_t i = 0;
-    std::memcpy(&i, payload.data() + format.indices_offset() + j * index_bytes, index_bytes);
-    return i;
-  };
-  const std::uint64_t first = index(0), last = index(std::size_t(h.count) - 1);
+  const std::byte* indices = payload.data() + format.indices_offset();
+  const std::uint64_t first = index_at<Index>(indices), last = index_at<Index>(indices + (h.count - 1) * sizeof(Index));
   if (first < begin || last >= end)
     disagree(h, whose, " ", rank, " sent index ", first < begin ? first : last, ", outside its region [", begin, ", ",
              end, ")");
@@ -220,7 +217,7 @@ void select_region(std::span<const std::span<const std::byte>> blocks, const reg
       sidco::detail::fail("reduce-scatter exchange: ", blocks.size(), " blocks received, ", plan.ranks, " ranks");
     agree<T, Index>(blocks, plan.format);
     for (std::size_t r = 0; r < blocks.size(); ++r)
-      detail::check_region(blocks[r], plan.format, sizeof(Index), owners.begin(me), owners.end(me), "rank", r);
+      detail::check_region<Index>(blocks[r], plan.format, owners.begin(me), owners.end(me), "rank", r);
     // A P-way merge of ascending runs, each index's values added in rank order.
     struct cursor {
       const std::byte* indices;
@@ -286,7 +283,7 @@ void apply_selections(std::span<const std::span<const std::byte>> selections, co
       sidco::detail::fail("reduce-scatter exchange: dense: size ", dense.size(), " is not ", plan.size);
     agree<T, Index>(selections, plan.format);
     for (std::size_t j = 0; j < selections.size(); ++j)
-      detail::check_region(selections[j], plan.format, sizeof(Index), owners.begin(j), owners.end(j), "owner", j);
+      detail::check_region<Index>(selections[j], plan.format, owners.begin(j), owners.end(j), "owner", j);
     const exchange_report decoded = decode<T, Index>(selections, plan.format, dense);
     report.selected = decoded.entries;
     report.union_size = decoded.entries + decoded.trimmed;
