@@ -62,7 +62,7 @@ struct feedback_source {
   SIDCO_HOST_DEVICE T value(std::size_t i) const { return detail::add(gradient[i], residual[i]); }
   SIDCO_HOST_DEVICE T rescan_value(std::size_t i) const { return residual[i]; }
   SIDCO_HOST_DEVICE void settle(std::size_t i, T v, bool sent) const { residual[i] = unless_sent(v, sent); }
-  SIDCO_HOST_DEVICE void mark_sent(std::size_t i) const { residual[i] = T(0); }
+  SIDCO_HOST_DEVICE void mark_sent(std::size_t i) const { residual[i] = from_accumulator<T>(0); }
   feedback_source slice(std::size_t offset, std::size_t count) const {
     return {gradient + offset, residual + offset, count, base + offset};
   }

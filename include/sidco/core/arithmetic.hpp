@@ -31,7 +31,7 @@ SIDCO_HOST_DEVICE T add(T a, T b) {
   if constexpr (sizeof(T) >= 4)
     return a + b;
   else
-    return T(to_accumulator(a) + to_accumulator(b));
+    return from_accumulator<T>(to_accumulator(a) + to_accumulator(b));
 }
 
 }  // namespace sidco::detail

@@ -34,9 +34,24 @@ struct float_traits<double> {
 };
 
 /// v as the accumulator type (float for float and the 16-bit types, double for double).
+/// Types without implicit conversions (CUDA's 16-bit types under torch's extension flags,
+/// -D__CUDA_NO_HALF_CONVERSIONS__) name theirs in float_traits<T>::widen.
 template <class T>
 SIDCO_HOST_DEVICE typename float_traits<T>::accumulator to_accumulator(T v) {
-  return static_cast<typename float_traits<T>::accumulator>(v);
+  if constexpr (requires { float_traits<T>::widen(v); })
+    return float_traits<T>::widen(v);
+  else
+    return static_cast<typename float_traits<T>::accumulator>(v);
+}
+
+/// a rounded to the nearest T: the inverse of to_accumulator (float_traits<T>::narrow where
+/// T has no implicit conversion).
+template <class T>
+SIDCO_HOST_DEVICE T from_accumulator(typename float_traits<T>::accumulator a) {
+  if constexpr (requires { float_traits<T>::narrow(a); })
+    return float_traits<T>::narrow(a);
+  else
+    return static_cast<T>(a);
 }
 
 }  // namespace sidco

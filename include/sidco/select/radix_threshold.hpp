@@ -25,7 +25,7 @@ radix_bucket bucket_at(key_bin found) {
   using Key = magnitude_key_t<T>;
   if (found.bin == 0) return {-1.0, found.at_or_above, true};
   // |x| > t exactly when the key is at least the bin's lowest key.
-  const double t = std::nextafter(double(magnitude_of_key<T>(Key(Key(found.bin) << coarse_shift<Key>))),
+  const double t = std::nextafter(double(to_accumulator(magnitude_of_key<T>(Key(Key(found.bin) << coarse_shift<Key>)))),
                                   -std::numeric_limits<double>::infinity());
   return {t, found.at_or_above, false};
 }

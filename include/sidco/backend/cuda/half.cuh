@@ -23,6 +23,9 @@ struct float_traits<__half> {
   static constexpr key sign = 0x8000u;
   static constexpr const char* name = "float16";
   static constexpr std::uint8_t wire_code = 3;
+  // Explicit: torch's extensions compile with -D__CUDA_NO_HALF_CONVERSIONS__.
+  static SIDCO_HOST_DEVICE float widen(__half v) { return __half2float(v); }
+  static SIDCO_HOST_DEVICE __half narrow(float a) { return __float2half_rn(a); }
 };
 
 template <>
@@ -33,6 +36,8 @@ struct float_traits<__nv_bfloat16> {
   static constexpr key sign = 0x8000u;
   static constexpr const char* name = "bfloat16";
   static constexpr std::uint8_t wire_code = 4;
+  static SIDCO_HOST_DEVICE float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static SIDCO_HOST_DEVICE __nv_bfloat16 narrow(float a) { return __float2bfloat16_rn(a); }
 };
 
 namespace detail {

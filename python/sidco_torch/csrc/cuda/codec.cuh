@@ -62,7 +62,7 @@ template <class T, class A, class Index>
 __global__ void accumulate(const Index* indices, const T* values, std::size_t count, A* sum) {
   for (std::size_t j = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
        j += std::size_t(gridDim.x) * blockDim.x)
-    sum[indices[j]] = A(sum[indices[j]] + A(values[j]));
+    sum[indices[j]] = A(sum[indices[j]] + sidco::to_accumulator(values[j]));
 }
 
 // out[i] = T(average ? sum[i] / ranks : sum[i]), rounded as sidco::comm::decode rounds it.
@@ -70,7 +70,7 @@ template <class T, class A>
 __global__ void finish(const A* sum, std::size_t n, bool average, A ranks, T* out) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x)
-    out[i] = T(average ? A(sum[i] / ranks) : sum[i]);
+    out[i] = sidco::from_accumulator<T>(average ? A(sum[i] / ranks) : sum[i]);
 }
 
 }  // namespace codec_kernels
