@@ -14,6 +14,7 @@
 #include "binding.hpp"
 #include "classes.hpp"
 #include "reduce_codec.hpp"
+#include "registration.hpp"
 
 namespace sidco_torch {
 
@@ -443,4 +444,6 @@ TORCH_LIBRARY(sidco, m) {
     for (const auto& m : sidco::methods::table) table.push_back({std::string(m.name), std::string(m.description)});
     return table;
   });
+  register_cpu_kernels(m);
+  if (&register_cuda_kernels != nullptr) register_cuda_kernels(m);
 }

@@ -21,6 +21,7 @@
 #include "../binding.hpp"
 #include "../classes.hpp"
 #include "../reduce_codec.hpp"
+#include "../registration.hpp"
 
 namespace sidco_torch {
 namespace {
@@ -87,17 +88,18 @@ std::unique_ptr<compressor_impl> make_cpu_compressor(const std::string& method, 
   });
 }
 
-}  // namespace sidco_torch
-
-TORCH_LIBRARY_IMPL(sidco, CPU, m) {
-  m.impl("compress", sidco_torch::compress);
-  m.impl("encode", sidco_torch::codec_encode);
-  m.impl("encode_failure", sidco_torch::codec_encode_failure);
-  m.impl("decode", sidco_torch::codec_decode);
-  m.impl("scatter_add_", sidco_torch::scatter_add_);
-  m.impl("decompress", sidco_torch::decompress);
-  m.impl("reduce_encode", sidco_torch::reduce_encode);
-  m.impl("reduce_encode_failure", sidco_torch::reduce_encode_failure);
-  m.impl("reduce_select", sidco_torch::reduce_select);
-  m.impl("reduce_decode", sidco_torch::reduce_decode);
+void register_cpu_kernels(torch::Library& m) {
+  const auto cpu = [](auto kernel) { return torch::dispatch(c10::DispatchKey::CPU, kernel); };
+  m.impl("compress", cpu(compress));
+  m.impl("encode", cpu(codec_encode));
+  m.impl("encode_failure", cpu(codec_encode_failure));
+  m.impl("decode", cpu(codec_decode));
+  m.impl("scatter_add_", cpu(scatter_add_));
+  m.impl("decompress", cpu(decompress));
+  m.impl("reduce_encode", cpu(reduce_encode));
+  m.impl("reduce_encode_failure", cpu(reduce_encode_failure));
+  m.impl("reduce_select", cpu(reduce_select));
+  m.impl("reduce_decode", cpu(reduce_decode));
 }
+
+}  // namespace sidco_torch

@@ -28,6 +28,7 @@
 #include "../binding.hpp"
 #include "../classes.hpp"
 #include "../engine.hpp"
+#include "../registration.hpp"
 #include "codec.cuh"
 #include "device_support.cuh"
 
@@ -186,13 +187,15 @@ std::unique_ptr<codec_impl> make_cuda_codec(const codec_settings& settings, cons
 const bool registered = (register_cuda_compressor(&make_cuda_compressor), register_cuda_codec(&make_cuda_codec), true);
 
 }  // namespace
-}  // namespace sidco_torch
 
-TORCH_LIBRARY_IMPL(sidco, CUDA, m) {
-  m.impl("compress", sidco_torch::compress);
-  m.impl("encode", sidco_torch::codec_encode);
-  m.impl("encode_failure", sidco_torch::codec_encode_failure);
-  m.impl("decode", sidco_torch::codec_decode);
-  m.impl("scatter_add_", sidco_torch::scatter_add_);
-  m.impl("decompress", sidco_torch::decompress);
+void register_cuda_kernels(torch::Library& m) {
+  const auto cuda = [](auto kernel) { return torch::dispatch(c10::DispatchKey::CUDA, kernel); };
+  m.impl("compress", cuda(compress));
+  m.impl("encode", cuda(codec_encode));
+  m.impl("encode_failure", cuda(codec_encode_failure));
+  m.impl("decode", cuda(codec_decode));
+  m.impl("scatter_add_", cuda(scatter_add_));
+  m.impl("decompress", cuda(decompress));
 }
+
+}  // namespace sidco_torch
