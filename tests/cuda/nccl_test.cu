@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <sidco/backend/cuda.cuh>
 #include <sidco/comm/nccl.cuh>
 #include <sidco/sidco.hpp>
 
@@ -118,6 +121,64 @@ int main() {
     memory::device::copy_to_host(std::as_const(dense).view(), std::span<float>(out));
     expect(report.taken == comm::path::dense, "dense path for a full vector");
     expect(out[0] == float(ranks) && out[999] == float(ranks), "dense sum");
+  });
+
+  // Streams: compress on a non-blocking stream (as PyTorch's are), all-reduce on the legacy
+  // one; the allreducer orders itself after the compressor's stream. The gradient is written
+  // on that stream just before compress (NaN first, then the values), so an unordered read
+  // would see NaN or a half-written selection. And a bad index leaves the caller's output
+  // as it was.
+  on_every_rank(ranks, [&](int r) {
+    cudaStream_t side = nullptr;
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    {
+      using top = presets::top_k<backend::cuda>;
+      top compressor({}, {}, backend::cuda(side));
+      std::vector<float> g(n);
+      std::mt19937 rng(unsigned(r + 7));
+      for (auto& v : g) v = float(int(rng() % 20001) - 10000) * 1e-4f;
+      float* pinned = nullptr;
+      cudaMallocHost(&pinned, n * sizeof(float));
+      std::copy(g.begin(), g.end(), pinned);
+      memory::device_buffer<float> gradient(n);
+      sparse_vector<float, std::uint32_t, memory::device> mine;
+      memory::device_buffer<float> dense(n);
+      comm::nccl_allreducer<float> reducer(comms[std::size_t(r)]);  // the legacy stream
+      for (int call = 0; call < 3; ++call) {
+        cudaMemsetAsync(gradient.data(), 0xff, n * sizeof(float), side);
+        cudaMemcpyAsync(gradient.data(), pinned, n * sizeof(float), cudaMemcpyHostToDevice, side);
+        compressor.compress<float>(gradient.view(), 0.01, mine);
+        reducer.allreduce(mine, 0.01, dense.view(), comm::reduction::sum);
+        std::vector<float> out(n);
+        memory::device::copy_to_host(std::as_const(dense).view(), std::span<float>(out));
+        std::size_t nonzero = 0, nan = 0;
+        for (float v : out) nonzero += v != 0, nan += std::isnan(v);
+        expect(nan == 0 && nonzero >= n / 100 && nonzero <= std::size_t(ranks) * (n / 100),
+               "rank " + std::to_string(r) + " call " + std::to_string(call) + ": the reduced top-k of a " +
+                   "non-blocking stream's compress (" + std::to_string(nonzero) + " non-zero, " +
+                   std::to_string(nan) + " NaN)");
+      }
+      // An index beyond the dense size: every rank throws, and the output keeps its values.
+      std::vector<float> before(n), after(n);
+      memory::device::copy_to_host(std::as_const(dense).view(), std::span<float>(before));
+      const std::vector<std::uint32_t> bad = {std::uint32_t(n + 5)};
+      const std::vector<float> one = {1.f};
+      sparse_vector<float, std::uint32_t, memory::device> wrong(n);
+      wrong.resize(1);
+      memory::device::copy_from_host(std::span<const std::uint32_t>(bad), wrong.mutable_indices());
+      memory::device::copy_from_host(std::span<const float>(one), wrong.mutable_values());
+      bool threw = false;
+      try {
+        reducer.allreduce(wrong, 1e-5, dense.view(), comm::reduction::sum);
+      } catch (const sidco::error&) {
+        threw = true;
+      }
+      memory::device::copy_to_host(std::as_const(dense).view(), std::span<float>(after));
+      expect(threw, "an index beyond the dense size throws");
+      expect(before == after, "the caller's output is unchanged by a rejected exchange");
+      cudaFreeHost(pinned);
+    }
+    cudaStreamDestroy(side);
   });
 
   // Errors: a mismatched density (multi-rank only), and a rank that abandons.

@@ -15,12 +15,22 @@
 // Failures: what one rank can get wrong (sizes, densities, reduction, a compress that
 // threw) travels in the header exchange, so every rank throws the same sidco::error. A
 // runtime failure after it (a CUDA or NCCL call, buffer growth, an asynchronous NCCL error
-// such as a peer that died, or no progress within the optional timeout) aborts the
-// communicator (ncclCommAbort) so that the other ranks' collectives fail instead of waiting,
-// and throws sidco::runtime_error. Host waits poll the stream and ncclCommGetAsyncError
-// instead of blocking in cudaStreamSynchronize. After an abort the communicator is gone
+// such as a peer that died, or no progress within the timeout: 10 minutes unless given,
+// comm::default_collective_timeout) aborts the communicator (ncclCommAbort) so that the
+// other ranks' collectives fail instead of waiting, and throws sidco::runtime_error. Host
+// waits poll the stream and ncclCommGetAsyncError (comm/collective_wait.hpp) before any
+// copy to the host, and host copies go through page-locked memory: nothing blocks where a
+// stuck collective would keep it (a copy into pageable memory waits for the whole stream).
+// Note that ncclCommAbort on one rank does not fail its peers' collectives over NVLink or
+// shared memory: a peer escapes through its own timeout. After an abort the communicator is gone
 // (do not use or destroy it): every rank must create a new communicator and a new
 // allreducer; this allreducer refuses further calls.
+//
+// Streams: the allreducer's work runs on its stream. The sparse vector given to it may have
+// been written on another (a compressor's backend stream): its buffers name that stream,
+// and the allreducer waits for it through an event, so compress on one stream and
+// allreduce on another need nothing from the caller. The dense result is complete when
+// allreduce returns.
 //
 // Needs NCCL (in the CUDA toolkit: nccl.h, -lnccl) and the CUDA backend's memory.
 #pragma once
@@ -43,6 +53,7 @@
 #include "sidco/backend/cuda/half.cuh"
 #include "sidco/backend/cuda/scatter_add.cuh"
 #include "sidco/backend/cuda/tuning.cuh"
+#include "sidco/comm/collective_wait.hpp"
 #include "sidco/comm/header.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
@@ -91,13 +102,21 @@ class nccl_allreducer {
  public:
   /// timeout: how long a host wait may see no completion before the communicator is
   /// aborted (zero: no limit; asynchronous NCCL errors abort it either way).
-  nccl_allreducer(ncclComm_t comm, cudaStream_t stream = nullptr, std::chrono::milliseconds timeout = {})
+  nccl_allreducer(ncclComm_t comm, cudaStream_t stream = nullptr,
+                  std::chrono::milliseconds timeout = default_collective_timeout)
       : comm_(comm), stream_(stream), timeout_(timeout) {
     for (auto* buffer : {&send_header_, &header_bytes_}) buffer->use_stream(stream_);
     send_indices_.use_stream(stream_), padded_indices_.use_stream(stream_);
     send_values_.use_stream(stream_), padded_values_.use_stream(stream_), largest_.use_stream(stream_);
     SIDCO_NCCL(ncclCommCount(comm_, &ranks_));
     SIDCO_NCCL(ncclCommUserRank(comm_, &rank_));
+    SIDCO_CUDA(cudaEventCreateWithFlags(&written_, cudaEventDisableTiming));
+  }
+  nccl_allreducer(const nccl_allreducer&) = delete;
+  nccl_allreducer& operator=(const nccl_allreducer&) = delete;
+  ~nccl_allreducer() {
+    cudaEventDestroy(written_);
+    if (pinned_) cudaFreeHost(pinned_);
   }
 
   int ranks() const { return ranks_; }
@@ -107,6 +126,7 @@ class nccl_allreducer {
   /// vectors. Returns once the result is complete on the stream.
   allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, memory::device::view<T> dense,
                              reduction op = reduction::average) {
+    order_after_writer(mine);
     exchange_headers(mine.dense_size(), mine.size(), delta, op,
                      dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
     return aborting_on_failure([&] { return reduce(mine, dense, op); });
@@ -139,10 +159,10 @@ class nccl_allreducer {
     report.gathered = total;
     const std::size_t sparse_bytes = largest * std::size_t(ranks_) * (sizeof(Index) + sizeof(T));
     const std::size_t dense_bytes = dense.size() * sizeof(T);
-    SIDCO_CUDA(cudaMemsetAsync(dense.data(), 0, dense_bytes, stream_));
     if (sparse_bytes >= dense_bytes) {
       report.taken = path::dense;
       report.bytes = dense_bytes;
+      SIDCO_CUDA(cudaMemsetAsync(dense.data(), 0, dense_bytes, stream_));
       add(mine.indices().data(), mine.values().data(), mine.size(), dense);
       SIDCO_NCCL(ncclAllReduce(dense.data(), dense.data(), dense.size(), nccl_detail::type<T>(), ncclSum, comm_, stream_));
     } else {
@@ -165,7 +185,9 @@ class nccl_allreducer {
         SIDCO_NCCL(ncclAllGather(send_values_.data(), padded_values_.data(), largest, nccl_detail::type<T>(), comm_, stream_));
         open_group.close();
       }
+      // Checked before the caller's output is touched: a bad index leaves it as it was.
       check_indices(largest, dense.size());
+      SIDCO_CUDA(cudaMemsetAsync(dense.data(), 0, dense_bytes, stream_));
       for (int r = 0; r < ranks_; ++r)
         add(padded_indices_.data() + std::size_t(r) * largest, padded_values_.data() + std::size_t(r) * largest,
             headers_[std::size_t(r)].count, dense);
@@ -223,19 +245,56 @@ class nccl_allreducer {
   // Waits for the stream, polling NCCL's asynchronous error (a peer that died, a network
   // failure) and the timeout instead of blocking where neither would be seen.
   void wait() {
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      const cudaError_t state = cudaStreamQuery(stream_);
-      if (state == cudaSuccess) return;
-      if (state != cudaErrorNotReady) SIDCO_CUDA(state);
-      ncclResult_t async = ncclSuccess;
-      SIDCO_NCCL(ncclCommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess && async != ncclInProgress)
-        sidco::detail::fail_at_run_time("NCCL: asynchronous error: ", ncclGetErrorString(async));
-      if (timeout_.count() > 0 && std::chrono::steady_clock::now() - start > timeout_)
-        sidco::detail::fail_at_run_time("NCCL: no progress in ", timeout_.count(), " ms");
-      std::this_thread::yield();
+    detail::poll_until_finished(
+        [this] {
+          const cudaError_t state = cudaStreamQuery(stream_);
+          if (state == cudaSuccess) return true;
+          if (state != cudaErrorNotReady) SIDCO_CUDA(state);
+          static_cast<void>(cudaGetLastError());  // not-ready is no error; clear it for later checks
+          return false;
+        },
+        [this]() -> std::string {
+          ncclResult_t async = ncclSuccess;
+          SIDCO_NCCL(ncclCommGetAsyncError(comm_, &async));
+          return async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async) : "";
+        },
+        timeout_, "NCCL");
+  }
+
+  // The stream mine's buffers were last written on (a compressor's backend stream), if
+  // another than ours: our next work waits for everything queued there so far.
+  void order_after_writer(const sparse_vector<T, Index, memory::device>& mine) {
+    cudaStream_t writer = stream_;
+    mine.for_each_buffer([&](const auto& buffer) { writer = buffer.stream(); });  // both share it
+    if (writer == stream_) return;
+    SIDCO_CUDA(cudaEventRecord(written_, writer));
+    SIDCO_CUDA(cudaStreamWaitEvent(stream_, written_, 0));
+  }
+
+  // Host copies through page-locked memory (a pageable one would block on the whole stream,
+  // collectives included, before the polling wait could run).
+  void* pinned(std::size_t bytes) {
+    if (bytes > pinned_capacity_) {
+      if (pinned_) cudaFreeHost(pinned_);
+      pinned_ = nullptr;
+      pinned_capacity_ = 0;
+      SIDCO_CUDA(cudaMallocHost(&pinned_, bytes));
+      pinned_capacity_ = bytes;
     }
+    return pinned_;
+  }
+  void to_device(void* to, const void* from, std::size_t bytes) {
+    pinned(bytes);
+    std::memcpy(pinned_, from, bytes);
+    SIDCO_CUDA(cudaMemcpyAsync(to, pinned_, bytes, cudaMemcpyHostToDevice, stream_));
+    wait();  // the staging is reused by the next copy
+  }
+  void to_host(void* to, const void* from, std::size_t bytes) {
+    wait();  // the collectives first, polled
+    pinned(bytes);
+    SIDCO_CUDA(cudaMemcpyAsync(pinned_, from, bytes, cudaMemcpyDeviceToHost, stream_));
+    wait();
+    std::memcpy(to, pinned_, bytes);
   }
 
   // Every rank's header, all-gathered first; the same error on every rank when one failed
@@ -254,12 +313,10 @@ class nccl_allreducer {
     const detail::rank_header mine = detail::make_header(dense_size, count, delta, op, state, reason);
     send_header_.resize(sizeof mine);
     header_bytes_.resize(sizeof mine * std::size_t(ranks_));
-    SIDCO_CUDA(cudaMemcpyAsync(send_header_.data(), &mine, sizeof mine, cudaMemcpyHostToDevice, stream_));
+    to_device(send_header_.data(), &mine, sizeof mine);
     SIDCO_NCCL(ncclAllGather(send_header_.data(), header_bytes_.data(), sizeof mine, ncclUint8, comm_, stream_));
     headers_.resize(std::size_t(ranks_));
-    SIDCO_CUDA(cudaMemcpyAsync(headers_.data(), header_bytes_.data(), sizeof mine * std::size_t(ranks_),
-                               cudaMemcpyDeviceToHost, stream_));
-    wait();
+    to_host(headers_.data(), header_bytes_.data(), sizeof mine * std::size_t(ranks_));
   }
 
   // Every gathered index below the dense size, checked before anything is added (every
@@ -275,8 +332,7 @@ class nccl_allreducer {
     }
     SIDCO_CUDA(cudaGetLastError());
     unsigned long long top = 0;
-    SIDCO_CUDA(cudaMemcpyAsync(&top, largest_.data(), sizeof top, cudaMemcpyDeviceToHost, stream_));
-    wait();
+    to_host(&top, largest_.data(), sizeof top);
     if (top >= dense_size)
       sidco::detail::fail("sparse_allreduce: a rank sent index ", top, " beyond dense size ", dense_size);
   }
@@ -298,6 +354,9 @@ class nccl_allreducer {
   memory::device_buffer<Index> send_indices_, padded_indices_;
   memory::device_buffer<T> send_values_, padded_values_;
   memory::device_buffer<unsigned long long> largest_;
+  void* pinned_ = nullptr;  // page-locked staging for host copies
+  std::size_t pinned_capacity_ = 0;
+  cudaEvent_t written_ = nullptr;  // recorded on the stream mine was written on
 };
 
 }  // namespace sidco::comm

@@ -101,6 +101,11 @@ class sparse_vector {
     f(indices_);
     f(values_);
   }
+  template <class F>
+  void for_each_buffer(F&& f) const {
+    f(indices_);
+    f(values_);
+  }
 
   void swap(sparse_vector& other) noexcept {
     std::swap(dense_size_, other.dense_size_);
