@@ -250,6 +250,11 @@ TEST_CASE("layouts split into pieces of at most a tile inside one segment, in or
   CHECK(first[4] == plan.pieces().size());
   CHECK(plan.plan(std::vector<segment>{{0, 1311}}, 256));
   CHECK(plan.pieces().size() == 6);
+  // An upload that failed (the CUDA backend forgets the plan): the same layout is planned
+  // and uploaded again rather than taken as already on the device.
+  plan.forget();
+  CHECK(plan.plan(std::vector<segment>{{0, 1311}}, 256));
+  CHECK(plan.pieces().size() == 6);
 }
 
 namespace {

@@ -40,6 +40,15 @@ class piece_plan {
     return true;
   }
 
+  /// After a failed upload of the tables: the next plan() builds them again and says so,
+  /// so that no later call reads a stale or short device table.
+  void forget() {
+    tile_ = 0;
+    layout_.clear();
+    pieces_.clear();
+    segment_first_.clear();
+  }
+
   const std::vector<piece>& pieces() const { return pieces_; }
   const std::vector<std::uint32_t>& segment_first() const { return segment_first_; }
   std::size_t segments() const { return layout_.size(); }

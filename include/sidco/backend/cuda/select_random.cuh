@@ -2,7 +2,8 @@
 // the chosen entries, then the error-feedback state settled (every value unsent, then the
 // chosen ones sent). A large draw by redraws is made on the device, one host wait a round
 // (for the count left after dropping repeats); a small one, or one by selection sampling
-// (sequential), on the host, its indices uploaded from page-locked staging without a wait.
+// (sequential), on the host, its indices uploaded from page-locked staging (a host wait,
+// counted, only when the previous layer's upload from it is still queued).
 #pragma once
 
 #include <cuda_runtime.h>

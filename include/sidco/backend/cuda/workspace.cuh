@@ -118,12 +118,17 @@ struct workspace {
     std::size_t total = 0;
     for (const segment& s : layout) total += s.size;
     if (!plan.plan(layout, tile<Tuning>(total))) return;
-    const auto& all = plan.pieces();
-    const auto& first = plan.segment_first();
-    std::copy(all.begin(), all.end(), fill<piece>(piece_staging, all.size()));
-    upload<piece>(piece_table, piece_staging, all.size());
-    std::copy(first.begin(), first.end(), fill<std::uint32_t>(segment_staging, first.size()));
-    upload<std::uint32_t>(segment_table, segment_staging, first.size());
+    try {
+      const auto& all = plan.pieces();
+      const auto& first = plan.segment_first();
+      std::copy(all.begin(), all.end(), fill<piece>(piece_staging, all.size()));
+      upload<piece>(piece_table, piece_staging, all.size());
+      std::copy(first.begin(), first.end(), fill<std::uint32_t>(segment_staging, first.size()));
+      upload<std::uint32_t>(segment_table, segment_staging, first.size());
+    } catch (...) {
+      plan.forget();  // the device tables may be stale or short: rebuilt on the next call
+      throw;
+    }
   }
 
   /// Room for count values of U in a staging, once its last upload has left it: a host wait
