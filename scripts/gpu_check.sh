@@ -1,69 +1,166 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: builds the CUDA parts (nvcc, CUB, NCCL from the toolkit),
-# runs every CUDA and NCCL test and the CUDA benchmarks at N = 2^26, δ = 0.001, and prints
-# the table bench/README.md takes: each test's result, the host waits per warm call, and
-# each method's time as a ratio to a device-to-device copy of the gradient in the same run.
-# Needs meson, ninja, a C++20 host compiler, the CUDA toolkit, doctest, Boost.Math and
-# Google Benchmark (scripts/setup.sh installs them on Debian); no torch, no MPI.
-# Usage: scripts/gpu_check.sh [build-dir]   (about 10 minutes on one H100)
+# The GPU check in two steps, for a GPU machine that has a driver, bash and python3 but no
+# compilers' -dev packages (no meson needed there, nothing downloaded):
+#
+#   scripts/gpu_check.sh build [FOLDER]   here (nvcc, no GPU needed): every CUDA test and
+#                                         benchmark binary, the libraries a bare CUDA machine
+#                                         lacks (libbenchmark, libcudart) and the Boost.Math
+#                                         headers the torch ops need, into FOLDER (default
+#                                         gpu-check, git-ignored), at most 48 MiB.
+#   scripts/gpu_check.sh run [FOLDER]     there, from a copy of this tree with FOLDER in it:
+#                                         runs every test, the N = 2^26, δ = 0.001 benchmarks
+#                                         and, where python3 has a CUDA torch, builds
+#                                         sidco_torch's ops against that torch (no meson:
+#                                         torch.utils.cpp_extension) and runs its CUDA tests.
+#                                         Prints one table. Exits 77 without a GPU; non-zero
+#                                         when a GPU is visible and any test failed or skipped.
+#
+# NCCL comes from the GPU machine at run time (pip's nvidia-nccl, else the toolkit's).
+# Architectures: SIDCO_GPU_ARCH (default sm_90: H100, H200), e.g. "sm_80,sm_90".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=${1:-build-gpu}
+root=$PWD
+step=${1:-}
+folder=${2:-gpu-check}
+case "$folder" in /*) ;; *) folder=$root/$folder ;; esac
 
-if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
-  echo "gpu_check: no NVIDIA GPU here (nvidia-smi lists none); nothing to check"
-  exit 77
-fi
-nvidia-smi -L
-for tool in meson ninja nvcc; do
-  command -v "$tool" > /dev/null || { echo "gpu_check: $tool not found"; exit 1; }
-done
-
-mode=()
-[ -f "$dir/build.ninja" ] && mode=(--reconfigure)
-meson setup "${mode[@]}" "$dir" -Dcuda=enabled -Dtorch=disabled -Dmpi=disabled -Dexamples=false \
-  -Dbuildtype=release > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; exit 1; }
-ninja -C "$dir" tests/cuda/test_host_device_math tests/cuda/test_cuda_backend bench/sidco-cuda-bench \
-  $(grep -q nccl_test "$dir/build.ninja" && echo tests/cuda/test_nccl_allreduce) > "$dir.compile.log" 2>&1 ||
-  { tail -60 "$dir.compile.log"; exit 1; }
-
-echo "== tests"
-status=0
-for t in host-device-math cuda-backend nccl-allreduce cuda-compile-errors; do
-  if ! meson test -C "$dir" --no-rebuild --list 2>/dev/null | grep -qx "$t"; then
-    printf '| %-20s | not built |\n' "$t"
-    continue
-  fi
-  if meson test -C "$dir" --no-rebuild --print-errorlogs "$t" > "$dir.$t.log" 2>&1; then
-    printf '| %-20s | pass |\n' "$t"
+build() {
+  local dir=${SIDCO_GPU_BUILD:-build-gpu} arch=${SIDCO_GPU_ARCH:-sm_90}
+  for tool in meson ninja nvcc; do
+    command -v "$tool" > /dev/null || { echo "gpu_check: $tool not found"; exit 1; }
+  done
+  local targets=(tests/cuda/test_host_device_math tests/cuda/test_cuda_backend bench/sidco-cuda-bench)
+  if [ "${SIDCO_GPU_REUSE:-0}" = 1 ]; then
+    # An existing build's binaries as they are (the CI test of this script: no second build).
+    [ -f "$dir/tests/cuda/test_nccl_allreduce" ] && targets+=(tests/cuda/test_nccl_allreduce)
+    arch=$(meson introspect "$dir" --buildoptions 2> /dev/null |
+      python3 -c 'import json, sys; print(",".join(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "gpu_arch")))' ||
+      echo '?')
   else
-    printf '| %-20s | FAIL (%s) |\n' "$t" "$dir.$t.log"
+    local mode=()
+    [ -f "$dir/build.ninja" ] && mode=(--reconfigure)
+    meson setup "${mode[@]}" "$dir" -Dcuda=enabled -Dtorch=disabled -Dmpi=disabled -Dexamples=false \
+      -Dbuildtype=release -Dnative=false "-Dgpu_arch=[$(sed "s/[^,]*/'&'/g" <<< "$arch")]" \
+      > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; exit 1; }
+    grep -q test_nccl_allreduce "$dir/build.ninja" && targets+=(tests/cuda/test_nccl_allreduce)
+    echo "gpu_check: compiling ${targets[*]} for $arch (5 to 15 minutes on 2 cores)"
+    ninja -C "$dir" "${targets[@]}" > "$dir.compile.log" 2>&1 || { tail -60 "$dir.compile.log"; exit 1; }
+  fi
+
+  rm -rf "$folder"
+  mkdir -p "$folder/bin" "$folder/lib" "$folder/include"
+  for t in "${targets[@]}"; do cp "$dir/$t" "$folder/bin/"; done
+  strip "$folder"/bin/*
+  # The shared libraries a bare CUDA machine lacks: every one the binaries need except the C
+  # and C++ runtimes, the driver and NCCL (the machine's own, matched to its driver).
+  ldd "$folder"/bin/* | awk '$2 == "=>" {print $1, $3}' | sort -u | while read -r name path; do
+    case "$name" in
+      libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libstdc++.so*|libgcc_s.so*|libnccl.so*|libcuda.so*) ;;
+      *) cp -L "$path" "$folder/lib/$name" ;;
+    esac
+  done
+  # Boost.Math headers reached from sidco's and the torch ops' sources (header-only; not on a
+  # bare machine): the preprocessor's own list, so nothing unused travels.
+  local list every
+  list=$(mktemp)
+  every=$(mktemp --suffix=.cpp)
+  (cd include && find sidco -name '*.hpp' | sed 's/.*/#include <&>/') > "$every"
+  g++ -std=c++20 -Iinclude -M -MG "$every" | tr ' \\' '\n\n' | grep '^/usr/include/boost/' > "$list"
+  (cd include && find sidco -name '*.cuh' | sed 's/.*/#include <&>/') > "${every%.cpp}.cu"
+  nvcc -std=c++20 -Iinclude -M "${every%.cpp}.cu" | tr ' \\' '\n\n' | { grep '^/usr/include/boost/' || true; } >> "$list"
+  sort -u "$list" | while read -r header; do
+    mkdir -p "$folder/include/$(dirname "${header#/usr/include/}")"
+    cp "$header" "$folder/include/${header#/usr/include/}"
+  done
+  rm -f "$every" "${every%.cpp}.cu" "$list"
+  git rev-parse HEAD > "$folder/commit" 2> /dev/null || true
+  echo "$arch" > "$folder/arch"
+  local bytes
+  bytes=$(du -sb "$folder" | cut -f1)
+  echo "gpu_check: $folder holds $(find "$folder" -type f | wc -l) files, $((bytes / 1024 / 1024)) MiB"
+  if [ "$bytes" -gt $((48 * 1024 * 1024)) ]; then
+    echo "gpu_check: $folder is over 48 MiB"
+    exit 1
+  fi
+}
+
+run() {
+  [ -d "$folder/bin" ] || { echo "gpu_check: no $folder/bin; run 'scripts/gpu_check.sh build' first"; exit 1; }
+  if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+    echo "gpu_check: no NVIDIA GPU here (nvidia-smi lists none); nothing to check"
+    exit 77
+  fi
+  nvidia-smi -L
+  local logs=${SIDCO_GPU_LOGS:-$folder/logs}
+  mkdir -p "$logs"
+  # NCCL: the machine's own (pip's nvidia-nccl beside its torch, else the toolkit's).
+  local nccl
+  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
+    2> /dev/null || true)
+  export LD_LIBRARY_PATH="$folder/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export SIDCO_GRADIENTS_DIR=$root/examples/data/gradients
+  local status=0
+  echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))"
+  printf '| %-22s | %-8s | %6s |\n' test result s
+  for t in test_host_device_math test_cuda_backend test_nccl_allreduce; do
+    if [ ! -x "$folder/bin/$t" ]; then
+      printf '| %-22s | %-8s | %6s |\n' "$t" "not built" -
+      status=1
+      continue
+    fi
+    local start rc=0 result
+    start=$(date +%s%N)
+    timeout 240 "$folder/bin/$t" > "$logs/$t.log" 2>&1 || rc=$?
+    case $rc in
+      0) result=pass ;;
+      77) result="SKIPPED"; status=1 ;;  # a visible GPU the test could not use is a failure
+      124) result="TIMEOUT"; status=1 ;;
+      *) result="FAIL $rc"; status=1 ;;
+    esac
+    printf '| %-22s | %-8s | %6d |\n' "$t" "$result" $((($(date +%s%N) - start) / 1000000000))
+    [ "$result" = pass ] || tail -30 "$logs/$t.log" | sed 's/^/    /'
+  done
+
+  echo "== host waits per warm call (cuda-backend's own count)"
+  grep -h "host waits per warm call" "$logs/test_cuda_backend.log" | sed 's/^/  /' | sort -u || echo "  (none printed)"
+
+  echo "== benchmarks: N = 2^26 floats, delta = 0.001"
+  if timeout 240 "$folder/bin/sidco-cuda-bench" --benchmark_filter='/1/26/1000/real_time$' \
+       --benchmark_min_time=0.3 --benchmark_format=json > "$logs/bench.json" 2> "$logs/bench.err"; then
+    python3 "$root/scripts/gpu_bench_table.py" "$logs/bench.json" || status=1
+  else
+    echo "  sidco-cuda-bench failed:"; tail -20 "$logs/bench.err" | sed 's/^/    /'
     status=1
   fi
-done
 
-echo "== host waits per warm call (cuda-backend's own count)"
-grep -h "host waits per warm call" "$dir/meson-logs/testlog.txt" | sed 's/^/  /' | sort -u || true
+  echo "== sidco_torch against this machine's torch"
+  if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+    if timeout 300 python3 "$root/scripts/gpu_torch_ops.py" "$folder/include" "$logs/torch-build" \
+         > "$logs/torch-build.log" 2>&1; then
+      local library
+      library=$(tail -1 "$logs/torch-build.log")
+      for t in cuda_ops_test cuda_hook_test; do
+        local rc=0
+        SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
+          timeout 180 python3 "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
+        case $rc in
+          0) printf '| %-22s | pass |\n' "$t" ;;
+          *) printf '| %-22s | FAIL %s |\n' "$t" "$rc"; tail -30 "$logs/$t.log" | sed 's/^/    /'; status=1 ;;
+        esac
+      done
+    else
+      echo "  building the ops against $(python3 -c 'import torch; print(torch.__version__)') failed:"
+      grep -m20 -E "error|Error" "$logs/torch-build.log" | sed 's/^/    /' || tail -30 "$logs/torch-build.log"
+      status=1
+    fi
+  else
+    echo "  python3 has no CUDA torch: not checked"
+  fi
+  return $status
+}
 
-echo "== benchmarks: N = 2^26 floats, delta = 0.001"
-"$dir/bench/sidco-cuda-bench" --benchmark_filter='/1/26/1000$' --benchmark_min_time=0.5 \
-  --benchmark_format=json > "$dir.bench.json" 2> "$dir.bench.err" || { cat "$dir.bench.err"; exit 1; }
-python3 - "$dir.bench.json" <<'EOF'
-import json, sys
-runs = json.load(open(sys.argv[1]))["benchmarks"]
-time = {r["name"].split("/")[0]: r["real_time"] for r in runs if "error_occurred" not in r}
-copy = time.get("device_copy")
-if not copy:
-    sys.exit("gpu_check: the device_copy baseline did not run")
-print(f"| method | ms | × copy | goal |")
-print(f"|---|---:|---:|---|")
-goals = {"sidco_e": "≤ 2.5", "sidco_e_feedback": "≤ 5"}
-for name, t in sorted(time.items(), key=lambda kv: kv[1]):
-    print(f"| {name} | {t:.3f} | {t / copy:.2f} | {goals.get(name, '')} |")
-e, radix, sort = time.get("sidco_e"), time.get("top_k"), time.get("radix_sort_top_k")
-if e and radix:
-    print(f"sidco_e vs our radix top_k: {radix / e:.2f}x faster (goal >= 3)")
-if e and sort:
-    print(f"sidco_e vs a full CUB radix sort of the magnitudes: {sort / e:.2f}x faster (goal >= 3)")
-EOF
-exit $status
+case "$step" in
+  build) build ;;
+  run) run ;;
+  *) echo "usage: scripts/gpu_check.sh build|run [FOLDER]"; exit 2 ;;
+esac

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,9 +24,16 @@ inline const std::vector<std::string>& gradient_files() {
   return files;
 }
 
+/// The folder the gradients are read from: SIDCO_GRADIENTS_DIR in the environment (binaries
+/// moved to another machine, scripts/gpu_check.sh) or the source tree's, compiled in.
+inline std::string gradients_dir() {
+  const char* moved = std::getenv("SIDCO_GRADIENTS_DIR");
+  return moved && *moved ? moved : SIDCO_GRADIENTS_DIR;
+}
+
 template <class T = float>
 std::vector<T> load_gradient(const std::string& file) {
-  return io::load_npy<T>(std::string(SIDCO_GRADIENTS_DIR) + "/" + file);
+  return io::load_npy<T>(gradients_dir() + "/" + file);
 }
 
 /// Brute force: how many |x| exceed t.
