@@ -141,6 +141,29 @@ SIDCO_BENCH(top_k<cuda>, "top_k");
 SIDCO_BENCH(random_k<cuda>, "random_k");
 #undef SIDCO_BENCH
 
+// Launch shapes against the default (cuda/tuning.cuh), SIDCo-E and Top-k at each: more loads
+// in flight per thread, fewer resident blocks aimed at (larger pieces), more values a
+// thread per step of the write pass. Named <method>@<loads>x<blocks per SM>x<write items>.
+template <int Loads, int BlocksPerSm, int WriteItems>
+struct shape : sidco::backend::cuda_detail::default_tuning {
+  static constexpr int load_items = Loads;
+  static constexpr int blocks_per_sm = BlocksPerSm;
+  static constexpr int write_items = WriteItems;
+};
+#define SIDCO_SHAPE(loads, blocks, writes)                                                                      \
+  BENCHMARK(compress<sidco_e<above, sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)          \
+      ->Name("sidco_e@" #loads "x" #blocks "x" #writes)                                                         \
+      ->Apply(sizes);                                                                                           \
+  BENCHMARK(compress<top_k<sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)                   \
+      ->Name("top_k@" #loads "x" #blocks "x" #writes)                                                           \
+      ->Apply(sizes)
+SIDCO_SHAPE(8, 8, 4);
+SIDCO_SHAPE(16, 8, 4);
+SIDCO_SHAPE(4, 8, 16);
+SIDCO_SHAPE(8, 4, 16);
+SIDCO_SHAPE(16, 4, 16);
+#undef SIDCO_SHAPE
+
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -59,20 +59,18 @@ build() {
       *) cp -L "$path" "$folder/lib/$name" ;;
     esac
   done
-  # Boost.Math headers reached from sidco's and the torch ops' sources (header-only; not on a
-  # bare machine): the preprocessor's own list, so nothing unused travels.
+  # Boost.Math headers reached from sidco's headers (header-only; not on a bare machine): the
+  # preprocessor's own list over every .hpp (the .cuh ones reach Boost only through them).
   local list every
   list=$(mktemp)
   every=$(mktemp --suffix=.cpp)
   (cd include && find sidco -name '*.hpp' | sed 's/.*/#include <&>/') > "$every"
   g++ -std=c++20 -Iinclude -M -MG "$every" | tr ' \\' '\n\n' | grep '^/usr/include/boost/' > "$list"
-  (cd include && find sidco -name '*.cuh' | sed 's/.*/#include <&>/') > "${every%.cpp}.cu"
-  nvcc -std=c++20 -Iinclude -M "${every%.cpp}.cu" | tr ' \\' '\n\n' | { grep '^/usr/include/boost/' || true; } >> "$list"
   sort -u "$list" | while read -r header; do
     mkdir -p "$folder/include/$(dirname "${header#/usr/include/}")"
     cp "$header" "$folder/include/${header#/usr/include/}"
   done
-  rm -f "$every" "${every%.cpp}.cu" "$list"
+  rm -f "$every" "$list"
   git rev-parse HEAD > "$folder/commit" 2> /dev/null || true
   echo "$arch" > "$folder/arch"
   local bytes
@@ -142,7 +140,7 @@ run() {
       for t in cuda_ops_test cuda_hook_test; do
         local rc=0
         SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
-          timeout 180 python3 "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
+          timeout 180 python3 -X faulthandler "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
         case $rc in
           0) printf '| %-22s | pass |\n' "$t" ;;
           *) printf '| %-22s | FAIL %s |\n' "$t" "$rc"; tail -30 "$logs/$t.log" | sed 's/^/    /'; status=1 ;;

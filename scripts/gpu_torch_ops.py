@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Builds sidco_torch's ops library (CPU and CUDA ops) against this interpreter's torch without
 meson, with torch.utils.cpp_extension (nvcc and ninja): the GPU check's way of meeting the
-torch users have. Usage: gpu_torch_ops.py BOOST_INCLUDE BUILD_DIR; prints the library's path
-on its last line."""
+torch users have. Usage: gpu_torch_ops.py BOOST_INCLUDE BUILD_DIR [--cpu]; --cpu leaves the
+CUDA ops out (a CPU-only torch). Prints the library's path on its last line."""
 import glob
 import os
 import sys
@@ -13,18 +13,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "python", "sidco_torch", "csrc")
 
 
-def main(boost_include, build_dir):
+def main(boost_include, build_dir, cpu_only=False):
     os.makedirs(build_dir, exist_ok=True)
+    # Sorted: library.cpp links last, as it did when the load-order bug showed (kept as a check).
     sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp")) +
-                     glob.glob(os.path.join(CSRC, "cuda", "*.cu")))
+                     ([] if cpu_only else glob.glob(os.path.join(CSRC, "cuda", "*.cu"))))
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
     cpp_extension.load(
         name="sidco_torch_ops", sources=sources, build_directory=build_dir, is_python_module=False, verbose=True,
         extra_include_paths=[os.path.join(ROOT, "include"), os.path.abspath(boost_include)],
         extra_cflags=["-std=c++20", "-O2", "-fopenmp"], extra_ldflags=["-fopenmp"],
-        extra_cuda_cflags=["-std=c++20", "-O2"], with_cuda=True)
+        extra_cuda_cflags=["-std=c++20", "-O2"], with_cuda=not cpu_only)
     print(os.path.join(build_dir, "sidco_torch_ops.so"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], "--cpu" in sys.argv[3:])

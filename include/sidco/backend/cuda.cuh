@@ -4,6 +4,13 @@
 // values are sent in the gradient's type. The estimator's math stays on the host: each
 // pass that feeds it brings back a few bytes (the moments, a count).
 //
+// Stream rule: the gradient is read on the backend's stream, so the caller writes it there
+// (or orders that stream after the write with an event). compress returns with work still
+// queued on that stream (Top-k's keep_top_k, merge_runs, mark_sent): the sparse output and
+// the residual are complete in the stream's order only. Read them on backend().stream(), or
+// after an event recorded there; comm::nccl_allreducer does this itself (the output's
+// buffers name the stream they were written on).
+//
 // Syncs with the host per call (each is a device-to-host copy of a small result):
 //   analyze, tail, count_above, kth_largest_bins, sample_magnitudes: 1
 //   select_above, select_band: 1 (the per-piece counts, fetched after the write pass)
