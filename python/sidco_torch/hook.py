@@ -27,7 +27,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .ops import METHODS, _codec, _options_dict, _reduce_codec
+from .ops import METHODS, _check_method, _codec, _options_dict, _reduce_codec
 
 _STATE_FORMAT = 2  # 2: rank and world size added (format 1 states load without that check)
 _COMPRESSED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -147,7 +147,16 @@ class State:
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
         if owner not in ("sidco-e", "top-k"):
             raise ValueError(f"sidco_torch.State: owner = {owner!r} is not 'sidco-e' or 'top-k'")
-        _codec(method, options, [1], torch.float32, density, capacity_slack)  # unknown method or option: here
+        if not isinstance(feedback, bool):
+            raise TypeError(f"sidco_torch.State: feedback must be True or False, got {type(feedback).__name__} "
+                            f"{feedback!r}")
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError("sidco_torch.State: process_group must be a torch.distributed ProcessGroup (from "
+                            f"dist.new_group) or None for the default group, got {type(process_group).__name__} "
+                            f"{process_group!r}")
+        _check_method(method, "sidco_torch.State")
+        _options_dict(options, "sidco_torch.State")
+        _codec(method, options, [1], torch.float32, density, capacity_slack)  # what only the ops know: here
         self.method = method
         self.exchange = exchange
         self.owner = owner
@@ -155,7 +164,7 @@ class State:
         self.process_group = process_group
         self.start_iter = start_iter
         self.min_bucket_elements = min_bucket_elements
-        self.feedback = bool(feedback)
+        self.feedback = feedback
         self.capacity_slack = capacity_slack
         self.options = dict(options)
         self.iteration = 0
@@ -534,6 +543,12 @@ def register(ddp_model, state, comm_hook=None):
     """ddp_model.register_comm_hook(state, comm_hook or sidco_torch.hook), with state keyed by
     the model's parameter names (a checkpoint then survives a change of bucket size or
     parameter order). comm_hook: a hook that wraps sidco_torch.hook, if any."""
+    if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError("sidco_torch.register: ddp_model must be a torch.nn.parallel.DistributedDataParallel "
+                        f"(the hook is a DDP communication hook), got {type(ddp_model).__name__}; wrap the model "
+                        "first: DistributedDataParallel(model)")
+    if not isinstance(state, State):
+        raise TypeError(f"sidco_torch.register: state must be a sidco_torch.State, got {type(state).__name__}")
     state.attach(ddp_model.module)
     ddp_model.register_comm_hook(state, comm_hook or hook)
 

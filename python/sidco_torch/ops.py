@@ -1,4 +1,6 @@
 """Python names over the custom ops (torch.ops.sidco.*) and classes (torch.classes.sidco.*)."""
+import numbers
+
 import torch
 
 #: Every method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
@@ -13,8 +15,30 @@ def cpu_kernels():
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _options_dict(options):
-    return {k: float(v) for k, v in options.items()}
+def _check_method(method, where):
+    """A method name from METHODS; argument errors raised here, before TorchScript sees them."""
+    if not isinstance(method, str):
+        raise TypeError(f"{where}: method must be a str, one of {', '.join(METHODS)}; got "
+                        f"{type(method).__name__} {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"{where}: method {method!r} is not one of {', '.join(METHODS)}")
+    return method
+
+
+def _options_dict(options, where="sidco_torch"):
+    """The compressor options as the ops take them (name -> double): seed, a whole number the
+    double holds exactly (below 2^53), is the only one."""
+    parsed = {}
+    for name, value in options.items():
+        if name != "seed":
+            raise ValueError(f"{where}: option {name!r} is not known (known: seed)")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{where}: seed must be an integer, got {type(value).__name__} {value!r}")
+        if not 0 <= int(value) < 2**53:
+            raise ValueError(f"{where}: seed = {int(value)} is outside [0, 2^53) (the ops carry it exactly "
+                             "only there)")
+        parsed[name] = float(int(value))
+    return parsed
 
 
 def _codec(method, options, layer_sizes, dtype, density, slack):
@@ -38,7 +62,8 @@ class Compressor:
     calls). method: one of sidco_torch.METHODS; options: seed (random-k)."""
 
     def __init__(self, method="sidco-e", **options):
-        self._impl = torch.classes.sidco.Compressor(method, _options_dict(options))
+        _check_method(method, "sidco_torch.Compressor")
+        self._impl = torch.classes.sidco.Compressor(method, _options_dict(options, "sidco_torch.Compressor"))
         self.method = method
 
     def compress(self, gradient, density, layer_sizes=None, residual=None):
