@@ -137,6 +137,19 @@ run() {
          > "$logs/torch-build.log" 2>&1; then
       local library
       library=$(tail -1 "$logs/torch-build.log")
+      # Step by step first, each step printed as it ends, so that a crash names its step (the
+      # CUDA tests of 2026-11-26 died before their first line).
+      SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python timeout 120 python3 -X faulthandler -c '
+import torch
+print("step: torch", torch.__version__, flush=True)
+import sidco_torch
+print("step: import, methods:", len(sidco_torch.METHODS), flush=True)
+g = torch.randn(100000)
+print("step: cpu compress", sidco_torch.compress(g, 0.01)[0].numel(), flush=True)
+print("step: cuda top-k", sidco_torch.compress(g.cuda(), 0.01, method="top-k")[0].numel(), flush=True)
+print("step: cuda sidco-e", sidco_torch.compress(g.cuda(), 0.01)[0].numel(), flush=True)
+' > "$logs/torch-steps.log" 2>&1 || status=1
+      sed 's/^/  /' "$logs/torch-steps.log" | head -40
       for t in cuda_ops_test cuda_hook_test; do
         local rc=0
         SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
