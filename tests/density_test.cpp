@@ -16,7 +16,7 @@ using namespace sidco;
 namespace {
 
 const std::map<std::string, std::vector<segment>>& layouts() {
-  static const auto all = manifest::load_layers(std::string(SIDCO_GRADIENTS_DIR) + "/manifest.json");
+  static const auto all = manifest::load_layers(test::gradients_dir() + "/manifest.json");
   return all;
 }
 

@@ -13,6 +13,7 @@
 #include <sidco/sidco.hpp>
 
 #include "reference.hpp"
+#include "support.hpp"
 
 using namespace sidco;
 
@@ -165,7 +166,7 @@ TEST_CASE_TEMPLATE("16-bit threshold keys: |v| > t in 16 bits exactly when |v| >
 TEST_CASE_TEMPLATE("compressors on 16-bit gradients: the cpu backend selects what the serial oracle selects", H,
                    float16, bfloat16) {
   // A real gradient rounded to 16 bits, with error feedback over several calls.
-  const auto g32 = sidco::io::load_npy<float>(std::string(SIDCO_GRADIENTS_DIR) + "/ffn_it200.npy");
+  const auto g32 = test::load_gradient("ffn_it200.npy");
   std::vector<H> g(g32.size());
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = H(g32[i]);
   auto run = [&](auto serial, auto cpu) {

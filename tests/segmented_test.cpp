@@ -20,7 +20,7 @@ namespace {
 // The LSTM file's layers, as its manifest gives them (read by sidco-eval's reader).
 std::vector<segment> lstm_layers() {
   static const auto layouts =
-      manifest::load_layers(std::string(SIDCO_GRADIENTS_DIR) + "/manifest.json");
+      manifest::load_layers(test::gradients_dir() + "/manifest.json");
   return layouts.at("lstm_it10.npy");
 }
 
