@@ -26,9 +26,6 @@ case "$folder" in /*) ;; *) folder=$root/$folder ;; esac
 
 build() {
   local dir=${SIDCO_GPU_BUILD:-build-gpu} arch=${SIDCO_GPU_ARCH:-sm_90}
-  for tool in meson ninja nvcc; do
-    command -v "$tool" > /dev/null || { echo "gpu_check: $tool not found"; exit 1; }
-  done
   local targets=(tests/cuda/test_host_device_math tests/cuda/test_cuda_backend bench/sidco-cuda-bench)
   if [ "${SIDCO_GPU_REUSE:-0}" = 1 ]; then
     # An existing build's binaries as they are (the CI test of this script: no second build).
@@ -37,6 +34,9 @@ build() {
       python3 -c 'import json, sys; print(",".join(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "gpu_arch")))' ||
       echo '?')
   else
+    for tool in meson ninja nvcc; do
+      command -v "$tool" > /dev/null || { echo "gpu_check: $tool not found"; exit 1; }
+    done
     local mode=()
     [ -f "$dir/build.ninja" ] && mode=(--reconfigure)
     meson setup "${mode[@]}" "$dir" -Dcuda=enabled -Dtorch=disabled -Dmpi=disabled -Dexamples=false \
@@ -61,16 +61,15 @@ build() {
   done
   # Boost.Math headers reached from sidco's headers (header-only; not on a bare machine): the
   # preprocessor's own list over every .hpp (the .cuh ones reach Boost only through them).
-  local list every
-  list=$(mktemp)
+  local every
   every=$(mktemp --suffix=.cpp)
   (cd include && find sidco -name '*.hpp' | sed 's/.*/#include <&>/') > "$every"
-  g++ -std=c++20 -Iinclude -M -MG "$every" | tr ' \\' '\n\n' | grep '^/usr/include/boost/' > "$list"
-  sort -u "$list" | while read -r header; do
-    mkdir -p "$folder/include/$(dirname "${header#/usr/include/}")"
-    cp "$header" "$folder/include/${header#/usr/include/}"
-  done
-  rm -f "$every" "$list"
+  g++ -std=c++20 -Iinclude -M -MG "$every" | tr ' \\' '\n\n' | grep '^/usr/include/boost/' | sort -u |
+    while read -r header; do
+      mkdir -p "$folder/include/$(dirname "${header#/usr/include/}")"
+      cp "$header" "$folder/include/${header#/usr/include/}"
+    done
+  rm -f "$every"
   git rev-parse HEAD > "$folder/commit" 2> /dev/null || true
   echo "$arch" > "$folder/arch"
   local bytes
