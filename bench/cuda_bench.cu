@@ -158,7 +158,7 @@ struct shape : sidco::backend::cuda_detail::default_tuning {
       ->Name("top_k@" #loads "x" #blocks "x" #writes)                                                           \
       ->Apply(sizes)
 SIDCO_SHAPE(8, 8, 4);
-SIDCO_SHAPE(16, 8, 4);
+SIDCO_SHAPE(4, 8, 4);
 SIDCO_SHAPE(4, 8, 16);
 SIDCO_SHAPE(8, 4, 16);
 SIDCO_SHAPE(16, 4, 16);

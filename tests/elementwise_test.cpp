@@ -281,6 +281,7 @@ TEST_CASE("striped reads visit the plain loop's indices once each, used in its o
         check_striped<1>(begin, begin + length, stride);
         check_striped<3>(begin, begin + length, stride);
         check_striped<4>(begin, begin + length, stride);
+        check_striped<16>(begin, begin + length, stride);  // default_tuning::load_items
       }
 }
 

@@ -10,9 +10,8 @@
 namespace sidco::backend::cuda_detail {
 
 /// The shapes the kernels were written for (sm_80 / sm_90 class GPUs). Measured on one H200
-/// (bench/README.md): load_items = 16 made SIDCo-E 11% and Top-k 4% faster at 2^26 values;
-/// fewer blocks a multiprocessor or a wider write step, slower. Not the default until the
-/// CUDA tests have run with it.
+/// (bench/README.md): 16 loads in flight a thread made SIDCo-E 11% and Top-k 4% faster at
+/// 2^26 values than 4; fewer blocks a multiprocessor or a wider write step, slower.
 struct default_tuning {
   /// Threads per block of every kernel.
   static constexpr int block_threads = 256;
@@ -21,7 +20,7 @@ struct default_tuning {
   static constexpr int write_items = 4;
   /// Independent loads a thread has in flight in a streaming pass (moments, counts,
   /// histograms): each a warp-wide coalesced stripe, issued before any is used.
-  static constexpr int load_items = 4;
+  static constexpr int load_items = 16;
   /// Resident blocks aimed at per multiprocessor: grid-stride kernels launch at most this
   /// many a multiprocessor, and a pass's pieces are sized so that about as many cover N.
   static constexpr int blocks_per_sm = 8;
