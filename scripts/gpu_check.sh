@@ -70,6 +70,8 @@ build() {
       cp "$header" "$folder/include/${header#/usr/include/}"
     done
   rm -f "$every"
+  # A native call stack for a crash in the torch steps (Python's faulthandler shows Python's).
+  gcc -O1 -shared -fPIC -o "$folder/lib/libsidco_native_backtrace.so" scripts/native_backtrace.c
   git rev-parse HEAD > "$folder/commit" 2> /dev/null || true
   echo "$arch" > "$folder/arch"
   local bytes
@@ -136,26 +138,43 @@ run() {
          > "$logs/torch-build.log" 2>&1; then
       local library
       library=$(tail -1 "$logs/torch-build.log")
+      # A crash prints Python's stack (faulthandler) and the native one (the preloaded tracer).
+      local preload=$folder/lib/libsidco_native_backtrace.so
+      [ -f "$preload" ] || preload=
       # Step by step first, each step printed as it ends, so that a crash names its step (the
       # CUDA tests of 2026-11-26 died before their first line).
-      SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python timeout 120 python3 -X faulthandler -c '
+      LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python timeout 120 \
+        python3 -X faulthandler -c '
 import torch
 print("step: torch", torch.__version__, flush=True)
 import sidco_torch
 print("step: import, methods:", len(sidco_torch.METHODS), flush=True)
 g = torch.randn(100000)
 print("step: cpu compress", sidco_torch.compress(g, 0.01)[0].numel(), flush=True)
-print("step: cuda top-k", sidco_torch.compress(g.cuda(), 0.01, method="top-k")[0].numel(), flush=True)
-print("step: cuda sidco-e", sidco_torch.compress(g.cuda(), 0.01)[0].numel(), flush=True)
+try:
+    sidco_torch.decompress(torch.tensor([7]), torch.tensor([1.0]), 3)
+except Exception as e:  # noqa: BLE001 - the message is what is checked
+    print("step: cpu error message:", type(e).__name__, e, flush=True)
+d = g.cuda()
+torch.cuda.synchronize()
+print("step: cuda tensor", d.device, flush=True)
+c = sidco_torch.Compressor("top-k")
+print("step: compressor", flush=True)
+i, v = c.compress(d, 0.01)
+print("step: cuda top-k returned", flush=True)
+torch.cuda.synchronize()
+print("step: cuda top-k", i.numel(), i.device, flush=True)
+print("step: cuda sidco-e", sidco_torch.compress(d, 0.01)[0].numel(), flush=True)
+print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs().sum()), flush=True)
 ' > "$logs/torch-steps.log" 2>&1 || status=1
-      sed 's/^/  /' "$logs/torch-steps.log" | head -40
+      sed 's/^/  /' "$logs/torch-steps.log" | head -80
       for t in cuda_ops_test cuda_hook_test; do
         local rc=0
-        SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
+        LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
           timeout 180 python3 -X faulthandler "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
         case $rc in
           0) printf '| %-22s | pass |\n' "$t" ;;
-          *) printf '| %-22s | FAIL %s |\n' "$t" "$rc"; tail -30 "$logs/$t.log" | sed 's/^/    /'; status=1 ;;
+          *) printf '| %-22s | FAIL %s |\n' "$t" "$rc"; tail -60 "$logs/$t.log" | sed 's/^/    /'; status=1 ;;
         esac
       done
     else

@@ -19,10 +19,15 @@ def main(boost_include, build_dir, cpu_only=False):
     sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp")) +
                      ([] if cpu_only else glob.glob(os.path.join(CSRC, "cuda", "*.cu"))))
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
+    # A compiler that links its C++ runtime statically (the H100 machine's /opt/gcc) puts a
+    # second libstdc++ into the library; exported, its symbols mix with the one the process
+    # loaded, and the first number formatted into an error message crashed (2026-11-26). Kept
+    # private, the copy is self-contained. Harmless where libstdc++ is linked dynamically.
+    ldflags = ["-fopenmp", "-Wl,--exclude-libs,ALL"]
     cpp_extension.load(
         name="sidco_torch_ops", sources=sources, build_directory=build_dir, is_python_module=False, verbose=True,
         extra_include_paths=[os.path.join(ROOT, "include"), os.path.abspath(boost_include)],
-        extra_cflags=["-std=c++20", "-O2", "-fopenmp"], extra_ldflags=["-fopenmp"],
+        extra_cflags=["-std=c++20", "-O2", "-fopenmp"], extra_ldflags=ldflags,
         extra_cuda_cflags=["-std=c++20", "-O2"], with_cuda=not cpu_only)
     print(os.path.join(build_dir, "sidco_torch_ops.so"))
 

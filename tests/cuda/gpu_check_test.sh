@@ -10,7 +10,7 @@ trap 'rm -rf "$(dirname "$folder")"' EXIT
 SIDCO_GPU_BUILD=$build_root SIDCO_GPU_REUSE=1 "$source_root/scripts/gpu_check.sh" build "$folder"
 fail() { echo "gpu_check_test: $*"; exit 1; }
 for f in bin/test_host_device_math bin/test_cuda_backend bin/sidco-cuda-bench lib/libbenchmark.so.1debian \
-         include/boost/math/special_functions/gamma.hpp commit arch; do
+         lib/libsidco_native_backtrace.so include/boost/math/special_functions/gamma.hpp commit arch; do
   [ -s "$folder/$f" ] || fail "$f missing from the folder"
 done
 bytes=$(du -sb "$folder" | cut -f1)
@@ -19,6 +19,10 @@ bytes=$(du -sb "$folder" | cut -f1)
 # except NCCL and the driver, which the GPU machine brings.
 missing=$(LD_LIBRARY_PATH=$folder/lib ldd "$folder"/bin/* | grep 'not found' | grep -v -e libnccl -e libcuda.so || true)
 [ -z "$missing" ] || fail "unresolved: $missing"
+# The crash tracer the torch steps preload: a fatal signal prints the native stack.
+trace=$(LD_PRELOAD=$folder/lib/libsidco_native_backtrace.so bash -c 'kill -SEGV $$' 2>&1 || true)
+grep -q "=== native backtrace: Segmentation fault" <<< "$trace" || fail "the native backtrace printed: $trace"
+grep -q "libsidco_native_backtrace.so" <<< "$trace" || fail "no stack frames in: $trace"
 rc=0
 "$source_root/scripts/gpu_check.sh" run "$folder" > "$folder.run.log" 2>&1 || rc=$?
 if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
