@@ -168,7 +168,7 @@ print("step: cuda sidco-e", sidco_torch.compress(d, 0.01)[0].numel(), flush=True
 print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs().sum()), flush=True)
 ' > "$logs/torch-steps.log" 2>&1 || status=1
       sed 's/^/  /' "$logs/torch-steps.log" | head -80
-      for t in cuda_ops_test cuda_hook_test; do
+      for t in cuda_ops_test cuda_hook_test cuda_amp_test; do
         local rc=0
         LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
           timeout 180 python3 -X faulthandler "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?

@@ -332,3 +332,51 @@ TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed, and ev
                     std::string::npos,
                 *messages.begin());
 }
+
+TEST_CASE("a rank whose input is not finite fails as nonfinite_exchange on every rank; any other failure does not") {
+  const comm::capacity_plan plan = comm::plan_capacity(std::vector<segment>{{0, n}}, delta, 1.25);
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(plan.total);
+  auto sides = pack_ranks(3, format, plan);
+  // Rank 1's compress refuses its NaN (the type a compressor throws for it), packed as its failure.
+  std::vector<float> bad = sides[1].gradient;
+  bad[17] = std::numeric_limits<float>::quiet_NaN();
+  sparse_vector<float> sent;
+  feedback::residual<float> residual(n);
+  presets::sidco_e<> compressor;
+  std::vector<std::vector<std::byte>> payloads{sides[0].payload, sides[1].payload, sides[2].payload};
+  try {
+    compressor.compress(bad, delta, sent, residual);
+    FAIL("a NaN was compressed");
+  } catch (const sidco::nonfinite_error& e) {
+    CHECK(std::string(e.what()).find("non-finite") != std::string::npos);
+    comm::pack_failure<float, std::uint32_t>(e, n, {3, 7, delta, comm::reduction::average}, format, payloads[1]);
+  }
+  CHECK(comm::header_of(payloads[1]).error == std::uint8_t(comm::error_kind::nonfinite));
+  CHECK(comm::failed_for_nonfinite_input(views_of(payloads)));
+  std::vector<float> dense(n, 5.0f);
+  auto decode_throws_nonfinite = [&] {
+    try {
+      comm::decode<float, std::uint32_t>(views_of(payloads), format, std::span<float>(dense));
+    } catch (const comm::nonfinite_exchange& e) {
+      CHECK(std::string(e.what()).find("rank 1 failed") != std::string::npos);
+      return true;
+    } catch (const sidco::runtime_error&) {
+    }
+    return false;
+  };
+  CHECK(decode_throws_nonfinite());
+  CHECK(dense == std::vector<float>(n, 5.0f));
+  // Two ranks over- or underflowing alike: still only non-finite input.
+  payloads[2] = payloads[1];
+  CHECK(comm::failed_for_nonfinite_input(views_of(payloads)));
+  CHECK(decode_throws_nonfinite());
+  // Another failure beside it is a real error: a plain runtime_error, not something to skip.
+  comm::pack_failure<float, std::uint32_t>(sidco::runtime_error("damaged state"), n,
+                                           {3, 7, delta, comm::reduction::average}, format, payloads[2]);
+  CHECK_FALSE(comm::failed_for_nonfinite_input(views_of(payloads)));
+  CHECK_FALSE(decode_throws_nonfinite());
+  CHECK(decode_all(payloads, format).error.find("rank 1 failed (1 later rank(s) failed too)") != std::string::npos);
+  // No failure at all is not a non-finite failure either.
+  payloads = {sides[0].payload, sides[1].payload, sides[2].payload};
+  CHECK_FALSE(comm::failed_for_nonfinite_input(views_of(payloads)));
+}

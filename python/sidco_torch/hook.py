@@ -32,6 +32,7 @@ from .ops import METHODS, _check_method, _codec, _options_dict, _reduce_codec
 _STATE_FORMAT = 2  # 2: rank and world size added (format 1 states load without that check)
 _COMPRESSED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _EXCHANGES = ("auto", "allgather", "reduce")
+_NONFINITE = ("raise", "skip")
 _DTYPE_CODES = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
 _DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in _DTYPE_CODES.items()}
 
@@ -120,8 +121,13 @@ class State:
     P regions' owners, then an all-gather of each owner's selection of its region's reduced
     values: about 2 slack 8k bytes a rank whatever P; CPU buckets) or "auto" (see
     exchange_for); owner: how a region's owner selects from its reduced values, "sidco-e"
-    (SIDCo-E's threshold, trimmed to the region's share) or "top-k"; options: passed to the
-    compressor (seed).
+    (SIDCo-E's threshold, trimmed to the region's share) or "top-k"; nonfinite: what a step
+    does when some rank's bucket holds NaN or +-Inf, "raise" (every rank raises the same error
+    naming that rank: a NaN in a float32 run is a bug to see) or "skip" (for mixed precision:
+    every rank's reduced bucket is filled with NaN, so that a GradScaler skips the step on
+    every rank, and at the next step every residual, adaptive state and the iteration count
+    are put back as they were before the skipped one; costs a copy of each bucket's residual
+    and state per step); options: passed to the compressor (seed).
 
     One State serves one model. Register it with sidco_torch.register(ddp_model, state) so
     that its state_dict() is keyed by parameter name; with ddp_model.register_comm_hook(state,
@@ -130,7 +136,7 @@ class State:
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e",
-                 **options):
+                 nonfinite="raise", **options):
         density = _real_scalar(density, "density")
         if not 0 < density <= 1:
             raise ValueError(f"sidco_torch.State: density = {density!r} is outside (0, 1]")
@@ -145,6 +151,8 @@ class State:
                              "non-negative integer")
         if exchange not in _EXCHANGES:
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
+        if nonfinite not in _NONFINITE:
+            raise ValueError(f"sidco_torch.State: nonfinite = {nonfinite!r} is not 'raise' or 'skip'")
         if owner not in ("sidco-e", "top-k"):
             raise ValueError(f"sidco_torch.State: owner = {owner!r} is not 'sidco-e' or 'top-k'")
         if not isinstance(feedback, bool):
@@ -160,6 +168,7 @@ class State:
         self.method = method
         self.exchange = exchange
         self.owner = owner
+        self.nonfinite = nonfinite
         self._density = density
         self.process_group = process_group
         self.start_iter = start_iter
@@ -184,6 +193,11 @@ class State:
         self._pending_exchanges = {}  # "|".join(keys) -> a reduce codec's saved regions and owner state
         self._loaded_from = None  # (rank, world) of a loaded state, checked by the next agreement
         self._warned = set()
+        self._in_step = False   # a hook call of this iteration has run, its last bucket's not yet
+        self._undo = []         # nonfinite="skip": what puts this step's state back
+        self._skip = None       # nonfinite="skip": the iteration this step started at, once it is skipped
+        self._step_iteration = self.iteration
+        self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
 
     @property
     def density(self):
@@ -263,7 +277,8 @@ class State:
         "reduce" also union_density (the owners' reduced entries over the bucket),
         global_density (the global selection's), returned (entries this rank sent that the
         owners left out: back in its residual), dropped (their share of what it sent) and
-        bytes_received."""
+        bytes_received; with nonfinite="skip", skipped (the bucket came back as NaN because
+        some rank's held non-finite values)."""
         return {index: dict(s) for index, s in self._stats.items()}
 
     # ----- checkpoints
@@ -272,6 +287,7 @@ class State:
         """Everything a resumed run needs to repeat an uninterrupted one bit for bit: the
         iteration, and per parameter its residual and its compressor's state (adaptive
         stages, generators), keyed by parameter name (or DDP's order without register())."""
+        self._settle()
         layers = {key: {"size": layer.size, "dtype": layer.dtype, "residual": layer.residual,
                         "compressor": layer.compressor} for key, layer in self._pending.items()}
         for key, (bucket, i) in self._owner.items():
@@ -398,7 +414,7 @@ class State:
         return {"config": dict(method=self.method, density=self.density, start_iter=self.start_iter,
                                min_bucket_elements=self.min_bucket_elements, feedback=self.feedback,
                                capacity_slack=self.capacity_slack, exchange=self.exchange, owner=self.owner,
-                               **self.options),
+                               nonfinite=self.nonfinite, **self.options),
                 "state": self.state_dict()}
 
     def __setstate__(self, pickled):
@@ -406,6 +422,52 @@ class State:
         self.load_state_dict(pickled["state"])  # names come back with attach() or register()
 
     # ----- the hook's bookkeeping
+
+    def _begin_step(self):
+        """At a step's first hook call: the previous step put back if it was skipped."""
+        if not self._in_step:
+            self._settle()
+            self._in_step = True
+            self._step_iteration = self.iteration
+
+    def _settle(self):
+        """nonfinite="skip": puts back what a skipped step changed (residuals, compressor and
+        exchange state, the iteration count), once all its buckets are decoded."""
+        undo, self._undo = self._undo, []
+        if self._skip is None:
+            return
+        for restore in reversed(undo):
+            restore()
+        self.iteration = self._skip
+        self._skip = None
+        self.skipped_steps += 1
+
+    def _save_bucket(self, b):
+        """nonfinite="skip": what encode and decode will change in this bucket, to put back."""
+        residual = None
+        if b.residual is not None:
+            if getattr(b, "saved_residual", None) is None:
+                b.saved_residual = torch.empty_like(b.residual)
+            residual = b.saved_residual.copy_(b.residual)
+        layers = [b.codec.layer_state(i) for i in range(len(b.sizes))]
+        exchange = b.codec.exchange_state() if b.exchange == "reduce" else None
+
+        def restore():
+            if residual is not None:
+                b.residual.copy_(residual)
+            for i, layer in enumerate(layers):
+                b.codec.load_layer_state(i, layer)
+            if exchange is not None:
+                b.codec.load_exchange_state(exchange)
+        self._undo.append(restore)
+
+    def _skipped(self, stats, buffer):
+        """nonfinite="skip": this bucket's exchange failed for non-finite values on some rank
+        (every rank sees the same): the bucket comes back as NaN, the step is undone."""
+        self._skip = self._step_iteration
+        stats["skipped"] = True
+        buffer.fill_(float("nan"))
+        return buffer
 
     def _agree(self, group, world, device):
         """Every rank's configuration, compared once (the first hook call of this State in this
@@ -416,6 +478,7 @@ class State:
                   ("min_bucket_elements", self.min_bucket_elements),
                   ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
                   ("exchange", _EXCHANGES.index(self.exchange)), ("owner", int(self.owner == "top-k")),
+                  ("nonfinite", _NONFINITE.index(self.nonfinite)),
                   ("iteration", self.iteration), ("ranks", world)]
         rank = dist.get_rank(group)
         loaded = self._loaded_from
@@ -539,6 +602,12 @@ class State:
         return None
 
 
+def _nonfinite_only(payloads):
+    """Whether the exchange failed only because some rank's values were not finite (read from
+    the payloads' headers, the same on every rank)."""
+    return bool(torch.ops.sidco.nonfinite_only([p.cpu() for p in payloads]))
+
+
 def register(ddp_model, state, comm_hook=None):
     """ddp_model.register_comm_hook(state, comm_hook or sidco_torch.hook), with state keyed by
     the model's parameter names (a checkpoint then survives a change of bucket size or
@@ -572,6 +641,8 @@ def _fold_residuals(state, bucket):
             residual = None
         if residual is not None and residual.numel() == size:
             buffer[offset: offset + size].add_(residual.to(device=buffer.device, dtype=buffer.dtype))
+            if state.nonfinite == "skip":
+                state._undo.append(lambda r=residual, saved=residual.clone(): r.copy_(saved))
             residual.zero_()
         offset += size
 
@@ -593,7 +664,11 @@ def _dense(state, bucket, group, world, reason):
 
     def done(future):
         stats["exchange_seconds"] = time.perf_counter() - sent
-        return future.value()[0]
+        reduced = future.value()[0]
+        if state.nonfinite == "skip" and not bool(torch.isfinite(reduced).all()):
+            state._skip = state._step_iteration  # the same sum on every rank: every rank skips
+            stats["skipped"] = True
+        return reduced
 
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
 
@@ -612,6 +687,8 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     for here: the owners' selection needs them), each owner's selection all-gathered
     asynchronously, and decoded in the future's then() (local work only)."""
     buffer = bucket.buffer()
+    if state.nonfinite == "skip":
+        state._save_bucket(b)
     if problem is None:
         blocks = torch.ops.sidco.reduce_encode(buffer, b.residual, b.codec, bucket.index(), iteration)
     else:
@@ -628,7 +705,12 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
         future.value()  # a failed all-gather raises here
         began = time.perf_counter()
         stats["exchange_seconds"] = began - encoded
-        torch.ops.sidco.reduce_decode(inbox, buffer, b.residual, b.codec)
+        try:
+            torch.ops.sidco.reduce_decode(inbox, buffer, b.residual, b.codec)
+        except RuntimeError:
+            if state.nonfinite == "skip" and _nonfinite_only(inbox):
+                return state._skipped(stats, buffer)
+            raise
         done = b.codec.report()
         stats["decode_seconds"] = time.perf_counter() - began
         stats.update(union_density=done["union_entries"] / buffer.numel(),
@@ -647,12 +729,14 @@ def hook(state, bucket):
     world = dist.get_world_size(group)
     if not state._agreed:
         state._agree(group, world, bucket.buffer().device)
+    state._begin_step()
     for p in bucket.parameters():
         state._key(p)  # a parameter of another model is refused on every path
     iteration = state.iteration
     if bucket.is_last():
         state.iteration += 1
         state._complete = True
+        state._in_step = False
     buffer = bucket.buffer()
     reason = state._dense_reason(buffer, world, iteration)
     if reason is not None:
@@ -663,6 +747,8 @@ def hook(state, bucket):
     state._agree_bucket(group, world, bucket, 2 if b.exchange == "reduce" else 1, b.payload_bytes())
     if b.exchange == "reduce":
         return _reduce(state, bucket, b, group, iteration, problem, started)
+    if state.nonfinite == "skip":
+        state._save_bucket(b)
     if problem is None:
         payload = torch.ops.sidco.encode(buffer, b.residual, b.codec, bucket.index(), iteration)
     else:
@@ -677,7 +763,12 @@ def hook(state, bucket):
         future.value()  # a failed all-gather raises here
         began = time.perf_counter()
         stats["exchange_seconds"] = began - encoded
-        torch.ops.sidco.decode(inbox, buffer, b.residual, b.codec)
+        try:
+            torch.ops.sidco.decode(inbox, buffer, b.residual, b.codec)
+        except RuntimeError:
+            if state.nonfinite == "skip" and _nonfinite_only(inbox):
+                return state._skipped(stats, buffer)
+            raise
         stats["decode_seconds"] = time.perf_counter() - began
         return buffer
 

@@ -32,8 +32,18 @@ namespace sidco::comm {
 /// error a collective before this one raised (the reduce-scatter exchange's owners relay
 /// what they found in the blocks they received; the message is the whole error).
 enum class wire_status : std::uint8_t { ok = 0, failed = 1, relayed = 2 };
-/// What a failed rank threw: an invalid argument (sidco::error) or anything else.
-enum class error_kind : std::uint8_t { none = 0, invalid_argument = 1, runtime = 2 };
+/// What a failed rank threw: an invalid argument (sidco::error), anything else, or input
+/// that was not finite (sidco::nonfinite_error: an overflow under mixed precision, say).
+enum class error_kind : std::uint8_t { none = 0, invalid_argument = 1, runtime = 2, nonfinite = 3 };
+
+/// Raised alike on every rank when every rank that failed an exchange failed because its
+/// input was not finite (its compress threw sidco::nonfinite_error); a loop that scales its
+/// loss may skip the step (each rank's sent entries are back in its residual, as after any
+/// failed exchange). Any other failure raises sidco::runtime_error.
+class nonfinite_exchange : public runtime_error {
+ public:
+  using runtime_error::runtime_error;
+};
 
 inline constexpr std::uint32_t wire_magic = 0x57434453;  // "SDCW" in little-endian bytes
 inline constexpr std::uint8_t wire_version = 1;
@@ -202,7 +212,10 @@ void pack_failure(const std::exception& reason, std::size_t dense_size, const wi
   detail::check_payload_size(payload, format);
   wire_header h = detail::header_for<T, Index>(fields, dense_size, format);
   h.status = std::uint8_t(status);
-  h.error = std::uint8_t(dynamic_cast<const sidco::error*>(&reason) ? error_kind::invalid_argument : error_kind::runtime);
+  h.error = std::uint8_t(dynamic_cast<const nonfinite_error*>(&reason) || dynamic_cast<const nonfinite_exchange*>(&reason)
+                             ? error_kind::nonfinite
+                         : dynamic_cast<const sidco::error*>(&reason) ? error_kind::invalid_argument
+                                                                       : error_kind::runtime);
   const std::string_view text = sidco::detail::utf8_prefix(reason.what(), format.message_bytes());
   h.count = text.size();
   std::memset(payload.data() + sizeof h, 0, format.message_bytes());
@@ -212,6 +225,22 @@ void pack_failure(const std::exception& reason, std::size_t dense_size, const wi
 
 /// The payloads of one exchange, one per rank in rank order.
 using payload_views = std::span<const std::span<const std::byte>>;
+
+/// Whether some payload reports a failure and every one that does failed (or relays a
+/// failure) for input that was not finite: what agree() raises as nonfinite_exchange.
+/// Reads the headers only (payloads shorter than a header count as not such a failure).
+inline bool failed_for_nonfinite_input(payload_views payloads) {
+  bool any = false;
+  for (const auto& p : payloads) {
+    if (p.size() < sizeof(wire_header)) return false;
+    const wire_header h = detail::read_header(p);
+    if (h.magic != wire_magic || h.version != wire_version) return false;
+    if (h.status == std::uint8_t(wire_status::ok)) continue;
+    if (h.error != std::uint8_t(error_kind::nonfinite)) return false;
+    any = true;
+  }
+  return any;
+}
 
 /// Throws sidco::runtime_error for the first problem in rank order, with the same message on
 /// every rank (they all read the same payloads): a payload that is not sidco's, or of
@@ -237,7 +266,9 @@ void agree(payload_views payloads, const wire_format& format) {
     if (h.status > std::uint8_t(wire_status::relayed))
       fail(h, "rank ", r, " sent status ", int(h.status), ", neither ok (0), failed (1) nor relayed (2)");
   }
-  // Failures first: they explain whatever else differs.
+  // Failures first: they explain whatever else differs. Only non-finite input among them
+  // raises nonfinite_exchange.
+  const bool only_nonfinite = failed_for_nonfinite_input(payloads);
   for (std::size_t r = 0; r < ranks; ++r) {
     const wire_header h = detail::read_header(payloads[r]);
     if (h.status == std::uint8_t(wire_status::ok)) continue;
@@ -249,9 +280,16 @@ void agree(payload_views payloads, const wire_format& format) {
     if (reason.starts_with("sidco: ")) reason.remove_prefix(7);
     // A message cut mid-sequence, or bytes that are not text, still read as a message.
     const std::string text = sidco::detail::valid_utf8(reason);
-    if (h.status == std::uint8_t(wire_status::relayed)) throw runtime_error("sidco: " + text);
-    if (others) fail(h, "rank ", r, " failed (", others, " later rank(s) failed too): ", text);
-    fail(h, "rank ", r, " failed: ", text);
+    if (h.status == std::uint8_t(wire_status::relayed)) {
+      if (only_nonfinite) throw nonfinite_exchange("sidco: " + text);
+      throw runtime_error("sidco: " + text);
+    }
+    const std::string message =
+        others ? sidco::detail::message("exchange (tag ", h.tag, ", step ", h.sequence, "): rank ", r, " failed (",
+                                        others, " later rank(s) failed too): ", text)
+               : sidco::detail::message("exchange (tag ", h.tag, ", step ", h.sequence, "): rank ", r, " failed: ", text);
+    if (only_nonfinite) throw nonfinite_exchange(message);
+    throw runtime_error(message);
   }
   const wire_header first = detail::read_header(payloads[0]);
   for (std::size_t r = 1; r < ranks; ++r) {

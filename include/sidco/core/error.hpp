@@ -17,6 +17,13 @@ class error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// An input that holds NaN or +-Inf (the message names how many and the first): an invalid
+/// argument of its own type, so that a mixed-precision loop can tell an overflow from a bug.
+class nonfinite_error : public error {
+ public:
+  using error::error;
+};
+
 /// A failure outside the arguments' control: a device, a network or a peer rank. The
 /// message says what failed and where; what the call had written by then is unspecified
 /// (each throwing function says which state it leaves), and state that another rank

@@ -33,14 +33,14 @@ std::size_t probes_per_segment(std::span<const Stage> stages) {
   return per;
 }
 
-/// Throws sidco::error naming what and the first non-finite value when the moments pass
-/// found any (nonfinite of them). Reads only; nothing has been written yet.
+/// Throws sidco::nonfinite_error naming what and the first non-finite value when the moments
+/// pass found any (nonfinite of them). Reads only; nothing has been written yet.
 template <class Backend, class Source>
 void check_finite(Backend& backend, const Source& source, std::uint64_t nonfinite, const char* what) {
   if (nonfinite == 0) return;
   const auto first = backend.first_nonfinite(source);
-  detail::fail(what, " contains ", nonfinite, " non-finite value(s); the first is ", first.value,
-               " at index ", source.base + first.index);
+  throw nonfinite_error(sidco::detail::message(what, " contains ", nonfinite, " non-finite value(s); the first is ",
+                                               first.value, " at index ", source.base + first.index));
 }
 
 /// Runs the pipeline for source over layout (which tiles it), stage s serving segment s;

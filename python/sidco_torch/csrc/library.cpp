@@ -436,6 +436,19 @@ TORCH_LIBRARY(sidco, m) {
         "-> Tensor(a!)");
   m.def("scatter_add_(Tensor(a!) dense, Tensor indices, Tensor values, float scale=1.0) -> Tensor(a!)");
   m.def("decompress(Tensor indices, Tensor values, int size) -> Tensor");
+  // Whether a failed exchange failed only for non-finite input on some ranks (the hook's
+  // nonfinite="skip"): the payloads' headers, on the host.
+  m.def("nonfinite_only(Tensor[] payloads) -> bool", [](const std::vector<at::Tensor>& payloads) {
+    return translated([&] {
+      std::vector<std::span<const std::byte>> views;
+      for (const at::Tensor& p : payloads) {
+        check_cpu_tensor("payload", p);
+        if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
+        views.push_back(bytes_of(p));
+      }
+      return sidco::comm::failed_for_nonfinite_input(views);
+    });
+  });
   // Which CPU kernels run here: a Highway target chosen at load time, or "portable".
   m.def("cpu_kernels() -> str", [] { return std::string(sidco::backend::cpu::kernels()); });
   // The method table (sidco/methods.hpp): [name, description] per method.

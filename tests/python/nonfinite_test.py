@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""State(nonfinite="skip"), the mixed-precision loop's rule, on gloo ranks: an overflow (inf)
+injected into one rank's gradients at one step makes every rank's reduced gradients
+non-finite at that step, so that a GradScaler's rule (a non-finite gradient after the
+exchange: skip the optimizer step) skips it on every rank; afterwards every rank continues
+exactly as a run that never took that step does (parameters, residuals, adaptive state and
+the iteration count, bit for bit). Checked for the all-gather exchange (2 ranks, overflow in
+the sparse buckets and in a small dense bucket, and during the dense warm-up) and the
+reduce-scatter exchange (3 ranks). torch 1.13's GradScaler is CUDA-only (on CPU it disables
+itself), so the rule is written out here; the GPU check runs a real one."""
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import sidco_torch
+from hook_test import batch, make, run
+
+STEPS = 6
+
+
+def rule_step(ddp, optimizer, rank, step, overflow_rank=None, where="first"):
+    """One training step by GradScaler's rule; returns whether the step was skipped."""
+    x, y = batch(rank, step)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(ddp(x), y)
+    if rank == overflow_rank:
+        # An overflow in one layer's gradient only (what a too-large loss scale does first).
+        layer = ddp.module.first if where == "first" else ddp.module.last
+        layer.weight.register_hook(lambda g: g * float("inf") if not getattr(layer, "_done", False) else g)
+    loss.backward()
+    if rank == overflow_rank:
+        layer._done = True
+    finite = all(bool(torch.isfinite(p.grad).all()) for p in ddp.parameters() if p.grad is not None)
+    if finite:
+        optimizer.step()
+    return not finite
+
+
+def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements):
+    def fresh():
+        return sidco_torch.State(method="sidco-e", density=0.05, start_iter=start_iter, exchange=exchange,
+                                 nonfinite="skip", min_bucket_elements=min_bucket_elements)
+    # Run A: the overflow at skipped_step on rank 1; run B: that step never taken.
+    state_a = fresh()
+    model_a, ddp_a, opt_a = make(state_a, rank)
+    skipped = [rule_step(ddp_a, opt_a, rank, step, 1 if step == skipped_step else None, where) for step in range(STEPS)]
+    assert skipped == [step == skipped_step for step in range(STEPS)], f"rank {rank} skipped {skipped}"
+    paths = {s["size"]: s["path"] for s in state_a.stats().values()}
+    state_b = fresh()
+    model_b, ddp_b, opt_b = make(state_b, rank)
+    for step in range(STEPS):
+        if step != skipped_step:
+            rule_step(ddp_b, opt_b, rank, step)
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.equal(a, b), f"rank {rank}: {name} differs by {(a - b).abs().max().item()}"
+    sa, sb = state_a.state_dict(), state_b.state_dict()
+    assert sa["iteration"] == sb["iteration"] == STEPS - 1, (sa["iteration"], sb["iteration"])
+    assert sa["layers"].keys() == sb["layers"].keys()
+    for key, layer in sa["layers"].items():
+        other = sb["layers"][key]
+        assert torch.equal(layer["compressor"], other["compressor"]), f"rank {rank}: {key}'s compressor state differs"
+        if layer["residual"] is not None:
+            assert torch.equal(layer["residual"], other["residual"]), f"rank {rank}: {key}'s residual differs"
+    assert sorted(sa["exchanges"]) == sorted(sb["exchanges"]), (sorted(sa["exchanges"]), sorted(sb["exchanges"]))
+    for key in sa["exchanges"]:
+        assert torch.equal(sa["exchanges"][key], sb["exchanges"][key]), f"rank {rank}: exchange state {key} differs"
+    assert state_a.skipped_steps == 1, state_a.skipped_steps
+    return (f"step {skipped_step} skipped on every rank, then bit-identical to a run without it (buckets: "
+            + ", ".join(f"{size} values {path}" for size, path in sorted(paths.items())) + ")")
+
+
+def scenario_raise(rank, world):
+    """The default: the same overflow raises on every rank, naming the rank."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    model, ddp, optimizer = make(state, rank)
+    rule_step(ddp, optimizer, rank, 0)
+    try:
+        rule_step(ddp, optimizer, rank, 1, overflow_rank=1)
+    except RuntimeError as e:
+        message = str(e)
+    else:
+        raise AssertionError(f"rank {rank}: no error with nonfinite='raise'")
+    assert "rank 1 failed" in message and "non-finite" in message, message
+    return "raised on every rank"
+
+
+def check_arguments():
+    try:
+        sidco_torch.State(nonfinite="ignore")
+    except ValueError as e:
+        assert "nonfinite = 'ignore'" in str(e), e
+    else:
+        raise AssertionError("nonfinite='ignore' accepted")
+
+
+def main():
+    check_arguments()
+    print("raise (the default):", run(scenario_raise, 2)[0])
+    # Buckets after the first step: 'middle' and 'last' (133,898 values), 'first' (16,896);
+    # min_bucket_elements 20,000 sends 'first' densely.
+    for exchange, world, step, where, start_iter, smallest in [("allgather", 2, 3, "first", 1, 3000),
+                                                               ("allgather", 2, 3, "first", 1, 20000),
+                                                               ("allgather", 2, 0, "last", 2, 3000),
+                                                               ("reduce", 3, 2, "last", 1, 3000)]:
+        out = run(scenario_skip, world, exchange, step, where, start_iter, smallest, timeout=240)
+        print(f"skip ({exchange}, {world} ranks, overflow in '{where}' at step {step}, start_iter {start_iter}, "
+              f"min_bucket_elements {smallest}):", out[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
