@@ -69,6 +69,13 @@ def _real_scalar(value, what):
     return _shortest(value, narrow) if narrow is not None and math.isfinite(value) else value
 
 
+def _checked_density(value, what):
+    value = _real_scalar(value, what)
+    if not 0 < value <= 1:
+        raise ValueError(f"sidco_torch.State: {what} = {value!r} is outside (0, 1]")
+    return value
+
+
 def _bits(x):
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
@@ -92,16 +99,19 @@ class _Bucket:
         self.dtype = dtype
         self.device = device
         self.exchange = exchange
+        # What it compresses at (this step's density) and plans capacity for (the agreed one).
+        self.density, self.capacity_density = state._step_density, state._verified
         numel = sum(sizes)
         # On the bucket's device: a CUDA bucket is encoded, gathered (NCCL) and decoded there.
         self.residual = torch.zeros(numel, dtype=dtype, device=device) if state.feedback else None
         if exchange == "reduce":
-            self.codec = _reduce_codec(state.method, state.options, sizes, dtype, state.density, state.capacity_slack,
-                                       world, rank, state.owner)
+            self.codec = _reduce_codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
+                                       world, rank, state.owner, self.capacity_density)
             payload = self.codec.block_bytes()
             self.received = torch.empty(world * payload, dtype=torch.uint8, device=device)
         else:
-            self.codec = _codec(state.method, state.options, sizes, dtype, state.density, state.capacity_slack)
+            self.codec = _codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
+                                self.capacity_density)
             payload = self.codec.payload_bytes()
         self.inbox = [torch.empty(payload, dtype=torch.uint8, device=device) for _ in range(world)]
 
@@ -112,8 +122,9 @@ class _Bucket:
 class State:
     """What the hook keeps between steps.
 
-    method: a sidco_torch method (sidco_torch.METHODS); density in (0, 1], any real scalar;
-    process_group: None for the default group; start_iter: iterations all-reduced densely
+    method: a sidco_torch method (sidco_torch.METHODS); density in (0, 1], any real scalar,
+    or a schedule: a function of the iteration returning one (evaluated once a step, alike on
+    every rank; set_density() changes it during training); process_group: None for the default group; start_iter: iterations all-reduced densely
     first; min_bucket_elements: smaller buckets are all-reduced densely; feedback: error
     feedback (recommended); capacity_slack: each tensor sends at most ceil(slack k) entries,
     k = max(1, floor(density n)); exchange: "allgather" (one all-gather of every rank's
@@ -137,9 +148,8 @@ class State:
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e",
                  nonfinite="raise", **options):
-        density = _real_scalar(density, "density")
-        if not 0 < density <= 1:
-            raise ValueError(f"sidco_torch.State: density = {density!r} is outside (0, 1]")
+        schedule = density if callable(density) else None
+        density = _checked_density(density(0) if schedule else density, "density(0)" if schedule else "density")
         capacity_slack = _real_scalar(capacity_slack, "capacity_slack")
         if not 1 <= capacity_slack <= 1000:
             raise ValueError(f"sidco_torch.State: capacity_slack = {capacity_slack!r} is outside [1, 1000]")
@@ -169,7 +179,8 @@ class State:
         self.exchange = exchange
         self.owner = owner
         self.nonfinite = nonfinite
-        self._density = density
+        self._density = density    # the density, or the schedule's first value
+        self._schedule = schedule  # the schedule, or None
         self.process_group = process_group
         self.start_iter = start_iter
         self.min_bucket_elements = min_bucket_elements
@@ -197,11 +208,34 @@ class State:
         self._undo = []         # nonfinite="skip": what puts this step's state back
         self._skip = None       # nonfinite="skip": the iteration this step started at, once it is skipped
         self._step_iteration = self.iteration
+        self._step_density = None  # this step's density (the schedule's value at its iteration)
+        self._step_problem = None  # why this rank's schedule gave no density this step
+        # The density every rank last agreed on (at the first call, then through decoded
+        # payloads' headers): capacities and the dense/sparse choice follow it, so a density
+        # changed on one rank only makes the next exchange fail alike on every rank, never
+        # makes the ranks' collectives differ in size.
+        self._verified = None
+        self._next_verified = None
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
 
     @property
     def density(self):
-        return self._density
+        """The density at the current iteration."""
+        return self._density_at(self.iteration)
+
+    def set_density(self, density):
+        """Sends at density from the next step on (replacing a schedule), keeping every
+        residual and adaptive state. Call it alike on every rank: a rank whose density differs
+        makes the next exchange raise the same error on every rank. Capacities follow one
+        step later (the step that changes it still sends at most what the old density's
+        capacity holds; the rest waits in the residual)."""
+        self._density = _checked_density(density, "density")
+        self._schedule = None
+
+    def _density_at(self, iteration):
+        if self._schedule is None:
+            return self._density
+        return _checked_density(self._schedule(iteration), f"density({iteration})")
 
     def exchange_for(self, world, device_type="cpu"):
         """The exchange the hook uses among world ranks. "auto" follows the byte model each
@@ -298,7 +332,8 @@ class State:
             if b.exchange == "reduce":
                 exchanges["|".join(keys)] = b.codec.exchange_state()
         rank, world = self._rank_and_world()
-        return {"format": _STATE_FORMAT, "method": self.method, "density": self.density,
+        agreed = self._next_verified if self._next_verified is not None else self._verified
+        return {"format": _STATE_FORMAT, "method": self.method, "density": self.density, "agreed_density": agreed,
                 "capacity_slack": self.capacity_slack, "feedback": self.feedback, "options": dict(self.options),
                 "iteration": self.iteration, "keys": self._keying or "order", "rank": rank, "world": world,
                 "exchange": self.exchange, "owner": self.owner, "layers": layers, "exchanges": exchanges}
@@ -328,7 +363,8 @@ class State:
                              "f'sidco-{rank}.pt'))")
         # States saved before the exchange and owner options had their defaults.
         defaults = {"exchange": "auto", "owner": "sidco-e"}
-        for field in ("method", "density", "capacity_slack", "feedback", "options", "exchange", "owner"):
+        # The density may differ (a schedule, set_density): residuals and adaptive state do not depend on it.
+        for field in ("method", "capacity_slack", "feedback", "options", "exchange", "owner"):
             mine, theirs = getattr(self, field), d.get(field, defaults.get(field))
             if theirs != mine:
                 raise ValueError(f"sidco_torch.State.load_state_dict: the state has {field} {theirs!r}, this "
@@ -340,6 +376,9 @@ class State:
         iteration = d["iteration"]
         if not (isinstance(iteration, int) and iteration >= 0):
             raise ValueError(f"sidco_torch.State.load_state_dict: iteration {iteration!r}")
+        agreed = d.get("agreed_density")
+        if agreed is not None:
+            agreed = _checked_density(agreed, "the state's agreed_density")
         layers = {}
         for key, entry in d["layers"].items():
             layers[key] = self._checked_layer(key, entry)
@@ -354,6 +393,7 @@ class State:
         self._pending_exchanges = {k: v.clone() for k, v in exchanges.items()}
         self._keying = d["keys"]
         self.iteration = iteration
+        self._verified, self._next_verified, self._in_step = agreed, None, False
         # The next hook call agrees again: the iteration, and who saved the state, on every rank.
         self._agreed = False
         self._loaded_from = None if None in saved_by else saved_by
@@ -385,7 +425,7 @@ class State:
         if not (isinstance(compressor, torch.Tensor) and compressor.dtype == torch.uint8 and compressor.dim() == 1):
             raise ValueError(f"{where}: compressor state is not a uint8 tensor")
         # A damaged compressor state is refused here, not at the first step.
-        _codec(self.method, self.options, [size], dtype, self.density, self.capacity_slack).load_layer_state(
+        _codec(self.method, self.options, [size], dtype, self._density, self.capacity_slack).load_layer_state(
             0, compressor.contiguous())
         current = self._owner.get(key)
         if current is not None and (current[0].sizes[current[1]] != size or current[0].dtype != dtype):
@@ -411,7 +451,7 @@ class State:
 
     def __getstate__(self):
         # The process group cannot be pickled (PowerSGD's state drops it too).
-        return {"config": dict(method=self.method, density=self.density, start_iter=self.start_iter,
+        return {"config": dict(method=self.method, density=self._schedule or self._density, start_iter=self.start_iter,
                                min_bucket_elements=self.min_bucket_elements, feedback=self.feedback,
                                capacity_slack=self.capacity_slack, exchange=self.exchange, owner=self.owner,
                                nonfinite=self.nonfinite, **self.options),
@@ -424,11 +464,19 @@ class State:
     # ----- the hook's bookkeeping
 
     def _begin_step(self):
-        """At a step's first hook call: the previous step put back if it was skipped."""
+        """At a step's first hook call: the previous step put back if it was skipped; the
+        density agreed in its payloads adopted; this step's density."""
         if not self._in_step:
             self._settle()
+            if self._next_verified is not None:
+                self._verified, self._next_verified = self._next_verified, None
             self._in_step = True
             self._step_iteration = self.iteration
+            try:
+                self._step_density, self._step_problem = self._density_at(self.iteration), None
+            except (TypeError, ValueError) as e:  # sent as this rank's failure: every rank raises it
+                self._step_density = self._verified if self._verified is not None else self._density
+                self._step_problem = f"{type(e).__name__}: {e}"
 
     def _settle(self):
         """nonfinite="skip": puts back what a skipped step changed (residuals, compressor and
@@ -438,6 +486,7 @@ class State:
             return
         for restore in reversed(undo):
             restore()
+        self._next_verified = None  # as if the step had not run
         self.iteration = self._skip
         self._skip = None
         self.skipped_steps += 1
@@ -472,8 +521,10 @@ class State:
     def _agree(self, group, world, device):
         """Every rank's configuration, compared once (the first hook call of this State in this
         process): a difference would make the payloads' sizes differ."""
+        verified = self._verified if self._verified is not None else self._step_density
         fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
-                  ("density", _bits(self.density)), ("capacity_slack", _bits(self.capacity_slack)),
+                  ("density", _bits(self._step_density)), ("agreed density", _bits(verified)),
+                  ("capacity_slack", _bits(self.capacity_slack)),
                   ("feedback", int(self.feedback)), ("start_iter", self.start_iter),
                   ("min_bucket_elements", self.min_bucket_elements),
                   ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
@@ -490,6 +541,7 @@ class State:
         dist.all_gather(everyone, mine, group=group)
         everyone = [t.cpu() for t in everyone]
         shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
+                 "agreed density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0]}
         loaded_at = len(fields) - 1
         for rank, theirs in enumerate(everyone):
@@ -505,6 +557,7 @@ class State:
                                      f"{show(int(everyone[0][j]))}; every rank must make its State alike")
         self._agreed = True
         self._loaded_from = None
+        self._verified = verified
 
     def _agree_bucket(self, group, world, bucket, sparse, payload_bytes):
         """What this bucket puts on the wire (path, dtype, values, bytes), compared across ranks
@@ -556,8 +609,10 @@ class State:
         exchange = self.exchange_for(world, buffer.device.type)
         b = self._buckets.get(keys)
         if b is not None and b.dtype == buffer.dtype and b.device == buffer.device and len(b.inbox) == world \
-                and b.exchange == exchange:
+                and b.exchange == exchange and b.density == self._step_density \
+                and b.capacity_density == self._verified:
             return b, None
+        previous = b
         group = self.process_group if self.process_group is not None else dist.group.WORLD
         b = _Bucket(self, keys, sizes, buffer.dtype, buffer.device, world, dist.get_rank(group), exchange)
         # Each parameter's state follows it: from the bucket that held it, or a loaded state.
@@ -569,6 +624,8 @@ class State:
                 elif key in self._pending:
                     self._import(b, i, self._pending[key])
             saved = self._pending_exchanges.get("|".join(keys))
+            if previous is not None and previous.exchange == "reduce" == exchange and len(previous.inbox) == world:
+                saved = previous.codec.exchange_state()  # a new density or dtype keeps the regions
             if saved is not None and exchange == "reduce":
                 b.codec.load_exchange_state(saved)
         except Exception as e:  # noqa: BLE001 - any of it is this rank's failure to report
@@ -584,6 +641,9 @@ class State:
         return b, None
 
     def _dense_reason(self, buffer, world, iteration):
+        """Why this bucket goes dense, or None; from the agreed density, so that every rank
+        chooses alike."""
+        density = self._verified
         if iteration < self.start_iter:
             return f"iteration {iteration} < start_iter {self.start_iter}"
         if buffer.numel() < self.min_bucket_elements:
@@ -591,13 +651,13 @@ class State:
         value = buffer.element_size()
         if self.exchange_for(world, buffer.device.type) == "reduce":
             # Two rounds of about slack k entries against a ring all-reduce's 2 (P - 1) / P x the bucket.
-            if self.density * self.capacity_slack * (4 + value) >= value:
-                return (f"density x capacity_slack = {self.density * self.capacity_slack:.3g} makes the exchanged "
+            if density * self.capacity_slack * (4 + value) >= value:
+                return (f"density x capacity_slack = {density * self.capacity_slack:.3g} makes the exchanged "
                         "entries outweigh a dense all-reduce")
             return None
         # The gathered payloads against a ring all-reduce's 2 x the bucket.
-        if world * self.density * self.capacity_slack * (4 + value) >= 2 * value:
-            return (f"density x ranks x capacity_slack = {self.density * world * self.capacity_slack:.3g} "
+        if world * density * self.capacity_slack * (4 + value) >= 2 * value:
+            return (f"density x ranks x capacity_slack = {density * world * self.capacity_slack:.3g} "
                     f"makes the gathered entries outweigh a dense all-reduce")
         return None
 
@@ -655,7 +715,7 @@ def _dense(state, bucket, group, world, reason):
         warnings.warn(f"sidco_torch: bucket {bucket.index()} is all-reduced densely: {reason}", stacklevel=3)
     stats = {"path": "dense", "reason": reason, "size": buffer.numel(), "selected": buffer.numel(),
              "candidates": buffer.numel(), "trimmed": 0, "capacity": buffer.numel(), "density": 1.0,
-             "target_density": state.density, "threshold": 0.0, "stages": 0, "fallback": False,
+             "target_density": state._step_density, "threshold": 0.0, "stages": 0, "fallback": False,
              "compress_seconds": 0.0, "decode_seconds": 0.0, "bytes_sent": buffer.numel() * buffer.element_size(),
              "failed": False}
     state._stats[bucket.index()] = stats
@@ -677,7 +737,7 @@ def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent)
     """A sparse bucket's statistics from its codec's report (State.stats() lists them)."""
     return {"path": "sparse", "exchange": exchange, "size": buffer.numel(), "selected": int(report["selected"]),
             "candidates": int(report["candidates"]), "trimmed": int(report["trimmed"]),
-            "capacity": int(report["capacity"]), "density": report["density"], "target_density": state.density,
+            "capacity": int(report["capacity"]), "density": report["density"], "target_density": state._step_density,
             "threshold": report["threshold"], "stages": int(report["stages"]), "fallback": bool(report["fallback"]),
             "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"])}
 
@@ -711,6 +771,7 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
             if state.nonfinite == "skip" and _nonfinite_only(inbox):
                 return state._skipped(stats, buffer)
             raise
+        state._next_verified = b.density
         done = b.codec.report()
         stats["decode_seconds"] = time.perf_counter() - began
         stats.update(union_density=done["union_entries"] / buffer.numel(),
@@ -727,9 +788,9 @@ def hook(state, bucket):
     ddp_model.register_comm_hook(state, sidco_torch.hook)."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
+    state._begin_step()
     if not state._agreed:
         state._agree(group, world, bucket.buffer().device)
-    state._begin_step()
     for p in bucket.parameters():
         state._key(p)  # a parameter of another model is refused on every path
     iteration = state.iteration
@@ -744,6 +805,7 @@ def hook(state, bucket):
         return _dense(state, bucket, group, world, reason)
     started = time.perf_counter()
     b, problem = state._bucket(bucket, world)
+    problem = problem or state._step_problem
     state._agree_bucket(group, world, bucket, 2 if b.exchange == "reduce" else 1, b.payload_bytes())
     if b.exchange == "reduce":
         return _reduce(state, bucket, b, group, iteration, problem, started)
@@ -769,6 +831,7 @@ def hook(state, bucket):
             if state.nonfinite == "skip" and _nonfinite_only(inbox):
                 return state._skipped(stats, buffer)
             raise
+        state._next_verified = b.density  # every rank's header said it
         stats["decode_seconds"] = time.perf_counter() - began
         return buffer
 

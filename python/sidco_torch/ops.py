@@ -41,20 +41,23 @@ def _options_dict(options, where="sidco_torch"):
     return parsed
 
 
-def _codec(method, options, layer_sizes, dtype, density, slack):
-    """A bucket's codec: its compressor per layer, capacity and payload format."""
+def _codec(method, options, layer_sizes, dtype, density, slack, capacity_density=None):
+    """A bucket's codec: its compressor per layer, capacity (planned for capacity_density,
+    density by default) and payload format."""
     if dtype not in _DTYPES:
         raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
     return torch.classes.sidco.Codec(method, _options_dict(options), [int(n) for n in layer_sizes], _DTYPES[dtype],
-                                     float(density), float(slack))
+                                     float(density), float(slack),
+                                     float(density if capacity_density is None else capacity_density))
 
 
-def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, rank, owner):
-    """A CPU bucket's side of the reduce-scatter exchange."""
+def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, rank, owner, capacity_density=None):
+    """A CPU bucket's side of the reduce-scatter exchange (capacity as _codec's)."""
     if dtype not in _DTYPES:
         raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
     return torch.classes.sidco.ReduceCodec(method, _options_dict(options), [int(n) for n in layer_sizes], _DTYPES[dtype],
-                                           float(density), float(slack), int(ranks), int(rank), owner)
+                                           float(density), float(slack), int(ranks), int(rank), owner,
+                                           float(density if capacity_density is None else capacity_density))
 
 
 class Compressor:

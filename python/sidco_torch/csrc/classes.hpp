@@ -75,8 +75,10 @@ std::unique_ptr<codec_impl> make_cpu_codec_of(const codec_settings& settings, co
 /// threads sharing one Codec are served in turn instead of racing on its buffers.
 class Codec : public torch::CustomClassHolder {
  public:
+  /// capacity_density: the density the payload's capacity is planned for (the one every
+  /// rank last agreed on; density itself while it does not change).
   Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
-        std::string dtype, double density, double slack);
+        std::string dtype, double density, double slack, double capacity_density);
 
   const codec_settings& settings() const { return settings_; }
   const sidco::comm::wire_format& format() const { return format_; }

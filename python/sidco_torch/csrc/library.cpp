@@ -110,10 +110,10 @@ codec_settings settings_of(std::string method, const c10::Dict<std::string, doub
 }  // namespace
 
 Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
-             std::string dtype, double density, double slack) {
+             std::string dtype, double density, double slack, double capacity_density) {
   translated([&] {
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
-    plan_ = sidco::comm::plan_capacity(settings_.layout, density, slack);
+    plan_ = sidco::comm::plan_capacity(settings_.layout, capacity_density, slack);
     format_ = {plan_.total, sizeof(std::uint32_t), std::size_t(c10::elementSize(settings_.dtype))};
     // Fails here, not at the first step, for an unknown method.
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
@@ -271,15 +271,15 @@ at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tenso
 
 ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> options,
                          std::vector<std::int64_t> layer_sizes, std::string dtype, double density, double slack,
-                         std::int64_t ranks, std::int64_t rank, std::string owner) {
+                         std::int64_t ranks, std::int64_t rank, std::string owner, double capacity_density) {
   translated([&] {
     if (ranks < 1) sidco::throw_error("ranks = ", ranks, " is not positive");
     if (rank < 0 || rank >= ranks) sidco::throw_error("rank = ", rank, " is outside [0, ", ranks, ")");
     if (owner != "sidco-e" && owner != "top-k") sidco::throw_error("owner = '", owner, "' is not sidco-e or top-k");
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     plan_ = with_value_type(settings_.dtype, "bucket", [&](auto tag) {
-      return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, density, slack,
-                                                                                  std::size_t(ranks));
+      return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, capacity_density,
+                                                                                  slack, std::size_t(ranks));
     });
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
     impl_ = make_reduce_codec(settings_, plan_, std::size_t(rank), owner);
@@ -400,7 +400,7 @@ TORCH_LIBRARY(sidco, m) {
       .def("method", &Compressor::method);
   m.class_<Codec>("Codec")
       .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
-                       double>())
+                       double, double>())
       .def("payload_bytes", &Codec::payload_bytes)
       .def("capacity", &Codec::capacity)
       .def("layer_capacities", &Codec::layer_capacities)
@@ -409,7 +409,7 @@ TORCH_LIBRARY(sidco, m) {
       .def("load_layer_state", &Codec::load_layer_state);
   m.class_<ReduceCodec>("ReduceCodec")
       .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
-                       double, std::int64_t, std::int64_t, std::string>())
+                       double, std::int64_t, std::int64_t, std::string, double>())
       .def("block_bytes", &ReduceCodec::block_bytes)
       .def("capacity", &ReduceCodec::capacity)
       .def("target", &ReduceCodec::target)

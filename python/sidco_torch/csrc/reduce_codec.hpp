@@ -45,10 +45,11 @@ std::unique_ptr<reduce_codec_impl> make_reduce_codec(const codec_settings& setti
 
 class ReduceCodec : public torch::CustomClassHolder {
  public:
-  /// ranks and rank: the process group's; owner: "sidco-e" (default) or "top-k".
+  /// ranks and rank: the process group's; owner: "sidco-e" (default) or "top-k";
+  /// capacity_density: as Codec's.
   ReduceCodec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
               std::string dtype, double density, double slack, std::int64_t ranks, std::int64_t rank,
-              std::string owner);
+              std::string owner, double capacity_density);
 
   std::int64_t block_bytes() const { return std::int64_t(plan_.format.bytes()); }
   std::int64_t capacity() const { return std::int64_t(plan_.capacity); }
