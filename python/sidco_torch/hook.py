@@ -18,6 +18,7 @@ load_state_dict() resume a run bit for bit.
 """
 import math
 import numbers
+import re
 import struct
 import time
 import warnings
@@ -67,6 +68,13 @@ def _real_scalar(value, what):
         raise TypeError(f"sidco_torch.State: {what} must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
     return _shortest(value, narrow) if narrow is not None and math.isfinite(value) else value
+
+
+class ExchangeError(RuntimeError):
+    """Raised alike on every rank when the ranks disagree (configuration, buckets, density) or
+    one of them failed (its error is in the message). DDP's backward() re-raises what a hook
+    raises as a RuntimeError whose message begins with "ExchangeError: " (torch passes no
+    exception type through its reducer); the object itself is state.error."""
 
 
 def _checked_density(value, what):
@@ -216,6 +224,7 @@ class State:
         # makes the ranks' collectives differ in size.
         self._verified = None
         self._next_verified = None
+        self.error = None       # the last ExchangeError the hook raised
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
 
     @property
@@ -518,6 +527,10 @@ class State:
         buffer.fill_(float("nan"))
         return buffer
 
+    def _fail(self, error):
+        self.error = error
+        return error
+
     def _agree(self, group, world, device):
         """Every rank's configuration, compared once (the first hook call of this State in this
         process): a difference would make the payloads' sizes differ."""
@@ -547,17 +560,33 @@ class State:
         for rank, theirs in enumerate(everyone):
             if int(theirs[loaded_at]) >= 0:
                 saver, saved_world = divmod(int(theirs[loaded_at]), 65536)
-                raise ValueError(f"sidco_torch.State: rank {rank} loaded the state that rank {saver} of {saved_world} "
-                                 "saved; the state holds that rank's residuals: each rank saves and loads its own "
-                                 "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))")
+                raise self._fail(ExchangeError(
+                    f"sidco_torch.State: rank {rank} loaded the state that rank {saver} of {saved_world} saved; the "
+                    "state holds that rank's residuals: each rank saves and loads its own "
+                    "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
             for j, (name, _) in enumerate(fields[:loaded_at]):
                 if theirs[j] != everyone[0][j]:
-                    show = shown.get(name, lambda v: v)
-                    raise ValueError(f"sidco_torch.State: rank {rank} has {name} {show(int(theirs[j]))}, rank 0 has "
-                                     f"{show(int(everyone[0][j]))}; every rank must make its State alike")
+                    if name in ("method", "options", "exchange", "owner", "nonfinite"):
+                        # Hashes and indices on the wire: the values themselves, from every rank
+                        # (each one found this same difference, so each joins this gather).
+                        readable = [None] * world
+                        dist.all_gather_object(readable, {"method": self.method, "options": dict(sorted(
+                            self.options.items())), "exchange": self.exchange, "owner": self.owner,
+                            "nonfinite": self.nonfinite}, group=group)
+                        theirs_shown, first_shown = readable[rank][name], readable[0][name]
+                    else:
+                        show = shown.get(name, lambda v: v)
+                        theirs_shown, first_shown = show(int(theirs[j])), show(int(everyone[0][j]))
+                    raise self._fail(ExchangeError(
+                        f"sidco_torch.State: rank {rank} has {name} {theirs_shown!r}, rank 0 has {first_shown!r}; "
+                        "every rank must make its State alike"))
         self._agreed = True
         self._loaded_from = None
         self._verified = verified
+        if world == 1 and "world" not in self._warned:
+            self._warned.add("world")
+            warnings.warn("sidco_torch: a world of one rank has nothing to exchange; the hook still compresses (error "
+                          "feedback delays part of each update), as it would among several", stacklevel=4)
 
     def _agree_bucket(self, group, world, bucket, sparse, payload_bytes):
         """What this bucket puts on the wire (path, dtype, values, bytes), compared across ranks
@@ -591,8 +620,8 @@ class State:
                 what = f"sends bucket {index} {paths[sparse1]}, rank 0 {paths[sparse0]}"
             else:
                 what = f"sends bucket {index} in {bytes1}-byte payloads, rank 0 in {bytes0} (another layout)"
-            raise ValueError(f"sidco_torch.State: rank {rank} {what}; every rank must hand the hook the same "
-                             "buckets")
+            raise self._fail(ExchangeError(f"sidco_torch.State: rank {rank} {what}; every rank must hand the hook "
+                                           "the same buckets"))
         self._signatures[bucket.index()] = mine
 
     def _bucket(self, bucket, world):
@@ -635,10 +664,24 @@ class State:
             self._pending.pop(key, None)
             self._owner[key] = (b, i)
         self._buckets[keys] = b
+        self._warn_density(bucket.index(), sizes, b.density)
         owners = {id(owner[0]) for owner in self._owner.values()}
         for other in [k for k, v in self._buckets.items() if id(v) not in owners]:
             del self._buckets[other]
         return b, None
+
+    def _warn_density(self, index, sizes, density):
+        """Once per bucket and density: each tensor keeps at least one entry (k = max(1,
+        floor(density n))), so tensors under 1 / density values raise what the bucket sends."""
+        kept = sum(max(1, math.floor(density * n)) for n in sizes)
+        wanted = density * sum(sizes)
+        reason = ("density", index, density)
+        if kept > 1.1 * wanted and reason not in self._warned:
+            self._warned.add(reason)
+            small = sum(1 for n in sizes if density * n < 1)
+            warnings.warn(f"sidco_torch: bucket {index} sends {kept / wanted:.3g}x the density asked ({density:g}): "
+                          f"each tensor keeps at least one entry, and {small} of its {len(sizes)} tensors have fewer "
+                          f"than 1/density = {1 / density:.3g} values", stacklevel=4)
 
     def _dense_reason(self, buffer, world, iteration):
         """Why this bucket goes dense, or None; from the agreed density, so that every rank
@@ -660,6 +703,18 @@ class State:
             return (f"density x ranks x capacity_slack = {density * world * self.capacity_slack:.3g} "
                     f"makes the gathered entries outweigh a dense all-reduce")
         return None
+
+
+def _named(message, b):
+    """message with the bucket's flat index ("at index N", as sidco's non-finite check says)
+    named as a parameter and an element of it: the same on every rank (their buckets agree)."""
+    def name(match):
+        index = int(match.group(1))
+        for key, offset, size in zip(b.keys, b.offsets, b.sizes):
+            if offset <= index < offset + size:
+                return f"{match.group(0)} (parameter {key}, element {index - offset})"
+        return match.group(0)
+    return re.sub(r"at index (\d+)", name, message, count=1)
 
 
 def _nonfinite_only(payloads):
@@ -767,10 +822,10 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
         stats["exchange_seconds"] = began - encoded
         try:
             torch.ops.sidco.reduce_decode(inbox, buffer, b.residual, b.codec)
-        except RuntimeError:
+        except RuntimeError as e:
             if state.nonfinite == "skip" and _nonfinite_only(inbox):
                 return state._skipped(stats, buffer)
-            raise
+            raise state._fail(ExchangeError(_named(str(e), b))) from e
         state._next_verified = b.density
         done = b.codec.report()
         stats["decode_seconds"] = time.perf_counter() - began
@@ -827,10 +882,10 @@ def hook(state, bucket):
         stats["exchange_seconds"] = began - encoded
         try:
             torch.ops.sidco.decode(inbox, buffer, b.residual, b.codec)
-        except RuntimeError:
+        except RuntimeError as e:
             if state.nonfinite == "skip" and _nonfinite_only(inbox):
                 return state._skipped(stats, buffer)
-            raise
+            raise state._fail(ExchangeError(_named(str(e), b))) from e
         state._next_verified = b.density  # every rank's header said it
         stats["decode_seconds"] = time.perf_counter() - began
         return buffer

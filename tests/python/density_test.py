@@ -134,6 +134,23 @@ def scenario_bad_schedule(rank, world):
     return message.split("RuntimeError: ")[-1].split("\n")[0]
 
 
+def scenario_warnings(rank, world):
+    """A world of one, and a density under one entry per small tensor, say so once."""
+    import warnings
+    state = sidco_torch.State(method="sidco-e", density=0.0001, start_iter=0)
+    model, ddp, optimizer = make(state, rank)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            train_step(ddp, optimizer, rank, step)
+    said = [str(w.message) for w in caught if "sidco_torch" in str(w.message)]
+    assert sum("a world of one rank" in m for m in said) == 1, said
+    dense = [m for m in said if "x the density asked (0.0001)" in m]
+    assert dense and all("each tensor keeps at least one entry" in m for m in dense), said
+    assert len(dense) == len(set(dense)), f"warned more than once: {dense}"
+    return dense[0]
+
+
 def check_arguments():
     for density, expected in [(lambda it: 0.0, "density(0) = 0.0 is outside (0, 1]"),
                               (lambda it: "x", "density(0) must be a real number")]:
@@ -155,6 +172,7 @@ def check_arguments():
 
 def main():
     check_arguments()
+    print("warnings:", run(scenario_warnings, 1)[0])
     print("schedule:", run(scenario_schedule, 2)[0])
     print("density set on rank 1 only:", run(scenario_one_rank, 2)[0])
     print("a schedule that fails on rank 1:", run(scenario_bad_schedule, 2)[0])

@@ -358,6 +358,19 @@ def scenario_agreement(rank, world):
     raise AssertionError("different densities were accepted")
 
 
+def scenario_method_mismatch(rank, world):
+    """Names, not hashes: the methods themselves, on every rank, as an ExchangeError."""
+    state = sidco_torch.State(method="sidco-e" if rank == 0 else "top-k", density=0.05)
+    model, ddp, optimizer = make(state, rank)
+    try:
+        train_step(ddp, optimizer, rank, 0)
+    except RuntimeError as e:
+        assert "ExchangeError: sidco_torch.State: rank 1 has method 'top-k', rank 0 has 'sidco-e'" in str(e), str(e)
+        assert isinstance(state.error, sidco_torch.ExchangeError), state.error
+        return str(state.error)
+    raise AssertionError("different methods were accepted")
+
+
 def scenario_two_models(rank, world):
     state = sidco_torch.State(method="sidco-e", density=0.05)
     first = make(state, rank)
@@ -874,6 +887,7 @@ def main():
     print("new DDP wrapper:", run(scenario_new_wrapper, 2)[0])
     print("future:", run(scenario_returns_early, 2)[0])
     print("different densities:", run(scenario_agreement, 2)[0])
+    print("different methods:", run(scenario_method_mismatch, 2)[0])
     print("two models:", run(scenario_two_models, 1)[0])
     print("dense switch:", run(scenario_dense_switch, 2)[0])
     print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])

@@ -83,7 +83,11 @@ def scenario_raise(rank, world):
     else:
         raise AssertionError(f"rank {rank}: no error with nonfinite='raise'")
     assert "rank 1 failed" in message and "non-finite" in message, message
-    return "raised on every rank"
+    # Named as a parameter, not a flat index of the bucket; the same object on the State.
+    assert "(parameter first.weight, element " in message, message
+    assert message.startswith("Got the following error when running the callback: ExchangeError: "), message
+    assert isinstance(state.error, sidco_torch.ExchangeError) and str(state.error) in message, state.error
+    return message.split("ExchangeError: ")[1].split("\n")[0]
 
 
 def check_arguments():
