@@ -2,7 +2,7 @@
 """A real mixed-precision loop on CUDA (torch.autocast float16 and a GradScaler) with the hook
 on 2 ranks (NCCL with 2 GPUs, else gloo on one). Exits 77 (skip) without a CUDA device or
 when this sidco_torch was built without CUDA ops. Checked:
-- nonfinite="skip": a GradScaler whose first scale (2^40) overflows float16 gradients skips
+- nonfinite="skip": a GradScaler whose first scale (2^24) overflows float16 gradients skips
   those steps on every rank and halves its scale until the gradients fit, then trains; every
   rank skips the same steps, ends with the same parameters, finite, and the loss falls;
 - nonfinite="raise" (the default): the first overflow raises on every rank, naming a rank."""
@@ -28,7 +28,9 @@ def amp_loop(rank, port, out, backend, nonfinite):
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, nonfinite=nonfinite)
     sidco_torch.register(ddp, state)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.cuda.amp.GradScaler(init_scale=2.0 ** 40, growth_interval=1000)
+    # torch.amp.GradScaler("cuda") from torch 2.3 on; torch.cuda.amp's before.
+    scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 24, growth_interval=1000) if hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(init_scale=2.0 ** 24, growth_interval=1000))
     generator = torch.Generator(device="cpu").manual_seed(10 + rank)
     teacher = torch.Generator(device="cpu").manual_seed(99)
     target = torch.randn(64, 10, generator=teacher).to(device)
@@ -45,7 +47,7 @@ def amp_loop(rank, port, out, backend, nonfinite):
             scaler.step(optimizer)
             scaler.update()
             skipped.append(scaler.get_scale() < scale)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     except RuntimeError as e:
         error = str(e).splitlines()[0]
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -67,7 +69,8 @@ def main():
     for rank, error, skipped, losses, finite, same, counted in results:
         assert error is None, f"rank {rank}: {error}"
         assert skipped == results[0][2], f"rank {rank} skipped other steps: {skipped} vs {results[0][2]}"
-        assert 5 <= sum(skipped) < STEPS // 2, f"rank {rank}: {sum(skipped)} steps skipped"
+        # From 2^24 a few halvings bring float16 gradients into range (from 2^40, 22 on an H100).
+        assert 1 <= sum(skipped) <= STEPS // 2, f"rank {rank}: {sum(skipped)} steps skipped"
         assert counted == sum(skipped), (counted, skipped)  # dense steps (before start_iter) counted too
         assert finite and same, f"rank {rank}: finite {finite}, same parameters on both ranks {same}"
         assert sum(losses[-5:]) < sum(losses[:5]), f"rank {rank}: the loss did not fall: {losses}"
