@@ -1,0 +1,101 @@
+#!/usr/bin/python3
+"""A complete data-parallel training script with sidco_torch's hook: an MLP on the bundled UCI
+digits (examples/data/digits), P CPU ranks over gloo on 127.0.0.1, SIDCo-E at a density that
+ramps down (a schedule), each rank checkpointing its own sidco state, and a resume.
+
+  PYTHONPATH=build/python /usr/bin/python3 examples/ddp_train.py --ranks 2 --steps 100 --save run.pt
+  PYTHONPATH=build/python /usr/bin/python3 examples/ddp_train.py --ranks 2 --steps 50 --resume run.pt
+
+On a GPU, pass --device cuda (NCCL where there are as many GPUs as ranks) and add
+nonfinite="skip" to the State when training under torch.autocast with a GradScaler.
+"""
+import argparse
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import sidco_torch
+
+DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits", "digits.csv")
+
+
+def density(iteration):
+    """A warm-up: 20% of each gradient for 20 steps, then 5% (DGC ramps down this way, in stages)."""
+    return 0.2 if iteration < 20 else 0.05
+
+
+def load_digits():
+    rows = torch.tensor([[float(v) for v in line.split(",")] for line in open(DIGITS)])
+    return rows[:, :64] / 16.0, rows[:, 64].long()
+
+
+def train(rank, world, port, args):
+    dist.init_process_group("nccl" if args.device == "cuda" and torch.cuda.device_count() >= world else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    device = torch.device(args.device, rank % max(1, torch.cuda.device_count())) if args.device == "cuda" else None
+    x, y = load_digits()
+    test_x, test_y = x[-297:], y[-297:]          # the last 297 for testing
+    x, y = x[:-297][rank::world], y[:-297][rank::world]  # each rank its shard of the rest
+    torch.manual_seed(0)                         # the same initial model on every rank
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    model = model.to(device or "cpu")
+    ddp = DDP(model, device_ids=[device.index] if device else None)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    state = sidco_torch.State(method="sidco-e", density=density, start_iter=2)
+    sidco_torch.register(ddp, state)
+    if args.resume:  # each rank its own file: the state holds this rank's residuals
+        checkpoint = torch.load(f"{args.resume}.{rank}", map_location="cpu")
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        state.load_state_dict(checkpoint["sidco"])
+    generator = torch.Generator().manual_seed(1000 + rank + 7919 * state.iteration)
+    for _ in range(args.steps):
+        batch = torch.randint(0, len(x), (64,), generator=generator)
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(ddp(x[batch].to(model[0].weight.device)), y[batch].to(model[0].weight.device))
+        try:
+            loss.backward()
+        except RuntimeError:
+            if isinstance(state.error, sidco_torch.ExchangeError):  # every rank stops here, at the same step
+                print(f"rank {rank}: the exchange failed: {state.error}", file=sys.stderr)
+            raise
+        optimizer.step()
+    stats = state.stats()
+    sent = sum(s["selected"] for s in stats.values()) / sum(s["size"] for s in stats.values())
+    with torch.no_grad():
+        accuracy = (model(test_x.to(model[0].weight.device)).argmax(1).cpu() == test_y).float().mean().item()
+    if args.save:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sidco": state.state_dict()},
+                   f"{args.save}.{rank}")
+    if rank == 0:
+        print(f"step {state.iteration}: loss {loss.item():.3f}, test accuracy {accuracy:.3f}, "
+              f"density sent {sent:.4f} (asked {state.density})")
+    dist.barrier()  # every rank done with the group before any tears it down
+    dist.destroy_process_group()
+    if accuracy < args.min_accuracy:
+        sys.exit(f"rank {rank}: test accuracy {accuracy:.3f} < {args.min_accuracy}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--save", help="checkpoint prefix (one file per rank: PREFIX.RANK)")
+    parser.add_argument("--resume", help="checkpoint prefix to resume from")
+    parser.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this test accuracy")
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(train, args=(args.ranks, port, args), nprocs=args.ranks)
+
+
+if __name__ == "__main__":
+    main()
