@@ -525,7 +525,6 @@ class State:
         self._skip = self._step_iteration
         stats["skipped"] = True
         buffer.fill_(float("nan"))
-        return buffer
 
     def _fail(self, error):
         self.error = error
@@ -705,6 +704,21 @@ class State:
         return None
 
 
+def _decoded(state, b, inbox, buffer, stats, decode):
+    """decode(inbox, buffer, residual, codec): True once decoded (every rank's header said the
+    bucket's density: it is agreed), False when nonfinite="skip" skipped the step (buffer is
+    NaN); any other failure raises an ExchangeError."""
+    try:
+        decode(inbox, buffer, b.residual, b.codec)
+    except RuntimeError as e:
+        if state.nonfinite == "skip" and _nonfinite_only(inbox):
+            state._skipped(stats, buffer)
+            return False
+        raise state._fail(ExchangeError(_named(str(e), b))) from e
+    state._next_verified = b.density
+    return True
+
+
 def _named(message, b):
     """message with the bucket's flat index ("at index N", as sidco's non-finite check says)
     named as a parameter and an element of it: the same on every rank (their buckets agree)."""
@@ -820,13 +834,8 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
         future.value()  # a failed all-gather raises here
         began = time.perf_counter()
         stats["exchange_seconds"] = began - encoded
-        try:
-            torch.ops.sidco.reduce_decode(inbox, buffer, b.residual, b.codec)
-        except RuntimeError as e:
-            if state.nonfinite == "skip" and _nonfinite_only(inbox):
-                return state._skipped(stats, buffer)
-            raise state._fail(ExchangeError(_named(str(e), b))) from e
-        state._next_verified = b.density
+        if not _decoded(state, b, inbox, buffer, stats, torch.ops.sidco.reduce_decode):
+            return buffer
         done = b.codec.report()
         stats["decode_seconds"] = time.perf_counter() - began
         stats.update(union_density=done["union_entries"] / buffer.numel(),
@@ -880,13 +889,8 @@ def hook(state, bucket):
         future.value()  # a failed all-gather raises here
         began = time.perf_counter()
         stats["exchange_seconds"] = began - encoded
-        try:
-            torch.ops.sidco.decode(inbox, buffer, b.residual, b.codec)
-        except RuntimeError as e:
-            if state.nonfinite == "skip" and _nonfinite_only(inbox):
-                return state._skipped(stats, buffer)
-            raise state._fail(ExchangeError(_named(str(e), b))) from e
-        state._next_verified = b.density  # every rank's header said it
+        if not _decoded(state, b, inbox, buffer, stats, torch.ops.sidco.decode):
+            return buffer
         stats["decode_seconds"] = time.perf_counter() - began
         return buffer
 

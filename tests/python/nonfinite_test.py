@@ -80,6 +80,7 @@ def scenario_raise(rank, world):
         rule_step(ddp, optimizer, rank, 1, overflow_rank=1)
     except RuntimeError as e:
         message = str(e)
+        dist.barrier()  # after the later buckets' collectives, before any rank tears the group down
     else:
         raise AssertionError(f"rank {rank}: no error with nonfinite='raise'")
     assert "rank 1 failed" in message and "non-finite" in message, message
