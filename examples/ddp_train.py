@@ -6,8 +6,9 @@ ramps down (a schedule), each rank checkpointing its own sidco state, and a resu
   PYTHONPATH=build/python /usr/bin/python3 examples/ddp_train.py --ranks 2 --steps 100 --save run.pt
   PYTHONPATH=build/python /usr/bin/python3 examples/ddp_train.py --ranks 2 --steps 50 --resume run.pt
 
-On a GPU, pass --device cuda (NCCL where there are as many GPUs as ranks) and add
-nonfinite="skip" to the State when training under torch.autocast with a GradScaler.
+With --device cuda (NCCL where there are as many GPUs as ranks, else gloo on one) it trains
+in mixed precision: torch.autocast float16 and a GradScaler, with the State's
+nonfinite="skip", so that a step whose gradients overflow on any rank is skipped on all.
 """
 import argparse
 import os
@@ -47,35 +48,42 @@ def train(rank, world, port, args):
     model = model.to(device or "cpu")
     ddp = DDP(model, device_ids=[device.index] if device else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-    state = sidco_torch.State(method="sidco-e", density=density, start_iter=2)
+    amp = device is not None  # mixed precision on CUDA: an overflowing step is skipped on every rank
+    state = sidco_torch.State(method="sidco-e", density=density, start_iter=2, nonfinite="skip" if amp else "raise")
     sidco_torch.register(ddp, state)
+    scaler = torch.cuda.amp.GradScaler(enabled=amp)
     if args.resume:  # each rank its own file: the state holds this rank's residuals
         checkpoint = torch.load(f"{args.resume}.{rank}", map_location="cpu")
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+        scaler.load_state_dict(checkpoint["scaler"])
         state.load_state_dict(checkpoint["sidco"])
     generator = torch.Generator().manual_seed(1000 + rank + 7919 * state.iteration)
     for _ in range(args.steps):
         batch = torch.randint(0, len(x), (64,), generator=generator)
         optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(ddp(x[batch].to(model[0].weight.device)), y[batch].to(model[0].weight.device))
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = nn.functional.cross_entropy(ddp(x[batch].to(model[0].weight.device)),
+                                               y[batch].to(model[0].weight.device))
         try:
-            loss.backward()
+            scaler.scale(loss).backward()
         except RuntimeError:
             if isinstance(state.error, sidco_torch.ExchangeError):  # every rank stops here, at the same step
                 print(f"rank {rank}: the exchange failed: {state.error}", file=sys.stderr)
             raise
-        optimizer.step()
+        scaler.step(optimizer)  # optimizer.step(), unless the gradients overflowed (under AMP)
+        scaler.update()
     stats = state.stats()
     sent = sum(s["selected"] for s in stats.values()) / sum(s["size"] for s in stats.values())
     with torch.no_grad():
         accuracy = (model(test_x.to(model[0].weight.device)).argmax(1).cpu() == test_y).float().mean().item()
     if args.save:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sidco": state.state_dict()},
-                   f"{args.save}.{rank}")
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                    "sidco": state.state_dict()}, f"{args.save}.{rank}")
     if rank == 0:
         print(f"step {state.iteration}: loss {loss.item():.3f}, test accuracy {accuracy:.3f}, "
-              f"density sent {sent:.4f} (asked {state.density})")
+              f"density sent {sent:.4f} (asked {state.density})"
+              + (f", {state.skipped_steps} overflowing steps skipped" if amp else ""))
     dist.barrier()  # every rank done with the group before any tears it down
     dist.destroy_process_group()
     if accuracy < args.min_accuracy:
