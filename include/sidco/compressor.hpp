@@ -22,6 +22,7 @@
 #include "sidco/pipeline/run.hpp"
 #include "sidco/pipeline/scratch.hpp"
 #include "sidco/pipeline/stage.hpp"
+#include "sidco/select/concept.hpp"
 #include "sidco/policy_checks.hpp"
 #include "sidco/select/above_threshold.hpp"
 
@@ -63,9 +64,11 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
                 "compressor<Estimator, Selection, Backend>: a backend was given as the "
                 "Selection. Presets take the selection first, then the backend: write "
                 "sidco_e<select::above_threshold, backend::serial>, not sidco_e<backend::serial>");
-  static_assert(detail::selection_policy<Selection> || detail::backend_like<Selection>,
+  static_assert(detail::selection_policy<Selection> || detail::backend_like<Selection> ||
+                    select::selection_like<Selection>,
                 "compressor<Estimator, Selection, Backend>: Selection must be a selection policy "
                 "(select::above_threshold, exact_k, trimmed<P>, top_k or random_k)");
+  static_assert(!select::selection_like<Selection> || select::diagnose<Selection>());
   static_assert(detail::estimator_policy<Estimator>,
                 "compressor<Estimator, Selection, Backend>: Estimator must be an estimator "
                 "(estimate::statistical<...>, sampled, gaussian_k, redsync or none)");

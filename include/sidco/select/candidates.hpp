@@ -15,6 +15,7 @@
 #include "sidco/backend/concept.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
+#include "sidco/select/concept.hpp"
 #include "sidco/select/result.hpp"
 
 namespace sidco::select {
@@ -32,8 +33,8 @@ struct candidate_start {
 /// candidate pass's start (or, when it starts_from_kth_bin, start_from_bin<T>(bin) from the
 /// coarse radix bin of its k-th largest, found for every segment in one kth_largest_bins
 /// pass), keep(k, candidates) how many of the candidates it keeps, and widen(backend, source,
-/// k, threshold, out, count, result, band_starts), where present, appends bands (ascending
-/// runs) until count reaches k.
+/// k, threshold, out, count, result, band_starts), where it declares widens = true, appends
+/// bands (ascending runs) until count reaches k (select/concept.hpp).
 template <class S>
 concept ranks_candidates = requires { requires S::ranks_candidates; };
 template <class S>
@@ -98,8 +99,7 @@ void select_candidates(Backend& backend, const Source& source, std::span<const s
   for (std::size_t s = 0; s < n; ++s) {
     work.results[s] = {work.counts[s], 0};
     auto& selection = selection_of(s);
-    if constexpr (requires { selection.widen(backend, source, std::size_t{}, 0.0, out, work.counts[s],
-                                             work.results[s], work.band_starts); }) {
+    if constexpr (contract::declares_widens<std::remove_cvref_t<decltype(selection)>>()) {
       if (work.counts[s] >= work.targets[s]) continue;
       const auto part = source.slice(layout[s].offset, layout[s].size);
       selection.widen(backend, part, work.targets[s], work.thresholds[s], out, work.counts[s], work.results[s],

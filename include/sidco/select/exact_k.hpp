@@ -23,6 +23,7 @@ struct exact_k {
   static constexpr bool needs_threshold = true;
   static constexpr bool fuses_layers = false;
   static constexpr bool ranks_candidates = true;
+  static constexpr bool widens = true;
   static constexpr int halvings = 8;
 
   double slack = 0.5;
