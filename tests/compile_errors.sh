@@ -94,4 +94,67 @@ struct no_fit {
 };
 int main() { sidco::compressor<sidco::estimate::statistical<no_fit>, sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
 
+# A selection is checked against select/concept.hpp: its way to select, and its one hook,
+# declared by a flag (a misspelt widen would switch exact_k's rescans off).
+selection_with() {
+  printf '%s' "
+struct custom_selection {
+  static constexpr const char* name = \"custom\";
+  static constexpr bool needs_threshold = true;
+  static constexpr bool fuses_layers = false;
+  double estimation_density(double delta) const { return delta; }
+  $1
+};
+int main() {
+  sidco::compressor<sidco::estimate::statistical<sidco::dist::exponential>, custom_selection, sidco::backend::serial> c;
+  (void)c;
+}"
+}
+
+expect_error selection_without_select "neither fuses_layers nor ranks_candidates, so it needs select(" \
+  "$(selection_with '')" "$@"
+
+ranking='static constexpr bool ranks_candidates = true;
+  template <class B, class S> sidco::select::candidate_start start(B&, const S&, double t, std::size_t k) const { return {t, k}; }
+  std::size_t keep(std::size_t k, std::size_t) const { return k; }'
+
+expect_error misspelt_widen "declares widens = true but has no widen(" \
+  "$(selection_with "$ranking static constexpr bool widens = true;
+  template <class... A> void widdn(A&&...) const {}")" "$@"
+
+expect_error undeclared_widen "has widen(...) but does not declare" \
+  "$(selection_with "$ranking template <class... A> void widen(A&&...) const {}")" "$@"
+
+expect_error ranking_without_keep "declares ranks_candidates = true but has no keep(k, candidates)" \
+  "$(selection_with 'static constexpr bool ranks_candidates = true;
+  template <class B, class S> sidco::select::candidate_start start(B&, const S&, double t, std::size_t k) const { return {t, k}; }')" "$@"
+
+# Wrong calls of compress: one sentence first, in a few lines (pipeline/wrong_call.hpp).
+call_with() {
+  printf '%s' "
+#include <vector>
+int main() {
+  std::vector<float> g(100);
+  sidco::presets::sidco_e<> c;
+  sidco::sparse_vector<float> out;
+  $1
+}"
+}
+expect_short_error call_double_gradient "the gradient is not a contiguous range of the output's element type" \
+  "$(call_with 'std::vector<double> d(100); c.compress(d, 0.1, out);')" "$@"
+expect_short_error call_double_residual "the feedback state's element type or memory space is not the output's" \
+  "$(call_with 'sidco::feedback::residual<double> r(100); c.compress(g, 0.1, out, r);')" "$@"
+expect_short_error call_raw_pointer "a raw pointer carries no size" \
+  "$(call_with 'c.compress(g.data(), 0.1, out);')" "$@"
+expect_short_error call_dense_output "the third argument must be a sidco::sparse_vector<T>" \
+  "$(call_with 'std::vector<float> dense(100); c.compress(g, 0.1, dense);')" "$@"
+expect_short_error call_two_states "at most one feedback state follows the output" \
+  "$(call_with 'sidco::feedback::residual<float> r(100); c.compress(g, 0.1, out, r, r);')" "$@"
+expect_short_error call_not_feedback "the fourth argument must be a feedback::residual<T>" \
+  "$(call_with 'int r = 0; c.compress(g, 0.1, out, r);')" "$@"
+expect_short_error call_layered_double "the gradient is not a contiguous range of the output's element type" \
+  "$(call_with 'std::vector<double> d(100); sidco::segmented<sidco::presets::sidco_e<>> l({{0, 50}, {50, 50}}); l.compress(d, 0.1, out);')" "$@"
+expect_short_error selection_short "neither fuses_layers nor ranks_candidates, so it needs select(" \
+  "$(selection_with '')" "$@"
+
 exit $failed

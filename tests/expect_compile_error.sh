@@ -31,3 +31,22 @@ expect_error() {
     echo "ok   $name: \"$sentence\""
   fi
 }
+
+# As expect_error, and the compiler says it first, in at most 15 lines: a wrong call reads as
+# one sentence, not a list of candidates.
+expect_short_error() {
+  local name=$1 sentence=$2
+  expect_error "$@"
+  [ -f "$tmp/$name.log" ] || return 0
+  local lines first
+  lines=$(grep -c . "$tmp/$name.log")
+  first=$(grep -m1 "error" "$tmp/$name.log")
+  if [ "$lines" -gt 15 ]; then
+    echo "FAIL $name: $lines lines of errors (at most 15):"
+    head -20 "$tmp/$name.log"
+    failed=1
+  elif [[ "$first" != *"$sentence"* ]]; then
+    echo "FAIL $name: the first error is not the sentence: $first"
+    failed=1
+  fi
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device mistakes that must not compile, each with the sentence its error must contain: host
 # memory (a std::span or vector) given as the gradient of a compressor, or of a segmented,
-# on backend::cuda. Arguments: nvcc, then its flags (include paths, -std=c++20).
+# on backend::cuda; a host sparse_vector as its output. Arguments: nvcc, then its flags (include paths, -std=c++20).
 set -uo pipefail
 compiler=$1
 shift
@@ -47,6 +47,22 @@ int main() {
   feedback::residual<float, memory::device> residual(10);
   segmented<on_device> s({{0, 4}, {4, 6}});
   s.compress<float>(g, 0.1, out, residual);
+}' "$@"
+
+expect_short_error host_output_from_device_compressor "the output sparse_vector is in another memory space" '
+int main() {
+  memory::device_buffer<float> g(10);
+  sparse_vector<float> out;
+  on_device c;
+  c.compress(g.view(), 0.1, out);
+}' "$@"
+
+expect_short_error host_vector_deduced "$sentence" '
+int main() {
+  std::vector<float> g(10);
+  sparse_vector<float, std::uint32_t, memory::device> out;
+  on_device c;
+  c.compress(g, 0.1, out);
 }' "$@"
 
 exit $failed

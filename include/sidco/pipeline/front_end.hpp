@@ -12,6 +12,7 @@
 #include "sidco/feedback/residual.hpp"
 #include "sidco/pipeline/input.hpp"
 #include "sidco/pipeline/report.hpp"
+#include "sidco/pipeline/wrong_call.hpp"
 
 namespace sidco::pipeline {
 
@@ -52,6 +53,39 @@ class front_end {
   compress_report compress(std::span<const std::type_identity_t<T>>, double, sparse_vector<T, Index, Memory>&,
                            State&...) {
     static_assert(host_views<Memory, T>, SIDCO_HOST_GRADIENT_FOR_DEVICE_MESSAGE);
+    return {};
+  }
+
+  /// Any other call: a compile error that names the mistake (pipeline/wrong_call.hpp)
+  /// instead of a list of candidates.
+  template <class Gradient, class Out, class... State>
+    requires(!compress_call<Memory, Gradient, Out, State...>::viable &&
+             !compress_call<Memory, Gradient, Out, State...>::host_span_for_device)
+  compress_report compress(const Gradient&, double, Out&, State&...) {
+    using call = compress_call<Memory, Gradient, Out, State...>;
+    static_assert(call::output::sparse,
+                  "sidco compress: the third argument must be a sidco::sparse_vector<T> (it receives the "
+                  "selection), with T the gradient's element type");
+    static_assert(!call::output::sparse || call::output_ok,
+                  "sidco compress: the output sparse_vector is in another memory space than this compressor's "
+                  "backend writes (backend::cuda: sparse_vector<T, std::uint32_t, memory::device>; the host "
+                  "backends: sparse_vector<T>)");
+    static_assert(!call::output_ok || !call::pointer,
+                  "sidco compress: a raw pointer carries no size; pass std::span<const T>(pointer, size), or "
+                  "memory::device::view<const T>(pointer, size) to a device compressor");
+    static_assert(!call::output_ok || call::pointer || call::gradient_ok,
+                  "sidco compress: the gradient is not a contiguous range of the output's element type T (T "
+                  "comes from the sparse_vector: a std::vector<double> into a sparse_vector<float> is this "
+                  "mistake; give both the same type)");
+    static_assert(!call::output_ok || !call::gradient_ok || call::state_count_ok,
+                  "sidco compress: at most one feedback state follows the output (a feedback::residual, or "
+                  "DGC's feedback::momentum)");
+    static_assert(!call::output_ok || !call::gradient_ok || !call::state_count_ok || call::state_kind_ok,
+                  "sidco compress: the fourth argument must be a feedback::residual<T> or a "
+                  "feedback::momentum<T>");
+    static_assert(!call::output_ok || !call::gradient_ok || !call::state_count_ok || !call::state_kind_ok,
+                  "sidco compress: the feedback state's element type or memory space is not the output's "
+                  "(feedback::residual<T> with the sparse_vector's T, in the backend's memory space)");
     return {};
   }
 
