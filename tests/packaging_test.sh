@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # sidco consumed as users do: (1) as a Meson subproject, where it must build and install
 # nothing but its dependency object; (2) installed, through find_package(sidco) from a tiny
-# CMake project, whose imported target must carry what it needs to compile and run.
+# CMake project, whose imported target must carry what it needs to compile and run; (3) as
+# CMake source through add_subdirectory (FetchContent's way), adding no targets of its own;
+# (4) the README's headers-only install, which must build nothing (its time is printed).
 # Arguments: SOURCE_ROOT BUILD_DIR.
 set -euo pipefail
 source_root=$1
@@ -61,3 +63,36 @@ cmake -S "$tmp/cmake" -B "$tmp/cmake/build" -DCMAKE_PREFIX_PATH="$tmp/stage$pref
 cmake --build "$tmp/cmake/build" > "$tmp/cmake-build.log" 2>&1 || { cat "$tmp/cmake-build.log"; exit 1; }
 "$tmp/cmake/build/app"
 echo "the CMake consumer builds and runs against $(dirname "$config")"
+
+echo "== as CMake source, through add_subdirectory (what FetchContent_MakeAvailable does)"
+meson_version=$(sed -n "s/^  version: '\([0-9.]*\)',$/\1/p" "$source_root/meson.build")
+cmake_version=$(sed -n 's/^project(sidco VERSION \([0-9.]*\) .*/\1/p' "$source_root/CMakeLists.txt")
+[ -n "$meson_version" ] && [ "$meson_version" = "$cmake_version" ] ||
+  { echo "meson.build says version '$meson_version', CMakeLists.txt '$cmake_version'"; exit 1; }
+mkdir -p "$tmp/subdir"
+cp "$tmp/main.cpp" "$tmp/subdir/"
+cat > "$tmp/subdir/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.18)
+project(consumer CXX)
+add_subdirectory("$source_root" sidco)
+add_executable(app main.cpp)
+target_link_libraries(app PRIVATE sidco::sidco)
+CMAKE
+cmake -S "$tmp/subdir" -B "$tmp/subdir/build" -DCMAKE_BUILD_TYPE=Release > "$tmp/subdir.log" 2>&1 ||
+  { cat "$tmp/subdir.log"; exit 1; }
+cmake --build "$tmp/subdir/build" > "$tmp/subdir-build.log" 2>&1 || { cat "$tmp/subdir-build.log"; exit 1; }
+"$tmp/subdir/build/app"
+targets=$(cmake --build "$tmp/subdir/build" --target help | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p' | grep -vxE 'all|clean|depend|edit_cache|rebuild_cache|install.*|list_install_components|app|main\.(o|i|s)' || true)
+[ -z "$targets" ] || { echo "add_subdirectory(sidco) adds targets: $targets"; exit 1; }
+echo "the add_subdirectory consumer builds and runs; sidco adds no targets of its own"
+
+echo "== the headers-only install the README gives"
+started=$(date +%s%N)
+meson setup "$tmp/headers" "$source_root" --prefix "$tmp/headers-prefix" -Dtests=false -Dbenchmarks=false \
+  -Dexamples=false -Dtorch=disabled -Dcuda=disabled -Dmpi=disabled > "$tmp/headers.log" 2>&1 || { cat "$tmp/headers.log"; exit 1; }
+meson install -C "$tmp/headers" > "$tmp/headers-install.log" 2>&1 || { cat "$tmp/headers-install.log"; exit 1; }
+milliseconds=$(( ($(date +%s%N) - started) / 1000000 ))
+built=$(grep -c "^\[[0-9]*/[0-9]*\]" "$tmp/headers-install.log" || true)
+[ "$built" -eq 0 ] || { echo "the headers-only install built $built targets"; exit 1; }
+[ -f "$tmp/headers-prefix/include/sidco/sidco.hpp" ] || { echo "no sidco.hpp installed"; exit 1; }
+echo "headers-only install: nothing built, ${milliseconds} ms (README: seconds)"
