@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
 """Turns sidco-bench's JSON output into the tables of bench/README.md.
 
-Usage: bench/report.py latest.json [more.json ...] [--plot time_vs_n.png] > table.md
+Usage: bench/report.py latest.json [more.json ...] [--plot time_vs_n.png]
+                       [--summary INPUT/LOG2N/INVERSE | --summary-only INPUT/LOG2N/INVERSE] > table.md
 (later files replace the runs they repeat: e.g. a run of the targets with repetitions)
 Ratios are of times measured in the same run: compress / streaming read (the bandwidth
-ceiling) and std::nth_element Top-k / compress (the speed-up over exact Top-k)."""
+ceiling) and std::nth_element Top-k / compress (the speed-up over exact Top-k).
+
+It starts with one screen for one configuration (by default the largest N on Laplace values
+at the smallest density run): per method its time over the streaming read and over our
+radix Top-k, and its achieved / target density, with densities outside [0.8, 1.25] flagged
+(a method that keeps far fewer entries than asked is not faster, it does less work).
+Methods are listed in the suite's order, not ranked. --summary-only prints that alone."""
 import json
 import sys
 
@@ -81,12 +88,51 @@ def print_targets(rows, form):
     print()
 
 
+def summary(runs, methods, config):
+    """One screen for one configuration: every method against the read and our Top-k."""
+    kind, log2n, inverse = config
+    read, top = runs.get(("streaming_read",) + config), runs.get(("top_k",) + config)
+    print(f"### Summary: {INPUTS.get(kind, kind)}, N = {size_of(kind, log2n)}, δ = {1 / inverse:g}")
+    print()
+    print("Time over the streaming read (the bandwidth ceiling) and over our radix Top-k, from the same "
+          "run; achieved / target density of the call timed; ⚠ outside [0.8, 1.25]: not comparable. "
+          "Not ranked.")
+    print()
+    print("| method | ms | ÷ streaming read | ÷ top_k | achieved / target | |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name in ["streaming_read", "nth_element_top_k"] + methods:
+        run = runs.get((name,) + config)
+        if not run:
+            continue
+        ms = run["seconds"] * 1e3
+        over_read = f"{run['seconds'] / read['seconds']:.2f}" if read else "—"
+        over_top = f"{run['seconds'] / top['seconds']:.2f}" if top else "—"
+        ratio = run["density_ratio"]
+        flag = "⚠" if ratio is not None and not 0.8 <= ratio <= 1.25 else ""
+        shown = f"{ratio:.2f}" if ratio is not None else ""
+        print(f"| {name} | {ms:.3f} | {over_read} | {over_top} | {shown} | {flag} |")
+    print()
+
+
+def parse_config(text):
+    try:
+        kind, log2n, inverse = (int(part) for part in text.split("/"))
+    except ValueError:
+        sys.exit(f"report.py: --summary {text!r} is not INPUT/LOG2N/INVERSE (e.g. 1/25/1000)")
+    return kind, log2n, inverse
+
+
 def main():
     args = sys.argv[1:]
     plot_path = None
     if "--plot" in args:
         plot_path = args[args.index("--plot") + 1]
         del args[args.index("--plot"):args.index("--plot") + 2]
+    chosen, only = None, False
+    for flag in ("--summary", "--summary-only"):
+        if flag in args:
+            chosen, only = parse_config(args[args.index(flag) + 1]), flag == "--summary-only"
+            del args[args.index(flag):args.index(flag) + 2]
     runs = {}
     for path in args:
         context = load(path, runs)
@@ -97,6 +143,16 @@ def main():
     for (name, *_rest) in runs:
         if name not in methods and name not in ("streaming_read", "nth_element_top_k") and not name.startswith("layers/"):
             methods.append(name)
+    if chosen is None and configs:
+        laplace = [c for c in configs if c[0] == 1] or configs
+        chosen = max(laplace, key=lambda c: (c[1], c[2]))
+    if chosen is not None:
+        if chosen not in configs:
+            sys.exit(f"report.py: no run at {'/'.join(map(str, chosen))}; the runs have "
+                     + ", ".join("/".join(map(str, c)) for c in configs))
+        summary(runs, methods, chosen)
+    if only:
+        return
 
     def t(name, config):
         run = runs.get((name,) + config)
