@@ -62,7 +62,7 @@ def worker(rank, a, port):
         ddp.register_comm_hook(hook_state, powersgd.powerSGD_hook)
     elif a.method != "none":
         import sidco_torch
-        hook_state = sidco_torch.State(method=a.method, density=a.density, start_iter=2)
+        hook_state = sidco_torch.State(method=a.method, density=a.density, start_iter=2, exchange=a.exchange)
         sidco_torch.register(ddp, hook_state)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
     writer = None
@@ -71,7 +71,7 @@ def worker(rank, a, port):
         csv_file = open(a.csv, "w", newline="")
         writer = csv.writer(csv_file)
         writer.writerow(["step", "wall_seconds", "train_loss", "test_perplexity", "bytes_sent", "density",
-                         "step_seconds", "compress_seconds", "exchange_seconds"])
+                         "step_seconds", "compress_seconds", "exchange_seconds", "exchange", "global_density"])
     started = time.perf_counter()
     step = 0
     while step < a.steps:
@@ -90,19 +90,26 @@ def worker(rank, a, port):
         if a.method in ("none", "powersgd") or (hook_state is not None and step <= 2):
             sent = 4 * parameters if a.method == "none" or step <= 2 else powersgd_bytes(model, a.powersgd_rank)
             density, compress, communicate = 1.0, 0.0, 0.0
+            exchange, global_density = "dense", 1.0
         else:
             stats = hook_state.stats().values()
             sent = sum(s["bytes_sent"] for s in stats)
             density = sum(s["selected"] for s in stats) / sum(s["size"] for s in stats)
             compress = sum(s["compress_seconds"] for s in stats)
             communicate = sum(s["exchange_seconds"] for s in stats)
+            exchange = "+".join(sorted({s.get("exchange", "dense") for s in stats}))
+            # The reduce exchange reports the density of the update every rank applied; the
+            # all-gather's update is the union of the ranks' selections (not counted here).
+            global_density = (sum(s.get("global_density", 0.0) * s["size"] for s in stats)
+                              / sum(s["size"] for s in stats)) if exchange == "reduce" else ""
         perplexity = ""
         if step % a.eval_every == 0 or step == a.steps:
             perplexity = wikitext.evaluate(model, test, a.bptt)
         if writer:
             writer.writerow([step, f"{time.perf_counter() - started:.3f}", f"{losses.item() / a.ranks:.5f}",
                              f"{perplexity:.3f}" if perplexity != "" else "", sent, f"{density:.6g}",
-                             f"{step_seconds:.4f}", f"{compress:.4f}", f"{communicate:.4f}"])
+                             f"{step_seconds:.4f}", f"{compress:.4f}", f"{communicate:.4f}", exchange,
+                             f"{global_density:.6g}" if global_density != "" else ""])
             if perplexity != "":
                 print(f"{a.method} {a.density if a.method not in ('none', 'powersgd') else ''} step {step}: "
                       f"train loss {losses.item() / a.ranks:.3f}, test perplexity {perplexity:.1f}, "
@@ -117,6 +124,8 @@ def main():
     ap.add_argument("--method", default="sidco-e",
                     help="none, powersgd, or a sidco_torch method (sidco-e, sidco-gp, top-k, dgc, random-k, ...)")
     ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--exchange", default="auto", choices=("auto", "allgather", "reduce"),
+                    help="sidco_torch's exchange (auto: reduce from 3 ranks on)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=20)
