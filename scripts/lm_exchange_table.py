@@ -1,7 +1,6 @@
 #!/usr/bin/python3
 """The table of scripts/lm_exchange_runs.sh: per run the last test perplexity, its ratio to
-the same seed's SIDCo-E all-gather and exact Top-k runs, the median bytes each rank sent per
-step, and for the reduce exchange the p5/p50/p95 of the per-step global density over the
+the same seed's SIDCo-E all-gather and exact Top-k runs, and for the reduce exchange the p5/p50/p95 of the per-step global density over the
 target (the density of the update every rank applied).
 
   /usr/bin/python3 scripts/lm_exchange_table.py build/lm-exchange
@@ -10,7 +9,6 @@ import csv
 import glob
 import os
 import re
-import statistics
 import sys
 
 
@@ -32,8 +30,8 @@ def main(directory, target=0.01):
         print(f"lm_exchange_table: no runs in {directory}", file=sys.stderr)
         return 1
     print("| run | seed | steps | test perplexity | ÷ SIDCo-E all-gather | ÷ Top-k all-gather | "
-          "kB sent per rank per step | global density ÷ target p5 / p50 / p95 |")
-    print("|---|---|---|---|---|---|---|---|")
+          "global density ÷ target p5 / p50 / p95 |")
+    print("|---|---|---|---|---|---|---|")
     for (name, seed), rows in sorted(runs.items(), key=lambda item: (item[0][1], item[0][0])):
         evaluated = [r for r in rows if r["test_perplexity"]]
         perplexity = float(evaluated[-1]["test_perplexity"])
@@ -46,12 +44,10 @@ def main(directory, target=0.01):
             last = [r for r in other if r["test_perplexity"]][-1]
             ratios.append(f"{perplexity / float(last['test_perplexity']):.3f}")
         sparse = [r for r in rows if r["exchange"] not in ("dense", "")]
-        sent = statistics.median(int(r["bytes_sent"]) for r in sparse) / 1e3 if sparse else 0.0
         densities = [float(r["global_density"]) / target for r in sparse if r["global_density"]]
         spread = (f"{quantile(densities, 0.05):.2f} / {quantile(densities, 0.5):.2f} / "
                   f"{quantile(densities, 0.95):.2f}") if densities else ""
-        print(f"| {name} | {seed} | {rows[-1]['step']} | {perplexity:.1f} | {ratios[0]} | {ratios[1]} | "
-              f"{sent:.0f} | {spread} |")
+        print(f"| {name} | {seed} | {rows[-1]['step']} | {perplexity:.1f} | {ratios[0]} | {ratios[1]} | {spread} |")
     return 0
 
 
