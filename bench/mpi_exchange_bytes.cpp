@@ -69,10 +69,16 @@ options parse(int argc, char** argv) {
   return o;
 }
 
+// A rank's compressor and residual, kept across the warm-up and the counted steps.
+struct sender {
+  sidco::presets::sidco_e<> compressor;
+  sidco::feedback::residual<float> residual;
+};
+
 template <class Exchange>
-void run_sparse(Exchange& exchange, const std::vector<float>& gradient, double delta, int steps, int first_step) {
-  static sidco::presets::sidco_e<> compressor;
-  static sidco::feedback::residual<float> residual(gradient.size());
+void run_sparse(Exchange& exchange, sender& me, const std::vector<float>& gradient, double delta, int steps,
+                int first_step) {
+  auto& [compressor, residual] = me;
   std::vector<float> dense(gradient.size());
   for (int step = first_step; step < first_step + steps; ++step) {
     sidco::sparse_vector<float> sent;
@@ -98,6 +104,7 @@ int main(int argc, char** argv) {
     for (auto& g : gradient) g *= noise(rng);
     const std::size_t n = gradient.size();
     const std::vector<sidco::segment> layout{{0, n}};
+    sender me{{}, sidco::feedback::residual<float>(n)};
     std::uint64_t before = 0, after = 0;
     const auto timed = [&](auto&& step_range) {
       step_range(0, o.warmup);
@@ -110,10 +117,10 @@ int main(int argc, char** argv) {
     };
     if (o.mode == "reduce") {
       sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta);
-      timed([&](int first, int steps) { run_sparse(exchange, gradient, o.delta, steps, first); });
+      timed([&](int first, int steps) { run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else if (o.mode == "allgather") {
       sidco::comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta);
-      timed([&](int first, int steps) { run_sparse(exchange, gradient, o.delta, steps, first); });
+      timed([&](int first, int steps) { run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else {
       std::vector<float> sum(n);
       timed([&](int, int steps) {
