@@ -3,8 +3,10 @@
 // payloads holds on every rank alike.
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -379,4 +381,49 @@ TEST_CASE("a rank whose input is not finite fails as nonfinite_exchange on every
   // No failure at all is not a non-finite failure either.
   payloads = {sides[0].payload, sides[1].payload, sides[2].payload};
   CHECK_FALSE(comm::failed_for_nonfinite_input(views_of(payloads)));
+}
+
+TEST_CASE_TEMPLATE("reduce-scatter: an owner's reduction equals adding every rank's entries in rank order", T, float,
+                   double) {
+  // Regions crossing several of the reduction's windows and starting mid-window, ranks with
+  // no entries, indices on window edges, signed zeros, values whose sum depends on the order.
+  using A = typename float_traits<T>::accumulator;
+  constexpr std::size_t size = 3 * comm::detail::reduce_window + 777;
+  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5), std::size_t(8)}) {
+    for (const std::size_t begin : {std::size_t(0), std::size_t(13), comm::detail::reduce_window - 1}) {
+      const std::size_t end = size - (begin == 0 ? 0 : 5);
+      std::mt19937_64 rng(ranks * 131 + begin);
+      std::uniform_real_distribution<double> u(0, 1);
+      const std::vector<std::size_t> edges = {begin, comm::detail::reduce_window, 2 * comm::detail::reduce_window - 1,
+                                              2 * comm::detail::reduce_window, end - 1};
+      std::vector<sparse_vector<T, std::uint32_t>> sent(ranks, sparse_vector<T, std::uint32_t>(size));
+      std::map<std::size_t, A> expected;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const double keep = r == 1 ? 0.0 : 0.05 + 0.1 * double(r);  // rank 1 sends nothing
+        for (std::size_t i = begin; i < end; ++i) {
+          const bool edge = std::find(edges.begin(), edges.end(), i) != edges.end();
+          if (!(edge && r != 1) && u(rng) >= keep) continue;
+          const T v = i % 7 == 0 ? T(-0.0) : T((u(rng) - 0.5) * std::pow(10.0, 8 * u(rng) - 4));
+          sent[r].push_back(std::uint32_t(i), v);
+          auto [at, fresh] = expected.try_emplace(i, A(0));
+          at->second = A(at->second + A(v));
+        }
+      }
+      std::size_t capacity = 1, received = 0;
+      for (const auto& s : sent) capacity = std::max(capacity, s.size()), received += s.size();
+      const auto format = comm::format_for<T, std::uint32_t>(capacity);
+      std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(format.bytes()));
+      for (std::size_t r = 0; r < ranks; ++r) comm::pack(sent[r], 0, comm::wire_fields{}, format, blocks[r]);
+      sparse_vector<T, std::uint32_t> reduced(size);
+      comm::detail::reduce_blocks<T, std::uint32_t>(views_of(blocks), format, begin, end, received, reduced);
+      REQUIRE(reduced.size() == expected.size());
+      std::size_t j = 0;
+      for (const auto& [index, sum] : expected) {
+        const T want = T(sum);
+        REQUIRE(reduced.indices()[j] == index);
+        REQUIRE(std::memcmp(&reduced.values()[j], &want, sizeof want) == 0);
+        ++j;
+      }
+    }
+  }
 }
