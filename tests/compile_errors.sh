@@ -156,5 +156,25 @@ expect_short_error call_layered_double "the gradient is not a contiguous range o
   "$(call_with 'std::vector<double> d(100); sidco::segmented<sidco::presets::sidco_e<>> l({{0, 50}, {50, 50}}); l.compress(d, 0.1, out);')" "$@"
 expect_short_error selection_short "neither fuses_layers nor ranks_candidates, so it needs select(" \
   "$(selection_with '')" "$@"
+expect_short_error call_explicit_t "the gradient is not a contiguous range of the output's element type" \
+  "$(call_with 'std::vector<double> d(100); c.compress<float>(d, 0.1, out);')" "$@"
+expect_short_error call_explicit_wrong_t "compress<T>(...) names a T that is not the output sparse_vector's element type" \
+  "$(call_with 'c.compress<double>(g, 0.1, out);')" "$@"
+
+# Policies in the wrong slot: one sentence, not the cascade of the slot's own checks.
+policy_call() {
+  printf '%s' "
+#include <vector>
+int main() {
+  std::vector<float> g(100);
+  $1 c;
+  sidco::sparse_vector<float> out;
+  c.compress(g, 0.1, out);
+}"
+}
+expect_short_error stages_as_tail "a stages policy was given as a distribution model" \
+  "$(policy_call 'sidco::compressor<sidco::estimate::statistical<sidco::dist::exponential, sidco::stages::fixed<3>>>')" "$@"
+expect_short_error model_as_estimator "a distribution model was given as the Estimator; wrap it in an estimator" \
+  "$(policy_call 'sidco::compressor<sidco::dist::gamma>')" "$@"
 
 exit $failed

@@ -12,6 +12,7 @@
 #include "sidco/core/single_user.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/core/state_io.hpp"
+#include "sidco/dist/concept.hpp"
 #include "sidco/estimate/concept.hpp"
 #include "sidco/estimate/none.hpp"
 #include "sidco/feedback/momentum.hpp"
@@ -69,15 +70,44 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
                 "compressor<Estimator, Selection, Backend>: Selection must be a selection policy "
                 "(select::above_threshold, exact_k, trimmed<P>, top_k or random_k)");
   static_assert(!select::selection_like<Selection> || select::diagnose<Selection>());
-  static_assert(detail::estimator_policy<Estimator>,
+  // statistical<...> is completed first, so that its own sentences (a policy in its wrong
+  // slot) come with the shortest context; other types are read as they are.
+  static_assert([] {
+    if constexpr (detail::is_statistical<Estimator>)
+      return sizeof(Estimator) > 0;
+    else
+      return true;
+  }());
+  static constexpr bool model_as_estimator = [] {
+    if constexpr (detail::is_statistical<Estimator>)
+      return false;
+    else
+      return dist::model_like<Estimator>;
+  }();
+  static_assert(!model_as_estimator,
+                "compressor<Estimator, Selection, Backend>: a distribution model was given as the Estimator; "
+                "wrap it in an estimator: compressor<estimate::statistical<dist::gamma>> (or a preset, "
+                "presets::sidco_e)");
+  static_assert([] {
+    if constexpr (detail::is_statistical<Estimator> || model_as_estimator)
+      return true;
+    else
+      return detail::estimator_policy<Estimator>;
+  }(),
                 "compressor<Estimator, Selection, Backend>: Estimator must be an estimator "
                 "(estimate::statistical<...>, sampled, gaussian_k, redsync or none)");
-  static_assert(!detail::estimator_policy<Estimator> || estimate::diagnose<Estimator>());
+  static_assert([] {  // the estimator's own checks only when it is one
+    if constexpr (detail::estimator_policy<Estimator>)
+      return estimate::diagnose<Estimator>();
+    else
+      return true;
+  }());
   static_assert(!detail::selection_policy<Backend>,
                 "compressor<Estimator, Selection, Backend>: a selection was given as the "
                 "Backend (backend::cpu, backend::serial or backend::cuda)");
   static_assert(detail::selection_policy<Backend> || backend::diagnose<Backend>());
-  static_assert(!detail::needs_threshold<Selection>() || detail::provides_threshold<Estimator>(),
+  static_assert(!detail::needs_threshold<Selection>() || detail::provides_threshold<Estimator>() ||
+                    !detail::estimator_policy<Estimator>,
                 "this selection keeps values above a threshold: pair it with an estimator "
                 "that provides one (estimate::statistical, sampled, gaussian_k, redsync)");
   static_assert(!detail::selection_policy<Selection> || detail::needs_threshold<Selection>() ||

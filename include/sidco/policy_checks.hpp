@@ -4,6 +4,11 @@
 
 #include <concepts>
 
+namespace sidco::estimate {
+template <class First, class Tail, class Stages, class Fit>
+class statistical;
+}  // namespace sidco::estimate
+
 namespace sidco::detail {
 
 template <class E>
@@ -11,6 +16,13 @@ concept estimator_policy = requires {
   { E::provides_threshold } -> std::convertible_to<bool>;
   typename E::statistics;
 };
+
+/// estimate::statistical<...>, known by name: checks that read it would instantiate it, and
+/// its own sentences (a policy in the wrong slot) come first.
+template <class E>
+inline constexpr bool is_statistical = false;
+template <class First, class Tail, class Stages, class Fit>
+inline constexpr bool is_statistical<estimate::statistical<First, Tail, Stages, Fit>> = true;
 
 template <class S>
 concept selection_policy = requires(const S& s) {

@@ -36,6 +36,11 @@ concept has_quantile = requires(const M& model) {
 
 }  // namespace contract
 
+/// Looks like a distribution model (fits moments or gives a quantile): to tell one given
+/// where an estimator belongs.
+template <class M>
+concept model_like = contract::fits<M> || contract::has_quantile<M>;
+
 /// Every requirement above, each with its sentence; true when all hold.
 template <class M>
 constexpr bool diagnose() {

@@ -52,7 +52,24 @@ template <class First, class Tail = First, class Stages = stages::adaptive,
 class statistical {
   static_assert(std::is_same_v<Fit, fit::zero_aware> || std::is_same_v<Fit, fit::paper>,
                 "statistical<..., Fit>: Fit must be fit::zero_aware or fit::paper");
-  static_assert(dist::diagnose<First>() && dist::diagnose<Tail>());
+  static_assert(!stages::stage_policy<First> && !stages::stage_policy<Tail>,
+                "estimate::statistical<First, Tail, Stages, Fit>: a stages policy was given as a distribution "
+                "model; First and Tail are models (dist::exponential, gamma, generalized_pareto), the stages "
+                "come third: statistical<dist::exponential, dist::exponential, stages::fixed<3>>");
+  static constexpr bool stages_as_model = stages::stage_policy<First> || stages::stage_policy<Tail>;
+  static_assert([] {  // the models' own checks only when the sentence above did not fire
+    if constexpr (stages_as_model)
+      return true;
+    else
+      return dist::diagnose<First>() && dist::diagnose<Tail>();
+  }());
+  template <class M>
+  static constexpr bool needs_log_of() {
+    if constexpr (dist::contract::named<M>)
+      return M::needs_log;
+    else
+      return false;
+  }
 
  public:
   using first_model = First;
@@ -66,7 +83,7 @@ class statistical {
   static constexpr bool probes = true;
   /// The moments pass gathers ln|x| only when stage 1 needs it, ln of the probes' excesses
   /// only when the tail model does.
-  using statistics = backend::pass_statistics<true, First::needs_log, Tail::needs_log>;
+  using statistics = backend::pass_statistics<true, needs_log_of<First>(), needs_log_of<Tail>()>;
 
   struct options {
     double first_fraction = 0.25;  // d1: what stage 1 keeps when there are several stages

@@ -62,6 +62,30 @@ class front_end {
     requires(!compress_call<Memory, Gradient, Out, State...>::viable &&
              !compress_call<Memory, Gradient, Out, State...>::host_span_for_device)
   compress_report compress(const Gradient&, double, Out&, State&...) {
+    wrong_call<Gradient, Out, State...>();
+    return {};
+  }
+
+  /// The same with an explicit element type, compress<T>(...) (T is never deduced here, so
+  /// only such calls reach it): a T that is not the output's, or any mistake above.
+  template <class T, class Gradient, class Out, class... State>
+    requires(!compress_call<Memory, Gradient, Out, State...>::viable ||
+             !std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>)
+  compress_report compress(const Gradient&, double, Out&, State&...) {
+    static_assert(!compress_call<Memory, Gradient, Out, State...>::output_ok ||
+                      std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>,
+                  "sidco compress: compress<T>(...) names a T that is not the output sparse_vector's element "
+                  "type; leave it out (compress(gradient, delta, out) deduces it)");
+    if constexpr (!compress_call<Memory, Gradient, Out, State...>::output_ok ||
+                  std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>)
+      wrong_call<Gradient, Out, State...>();
+    return {};
+  }
+
+ private:
+  /// One sentence for the first thing wrong with a call no overload takes.
+  template <class Gradient, class Out, class... State>
+  static constexpr void wrong_call() {
     using call = compress_call<Memory, Gradient, Out, State...>;
     static_assert(call::output::sparse,
                   "sidco compress: the third argument must be a sidco::sparse_vector<T> (it receives the "
@@ -86,10 +110,8 @@ class front_end {
     static_assert(!call::output_ok || !call::gradient_ok || !call::state_count_ok || !call::state_kind_ok,
                   "sidco compress: the feedback state's element type or memory space is not the output's "
                   "(feedback::residual<T> with the sparse_vector's T, in the backend's memory space)");
-    return {};
   }
 
- private:
   Derived& derived() { return static_cast<Derived&>(*this); }
 };
 

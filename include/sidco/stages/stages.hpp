@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 
@@ -11,6 +12,15 @@
 #include "sidco/core/state_io.hpp"
 
 namespace sidco::stages {
+
+/// What a stage-count policy has (single, fixed<M>, adaptive): to tell one given in a
+/// distribution model's slot.
+template <class S>
+concept stage_policy = requires(S s, const S& c) {
+  { c.count(0.1) } -> std::convertible_to<int>;
+  { c.aim(0.1) } -> std::convertible_to<double>;
+  s.observe(0.1, 0.1);
+};
 
 /// The most stages that make sense at density delta: ceil(log2(1/delta)), at least 1 and at
 /// most 64 (1/delta is infinite for the smallest doubles; no int holds that).
