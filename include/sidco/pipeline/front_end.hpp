@@ -69,8 +69,9 @@ class front_end {
   /// The same with an explicit element type, compress<T>(...) (T is never deduced here, so
   /// only such calls reach it): a T that is not the output's, or any mistake above.
   template <class T, class Gradient, class Out, class... State>
-    requires(!compress_call<Memory, Gradient, Out, State...>::viable ||
-             !std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>)
+    requires((!compress_call<Memory, Gradient, Out, State...>::viable ||
+              !std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>) &&
+             !compress_call<Memory, Gradient, Out, State...>::host_span_for_device)
   compress_report compress(const Gradient&, double, Out&, State&...) {
     static_assert(!compress_call<Memory, Gradient, Out, State...>::output_ok ||
                       std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>,
