@@ -24,7 +24,7 @@
 #include <benchmark/benchmark.h>
 #include <sidco/sidco.hpp>
 
-#include "../examples/manifest.hpp"
+#include <sidco/io/manifest.hpp>
 
 #ifndef SIDCO_GRADIENTS_DIR
 #error "SIDCO_GRADIENTS_DIR is set by bench/meson.build"
@@ -114,7 +114,7 @@ const bucket& input(const benchmark::State& state) {
     const std::string dir = lm ? std::string(lm_directory() ? lm_directory() : "") : SIDCO_GRADIENTS_DIR;
     const std::string file = kind == 2 ? "lstm_it10.npy" : kind == 3 ? "cnn_it200.npy" : kind == 5 ? "gpt_it200.npy" : "gpt_ef_it100.npy";
     b.values = sidco::io::load_npy<float>(dir + "/" + file);
-    b.layout = manifest::load_layers(dir + "/manifest.json").at(file);
+    b.layout = sidco::io::load_manifest(dir + "/manifest.json").at(file);
   }
   if (b.layout.empty()) b.layout = {{0, b.values.size()}};
   return b;

@@ -17,7 +17,7 @@
 #include <sidco/methods.hpp>
 #include <sidco/sidco.hpp>
 
-#include "manifest.hpp"
+#include <sidco/io/manifest.hpp>
 
 #ifndef SIDCO_GRADIENTS_DIR
 #define SIDCO_GRADIENTS_DIR "examples/data/gradients"
@@ -241,7 +241,7 @@ int run(int argc, char** argv) {
   std::map<std::string, std::vector<sidco::segment>> layouts;
   if (!layers_path.empty()) {
     try {
-      layouts = manifest::load_layers(layers_path);
+      layouts = sidco::io::load_manifest(layers_path);
     } catch (const sidco::error& e) {
       std::cerr << e.what() << "\n";
       return 1;

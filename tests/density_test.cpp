@@ -8,7 +8,7 @@
 #include <doctest/doctest.h>
 #include <sidco/sidco.hpp>
 
-#include "../examples/manifest.hpp"
+#include <sidco/io/manifest.hpp>
 #include "support.hpp"
 
 using namespace sidco;
@@ -16,7 +16,7 @@ using namespace sidco;
 namespace {
 
 const std::map<std::string, std::vector<segment>>& layouts() {
-  static const auto all = manifest::load_layers(test::gradients_dir() + "/manifest.json");
+  static const auto all = sidco::io::load_manifest(test::gradients_dir() + "/manifest.json");
   return all;
 }
 

@@ -6,9 +6,9 @@
 
 #include <doctest/doctest.h>
 #include <sidco/comm/capacity.hpp>
+#include <sidco/io/manifest.hpp>
 #include <sidco/sidco.hpp>
 
-#include "../examples/manifest.hpp"
 #include "reference.hpp"
 #include "support.hpp"
 
@@ -17,14 +17,30 @@ using test::entries;
 
 namespace {
 
-// The LSTM file's layers, as its manifest gives them (read by sidco-eval's reader).
+// The LSTM file's layers, as its manifest gives them.
 std::vector<segment> lstm_layers() {
-  static const auto layouts =
-      manifest::load_layers(test::gradients_dir() + "/manifest.json");
+  static const auto layouts = io::load_manifest(test::gradients_dir() + "/manifest.json");
   return layouts.at("lstm_it10.npy");
 }
 
 }  // namespace
+
+TEST_CASE("layout_of lays tensors end to end, and names a tensor that cannot be laid") {
+  CHECK(layout_of({3, 5, 1}) == std::vector<segment>{{0, 3}, {3, 5}, {8, 1}});
+  CHECK(layout_of(std::vector<int>{7}) == std::vector<segment>{{0, 7}});
+  const std::vector<std::vector<float>> tensors = {std::vector<float>(4), std::vector<float>(2)};
+  CHECK(layout_of_tensors(tensors) == std::vector<segment>{{0, 4}, {4, 2}});
+  // The bundled manifest's layers are its tensors' sizes laid end to end.
+  std::vector<std::size_t> sizes;
+  for (const segment& s : lstm_layers()) sizes.push_back(s.size);
+  CHECK(layout_of(sizes) == lstm_layers());
+  CHECK_THROWS_WITH_AS(layout_of({3, 0, 2}), "sidco: layout_of: tensor 1 has size 0 (every tensor needs at least one value)",
+                       sidco::error);
+  CHECK_THROWS_WITH_AS(layout_of(std::vector<long>{4, -2}), doctest::Contains("tensor 1 has size -2"), sidco::error);
+  CHECK_THROWS_WITH_AS(layout_of({std::numeric_limits<std::size_t>::max(), std::size_t(1)}),
+                       doctest::Contains("tensor 1 (size 1) ends past the largest addressable size"), sidco::error);
+  CHECK_THROWS_WITH_AS(layout_of(std::vector<std::size_t>{}), "sidco: layout_of: no tensors", sidco::error);
+}
 
 TEST_CASE("the bundled LSTM layout tiles its gradient") {
   const auto g = test::load_gradient("lstm_it10.npy");
@@ -34,7 +50,7 @@ TEST_CASE("the bundled LSTM layout tiles its gradient") {
 
 TEST_CASE("the manifest reader takes whole numbers that tile, and nothing else") {
   const auto layers = [](const std::string& entries) {
-    return manifest::parse_layers(R"({"g.npy": {"layers": [)" + entries + "]}}", "m.json");
+    return sidco::io::parse_manifest(R"({"g.npy": {"layers": [)" + entries + "]}}", "m.json");
   };
   const auto good = layers(R"({"offset": 0, "size": 3}, {"offset": 3, "size": 5})");
   CHECK(good.at("g.npy") == std::vector<segment>{{0, 3}, {3, 5}});
@@ -55,10 +71,10 @@ TEST_CASE("the manifest reader takes whole numbers that tile, and nothing else")
     CHECK_THROWS_WITH_AS(layers(entries), doctest::Contains(refusal.second), sidco::error);
   }
   // Nesting a million deep is a parse error, not a stack overflow.
-  CHECK_THROWS_WITH_AS(manifest::parse_layers(std::string(1'000'000, '['), "deep.json"),
-                       doctest::Contains("sidco-eval: manifest 'deep.json': [json.exception.parse_error"),
+  CHECK_THROWS_WITH_AS(sidco::io::parse_manifest(std::string(1'000'000, '['), "deep.json"),
+                       doctest::Contains("sidco: manifest 'deep.json': [json.exception.parse_error"),
                        sidco::error);
-  CHECK_THROWS_WITH_AS(manifest::parse_layers("[1, 2]", "m.json"), doctest::Contains("not a JSON object"),
+  CHECK_THROWS_WITH_AS(sidco::io::parse_manifest("[1, 2]", "m.json"), doctest::Contains("not a JSON object"),
                        sidco::error);
 }
 

@@ -9,6 +9,7 @@
 #include "sidco/core/config.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/half.hpp"
+#include "sidco/core/layout.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"

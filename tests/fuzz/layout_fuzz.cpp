@@ -14,7 +14,7 @@
 
 #include <sidco/sidco.hpp>
 
-#include "../../examples/manifest.hpp"
+#include <sidco/io/manifest.hpp>
 
 namespace {
 
@@ -67,7 +67,7 @@ void compress_over(const std::vector<sidco::segment>& layout, std::uint64_t seed
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    for (const auto& [file, layout] : manifest::parse_layers(text, "fuzz")) compress_over(layout, size);
+    for (const auto& [file, layout] : sidco::io::parse_manifest(text, "fuzz")) compress_over(layout, size);
   } catch (const sidco::error&) {
   }
   // The bytes as (offset, size) pairs of 64-bit words: sums that wrap must be refused.
