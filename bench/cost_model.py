@@ -169,6 +169,8 @@ def main():
     ap.add_argument("--model", default="lstm", help="which model's rows to read")
     ap.add_argument("--alpha-us", type=float, default=0.0, help="a latency instead of measuring one")
     ap.add_argument("--powersgd-rank", type=int, default=2)
+    ap.add_argument("--powersgd-ms", type=float, default=0.0,
+                    help="PowerSGD's compute per step from an earlier run instead of timing it (on a busy machine)")
     ap.add_argument("--slack", type=float, default=1.25)
     ap.add_argument("--json", default="", help="append the constants and the table here")
     ap.add_argument("--png", default="")
@@ -184,7 +186,8 @@ def main():
     torch.set_num_threads(1)
     matrices, vectors = powersgd_shapes(wikitext.make_model(spec[0], vocabulary, spec[1], spec[2]))
     powersgd_values = a.powersgd_rank * sum(n + m for n, m in matrices) + vectors
-    model = Model(rows, alpha, measure_powersgd(matrices, a.powersgd_rank), powersgd_values, a.slack)
+    powersgd = a.powersgd_ms * 1e-3 if a.powersgd_ms > 0 else measure_powersgd(matrices, a.powersgd_rank)
+    model = Model(rows, alpha, powersgd, powersgd_values, a.slack)
     ua, ub = model.union
     print(f"{a.model}: N = {model.n}, density {model.density} (k = {model.k}), slack {a.slack}; "
           f"alpha {alpha * 1e6:.1f} us (gloo send/recv on the loopback); per step on one thread: compress "

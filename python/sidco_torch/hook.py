@@ -252,8 +252,8 @@ class State:
         allgather (P - 1) s k (4 + v); reduce 2 (P - 1) (64 + ceil(s k / P) (4 + v)), about
         2 s k (4 + v): reduce from 3 ranks on, allgather at 2 (the same bytes in one round
         fewer) and on CUDA buckets (the reduce exchange runs on CPU buckets). The cost model
-        of bench/cost_model.py, with this machine's latency and compute, agrees from 4 ranks
-        on at 1 to 100 Gbit/s (docs/RESULTS.md)."""
+        of bench/cost_model.py, with this machine's latency and compute, agrees from 3 ranks
+        on at 1 to 100 Gbit/s and puts the two within 2% at 2 (docs/RESULTS.md)."""
         if self.exchange == "reduce" and device_type != "cpu":
             raise ValueError(f"sidco_torch.State: exchange = 'reduce' runs on CPU buckets, this one is on "
                              f"{device_type}; use 'allgather' or 'auto' there")
