@@ -9,7 +9,7 @@
 // Counters: density_ratio (achieved / target), alloc_bytes (heap bytes a warm call
 // allocates: 0 means the output and O(threads) scratch are all it uses), workspace_bytes
 // (what the compressor keeps between calls). bench/report.py turns the JSON output into the
-// ratio tables of bench/README.md.
+// ratio tables of docs/RESULTS.md.
 #include <algorithm>
 #include <atomic>
 #include <cmath>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns sidco-bench's JSON output into the tables of bench/README.md.
+"""Turns sidco-bench's JSON output into the tables of docs/RESULTS.md (CPU benchmarks).
 
 Usage: bench/report.py latest.json [more.json ...] [--plot time_vs_n.png]
                        [--summary INPUT/LOG2N/INVERSE | --summary-only INPUT/LOG2N/INVERSE] > table.md

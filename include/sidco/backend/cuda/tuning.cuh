@@ -10,7 +10,7 @@
 namespace sidco::backend::cuda_detail {
 
 /// The shapes the kernels were written for (sm_80 / sm_90 class GPUs). Measured on one H200
-/// (bench/README.md): 16 loads in flight a thread made SIDCo-E 11% and Top-k 4% faster at
+/// (docs/RESULTS.md, CUDA): 16 loads in flight a thread made SIDCo-E 11% and Top-k 4% faster at
 /// 2^26 values than 4; fewer blocks a multiprocessor or a wider write step, slower.
 struct default_tuning {
   /// Threads per block of every kernel.
