@@ -96,58 +96,48 @@ void owner_select(benchmark::State& state) {
   }
   std::sort(compress_seconds.begin(), compress_seconds.end());
 
-  // A first step on even regions gives the global selection the balanced regions follow.
   std::vector<comm::owner_sidco_e> policies(ranks, comm::owner_sidco_e{local_owner_compressor({}, {}, backend::cpu(1))});
-  std::vector<std::byte> selections(plan.format.bytes() * ranks);
-  const auto select_all = [&](const step_blocks& blocks, const comm::regions& owners, comm::reduce_report& report) {
-    for (std::size_t o = 0; o < ranks; ++o)
-      comm::select_region<float, std::uint32_t>(blocks.received[o], owners, o, plan, comm::wire_fields{}, policies[o],
-                                                 std::span<std::byte>(selections).subspan(o * plan.format.bytes(),
-                                                                                          plan.format.bytes()),
-                                                 report);
-  };
-  comm::regions owners = comm::regions::even(n, ranks);
-  comm::reduce_report report;
-  {
-    const auto first = pack_all(local, owners, plan);
-    select_all(first, owners, report);
-    std::vector<std::span<const std::byte>> views(ranks);
-    for (std::size_t o = 0; o < ranks; ++o)
-      views[o] = std::span<const std::byte>(selections).subspan(o * plan.format.bytes(), plan.format.bytes());
-    std::vector<float> dense(n);
-    std::vector<std::uint32_t> global;
-    comm::apply_selections<float, std::uint32_t>(views, owners, plan, sparse_vector<float>(n), std::span<float>{},
-                                                 std::span<float>(dense), global, report);
-    owners = comm::regions::balanced<std::uint32_t>(global, n, ranks);
-  }
-  const auto blocks = pack_all(local, owners, plan);
-
-  double owner_seconds = 0;
-  std::size_t received = 0, union_size = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    received = 0;
+  const std::size_t bytes = plan.format.bytes();
+  std::vector<std::byte> selections(bytes * ranks);
+  std::vector<std::span<const std::byte>> selection_views(ranks);
+  for (std::size_t o = 0; o < ranks; ++o) selection_views[o] = std::span<const std::byte>(selections).subspan(o * bytes, bytes);
+  // Every owner selects from the blocks it received; returns how many entries they received.
+  const auto select_all = [&](const step_blocks& blocks, const comm::regions& owners) {
+    std::size_t received = 0;
     for (std::size_t o = 0; o < ranks; ++o) {
       comm::reduce_report mine;
       comm::select_region<float, std::uint32_t>(blocks.received[o], owners, o, plan, comm::wire_fields{}, policies[o],
-                                                std::span<std::byte>(selections).subspan(o * plan.format.bytes(),
-                                                                                         plan.format.bytes()),
-                                                mine);
+                                                std::span<std::byte>(selections).subspan(o * bytes, bytes), mine);
       received += mine.received;
     }
+    return received;
+  };
+  // A rank's decode of the owners' selections: the global selection's indices and the report.
+  const auto apply_all = [&](const comm::regions& owners, std::vector<std::uint32_t>& global) {
+    comm::reduce_report report;
+    std::vector<float> dense(n);
+    comm::apply_selections<float, std::uint32_t>(selection_views, owners, plan, sparse_vector<float>(n),
+                                                 std::span<float>{}, std::span<float>(dense), global, report);
+    return report;
+  };
+
+  // A first step on even regions gives the global selection the balanced regions follow.
+  comm::regions owners = comm::regions::even(n, ranks);
+  std::vector<std::uint32_t> global;
+  select_all(pack_all(local, owners, plan), owners);
+  apply_all(owners, global);
+  owners = comm::regions::balanced<std::uint32_t>(global, n, ranks);
+  const auto blocks = pack_all(local, owners, plan);
+
+  double owner_seconds = 0;
+  std::size_t received = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    received = select_all(blocks, owners);
     owner_seconds += seconds_since(start);
     benchmark::ClobberMemory();
   }
-  {
-    std::vector<std::span<const std::byte>> views(ranks);
-    for (std::size_t o = 0; o < ranks; ++o)
-      views[o] = std::span<const std::byte>(selections).subspan(o * plan.format.bytes(), plan.format.bytes());
-    std::vector<float> dense(n);
-    std::vector<std::uint32_t> global;
-    comm::apply_selections<float, std::uint32_t>(views, owners, plan, sparse_vector<float>(n), std::span<float>{},
-                                                 std::span<float>(dense), global, report);
-    union_size = report.union_size;
-  }
+  const std::size_t union_size = apply_all(owners, global).union_size;
   const double per_owner = owner_seconds / double(state.iterations()) / double(ranks);
   const double compress = compress_seconds[compress_seconds.size() / 2];
   state.counters["per_owner_ms"] = per_owner * 1e3;
