@@ -156,16 +156,12 @@ inline bool all_zero(const std::byte* from, const std::byte* to) {
 /// values finite. No branch per entry, so that it vectorizes; agree() says what is wrong.
 template <class T, class Index>
 bool entries_ok(const std::byte* indices, const std::byte* values, std::size_t count, std::uint64_t dense_size) {
-  using Key = typename float_traits<T>::key;
   bool bad = false;
   Index previous{};
   for (std::size_t j = 0; j < count; ++j) {
     Index i;
-    Key bits;
     std::memcpy(&i, indices + j * sizeof(Index), sizeof i);
-    std::memcpy(&bits, values + j * sizeof(T), sizeof bits);
-    bad |= (std::uint64_t(i) >= dense_size) | ((j > 0) & (i <= previous)) |
-           (Key(bits & ~float_traits<T>::sign) >= float_traits<T>::infinity);
+    bad |= (std::uint64_t(i) >= dense_size) | ((j > 0) & (i <= previous)) | !finite_at<T>(values + j * sizeof(T));
     previous = i;
   }
   return !bad;
