@@ -73,13 +73,12 @@ class front_end {
               !std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>) &&
              !compress_call<Memory, Gradient, Out, State...>::host_span_for_device)
   compress_report compress(const Gradient&, double, Out&, State&...) {
-    static_assert(!compress_call<Memory, Gradient, Out, State...>::output_ok ||
-                      std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>,
+    using call = compress_call<Memory, Gradient, Out, State...>;
+    constexpr bool t_ok = !call::output_ok || std::is_same_v<T, typename call::T>;
+    static_assert(t_ok,
                   "sidco compress: compress<T>(...) names a T that is not the output sparse_vector's element "
                   "type; leave it out (compress(gradient, delta, out) deduces it)");
-    if constexpr (!compress_call<Memory, Gradient, Out, State...>::output_ok ||
-                  std::is_same_v<T, typename compress_call<Memory, Gradient, Out, State...>::T>)
-      wrong_call<Gradient, Out, State...>();
+    if constexpr (t_ok) wrong_call<Gradient, Out, State...>();
     return {};
   }
 
