@@ -241,7 +241,7 @@ using namespace sidco::presets;
 using sidco_e_fixed3 = sidco_with<sidco::dist::exponential, sidco::dist::exponential,
                                   sidco::stages::fixed<3>, sidco::fit::zero_aware,
                                   sidco::select::above_threshold, sidco::backend::cpu>;
-using sidco_e_serial = sidco_e_single<sidco::select::above_threshold, sidco::backend::serial>;
+using sidco_e_serial = sidco_e_single<sidco::backend::serial>;
 
 BENCHMARK(streaming_read)->Apply(synthetic_and_real);
 BENCHMARK(nth_element_top_k)->Apply(synthetic_and_real);

@@ -130,9 +130,9 @@ BENCHMARK(radix_sort_top_k)->Apply(sizes);
 #define SIDCO_BENCH(type, name)                                            \
   BENCHMARK(compress<type, false>)->Name(name)->Apply(sizes);              \
   BENCHMARK(compress<type, true>)->Name(name "_feedback")->Apply(sizes)
-using e_single = sidco_e_single<above, cuda>;
-using e_adaptive = sidco_e<above, cuda>;
-using gp_adaptive = sidco_gp<above, cuda>;
+using e_single = sidco_e_single<cuda>;
+using e_adaptive = sidco_e<cuda>;
+using gp_adaptive = sidco_gp<cuda>;
 SIDCO_BENCH(e_single, "sidco_e_single");
 SIDCO_BENCH(e_adaptive, "sidco_e");
 SIDCO_BENCH(gp_adaptive, "sidco_gp");
@@ -151,7 +151,7 @@ struct shape : sidco::backend::cuda_detail::default_tuning {
   static constexpr int write_items = WriteItems;
 };
 #define SIDCO_SHAPE(loads, blocks, writes)                                                                      \
-  BENCHMARK(compress<sidco_e<above, sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)          \
+  BENCHMARK(compress<sidco_e<sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)          \
       ->Name("sidco_e@" #loads "x" #blocks "x" #writes)                                                         \
       ->Apply(sizes);                                                                                           \
   BENCHMARK(compress<top_k<sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)                   \

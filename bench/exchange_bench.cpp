@@ -33,7 +33,7 @@ namespace {
 
 using namespace sidco;
 using local_compressor = presets::sidco_e<>;
-using local_owner_compressor = presets::sidco_e<select::exact_k>;
+using local_owner_compressor = presets::sidco_e_exact<>;
 constexpr double delta = 0.01;
 
 // Rank r's gradient: the real gradient scaled elementwise by noise (1 + 0.3 e), plus the

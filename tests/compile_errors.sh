@@ -16,23 +16,27 @@ compile() {
 }
 
 expect_control '
-int main() { sidco::presets::sidco_e<sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
+int main() { sidco::presets::sidco_e<sidco::backend::serial> c; (void)c; }' "$@"
 
 expect_error missing_member "sidco backend: missing count_above(source, t)" '
 struct no_count : sidco::backend::serial {
   template <class Source> void count_above(const Source&, double) = delete;
 };
-int main() { sidco::presets::gaussian_k<sidco::select::above_threshold, no_count> c; (void)c; }' "$@"
+int main() { sidco::presets::gaussian_k<no_count> c; (void)c; }' "$@"
 
 expect_error missing_memory "sidco backend: missing \`memory\`" '
 struct no_memory { static constexpr const char* name = "none"; };
 int main() { sidco::presets::top_k<no_memory> c; (void)c; }' "$@"
 
 expect_error backend_as_selection "a backend was given as the Selection" '
-int main() { sidco::presets::sidco_e<sidco::backend::serial> c; (void)c; }' "$@"
+int main() { sidco::compressor<sidco::estimate::none, sidco::backend::serial> c; (void)c; }' "$@"
 
 expect_error selection_as_backend "a selection was given as the Backend" '
 int main() { sidco::compressor<sidco::estimate::none, sidco::select::top_k, sidco::select::top_k> c; (void)c; }' "$@"
+
+# A preset takes the backend only; another selection goes through with_selection.
+expect_error preset_given_selection "a selection was given as the Backend" '
+int main() { sidco::presets::sidco_e<sidco::select::exact_k> c; (void)c; }' "$@"
 
 expect_error not_an_estimator "Estimator must be an estimator" '
 int main() { sidco::compressor<sidco::backend::cpu> c; (void)c; }' "$@"

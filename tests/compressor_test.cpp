@@ -437,7 +437,7 @@ TEST_CASE("one compressor serves one thread at a time: a concurrent call throws,
   // well-formed selection (it held the compressor alone). Each call takes milliseconds, so
   // 200 rounds overlap on any scheduler.
   const auto g = test::load_gradient("lstm_it10.npy");
-  presets::sidco_e<select::above_threshold, backend::serial> shared;
+  presets::sidco_e<backend::serial> shared;
   std::atomic<int> refused{0}, malformed{0};
   auto hammer = [&] {
     sparse_vector<float> out;

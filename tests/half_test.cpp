@@ -190,7 +190,7 @@ TEST_CASE_TEMPLATE("compressors on 16-bit gradients: the cpu backend selects wha
   // Threshold methods: the thresholds come from sums whose last bits differ between the
   // backends (double against float lanes), so the counts agree to within ties.
   feedback::residual<H> r(g.size());
-  presets::sidco_e<select::above_threshold, backend::cpu> c;
+  presets::sidco_e<backend::cpu> c;
   sparse_vector<H> out;
   for (int call = 0; call < 8; ++call) {
     const std::vector<H> before(r.values().begin(), r.values().end());

@@ -64,7 +64,7 @@ TEST_CASE_TEMPLATE("top_k and exact_k equal the brute-force Top-k exactly", T, f
       check_equals_top_k<presets::top_k<>, T>(what + " top_k", x, delta);
       check_equals_top_k<presets::sidco_e_exact<>, T>(what + " sidco-e exact_k", x, delta);
       check_equals_top_k<presets::sidco_gp_exact<>, T>(what + " sidco-gp exact_k", x, delta);
-      check_equals_top_k<presets::redsync<select::exact_k>, T>(what + " redsync exact_k", x, delta);
+      check_equals_top_k<presets::with_selection<methods::redsync, select::exact_k>, T>(what + " redsync exact_k", x, delta);
     }
   }
 }
@@ -75,7 +75,7 @@ TEST_CASE("top_k and exact_k equal the brute-force Top-k on every real gradient 
     for (double delta : {0.1, 0.01, 0.001}) {
       const auto expected = test::reference_top_k<float>(g, target_count(delta, g.size()));
       presets::top_k<> top;
-      presets::sidco_gamma_gp<select::exact_k> exact;
+      presets::with_selection<methods::sidco_gamma_gp, select::exact_k> exact;
       sparse_vector<float> a, b;
       top.compress<float>(g, delta, a);
       exact.compress<float>(g, delta, b);
@@ -90,14 +90,14 @@ TEST_CASE("exact_k falls back correctly when the estimate keeps too few") {
   // The original SIDCo fit keeps 0.1x the target on the LSTM gradient: exact_k must rescan
   // (lower the threshold, read the band, twice here) and still produce exactly Top-k.
   const auto g = test::load_gradient("lstm_it10.npy");
-  presets::sidco_e_paper<select::exact_k> c;
+  presets::with_selection<methods::sidco_e_paper, select::exact_k> c;
   sparse_vector<float> out;
   const auto report = c.compress<float>(g, 0.01, out);
   CHECK(report.rescans >= 2);  // three ascending runs merged into one
   CHECK(entries(out) == test::reference_top_k<float>(g, target_count(0.01, g.size())));
   // With error feedback, the residual keeps exactly what was not sent.
   feedback::residual<float> residual(g.size());
-  presets::sidco_e_paper<select::exact_k> d;
+  presets::with_selection<methods::sidco_e_paper, select::exact_k> d;
   d.compress<float>(g, 0.01, out, residual);
   std::vector<float> rebuilt(residual.values().begin(), residual.values().end());
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -163,7 +163,7 @@ TEST_CASE_TEMPLATE("Gaussian-k and RedSync equal their definitions computed by b
           break;
       }
       // On the serial oracle: its sums are in double, like this reference's.
-      presets::gaussian_k<select::above_threshold, backend::serial> gk;
+      presets::gaussian_k<backend::serial> gk;
       sparse_vector<T> out;
       const auto rg = gk.template compress<T>(x, delta, out);
       CHECK(rg.threshold == doctest::Approx(t).epsilon(1e-12));
@@ -182,7 +182,7 @@ TEST_CASE_TEMPLATE("Gaussian-k and RedSync equal their definitions computed by b
         if (kept <= k * 1.2) break;
         low = r;
       }
-      presets::redsync<select::above_threshold, backend::serial> rs;
+      presets::redsync<backend::serial> rs;
       const auto rr = rs.template compress<T>(x, delta, out);
       CHECK(rr.threshold == doctest::Approx(best).epsilon(1e-12));
       CHECK(entries(out) == test::reference_above<T>(x, rr.threshold));
@@ -332,7 +332,7 @@ TEST_CASE_TEMPLATE("error feedback conserves mass for every method", T, float, d
   check_method(presets::redsync<>{}, "redsync");
   check_method(presets::redsync_trimmed<>{}, "redsync_trimmed");
   check_method(presets::sidco_e_exact<>{}, "sidco_e_exact");
-  check_method(presets::sidco_gp<select::trimmed<0>>{}, "sidco_gp trimmed");
+  check_method(presets::with_selection<methods::sidco_gp, select::trimmed<0>>{}, "sidco_gp trimmed");
 }
 
 TEST_CASE("bad options of the peer methods are clear errors") {

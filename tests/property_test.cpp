@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -73,7 +75,7 @@ struct promise {
 };
 
 template <class T, class Compressor>
-void sweep(const char* method, promise p) {
+void sweep(const std::string& method, promise p) {
   for (const auto& a : adversaries<T>()) {
     const std::size_t n = a.values.size();
     std::size_t nonzero = 0;
@@ -82,7 +84,7 @@ void sweep(const char* method, promise p) {
     // conversions.
     for (double delta : {1.0 / double(n), 0.001, 0.01, 0.5, 1.0, 1e-38}) {
       for (bool feedback : {false, true}) {
-        const std::string what = std::string(method) + " on " + a.name + (feedback ? " with error feedback" : "");
+        const std::string what = method + " on " + a.name + (feedback ? " with error feedback" : "");
         INFO(what, " at delta ", delta);
         Compressor c;
         sparse_vector<T> out;
@@ -141,51 +143,42 @@ void sweep(const char* method, promise p) {
   }
 }
 
+// Every method of the registry, with the promises its entry states: exactly k, the exact
+// Top-k, and a threshold in the report wherever an estimator computes one.
 template <class T>
-void sweep_presets() {
-  using namespace presets;
-  sweep<T, sidco_e<>>("sidco-e", {});
-  sweep<T, sidco_gp<>>("sidco-gp", {});
-  sweep<T, sidco_gamma_gp<>>("sidco-gamma-gp", {});
-  sweep<T, sidco_weibull<>>("sidco-weibull", {});
-  sweep<T, sidco_e_single<>>("sidco-e-single", {});
-  sweep<T, sidco_gp_single<>>("sidco-gp-single", {});
-  sweep<T, sidco_gamma_single<>>("sidco-gamma-single", {});
-  sweep<T, sidco_e_paper<>>("sidco-e-paper", {});
-  sweep<T, sidco_gp_paper<>>("sidco-gp-paper", {});
-  sweep<T, sidco_gamma_gp_paper<>>("sidco-gamma-gp-paper", {});
-  sweep<T, sidco_e_exact<>>("sidco-e-exact", {true, true, true});
-  sweep<T, sidco_gp_exact<>>("sidco-gp-exact", {true, true, true});
-  sweep<T, gaussian_k<>>("gaussian-k", {});
-  sweep<T, redsync<>>("redsync", {});
-  sweep<T, redsync_trimmed<>>("redsync-trimmed", {});
-  sweep<T, dgc<>>("dgc", {});
-  sweep<T, top_k<>>("top-k", {true, true, false});
-  sweep<T, random_k<>>("random-k", {false, true, false});
+void sweep_registry() {
+  methods::all::for_each([](auto entry) {
+    using method = typename decltype(entry)::type;
+    promise p;
+    p.exact_top_k = method::about.count == methods::count_promise::top_k;
+    p.exactly_k = method::about.exact_count();
+    p.threshold = !std::is_same_v<typename method::estimator, estimate::none>;
+    sweep<T, methods::compressor_of<method>>(std::string(method::about.name), p);
+  });
 }
 
-// The density of a default preset on the cpu backend and on the serial oracle, for a real
-// gradient scaled by s.
-template <class T, template <class, class> class Preset>
+// The density of a method on the cpu backend and on the serial oracle, for a real gradient
+// scaled by s.
+template <class T, class Method>
 std::pair<double, double> densities_at(const std::vector<float>& g, double s, double delta) {
   std::vector<T> x(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) x[i] = T(double(g[i]) * s);
   sparse_vector<T> out;
-  Preset<select::above_threshold, backend::cpu> cpu;
-  Preset<select::above_threshold, backend::serial> serial;
+  methods::compressor_of<Method, backend::cpu> cpu;
+  methods::compressor_of<Method, backend::serial> serial;
   return {cpu.template compress<T>(x, delta, out).density, serial.template compress<T>(x, delta, out).density};
 }
 
-template <class T, template <class, class> class Preset>
-void agree_at_extreme_scales(const char* method) {
+template <class T, class Method>
+void agree_at_extreme_scales() {
+  const std::string what(Method::about.name);
   const auto g = test::load_gradient("ffn_it200.npy");
   for (double delta : {0.01, 0.001}) {
-    const double unscaled = densities_at<T, Preset>(g, 1, delta).second;
+    const double unscaled = densities_at<T, Method>(g, 1, delta).second;
     for (double s : {1e-30, 1e-20, 1e-10, 1e10, 1e20, 1e30}) {
       // Not a structured binding: clang 14 cannot capture one in INFO.
-      const auto measured = densities_at<T, Preset>(g, s, delta);
+      const auto measured = densities_at<T, Method>(g, s, delta);
       const double cpu = measured.first, serial = measured.second;
-      const std::string what = method;
       INFO(what, " at delta ", delta, " scaled by ", s, ": cpu ", cpu, ", serial ", serial, ", unscaled ", unscaled);
       // Sums in another order move the threshold by a few ulps: the counts agree to 0.5%.
       CHECK(std::fabs(cpu / serial - 1) <= 0.005);
@@ -197,15 +190,15 @@ void agree_at_extreme_scales(const char* method) {
 
 }  // namespace
 
-TEST_CASE("property sweep: every preset on adversarial inputs, float") { sweep_presets<float>(); }
-TEST_CASE("property sweep: every preset on adversarial inputs, double") { sweep_presets<double>(); }
+TEST_CASE("property sweep: every method of the registry on adversarial inputs, float") { sweep_registry<float>(); }
+TEST_CASE("property sweep: every method of the registry on adversarial inputs, double") { sweep_registry<double>(); }
 
-TEST_CASE_TEMPLATE("the cpu backend agrees with the serial oracle from 1e-30 to 1e30", T, float, double) {
-  agree_at_extreme_scales<T, presets::sidco_e>("sidco-e");
-  agree_at_extreme_scales<T, presets::sidco_gp>("sidco-gp");
-  agree_at_extreme_scales<T, presets::sidco_gamma_gp>("sidco-gamma-gp");
-  agree_at_extreme_scales<T, presets::gaussian_k>("gaussian-k");
-  agree_at_extreme_scales<T, presets::redsync>("redsync");
+TEST_CASE_TEMPLATE("every threshold method's cpu backend agrees with the serial oracle from 1e-30 to 1e30", T,
+                   float, double) {
+  methods::all::for_each([](auto entry) {
+    using method = typename decltype(entry)::type;
+    if constexpr (method::about.count == methods::count_promise::about_k) agree_at_extreme_scales<T, method>();
+  });
 }
 
 TEST_CASE("a degenerate fit falls back to the radix threshold and says so") {
@@ -242,28 +235,27 @@ TEST_CASE("a degenerate fit falls back to the radix threshold and says so") {
 TEST_CASE_TEMPLATE("all-zero input: threshold methods send nothing, exact-count methods send k zeros", T,
                    float, double) {
   const std::vector<T> g(1000, T(0));
-  auto threshold_method = [&](auto c, const char* method) {
-    const std::string what = method;
+  auto threshold_method = [&](auto c, std::string_view method) {
+    const std::string what(method);
     INFO(what);
     sparse_vector<T> out;
     const auto r = c.template compress<T>(g, 0.01, out);
     CHECK(out.empty());
     CHECK(r.threshold == 0);
   };
-  threshold_method(presets::sidco_e<>{}, "sidco-e");
-  threshold_method(presets::sidco_gamma_gp_paper<>{}, "sidco-gamma-gp-paper");
-  threshold_method(presets::gaussian_k<>{}, "gaussian-k");
-  threshold_method(presets::redsync<>{}, "redsync");
-  threshold_method(presets::dgc<>{}, "dgc");
-  auto counted = [&](auto c, const char* method) {
-    const std::string what = method;
+  auto counted = [&](auto c, std::string_view method) {
+    const std::string what(method);
     INFO(what);
     sparse_vector<T> out;
     c.template compress<T>(g, 0.01, out);
     CHECK(out.size() == 10);
     for (std::size_t j = 0; j < out.size(); ++j) CHECK(out.values()[j] == T(0));
   };
-  counted(presets::top_k<>{}, "top-k");
-  counted(presets::sidco_e_exact<>{}, "sidco-e-exact");
-  counted(presets::random_k<>{}, "random-k");
+  methods::all::for_each([&](auto entry) {
+    using method = typename decltype(entry)::type;
+    if constexpr (method::about.exact_count())
+      counted(methods::compressor_of<method>{}, method::about.name);
+    else
+      threshold_method(methods::compressor_of<method>{}, method::about.name);
+  });
 }

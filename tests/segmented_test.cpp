@@ -372,6 +372,6 @@ void check_one_pass_per_layout(const char* name) {
 TEST_CASE("segmented ranking selections make one pass over all layers and equal each layer alone") {
   check_one_pass_per_layout<presets::sidco_e_exact<counting_backend>>("exact_k");
   check_one_pass_per_layout<presets::top_k<counting_backend>>("top_k");
-  check_one_pass_per_layout<presets::dgc<select::trimmed<20>, counting_backend>>("dgc");
+  check_one_pass_per_layout<presets::dgc<counting_backend>>("dgc");
   check_one_pass_per_layout<presets::redsync_trimmed<counting_backend>>("redsync trimmed");
 }

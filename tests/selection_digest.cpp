@@ -31,7 +31,7 @@ struct digest {
 };
 
 template <class Preset, class T>
-void print(const char* name, const std::string& file, const std::vector<T>& g) {
+void print(const std::string& name, const std::string& file, const std::vector<T>& g) {
   for (double density : {0.001, 0.01, 0.1}) {
     Preset c;
     feedback::residual<T> residual(g.size());
@@ -46,7 +46,7 @@ void print(const char* name, const std::string& file, const std::vector<T>& g) {
       }
     }
     for (std::size_t i = 0; i < g.size(); ++i) d.add(residual.data()[i]);
-    std::printf("%s %s %s %g: %016llx\n", name, sizeof(T) == 4 ? "float" : "double", file.c_str(), density,
+    std::printf("%s %s %s %g: %016llx\n", name.c_str(), sizeof(T) == 4 ? "float" : "double", file.c_str(), density,
                 static_cast<unsigned long long>(d.h));
   }
 }
@@ -54,13 +54,10 @@ void print(const char* name, const std::string& file, const std::vector<T>& g) {
 template <class T>
 void print_all(const std::string& file) {
   const auto g = test::load_gradient<T>(file);
-  print<presets::sidco_e<>, T>("sidco_e", file, g);
-  print<presets::sidco_gp<>, T>("sidco_gp", file, g);
-  print<presets::sidco_gamma_gp<>, T>("sidco_gamma_gp", file, g);
-  print<presets::sidco_e_single<>, T>("sidco_e_single", file, g);
-  print<presets::gaussian_k<>, T>("gaussian_k", file, g);
-  print<presets::top_k<>, T>("top_k", file, g);
-  print<presets::dgc<>, T>("dgc", file, g);
+  methods::all::for_each([&](auto entry) {
+    using method = typename decltype(entry)::type;
+    print<methods::compressor_of<method>, T>(std::string(method::about.name), file, g);
+  });
 }
 
 }  // namespace

@@ -63,8 +63,8 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
                                               typename detail::memory_of<Backend>::type> {
   static_assert(!detail::backend_like<Selection>,
                 "compressor<Estimator, Selection, Backend>: a backend was given as the "
-                "Selection. Presets take the selection first, then the backend: write "
-                "sidco_e<select::above_threshold, backend::serial>, not sidco_e<backend::serial>");
+                "Selection, which comes second: compressor<estimate::none, select::top_k, "
+                "backend::serial>; a preset takes the backend alone: presets::sidco_e<backend::serial>");
   static_assert(detail::selection_policy<Selection> || detail::backend_like<Selection> ||
                     select::selection_like<Selection>,
                 "compressor<Estimator, Selection, Backend>: Selection must be a selection policy "
@@ -104,7 +104,9 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
   }());
   static_assert(!detail::selection_policy<Backend>,
                 "compressor<Estimator, Selection, Backend>: a selection was given as the "
-                "Backend (backend::cpu, backend::serial or backend::cuda)");
+                "Backend (backend::cpu, backend::serial or backend::cuda); a preset takes the "
+                "backend alone: another selection is presets::with_selection<methods::sidco_e, "
+                "select::exact_k>");
   static_assert(detail::selection_policy<Backend> || backend::diagnose<Backend>());
   static_assert(!detail::needs_threshold<Selection>() || detail::provides_threshold<Estimator>() ||
                     !detail::estimator_policy<Estimator>,

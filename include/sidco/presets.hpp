@@ -1,98 +1,78 @@
-// The published methods by name. Presets are type aliases, nothing more.
+// The published methods by name, as compressor types: one-line aliases of the registry's
+// entries (methods.hpp), Backend their one parameter.
 #pragma once
 
-#include "sidco/backend/cpu.hpp"
-#include "sidco/backend/serial.hpp"
-#include "sidco/compressor.hpp"
-#include "sidco/dist/exponential.hpp"
-#include "sidco/dist/gamma.hpp"
-#include "sidco/dist/generalized_pareto.hpp"
-#include "sidco/dist/weibull.hpp"
-#include "sidco/estimate/gaussian_k.hpp"
-#include "sidco/estimate/none.hpp"
-#include "sidco/estimate/redsync.hpp"
-#include "sidco/estimate/sampled.hpp"
-#include "sidco/estimate/statistical.hpp"
-#include "sidco/select/exact_k.hpp"
-#include "sidco/select/random_k.hpp"
-#include "sidco/select/top_k.hpp"
-#include "sidco/stages/stages.hpp"
+#include "sidco/methods.hpp"
 
 namespace sidco::presets {
 
-template <class First, class Tail, class Stages, class Fit, class Selection, class Backend>
+/// A SIDCo composition of your own: the models of the first and later stages, the stage
+/// count policy, the fit, the selection and the backend.
+template <class First, class Tail, class Stages, class Fit, class Selection, class Backend = backend::cpu>
 using sidco_with = compressor<estimate::statistical<First, Tail, Stages, Fit>, Selection, Backend>;
 
+/// A published method's estimator with another selection, e.g.
+/// with_selection<methods::sidco_gp, select::trimmed<0>>.
+template <class Method, class Selection, class Backend = backend::cpu>
+using with_selection = compressor<typename Method::estimator, Selection, Backend>;
+
 /// SIDCo-E: exponential in every stage, adaptive stage count.
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_e = sidco_with<dist::exponential, dist::exponential, stages::adaptive, fit::zero_aware,
-                           Selection, Backend>;
-
+template <class Backend = backend::cpu>
+using sidco_e = methods::compressor_of<methods::sidco_e, Backend>;
 /// SIDCo-GP: generalized Pareto in every stage.
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_gp = sidco_with<dist::generalized_pareto, dist::generalized_pareto, stages::adaptive,
-                            fit::zero_aware, Selection, Backend>;
-
+template <class Backend = backend::cpu>
+using sidco_gp = methods::compressor_of<methods::sidco_gp, Backend>;
 /// SIDCo-Gamma-GP: gamma for the bulk in stage 1, generalized Pareto for the tail stages.
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_gamma_gp = sidco_with<dist::gamma, dist::generalized_pareto, stages::adaptive,
-                                  fit::zero_aware, Selection, Backend>;
-
+template <class Backend = backend::cpu>
+using sidco_gamma_gp = methods::compressor_of<methods::sidco_gamma_gp, Backend>;
 /// SIDCo-Weibull: Weibull in every stage (shape < 1 is a heavier tail than the exponential).
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_weibull = sidco_with<dist::weibull, dist::weibull, stages::adaptive, fit::zero_aware,
-                                 Selection, Backend>;
+template <class Backend = backend::cpu>
+using sidco_weibull = methods::compressor_of<methods::sidco_weibull, Backend>;
 
 /// Single-stage variants: one fit, two passes in all.
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_e_single = sidco_with<dist::exponential, dist::exponential, stages::single,
-                                  fit::zero_aware, Selection, Backend>;
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_gp_single = sidco_with<dist::generalized_pareto, dist::generalized_pareto,
-                                   stages::single, fit::zero_aware, Selection, Backend>;
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_gamma_single = sidco_with<dist::gamma, dist::gamma, stages::single, fit::zero_aware,
-                                      Selection, Backend>;
+template <class Backend = backend::cpu>
+using sidco_e_single = methods::compressor_of<methods::sidco_e_single, Backend>;
+template <class Backend = backend::cpu>
+using sidco_gp_single = methods::compressor_of<methods::sidco_gp_single, Backend>;
+template <class Backend = backend::cpu>
+using sidco_gamma_single = methods::compressor_of<methods::sidco_gamma_single, Backend>;
 
 /// The original SIDCo fit (zeros in the sample, fixed stage fractions), for comparison.
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_e_paper = sidco_with<dist::exponential, dist::exponential, stages::adaptive,
-                                 fit::paper, Selection, Backend>;
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_gp_paper = sidco_with<dist::generalized_pareto, dist::generalized_pareto,
-                                  stages::adaptive, fit::paper, Selection, Backend>;
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using sidco_gamma_gp_paper = sidco_with<dist::gamma, dist::generalized_pareto, stages::adaptive,
-                                        fit::paper, Selection, Backend>;
+template <class Backend = backend::cpu>
+using sidco_e_paper = methods::compressor_of<methods::sidco_e_paper, Backend>;
+template <class Backend = backend::cpu>
+using sidco_gp_paper = methods::compressor_of<methods::sidco_gp_paper, Backend>;
+template <class Backend = backend::cpu>
+using sidco_gamma_gp_paper = methods::compressor_of<methods::sidco_gamma_gp_paper, Backend>;
 
 /// Exact Top-k by radix select: the k = max(1, floor(delta N)) largest |x|, ties to the
 /// lower index.
 template <class Backend = backend::cpu>
-using top_k = compressor<estimate::none, select::top_k, Backend>;
-
-/// Random-k with a shared seed (pass select::random_k{seed} to the constructor).
-template <class Backend = backend::cpu>
-using random_k = compressor<estimate::none, select::random_k, Backend>;
-
-/// DGC: sampled threshold, trimmed by magnitude beyond 20% over k. Use it with
-/// feedback::momentum for DGC's momentum correction, and feedback::density_warmup.
-template <class Selection = select::trimmed<20>, class Backend = backend::cpu>
-using dgc = compressor<estimate::sampled, Selection, Backend>;
-
-/// Gaussian-k: normal-quantile threshold, adjusted towards k.
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using gaussian_k = compressor<estimate::gaussian_k, Selection, Backend>;
-
-/// RedSync: mean + r (max - mean) by bisection; redsync_trimmed cuts to exactly k.
-template <class Selection = select::above_threshold, class Backend = backend::cpu>
-using redsync = compressor<estimate::redsync, Selection, Backend>;
-template <class Backend = backend::cpu>
-using redsync_trimmed = compressor<estimate::redsync, select::trimmed<0>, Backend>;
+using top_k = methods::compressor_of<methods::top_k, Backend>;
 
 /// SIDCo made exact: the statistical threshold finds candidates, exact_k keeps the top k.
 template <class Backend = backend::cpu>
-using sidco_e_exact = sidco_e<select::exact_k, Backend>;
+using sidco_e_exact = methods::compressor_of<methods::sidco_e_exact, Backend>;
 template <class Backend = backend::cpu>
-using sidco_gp_exact = sidco_gp<select::exact_k, Backend>;
+using sidco_gp_exact = methods::compressor_of<methods::sidco_gp_exact, Backend>;
+
+/// Random-k with a shared seed (pass select::random_k{seed} to the constructor).
+template <class Backend = backend::cpu>
+using random_k = methods::compressor_of<methods::random_k, Backend>;
+
+/// DGC: sampled threshold, trimmed by magnitude beyond 20% over k. Use it with
+/// feedback::momentum for DGC's momentum correction, and feedback::density_warmup.
+template <class Backend = backend::cpu>
+using dgc = methods::compressor_of<methods::dgc, Backend>;
+
+/// Gaussian-k: normal-quantile threshold, adjusted towards k.
+template <class Backend = backend::cpu>
+using gaussian_k = methods::compressor_of<methods::gaussian_k, Backend>;
+
+/// RedSync: mean + r (max - mean) by bisection; redsync_trimmed cuts to k when it keeps more.
+template <class Backend = backend::cpu>
+using redsync = methods::compressor_of<methods::redsync, Backend>;
+template <class Backend = backend::cpu>
+using redsync_trimmed = methods::compressor_of<methods::redsync_trimmed, Backend>;
 
 }  // namespace sidco::presets

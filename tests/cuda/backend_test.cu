@@ -136,13 +136,13 @@ TEST_CASE("every preset on device memory behaves as on the host") {
     same_method<top_k<backend::cuda>, top_k<backend::serial>>("top-k", g, delta, true);
     same_method<random_k<backend::cuda>, random_k<backend::serial>>("random-k", g, delta, true);
     same_method<sidco_e_exact<backend::cuda>, sidco_e_exact<backend::serial>>("sidco-e exact_k", g, delta, true);
-    same_method<sidco_e<select::above_threshold, backend::cuda>, sidco_e<select::above_threshold, backend::serial>>(
+    same_method<sidco_e<backend::cuda>, sidco_e<backend::serial>>(
         "sidco-e", g, delta, false);
-    same_method<sidco_gp<select::above_threshold, backend::cuda>, sidco_gp<select::above_threshold, backend::serial>>(
+    same_method<sidco_gp<backend::cuda>, sidco_gp<backend::serial>>(
         "sidco-gp", g, delta, false);
-    same_method<sidco_gamma_gp<select::above_threshold, backend::cuda>,
-                sidco_gamma_gp<select::above_threshold, backend::serial>>("sidco-gamma-gp", g, delta, false);
-    same_method<dgc<select::trimmed<20>, backend::cuda>, dgc<select::trimmed<20>, backend::serial>>("dgc", g, delta, false);
+    same_method<sidco_gamma_gp<backend::cuda>,
+                sidco_gamma_gp<backend::serial>>("sidco-gamma-gp", g, delta, false);
+    same_method<dgc<backend::cuda>, dgc<backend::serial>>("dgc", g, delta, false);
     same_method<redsync_trimmed<backend::cuda>, redsync_trimmed<backend::serial>>("redsync-trimmed", g, delta, false);
   }
 }
@@ -151,12 +151,12 @@ TEST_CASE("per layer on the device: one pass for every layer, as on the host") {
   const auto g = test::load_gradient("ffn_it200.npy");
   const std::vector<segment> layout = {{0, 1000}, {1000, 64}, {1064, g.size() - 1064}};
   const auto gradient = move::upload<float>(g);
-  segmented<presets::sidco_e<select::above_threshold, backend::cuda>> d(layout);
+  segmented<presets::sidco_e<backend::cuda>> d(layout);
   segmented<presets::top_k<backend::cuda>> top_d(layout);
   segmented<presets::top_k<backend::serial>> top_h(layout);
   sparse_vector<float, std::uint32_t, device> out_d;
   sparse_vector<float> out_h;
-  segmented<presets::sidco_e<select::above_threshold, backend::serial>> h(layout);
+  segmented<presets::sidco_e<backend::serial>> h(layout);
   const auto report = d.compress<float>(gradient.view(), 0.01, out_d);
   const auto host_report = h.compress<float>(g, 0.01, out_h);
   d.backend().synchronize();
@@ -183,13 +183,13 @@ TEST_CASE("segmented on a non-blocking stream runs on its prototype's stream, af
   std::copy(g.begin(), g.end(), pinned);
   {
     using top_on_device = presets::top_k<backend::cuda>;
-    using sidco_on_device = presets::sidco_e<select::above_threshold, backend::cuda>;
+    using sidco_on_device = presets::sidco_e<backend::cuda>;
     segmented<top_on_device> top_d(layout, top_on_device({}, {}, backend::cuda(stream)));
     segmented<sidco_on_device> sidco_d(layout, sidco_on_device({}, {}, backend::cuda(stream)));
     CHECK(top_d.backend().stream() == stream);
     CHECK(sidco_d.backend().stream() == stream);
     segmented<presets::top_k<backend::serial>> top_h(layout);
-    segmented<presets::sidco_e<select::above_threshold, backend::serial>> sidco_h(layout);
+    segmented<presets::sidco_e<backend::serial>> sidco_h(layout);
     memory::device_buffer<float> gradient(g.size());
     sparse_vector<float, std::uint32_t, device> out_d;
     sparse_vector<float> out_h;
@@ -242,7 +242,7 @@ TEST_CASE_TEMPLATE("half and bfloat16 gradients: exact Top-k, threshold selectio
       CHECK(kept[j].first == want[j].first);
       CHECK(float(kept[j].second) == want[j].second);
     }
-    presets::sidco_gp<select::above_threshold, backend::cuda> gp;
+    presets::sidco_gp<backend::cuda> gp;
     feedback::residual<H, device> residual(g.size());
     const auto report = gp.compress<H>(view, delta, out, residual);
     gp.backend().synchronize();
@@ -268,7 +268,7 @@ TEST_CASE_TEMPLATE("half and bfloat16 gradients: exact Top-k, threshold selectio
 TEST_CASE("a warm call allocates nothing on the host or the device") {
   const auto g = test::load_gradient("lstm_it10.npy");
   const auto gradient = move::upload<float>(g);
-  presets::sidco_e<select::above_threshold, backend::cuda> c;
+  presets::sidco_e<backend::cuda> c;
   sparse_vector<float, std::uint32_t, device> out;
   feedback::residual<float, device> residual(g.size());
   for (int call = 0; call < 4; ++call)
@@ -298,9 +298,9 @@ TEST_CASE("host waits per warm call: one for the moments pass, one per estimator
                 report.passes);
     return std::pair{waits, report.passes};
   };
-  presets::sidco_e<select::above_threshold, backend::cuda> e;
-  presets::sidco_e_single<select::above_threshold, backend::cuda> single;
-  presets::gaussian_k<select::above_threshold, backend::cuda> gaussian;
+  presets::sidco_e<backend::cuda> e;
+  presets::sidco_e_single<backend::cuda> single;
+  presets::gaussian_k<backend::cuda> gaussian;
   for (const auto& [waits, passes] : {waits_of(e, "sidco-e"), waits_of(single, "sidco-e-single"),
                                       waits_of(gaussian, "gaussian-k")})
     CHECK(waits == std::uint64_t(2 + passes));
@@ -309,7 +309,7 @@ TEST_CASE("host waits per warm call: one for the moments pass, one per estimator
   const auto [exact_waits, exact_passes] = waits_of(exact, "sidco-e exact_k");
   CHECK(exact_waits == std::uint64_t(2 + exact_passes));
   // DGC: its sample's magnitudes (positions drawn on the device) are one wait more.
-  presets::dgc<select::above_threshold, backend::cuda> dgc;
+  presets::with_selection<methods::dgc, select::above_threshold, backend::cuda> dgc;
   const auto [dgc_waits, dgc_passes] = waits_of(dgc, "dgc");
   CHECK(dgc_waits == std::uint64_t(3 + dgc_passes));
   // Top-k: the moments pass, the coarse key histogram, the candidates' selection.
@@ -401,8 +401,8 @@ TEST_CASE("segmented over 200 layers of 1, tile - 1, tile and tile + 1 values: e
   same_per_layer<random_k<backend::cuda>, random_k<backend::serial>>("random-k", layout, g, true);
   same_per_layer<sidco_e_exact<backend::cuda>, sidco_e_exact<backend::serial>>("sidco-e exact_k", layout, g, true,
                                                                                  0);
-  same_per_layer<sidco_e<above, backend::cuda>, sidco_e<above, backend::serial>>("sidco-e", layout, g, false, 0);
-  same_per_layer<dgc<select::trimmed<20>, backend::cuda>, dgc<select::trimmed<20>, backend::serial>>("dgc", layout, g,
+  same_per_layer<sidco_e<backend::cuda>, sidco_e<backend::serial>>("sidco-e", layout, g, false, 0);
+  same_per_layer<dgc<backend::cuda>, dgc<backend::serial>>("dgc", layout, g,
                                                                                                       false);
 }
 
@@ -450,7 +450,7 @@ TEST_CASE("2^31 + 17 values: 64-bit indices reach past 2^31") {
   top.compress<float>(g.view(), delta, out);
   top.backend().synchronize();
   CHECK(move::entries(out) == planted);
-  presets::sidco_e<select::above_threshold, backend::cuda> e;
+  presets::sidco_e<backend::cuda> e;
   e.compress<float>(g.view(), delta, out);
   e.backend().synchronize();
   const auto kept = move::entries(out);

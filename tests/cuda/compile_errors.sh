@@ -10,7 +10,7 @@ prelude='#include <sidco/backend/cuda.cuh>
 #include <sidco/sidco.hpp>
 #include <vector>
 using namespace sidco;
-using on_device = presets::sidco_e<select::above_threshold, backend::cuda>;'
+using on_device = presets::sidco_e<backend::cuda>;'
 
 compile() {  # name, body, flags: the exit status of compiling the prelude and body
   local name=$1 body=$2

@@ -88,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // the serial oracle.
   const auto& table = sidco::methods::table;
   const auto& entry = table[std::size_t(method) % table.size()];
-  auto call = [&](auto compressor) { run(std::move(compressor), method, entry.exact_count, g, delta, feedback, residual); };
+  auto call = [&](auto compressor) { run(std::move(compressor), method, entry.exact_count(), g, delta, feedback, residual); };
   if (std::size_t(method) < table.size())
     sidco::methods::visit(entry.name, {}, call);
   else

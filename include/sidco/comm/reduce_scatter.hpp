@@ -84,7 +84,7 @@ struct owner_compressor {
 /// The default owner policy: SIDCo-E's threshold on the reduced values, trimmed to exactly
 /// the region's share (select::exact_k): the global selection holds what the ranks' own
 /// compressors aimed at, on average, whatever the reduced values' distribution.
-using owner_sidco_e = owner_compressor<presets::sidco_e<select::exact_k, backend::cpu>>;
+using owner_sidco_e = owner_compressor<presets::sidco_e_exact<backend::cpu>>;
 
 /// Sizes of one tensor's reduce-scatter exchange among P ranks.
 struct reduce_plan {
