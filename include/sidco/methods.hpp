@@ -30,6 +30,7 @@
 #include "sidco/select/exact_k.hpp"
 #include "sidco/select/random_k.hpp"
 #include "sidco/select/top_k.hpp"
+#include "sidco/select/trimmed.hpp"
 #include "sidco/stages/stages.hpp"
 
 namespace sidco::methods {
