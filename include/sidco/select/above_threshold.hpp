@@ -2,10 +2,11 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "sidco/backend/concept.hpp"
+#include "sidco/core/segment.hpp"
 #include "sidco/select/result.hpp"
-#include "sidco/select/single_threshold.hpp"
 
 namespace sidco::select {
 
@@ -20,7 +21,13 @@ struct above_threshold {
 
   template <backend::backend Backend, class Source, class Out>
   selection_result select(Backend& backend, const Source& source, double threshold, std::size_t k, Out& out) {
-    return {detail::select_above<true>(backend, source, threshold, out, k), 0};
+    // The backend's layout-wide pass, over one segment: the whole source.
+    const segment whole{0, source.size};
+    std::size_t kept = 0;
+    backend.template select_above<true>(source, std::span<const segment>(&whole, 1),
+                                        std::span<const double>(&threshold, 1), out, k,
+                                        std::span<std::size_t>(&kept, 1));
+    return {kept, 0};
   }
 };
 
