@@ -1,6 +1,6 @@
 // The NCCL sparse all-reduce in one process over every visible GPU (one rank each): the
 // result equals the rank-order sum of what each rank sent, on every rank, bit for bit;
-// uneven and empty counts; the dense fallback; mismatched sizes and an abandoning rank make
+// uneven and empty counts; the dense fallback; mismatched sizes and a failing rank make
 // every rank throw the same error. With one GPU the ranks are one (the multi-rank checks
 // say so and are skipped); without a GPU the program exits 77 (skipped).
 #include <cuda_runtime.h>
@@ -181,7 +181,7 @@ int main() {
     cudaStreamDestroy(side);
   });
 
-  // Errors: a mismatched density (multi-rank only), and a rank that abandons.
+  // Errors: a mismatched density (multi-rank only), and a rank that fails.
   if (ranks >= 2) {
     std::vector<std::string> messages(static_cast<std::size_t>(ranks));
     on_every_rank(ranks, [&](int r) {
@@ -189,7 +189,7 @@ int main() {
       sparse_vector<float, std::uint32_t, memory::device> mine(10);
       memory::device_buffer<float> dense(10);
       try {
-        if (r == 1) reducer.abandon(std::runtime_error("gradient contains NaN"), 10, 0.1);
+        if (r == 1) reducer.allreduce_failed(std::runtime_error("gradient contains NaN"), 10, 0.1);
         reducer.allreduce(mine, 0.1, dense.view());
       } catch (const sidco::error& e) {
         messages[std::size_t(r)] = e.what();

@@ -219,7 +219,7 @@ TEST_CASE("a rank whose compress throws joins the exchange: every rank throws th
     try {
       compressor.compress<float>(g, 0.01, mine);
     } catch (const sidco::error& e) {
-      allreducer.abandon(e, n, 0.01);
+      allreducer.allreduce_failed(e, n, 0.01);
     }
     allreducer.allreduce(mine, 0.01, std::span<float>(dense));
   } catch (const sidco::error& e) {

@@ -94,8 +94,8 @@ __global__ void scale_values(T* values, std::size_t count, typename float_traits
 
 /// One per tensor and communicator: keeps its device buffers, so steady training allocates
 /// only on its first steps. Every rank calls allreduce (or, when its compress threw,
-/// abandon) the same number of times; ranks whose dense sizes or densities differ, or that
-/// abandon, make every rank throw the same sidco::error naming the rank, and none hangs; a
+/// allreduce_failed) the same number of times; ranks whose dense sizes or densities differ,
+/// or that fail, make every rank throw the same sidco::error naming the rank, and none hangs; a
 /// runtime failure aborts the communicator (see the top of this file).
 template <class T, class Index = std::uint32_t>
 class nccl_allreducer {
@@ -134,9 +134,13 @@ class nccl_allreducer {
 
   /// For a rank whose compress threw: joins the exchange the others are in, so that none
   /// hangs, and throws (as every rank does) the error naming this rank and reason.
-  [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
+  [[noreturn]] void allreduce_failed(const std::exception& reason, std::size_t dense_size, double delta) {
     exchange_headers(dense_size, 0, delta, reduction::average, detail::rank_status::failed, reason.what());
     sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
+  }
+  [[deprecated("renamed allreduce_failed")]] [[noreturn]] void abandon(const std::exception& reason,
+                                                                        std::size_t dense_size, double delta) {
+    allreduce_failed(reason, dense_size, delta);
   }
 
   /// Whether a runtime failure aborted the communicator (see the top of this file).

@@ -46,7 +46,7 @@ inline void check_mpi(int status, const char* what) { mpi::check(status, "sparse
 /// steady training allocates only on its first steps. Not thread-safe; one call at a time.
 ///
 /// Every rank calls with the same dense size and density; a rank whose arguments differ, or
-/// whose compress threw and that calls abandon(), makes every rank throw the same
+/// whose compress threw and that calls allreduce_failed(), makes every rank throw the same
 /// sidco::error naming the rank and the values or the reason (no hang, no crash). Counts may
 /// differ: nothing is padded or dropped. The result is identical on every rank (entries are
 /// added in rank order).
@@ -158,11 +158,16 @@ class sparse_allreducer {
 
   /// For a rank whose compress threw (say, on a NaN): joins the exchange the other ranks are
   /// in, so that none of them hangs, and throws, as every rank does, the sidco::error that
-  /// names this rank and the reason. Call it where the others call allreduce or start.
-  [[noreturn]] void abandon(const std::exception& reason, std::size_t dense_size, double delta) {
-    if (in_flight_) sidco::detail::fail("sparse_allreduce: abandon() while an exchange is in flight");
+  /// names this rank and the reason. Call it where the others call allreduce or start (the
+  /// exchanges' start_failed is its non-blocking twin).
+  [[noreturn]] void allreduce_failed(const std::exception& reason, std::size_t dense_size, double delta) {
+    if (in_flight_) sidco::detail::fail("sparse_allreduce: allreduce_failed() while an exchange is in flight");
     exchange_headers(dense_size, 0, delta, reduction::average, detail::rank_status::failed, reason.what());
     sidco::detail::fail("sparse_allreduce: rank ", rank_, " failed: ", reason.what());  // not reached
+  }
+  [[deprecated("renamed allreduce_failed")]] [[noreturn]] void abandon(const std::exception& reason,
+                                                                        std::size_t dense_size, double delta) {
+    allreduce_failed(reason, dense_size, delta);
   }
 
   /// Completes the last start(): dense holds the sum or average.
