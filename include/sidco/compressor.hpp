@@ -22,7 +22,7 @@
 #include "sidco/pipeline/report.hpp"
 #include "sidco/pipeline/run.hpp"
 #include "sidco/pipeline/scratch.hpp"
-#include "sidco/pipeline/stage.hpp"
+#include "sidco/pipeline/tensor_state.hpp"
 #include "sidco/select/concept.hpp"
 #include "sidco/policy_checks.hpp"
 #include "sidco/select/above_threshold.hpp"
@@ -123,19 +123,19 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
   using selection_type = Selection;
   using backend_type = Backend;
   using memory_space = memory;
-  using stage_type = pipeline::stage<Estimator, Selection>;
+  using state_type = pipeline::tensor_state<Estimator, Selection>;
   /// Most tails an estimator may ask the moments pass to measure.
-  static constexpr std::size_t max_probes = stage_type::max_probes;
+  static constexpr std::size_t max_probes = state_type::max_probes;
 
   compressor() = default;
   explicit compressor(Estimator estimator, Selection selection = {}, Backend backend = {})
-      : stage_(std::move(estimator), std::move(selection)), backend_(std::move(backend)) {}
+      : state_(std::move(estimator), std::move(selection)), backend_(std::move(backend)) {}
 
   // compress(gradient, delta, out[, residual or momentum]): pipeline/front_end.hpp.
 
   /// Bytes this compressor keeps between calls besides its output.
   std::size_t workspace_bytes() const {
-    std::size_t bytes = stage_.workspace_bytes();
+    std::size_t bytes = state_.workspace_bytes();
     if constexpr (requires { backend_.workspace_bytes(); }) bytes += backend_.workspace_bytes();
     return bytes;
   }
@@ -144,16 +144,16 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
   /// next call probes, generators' positions), for a checkpoint: load_state of what
   /// save_state wrote makes every later call give the same bits as this compressor's would.
   /// A state of another method, or a damaged one, is refused and nothing changes.
-  void save_state(state_writer& out) const { stage_.save_state(out); }
-  void load_state(state_reader& in) { stage_.load_state(in); }
+  void save_state(state_writer& out) const { state_.save_state(out); }
+  void load_state(state_reader& in) { state_.load_state(in); }
 
-  Estimator& estimator() { return stage_.estimator(); }
-  const Estimator& estimator() const { return stage_.estimator(); }
-  Selection& selection() { return stage_.selection(); }
+  Estimator& estimator() { return state_.estimator(); }
+  const Estimator& estimator() const { return state_.estimator(); }
+  Selection& selection() { return state_.selection(); }
   Backend& backend() { return backend_; }
   const Backend& backend() const { return backend_; }
   /// The estimator and selection with their state: what segmented keeps per segment.
-  const stage_type& stage() const { return stage_; }
+  const state_type& tensor_state() const { return state_; }
 
  private:
   friend pipeline::front_end<compressor, memory>;
@@ -167,16 +167,16 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
   compress_report run(const pipeline::input<Source>& in, double delta, auto& out) {
     const detail::single_user::scope in_use(user_, "compressor::compress");
     const segment whole{0, in.source.size};
-    const pipeline::scratch work = scratch_.view(stage_.probe_count());
+    const pipeline::scratch work = scratch_.view(state_.probe_count());
     pipeline::run<typename Estimator::statistics, Selection>(
-        backend_, std::span<stage_type>(&stage_, 1), std::span<const segment>(&whole, 1), in.source, in.what, out,
+        backend_, std::span<state_type>(&state_, 1), std::span<const segment>(&whole, 1), in.source, in.what, out,
         work, [delta](const pipeline::scratch& w) { w.densities[0] = delta; });
     return work.reports[0];
   }
 
-  stage_type stage_{};
+  state_type state_{};
   Backend backend_{};
-  pipeline::single_scratch<stage_type::max_probes> scratch_;
+  pipeline::single_scratch<state_type::max_probes> scratch_;
   [[no_unique_address]] detail::single_user user_;
 };
 

@@ -22,7 +22,7 @@
 namespace sidco {
 
 /// Real models are many tensors of very different scales: one distribution fitted to their
-/// concatenation is a mixture and misses. segmented<Compressor> keeps one stage (estimator
+/// concatenation is a mixture and misses. segmented<Compressor> keeps one tensor state (estimator
 /// and selection, with their adaptive state and probes) per segment and one backend, and
 /// runs the pipeline compressor runs over one segment (pipeline/run.hpp): it gathers every
 /// segment's moments in one threaded pass over the flat buffer (threads split the buffer,
@@ -39,14 +39,14 @@ class segmented : public pipeline::front_end<segmented<Compressor>, typename Com
   using Backend = typename Compressor::backend_type;
   using Estimator = typename Compressor::estimator_type;
   using Selection = typename Compressor::selection_type;
-  using Stage = typename Compressor::stage_type;
+  using State = typename Compressor::state_type;
   using memory = typename Compressor::memory_space;
 
  public:
   /// density for segment i of the layout, given the overall delta.
   using budget_policy = std::function<double(std::size_t index, const segment&, double delta)>;
 
-  /// Every segment starts as a copy of prototype's stage, and the passes run on a copy of
+  /// Every segment starts as a copy of prototype's tensor state, and the passes run on a copy of
   /// the prototype's backend (for backend::cuda: its stream).
   explicit segmented(std::vector<segment> layout, Compressor prototype = Compressor{}, budget_policy budget = {})
       : segmented(std::move(layout), prototype, std::move(budget), prototype.backend()) {}
@@ -54,7 +54,7 @@ class segmented : public pipeline::front_end<segmented<Compressor>, typename Com
   segmented(std::vector<segment> layout, Compressor prototype, budget_policy budget, Backend backend)
       : layout_(std::move(layout)), budget_(std::move(budget)), backend_(std::move(backend)) {
     total_ = check::layout(layout_);
-    stages_.assign(layout_.size(), prototype.stage());
+    states_.assign(layout_.size(), prototype.tensor_state());
     capped_.resize(layout_.size());
     work_.view(layout_.size(), 0);
   }
@@ -65,7 +65,7 @@ class segmented : public pipeline::front_end<segmented<Compressor>, typename Com
   const std::vector<double>& segment_densities() const { return work_.densities(); }
   const std::vector<compress_report>& segment_reports() const { return work_.reports(); }
   /// Segment i's estimator and selection, with their state.
-  Stage& segment_stage(std::size_t i) { return stages_.at(i); }
+  State& segment_state(std::size_t i) { return states_.at(i); }
   Backend& backend() { return backend_; }
 
   // compress(gradient, delta, out[, residual or momentum]): pipeline/front_end.hpp (the
@@ -73,31 +73,31 @@ class segmented : public pipeline::front_end<segmented<Compressor>, typename Com
 
   /// Segment i's state (compressor::save_state writes the same): one per segment, so that
   /// a tensor's state can follow it into another layout or into a compressor.
-  void save_segment_state(std::size_t i, state_writer& out) const { stages_.at(i).save_state(out); }
-  void load_segment_state(std::size_t i, state_reader& in) { stages_.at(i).load_state(in); }
+  void save_segment_state(std::size_t i, state_writer& out) const { states_.at(i).save_state(out); }
+  void load_segment_state(std::size_t i, state_reader& in) { states_.at(i).load_state(in); }
 
   /// Every segment's state, in order; a state of another layout or method is refused and
   /// nothing changes.
   void save_state(state_writer& out) const {
     out.name("sidco.segmented");
-    out.word(stages_.size());
-    for (const auto& s : stages_) s.save_state(out);
+    out.word(states_.size());
+    for (const auto& s : states_) s.save_state(out);
   }
   void load_state(state_reader& in) {
     in.expect("sidco.segmented");
     const std::uint64_t count = in.word("segmented: segment count");
-    if (count != stages_.size())
-      detail::fail("state: segmented: holds ", count, " segments, the layout has ", stages_.size());
-    std::vector<Stage> loaded = stages_;
+    if (count != states_.size())
+      detail::fail("state: segmented: holds ", count, " segments, the layout has ", states_.size());
+    std::vector<State> loaded = states_;
     for (auto& s : loaded) s.load_state(in);
-    stages_ = std::move(loaded);
+    states_ = std::move(loaded);
   }
 
   /// Bytes kept between calls besides the output.
   std::size_t workspace_bytes() const {
     std::size_t bytes = work_.bytes() + capped_.capacity() / 8;
     if constexpr (requires { backend_.workspace_bytes(); }) bytes += backend_.workspace_bytes();
-    for (const auto& s : stages_) bytes += s.workspace_bytes();
+    for (const auto& s : states_) bytes += s.workspace_bytes();
     return bytes;
   }
 
@@ -152,9 +152,9 @@ class segmented : public pipeline::front_end<segmented<Compressor>, typename Com
   compress_report run(const pipeline::input<Source>& in, double delta, sparse_vector<T, Index, memory>& out) {
     const detail::single_user::scope in_use(user_, "segmented::compress");
     const pipeline::scratch work =
-        work_.view(layout_.size(), pipeline::probes_per_segment(std::span<const Stage>(stages_)));
+        work_.view(layout_.size(), pipeline::probes_per_segment(std::span<const State>(states_)));
     pipeline::run<typename Estimator::statistics, Selection>(
-        backend_, std::span<Stage>(stages_), std::span<const segment>(layout_), in.source, in.what, out, work,
+        backend_, std::span<State>(states_), std::span<const segment>(layout_), in.source, in.what, out, work,
         [&](const pipeline::scratch& w) { share_budget(w, delta); });
 
     compress_report total;
@@ -178,7 +178,7 @@ class segmented : public pipeline::front_end<segmented<Compressor>, typename Com
   std::size_t total_ = 0;
   budget_policy budget_;
   Backend backend_;
-  std::vector<Stage> stages_;
+  std::vector<State> states_;
   std::vector<bool> capped_;
   pipeline::growing_scratch work_;
   [[no_unique_address]] detail::single_user user_;

@@ -25,11 +25,11 @@
 
 namespace sidco::pipeline {
 
-/// The most probes any of stages asks for: the probe slots each segment gets.
-template <class Stage>
-std::size_t probes_per_segment(std::span<const Stage> stages) {
+/// The most probes any of states asks for: the probe slots each segment gets.
+template <class State>
+std::size_t probes_per_segment(std::span<const State> states) {
   std::size_t per = 0;
-  for (const auto& s : stages) per = std::max(per, s.probe_count());
+  for (const auto& s : states) per = std::max(per, s.probe_count());
   return per;
 }
 
@@ -43,18 +43,18 @@ void check_finite(Backend& backend, const Source& source, std::uint64_t nonfinit
                                                first.value, " at index ", source.base + first.index));
 }
 
-/// Runs the pipeline for source over layout (which tiles it), stage s serving segment s;
-/// work.per must be probes_per_segment(stages). budget(work) writes work.densities after the
+/// Runs the pipeline for source over layout (which tiles it), state s serving segment s;
+/// work.per must be probes_per_segment(states). budget(work) writes work.densities after the
 /// moments pass (it may throw: nothing is written yet). out is cleared and gets every
 /// segment's selection with global indices; work.reports gets each segment's report.
-template <class Statistics, class Selection, class Stage, class Backend, class Source, class T, class Index,
+template <class Statistics, class Selection, class State, class Backend, class Source, class T, class Index,
           class Memory, class Budget>
-void run(Backend& backend, std::span<Stage> stages, std::span<const segment> layout, const Source& source,
+void run(Backend& backend, std::span<State> states, std::span<const segment> layout, const Source& source,
          const char* what, sparse_vector<T, Index, Memory>& out, const scratch& work, Budget&& budget) {
   const std::size_t n = layout.size();
   std::fill(work.probes.begin(), work.probes.end(), std::numeric_limits<double>::infinity());
   for (std::size_t s = 0; s < n; ++s)
-    stages[s].probe_thresholds(work.probes.subspan(s * work.per, stages[s].probe_count()));
+    states[s].probe_thresholds(work.probes.subspan(s * work.per, states[s].probe_count()));
   backend.template analyze<Statistics>(source, layout, std::span<const double>(work.probes), work.measured);
 
   std::uint64_t nonfinite = 0;
@@ -66,7 +66,7 @@ void run(Backend& backend, std::span<Stage> stages, std::span<const segment> lay
   if constexpr (Selection::fuses_layers || select::ranks_candidates<Selection>) {
     for (std::size_t s = 0; s < n; ++s) {
       const auto part = source.slice(layout[s].offset, layout[s].size);
-      work.estimates[s] = stages[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
+      work.estimates[s] = states[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
       work.thresholds[s] = work.estimates[s].estimate.threshold;
       work.targets[s] = target_count(work.densities[s], layout[s].size);
     }
@@ -76,25 +76,25 @@ void run(Backend& backend, std::span<Stage> stages, std::span<const segment> lay
       backend.template select_above<true>(source, layout, std::span<const double>(work.thresholds), out, hint,
                                           work.kept);
       for (std::size_t s = 0; s < n; ++s)
-        work.reports[s] = stages[s].report(work.estimates[s], {work.kept[s], 0}, work.kept[s], work.all_of(s),
+        work.reports[s] = states[s].report(work.estimates[s], {work.kept[s], 0}, work.kept[s], work.all_of(s),
                                            work.densities[s], layout[s].size);
     } else {
       const auto candidates = work.candidates();
       select::select_candidates(backend, source, layout,
-                                [stages](std::size_t s) -> Selection& { return stages[s].selection(); }, out,
+                                [states](std::size_t s) -> Selection& { return states[s].selection(); }, out,
                                 candidates);
       for (std::size_t s = 0; s < n; ++s)
-        work.reports[s] = stages[s].report(work.estimates[s], work.picked[s], candidates.selected(s),
+        work.reports[s] = states[s].report(work.estimates[s], work.picked[s], candidates.selected(s),
                                            work.all_of(s), work.densities[s], layout[s].size);
     }
   } else {
     for (std::size_t s = 0; s < n; ++s) {
       const auto part = source.slice(layout[s].offset, layout[s].size);
-      const auto outcome = stages[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
+      const auto outcome = states[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
       const std::size_t before = out.size();
-      const auto picked = stages[s].select(backend, part, outcome.estimate.threshold,
+      const auto picked = states[s].select(backend, part, outcome.estimate.threshold,
                                            target_count(work.densities[s], layout[s].size), out);
-      work.reports[s] = stages[s].report(outcome, picked, out.size() - before, work.all_of(s), work.densities[s],
+      work.reports[s] = states[s].report(outcome, picked, out.size() - before, work.all_of(s), work.densities[s],
                                          layout[s].size);
     }
   }

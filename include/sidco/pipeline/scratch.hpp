@@ -11,7 +11,7 @@
 #include "sidco/core/moments.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/pipeline/report.hpp"
-#include "sidco/pipeline/stage.hpp"
+#include "sidco/pipeline/tensor_state.hpp"
 #include "sidco/select/candidates.hpp"
 #include "sidco/select/result.hpp"
 
@@ -41,7 +41,7 @@ struct scratch {
   std::span<const moments> probes_of(std::size_t s) const { return measured.subspan(s * (1 + per) + 1, per); }
 };
 
-/// One segment with at most MaxProbes probes (stage::probe_count clamps to it).
+/// One segment with at most MaxProbes probes (tensor_state::probe_count clamps to it).
 template <std::size_t MaxProbes>
 class single_scratch {
  public:

@@ -108,10 +108,10 @@ class layered final : public engine<T, Index, typename Compressor::memory_space>
   void load(std::size_t i, std::span<const std::byte> bytes) override {
     sidco::state_reader in(bytes);
     // Read into a copy: a damaged state leaves the layer as it was.
-    auto copy = compressor_.segment_stage(i);
+    auto copy = compressor_.segment_state(i);
     copy.load_state(in);
     in.finish();
-    compressor_.segment_stage(i) = std::move(copy);
+    compressor_.segment_state(i) = std::move(copy);
   }
 
  private:

@@ -51,14 +51,14 @@ struct estimate_outcome {
 };
 
 template <class Estimator, class Selection>
-class stage {
+class tensor_state {
  public:
   /// Most tails an estimator may ask the moments pass to measure (the backends' moments
   /// passes take at most one probe per segment).
   static constexpr std::size_t max_probes = 1;
 
-  stage() = default;
-  stage(Estimator estimator, Selection selection)
+  tensor_state() = default;
+  tensor_state(Estimator estimator, Selection selection)
       : estimator_(std::move(estimator)), selection_(std::move(selection)) {}
 
   /// How many tails the estimator asks the next moments pass to measure, and where.
