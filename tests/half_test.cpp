@@ -141,8 +141,10 @@ TEST_CASE("bfloat16: every conversion is the nearest value, ties to even") {
 
 TEST_CASE_TEMPLATE("16-bit threshold keys: |v| > t in 16 bits exactly when |v| > t in double", H, float16, bfloat16) {
   std::mt19937_64 rng(11);
-  std::vector<double> thresholds = {-1.0, 0.0, 1e-40, 5.9e-8, 6.0e-8, 1e-5, 0.001, 0.5, 1.0, 1.0000001, 65504.0,
-                                    65505.0, 1e30, 3.5e38, std::numeric_limits<double>::infinity()};
+  // -0.0 too: it selects what 0.0 selects (an earlier host key made it select the zeros).
+  std::vector<double> thresholds = {-1.0,  -0.0,   0.0,  std::numeric_limits<double>::quiet_NaN(),
+                                    1e-40, 5.9e-8, 6e-8, 1e-5, 0.001, 0.5, 1.0, 1.0000001, 65504.0, 65505.0, 1e30,
+                                    3.5e38, std::numeric_limits<double>::infinity()};
   std::uniform_real_distribution<double> exponent(-45, 40);
   for (int i = 0; i < 2000; ++i) thresholds.push_back(std::pow(10.0, exponent(rng)));
   std::size_t wrong = 0;

@@ -108,52 +108,61 @@ struct bfloat16 {
   friend constexpr bfloat16 operator-(bfloat16 a) { return from_bits(std::uint16_t(a.bits ^ 0x8000u)); }
 };
 
-template <>
-struct float_traits<float16> {
+namespace detail {
+
+// The two 16-bit layouts, one traits family for the host's float16 / bfloat16 and CUDA's
+// __half / __nv_bfloat16 (backend/cuda/half.cuh), whose bits are the same.
+struct float16_layout {
   using key = std::uint16_t;
   using accumulator = float;
+  using host_type = float16;
   static constexpr key infinity = 0x7c00u;
   static constexpr key sign = 0x8000u;
   static constexpr const char* name = "float16";
   static constexpr std::uint8_t wire_code = 3;
 };
-
-template <>
-struct float_traits<bfloat16> {
+struct bfloat16_layout {
   using key = std::uint16_t;
   using accumulator = float;
+  using host_type = bfloat16;
   static constexpr key infinity = 0x7f80u;
   static constexpr key sign = 0x8000u;
   static constexpr const char* name = "bfloat16";
   static constexpr std::uint8_t wire_code = 4;
 };
 
-namespace detail {
-
-// The key of the largest 16-bit value not above t >= 0.
-template <class H>
-signed_key_t<H> host_half_threshold_key(double t) {
-  using S = signed_key_t<H>;
-  if (std::isnan(t)) return std::numeric_limits<S>::max();
-  if (t < 0) return S(-1);
-  if (t >= double(float(H::from_bits(float_traits<H>::infinity)))) return S(float_traits<H>::infinity);
+// The key of the largest 16-bit value of Layout not above t >= 0, computed with the host
+// type (the threshold is computed on the host for every backend). Zero of either sign is
+// key 0, so that -0.0 selects what 0.0 selects.
+template <class Layout>
+std::int16_t half_threshold_key(double t) {
+  using H = typename Layout::host_type;
+  if (std::isnan(t)) return std::numeric_limits<std::int16_t>::max();
+  if (t < 0) return -1;
+  if (t == 0) return 0;
+  if (t >= double(float(H::from_bits(Layout::infinity)))) return std::int16_t(Layout::infinity);
   float f = float(t);
   if (double(f) > t) f = std::nextafter(f, 0.0f);
   H h(f);
   if (float(h) > f) h = H::from_bits(std::uint16_t(h.bits - 1));  // rounded up: step down (h > 0 here)
-  return S(h.bits);
+  return std::int16_t(h.bits);
 }
 
 }  // namespace detail
 
 template <>
+struct float_traits<float16> : detail::float16_layout {};
+template <>
+struct float_traits<bfloat16> : detail::bfloat16_layout {};
+
+template <>
 inline signed_key_t<float16> threshold_key<float16>(double t) {
-  return detail::host_half_threshold_key<float16>(t);
+  return detail::half_threshold_key<detail::float16_layout>(t);
 }
 
 template <>
 inline signed_key_t<bfloat16> threshold_key<bfloat16>(double t) {
-  return detail::host_half_threshold_key<bfloat16>(t);
+  return detail::half_threshold_key<detail::bfloat16_layout>(t);
 }
 
 }  // namespace sidco

@@ -56,7 +56,7 @@ SIDCO_HOST_DEVICE bool exceeds(signed_key_t<T> key, signed_key_t<T> above) {
 }
 
 /// The key of the largest T not above t >= 0: |v| > t (in double) exactly when |v| > it.
-/// For float and double; the CUDA backend's 16-bit types have their own.
+/// For float and double; the 16-bit types (host and CUDA) have theirs in core/half.hpp.
 template <class T>
 signed_key_t<T> threshold_key(double t) {
   using S = signed_key_t<T>;
