@@ -238,7 +238,7 @@ void layered_inputs(benchmark::internal::Benchmark* b) {
 }
 
 using namespace sidco::presets;
-using sidco_e_fixed3 = sidco_with<sidco::dist::exponential, sidco::dist::exponential,
+using sidco_e_fixed3 = sidco_with<sidco::models::exponential, sidco::models::exponential,
                                   sidco::stages::fixed<3>, sidco::fit::zero_aware,
                                   sidco::select::above_threshold, sidco::backend::cpu>;
 using sidco_e_serial = sidco_e_single<sidco::backend::serial>;

@@ -85,7 +85,7 @@ struct no_quantile {
   double upper_quntile(double) const { return 1; }
 };
 int main() {
-  sidco::presets::sidco_with<sidco::dist::exponential, no_quantile, sidco::stages::adaptive, sidco::fit::zero_aware,
+  sidco::presets::sidco_with<sidco::models::exponential, no_quantile, sidco::stages::adaptive, sidco::fit::zero_aware,
                              sidco::select::above_threshold, sidco::backend::serial> c;
   (void)c;
 }' "$@"
@@ -110,7 +110,7 @@ struct custom_selection {
   $1
 };
 int main() {
-  sidco::compressor<sidco::estimate::statistical<sidco::dist::exponential>, custom_selection, sidco::backend::serial> c;
+  sidco::compressor<sidco::estimate::statistical<sidco::models::exponential>, custom_selection, sidco::backend::serial> c;
   (void)c;
 }"
 }
@@ -177,8 +177,8 @@ int main() {
 }"
 }
 expect_short_error stages_as_tail "a stages policy was given as a distribution model" \
-  "$(policy_call 'sidco::compressor<sidco::estimate::statistical<sidco::dist::exponential, sidco::stages::fixed<3>>>')" "$@"
+  "$(policy_call 'sidco::compressor<sidco::estimate::statistical<sidco::models::exponential, sidco::stages::fixed<3>>>')" "$@"
 expect_short_error model_as_estimator "a distribution model was given as the Estimator; wrap it in an estimator" \
-  "$(policy_call 'sidco::compressor<sidco::dist::gamma>')" "$@"
+  "$(policy_call 'sidco::compressor<sidco::models::gamma>')" "$@"
 
 exit $failed

@@ -71,10 +71,10 @@ TEST_CASE_TEMPLATE("zero-aware fitting hits the target where the plain fit misse
   const auto g = synthetic_gradient<T>(1000000, 0.4, 5);
   for (double delta : {0.1, 0.01, 0.001}) {
     sparse_vector<T> out;
-    presets::sidco_with<dist::exponential, dist::exponential, stages::single, fit::zero_aware,
+    presets::sidco_with<models::exponential, models::exponential, stages::single, fit::zero_aware,
                         select::above_threshold, backend::serial>
         aware;
-    presets::sidco_with<dist::exponential, dist::exponential, stages::single, fit::paper,
+    presets::sidco_with<models::exponential, models::exponential, stages::single, fit::paper,
                         select::above_threshold, backend::serial>
         plain;
     const double aware_ratio = aware.template compress<T>(g, delta, out).density_ratio();
@@ -159,7 +159,7 @@ TEST_CASE("the original SIDCo fit misses badly on the LSTM gradient; ours does n
 TEST_CASE("fixed stage counts are honoured and more stages refine the single-stage fit") {
   const auto g = test::load_gradient("ffn_it200.npy");
   sparse_vector<float> out;
-  presets::sidco_with<dist::exponential, dist::exponential, stages::fixed<4>, fit::zero_aware,
+  presets::sidco_with<models::exponential, models::exponential, stages::fixed<4>, fit::zero_aware,
                       select::above_threshold, backend::serial>
       four;
   presets::sidco_e_single<> one;
@@ -193,7 +193,7 @@ TEST_CASE("from the second call, the moments pass measures the tail the last sta
   for (const auto& file : {"lstm_it10.npy", "cnn_it200.npy", "ffn_it200.npy"}) {
     INFO(file);
     const auto g = test::load_gradient(file);
-    presets::sidco_with<dist::exponential, dist::exponential, stages::fixed<3>, fit::zero_aware,
+    presets::sidco_with<models::exponential, models::exponential, stages::fixed<3>, fit::zero_aware,
                         select::above_threshold, counting_cpu>
         c;
     sparse_vector<float> first, second;

@@ -138,7 +138,7 @@ struct labeled_backend : backend::serial {
 }  // namespace
 
 TEST_CASE("segmented runs its passes on the prototype's backend unless given another") {
-  using labeled = compressor<estimate::statistical<dist::exponential>, select::above_threshold, labeled_backend>;
+  using labeled = compressor<estimate::statistical<models::exponential>, select::above_threshold, labeled_backend>;
   labeled prototype;
   prototype.backend().label = 7;
   segmented<labeled> s({{0, 10}, {10, 20}}, prototype);

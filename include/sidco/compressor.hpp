@@ -12,7 +12,7 @@
 #include "sidco/core/single_user.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/core/state_io.hpp"
-#include "sidco/dist/concept.hpp"
+#include "sidco/models/concept.hpp"
 #include "sidco/estimate/concept.hpp"
 #include "sidco/estimate/none.hpp"
 #include "sidco/feedback/momentum.hpp"
@@ -82,11 +82,11 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
     if constexpr (detail::is_statistical<Estimator>)
       return false;
     else
-      return dist::model_like<Estimator>;
+      return models::model_like<Estimator>;
   }();
   static_assert(!model_as_estimator,
                 "compressor<Estimator, Selection, Backend>: a distribution model was given as the Estimator; "
-                "wrap it in an estimator: compressor<estimate::statistical<dist::gamma>> (or a preset, "
+                "wrap it in an estimator: compressor<estimate::statistical<models::gamma>> (or a preset, "
                 "presets::sidco_e)");
   static_assert([] {
     if constexpr (detail::is_statistical<Estimator> || model_as_estimator)

@@ -18,10 +18,10 @@
 #include "sidco/backend/serial.hpp"
 #include "sidco/compressor.hpp"
 #include "sidco/core/error.hpp"
-#include "sidco/dist/exponential.hpp"
-#include "sidco/dist/gamma.hpp"
-#include "sidco/dist/generalized_pareto.hpp"
-#include "sidco/dist/weibull.hpp"
+#include "sidco/models/exponential.hpp"
+#include "sidco/models/gamma.hpp"
+#include "sidco/models/generalized_pareto.hpp"
+#include "sidco/models/weibull.hpp"
 #include "sidco/estimate/gaussian_k.hpp"
 #include "sidco/estimate/none.hpp"
 #include "sidco/estimate/redsync.hpp"
@@ -63,56 +63,56 @@ using sidco_estimator = estimate::statistical<First, Tail, Stages, Fit>;
 struct sidco_e {
   static constexpr info about{"sidco-e", "SIDCo, exponential fits, adaptive stages (the default)",
                               count_promise::about_k};
-  using estimator = sidco_estimator<dist::exponential, dist::exponential, stages::adaptive>;
+  using estimator = sidco_estimator<models::exponential, models::exponential, stages::adaptive>;
   using selection = select::above_threshold;
 };
 struct sidco_gp {
   static constexpr info about{"sidco-gp", "SIDCo, generalized Pareto fits, adaptive stages", count_promise::about_k};
-  using estimator = sidco_estimator<dist::generalized_pareto, dist::generalized_pareto, stages::adaptive>;
+  using estimator = sidco_estimator<models::generalized_pareto, models::generalized_pareto, stages::adaptive>;
   using selection = select::above_threshold;
 };
 struct sidco_gamma_gp {
   static constexpr info about{"sidco-gamma-gp", "SIDCo, gamma for stage 1, then generalized Pareto",
                               count_promise::about_k};
-  using estimator = sidco_estimator<dist::gamma, dist::generalized_pareto, stages::adaptive>;
+  using estimator = sidco_estimator<models::gamma, models::generalized_pareto, stages::adaptive>;
   using selection = select::above_threshold;
 };
 struct sidco_weibull {
   static constexpr info about{"sidco-weibull", "SIDCo, Weibull fits, adaptive stages", count_promise::about_k};
-  using estimator = sidco_estimator<dist::weibull, dist::weibull, stages::adaptive>;
+  using estimator = sidco_estimator<models::weibull, models::weibull, stages::adaptive>;
   using selection = select::above_threshold;
 };
 struct sidco_e_single {
   static constexpr info about{"sidco-e-single", "SIDCo, one exponential fit", count_promise::about_k};
-  using estimator = sidco_estimator<dist::exponential, dist::exponential, stages::single>;
+  using estimator = sidco_estimator<models::exponential, models::exponential, stages::single>;
   using selection = select::above_threshold;
 };
 struct sidco_gp_single {
   static constexpr info about{"sidco-gp-single", "SIDCo, one generalized Pareto fit", count_promise::about_k};
-  using estimator = sidco_estimator<dist::generalized_pareto, dist::generalized_pareto, stages::single>;
+  using estimator = sidco_estimator<models::generalized_pareto, models::generalized_pareto, stages::single>;
   using selection = select::above_threshold;
 };
 struct sidco_gamma_single {
   static constexpr info about{"sidco-gamma-single", "SIDCo, one gamma fit", count_promise::about_k};
-  using estimator = sidco_estimator<dist::gamma, dist::gamma, stages::single>;
+  using estimator = sidco_estimator<models::gamma, models::gamma, stages::single>;
   using selection = select::above_threshold;
 };
 struct sidco_e_paper {
   static constexpr info about{"sidco-e-paper",
                               "the original SIDCo-E fit (zeros in the sample, fixed stage fractions)",
                               count_promise::about_k};
-  using estimator = sidco_estimator<dist::exponential, dist::exponential, stages::adaptive, fit::paper>;
+  using estimator = sidco_estimator<models::exponential, models::exponential, stages::adaptive, fit::paper>;
   using selection = select::above_threshold;
 };
 struct sidco_gp_paper {
   static constexpr info about{"sidco-gp-paper", "the original SIDCo-GP fit", count_promise::about_k};
   using estimator =
-      sidco_estimator<dist::generalized_pareto, dist::generalized_pareto, stages::adaptive, fit::paper>;
+      sidco_estimator<models::generalized_pareto, models::generalized_pareto, stages::adaptive, fit::paper>;
   using selection = select::above_threshold;
 };
 struct sidco_gamma_gp_paper {
   static constexpr info about{"sidco-gamma-gp-paper", "the original SIDCo-Gamma-GP fit", count_promise::about_k};
-  using estimator = sidco_estimator<dist::gamma, dist::generalized_pareto, stages::adaptive, fit::paper>;
+  using estimator = sidco_estimator<models::gamma, models::generalized_pareto, stages::adaptive, fit::paper>;
   using selection = select::above_threshold;
 };
 struct top_k {

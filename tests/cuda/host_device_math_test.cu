@@ -8,8 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <sidco/core/moments.hpp>
-#include <sidco/dist/exponential.hpp>
-#include <sidco/dist/generalized_pareto.hpp>
+#include <sidco/models/exponential.hpp>
+#include <sidco/models/generalized_pareto.hpp>
 
 #include "device.hpp"
 
@@ -35,8 +35,8 @@ __global__ void block_moments(const float* x, std::size_t n, sidco::moments* per
 }
 
 __global__ void fit_thresholds(const sidco::moments* m, double rho, double* out) {
-  out[0] = sidco::dist::exponential::fit(*m).upper_quantile(rho);
-  out[1] = sidco::dist::generalized_pareto::fit(*m).upper_quantile(rho);
+  out[0] = sidco::models::exponential::fit(*m).upper_quantile(rho);
+  out[1] = sidco::models::generalized_pareto::fit(*m).upper_quantile(rho);
 }
 
 int failures = 0;
@@ -91,8 +91,8 @@ int main() {
   fit_thresholds<<<1, 1>>>(d_blocks, 0.001, d_t);
   double t[2];
   cudaMemcpy(t, d_t, sizeof(t), cudaMemcpyDeviceToHost);
-  const double host_e = sidco::dist::exponential::fit(host).upper_quantile(0.001);
-  const double host_gp = sidco::dist::generalized_pareto::fit(host).upper_quantile(0.001);
+  const double host_e = sidco::models::exponential::fit(host).upper_quantile(0.001);
+  const double host_gp = sidco::models::generalized_pareto::fit(host).upper_quantile(0.001);
   check(close(t[0], host_e, 1e-14), "exponential threshold", t[0], host_e);
   check(close(t[1], host_gp, 1e-13), "generalized Pareto threshold", t[1], host_gp);
   const cudaError_t status = cudaGetLastError();

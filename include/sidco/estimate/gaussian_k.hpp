@@ -10,7 +10,7 @@
 #include "sidco/backend/pass_statistics.hpp"
 #include "sidco/core/checks.hpp"
 #include "sidco/core/moments.hpp"
-#include "sidco/dist/normal.hpp"
+#include "sidco/models/normal.hpp"
 #include "sidco/estimate/result.hpp"
 
 namespace sidco::estimate {
@@ -33,7 +33,7 @@ struct gaussian_k {
     const double k = double(target_count(delta, std::size_t(all.count)));
     const double sigma = std::sqrt(all.sum_sq / n);
     if (sigma == 0) return {0.0, 0};
-    double t = dist::normal{sigma}.upper_quantile(delta);
+    double t = models::normal{sigma}.upper_quantile(delta);
     int steps = 0;
     for (; steps < max_adjustments; ++steps) {
       const double kept = double(pass.count_above(t));

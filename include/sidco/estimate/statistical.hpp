@@ -13,7 +13,7 @@
 #include "sidco/core/error.hpp"
 #include "sidco/core/moments.hpp"
 #include "sidco/core/state_io.hpp"
-#include "sidco/dist/concept.hpp"
+#include "sidco/models/concept.hpp"
 #include "sidco/estimate/result.hpp"
 #include "sidco/stages/stages.hpp"
 
@@ -54,18 +54,18 @@ class statistical {
                 "statistical<..., Fit>: Fit must be fit::zero_aware or fit::paper");
   static_assert(!stages::stage_policy<First> && !stages::stage_policy<Tail>,
                 "estimate::statistical<First, Tail, Stages, Fit>: a stages policy was given as a distribution "
-                "model; First and Tail are models (dist::exponential, gamma, generalized_pareto), the stages "
-                "come third: statistical<dist::exponential, dist::exponential, stages::fixed<3>>");
+                "model; First and Tail are models (models::exponential, gamma, generalized_pareto), the stages "
+                "come third: statistical<models::exponential, models::exponential, stages::fixed<3>>");
   static constexpr bool stages_as_model = stages::stage_policy<First> || stages::stage_policy<Tail>;
   static_assert([] {  // the models' own checks only when the sentence above did not fire
     if constexpr (stages_as_model)
       return true;
     else
-      return dist::diagnose<First>() && dist::diagnose<Tail>();
+      return models::diagnose<First>() && models::diagnose<Tail>();
   }());
   template <class M>
   static constexpr bool needs_log_of() {
-    if constexpr (dist::contract::named<M>)
+    if constexpr (models::contract::named<M>)
       return M::needs_log;
     else
       return false;

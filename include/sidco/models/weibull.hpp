@@ -9,7 +9,7 @@
 
 #include "sidco/core/moments.hpp"
 
-namespace sidco::dist {
+namespace sidco::models {
 
 struct weibull {
   static constexpr const char* name = "weibull";
@@ -53,4 +53,4 @@ struct weibull {
   static constexpr double euler_gamma = 0.57721566490153286061;
 };
 
-}  // namespace sidco::dist
+}  // namespace sidco::models

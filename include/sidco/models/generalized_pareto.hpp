@@ -7,7 +7,7 @@
 #include "sidco/core/config.hpp"
 #include "sidco/core/moments.hpp"
 
-namespace sidco::dist {
+namespace sidco::models {
 
 /// Shape k in Hosking's sign convention: k < 0 is a heavy (Pareto) tail, k = 0 the
 /// exponential, k > 0 a bounded support [0, alpha / k]. SciPy's genpareto has c = -k.
@@ -45,4 +45,4 @@ struct generalized_pareto {
   }
 };
 
-}  // namespace sidco::dist
+}  // namespace sidco::models

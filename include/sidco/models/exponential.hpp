@@ -6,7 +6,7 @@
 #include "sidco/core/config.hpp"
 #include "sidco/core/moments.hpp"
 
-namespace sidco::dist {
+namespace sidco::models {
 
 struct exponential {
   static constexpr const char* name = "exponential";
@@ -23,4 +23,4 @@ struct exponential {
   SIDCO_HOST_DEVICE double ccdf(double t) const { return t <= 0 ? 1.0 : std::exp(-t / mean); }
 };
 
-}  // namespace sidco::dist
+}  // namespace sidco::models

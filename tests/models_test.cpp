@@ -4,11 +4,11 @@
 #include <vector>
 
 #include <doctest/doctest.h>
-#include <sidco/dist/exponential.hpp>
-#include <sidco/dist/gamma.hpp>
-#include <sidco/dist/generalized_pareto.hpp>
-#include <sidco/dist/normal.hpp>
-#include <sidco/dist/weibull.hpp>
+#include <sidco/models/exponential.hpp>
+#include <sidco/models/gamma.hpp>
+#include <sidco/models/generalized_pareto.hpp>
+#include <sidco/models/normal.hpp>
+#include <sidco/models/weibull.hpp>
 
 using namespace sidco;
 
@@ -16,43 +16,43 @@ using namespace sidco;
 //   expon.isf(0.01, scale=2), genpareto.isf(rho, c=-k, scale), gamma.isf(rho, a, scale),
 //   halfnorm.isf(rho, scale). SciPy's genpareto shape c is -k in our (Hosking) convention.
 TEST_CASE("upper quantiles match SciPy") {
-  CHECK(dist::exponential{2.0}.upper_quantile(0.01) == doctest::Approx(9.210340371976182).epsilon(1e-13));
-  CHECK(dist::generalized_pareto{-0.2, 1.5}.upper_quantile(0.01) ==
+  CHECK(models::exponential{2.0}.upper_quantile(0.01) == doctest::Approx(9.210340371976182).epsilon(1e-13));
+  CHECK(models::generalized_pareto{-0.2, 1.5}.upper_quantile(0.01) ==
         doctest::Approx(11.33914823632185).epsilon(1e-12));
-  CHECK(dist::generalized_pareto{0.3, 2.0}.upper_quantile(0.05) ==
+  CHECK(models::generalized_pareto{0.3, 2.0}.upper_quantile(0.05) ==
         doctest::Approx(3.9527297897539704).epsilon(1e-12));
-  CHECK(dist::generalized_pareto{1e-10, 0.5}.upper_quantile(0.001) ==
+  CHECK(models::generalized_pareto{1e-10, 0.5}.upper_quantile(0.001) ==
         doctest::Approx(3.4538776382981413).epsilon(1e-9));
-  CHECK(dist::gamma{0.7, 3.0}.upper_quantile(0.001) == doctest::Approx(18.191218691661824).epsilon(1e-10));
-  CHECK(dist::gamma{2.5, 0.2}.upper_quantile(0.1) == doctest::Approx(0.9236356899781116).epsilon(1e-10));
-  CHECK(dist::normal{2.0}.upper_quantile(0.01) == doctest::Approx(5.151658607097801).epsilon(1e-12));
-  CHECK(dist::normal{0.5}.upper_quantile(0.25) == doctest::Approx(0.5751746901880039).epsilon(1e-12));
+  CHECK(models::gamma{0.7, 3.0}.upper_quantile(0.001) == doctest::Approx(18.191218691661824).epsilon(1e-10));
+  CHECK(models::gamma{2.5, 0.2}.upper_quantile(0.1) == doctest::Approx(0.9236356899781116).epsilon(1e-10));
+  CHECK(models::normal{2.0}.upper_quantile(0.01) == doctest::Approx(5.151658607097801).epsilon(1e-12));
+  CHECK(models::normal{0.5}.upper_quantile(0.25) == doctest::Approx(0.5751746901880039).epsilon(1e-12));
   // weibull_min.isf(rho, c=k, scale) = scale (-ln rho)^(1/k) (Python's math module).
-  CHECK(dist::weibull{0.5, 2.0}.upper_quantile(0.01) == doctest::Approx(42.41518488382717).epsilon(1e-13));
-  CHECK(dist::weibull{0.7, 3e-3}.upper_quantile(0.001) == doctest::Approx(0.04744320621882769).epsilon(1e-13));
-  CHECK(dist::weibull{1.8, 0.4}.upper_quantile(0.2) == doctest::Approx(0.5210495277356312).epsilon(1e-13));
+  CHECK(models::weibull{0.5, 2.0}.upper_quantile(0.01) == doctest::Approx(42.41518488382717).epsilon(1e-13));
+  CHECK(models::weibull{0.7, 3e-3}.upper_quantile(0.001) == doctest::Approx(0.04744320621882769).epsilon(1e-13));
+  CHECK(models::weibull{1.8, 0.4}.upper_quantile(0.2) == doctest::Approx(0.5210495277356312).epsilon(1e-13));
 }
 
 TEST_CASE("generalized Pareto stays continuous as the shape goes to zero") {
   // Either side of the switch to the exponential form the quantile moves by O(k), not more.
-  const double at_limit = dist::generalized_pareto{0.0, 1.0}.upper_quantile(1e-3);
+  const double at_limit = models::generalized_pareto{0.0, 1.0}.upper_quantile(1e-3);
   for (double k : {1e-6, 1e-8, 1.01e-8, 0.99e-8, 1e-12, -1e-12, -1e-8, -1e-6}) {
-    const double t = dist::generalized_pareto{k, 1.0}.upper_quantile(1e-3);
+    const double t = models::generalized_pareto{k, 1.0}.upper_quantile(1e-3);
     CHECK(std::fabs(t - at_limit) <= 50 * std::fabs(k) * at_limit + 1e-12);
   }
 }
 
 TEST_CASE("ccdf inverts upper_quantile") {
   for (double rho : {0.3, 0.01, 1e-5}) {
-    CHECK(dist::exponential{0.7}.ccdf(dist::exponential{0.7}.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-12));
-    const dist::generalized_pareto heavy{-0.3, 0.2}, bounded{0.4, 0.2};
+    CHECK(models::exponential{0.7}.ccdf(models::exponential{0.7}.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-12));
+    const models::generalized_pareto heavy{-0.3, 0.2}, bounded{0.4, 0.2};
     CHECK(heavy.ccdf(heavy.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-10));
     CHECK(bounded.ccdf(bounded.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-10));
-    const dist::gamma g{0.6, 1.3};
+    const models::gamma g{0.6, 1.3};
     CHECK(g.ccdf(g.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-9));
-    const dist::normal n{1.7};
+    const models::normal n{1.7};
     CHECK(n.ccdf(n.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-9));
-    const dist::weibull w{0.6, 0.01};
+    const models::weibull w{0.6, 0.01};
     CHECK(w.ccdf(w.upper_quantile(rho)) == doctest::Approx(rho).epsilon(1e-12));
   }
 }
@@ -84,28 +84,28 @@ void check_fraction_above(Draw draw, const char* what) {
 }  // namespace
 
 TEST_CASE("each model fitted to its own draws puts rho of them above its threshold") {
-  check_fraction_above<dist::exponential>(
+  check_fraction_above<models::exponential>(
       [](auto& rng) { return std::exponential_distribution<double>(1 / 0.003)(rng); },
       "exponential, mean 0.003");
-  check_fraction_above<dist::gamma>(
+  check_fraction_above<models::gamma>(
       [](auto& rng) { return std::gamma_distribution<double>(0.6, 0.02)(rng); },
       "gamma, shape 0.6");
-  check_fraction_above<dist::gamma>(
+  check_fraction_above<models::gamma>(
       [](auto& rng) { return std::gamma_distribution<double>(2.0, 1.0)(rng); },
       "gamma, shape 2");
-  check_fraction_above<dist::weibull>(
+  check_fraction_above<models::weibull>(
       [](auto& rng) { return std::weibull_distribution<double>(0.6, 0.002)(rng); }, "Weibull, shape 0.6");
-  check_fraction_above<dist::weibull>(
+  check_fraction_above<models::weibull>(
       [](auto& rng) { return std::weibull_distribution<double>(1.5, 3.0)(rng); }, "Weibull, shape 1.5");
   for (double k : {-0.1, 0.25}) {
-    check_fraction_above<dist::generalized_pareto>(
+    check_fraction_above<models::generalized_pareto>(
         [k](auto& rng) {
           const double u = std::uniform_real_distribution<double>(0, 1)(rng);
           return 0.01 * -std::expm1(k * std::log1p(-u)) / k;  // inverse CDF, scale 0.01
         },
         k < 0 ? "generalized Pareto, k = -0.1" : "generalized Pareto, k = 0.25");
   }
-  check_fraction_above<dist::normal>(
+  check_fraction_above<models::normal>(
       [](auto& rng) { return std::fabs(std::normal_distribution<double>(0, 0.05)(rng)); },
       "half-normal");
 }
@@ -114,23 +114,23 @@ TEST_CASE("fits recover known parameters") {
   moments m;
   // Exactly known moments: values 1, 2, 3 (mean 2, variance 2/3).
   for (double a : {1.0, 2.0, 3.0}) m.add(a);
-  CHECK(dist::exponential::fit(m).mean == doctest::Approx(2.0));
-  const auto gp = dist::generalized_pareto::fit(m);
+  CHECK(models::exponential::fit(m).mean == doctest::Approx(2.0));
+  const auto gp = models::generalized_pareto::fit(m);
   CHECK(gp.shape == doctest::Approx(0.5 * (4.0 / (2.0 / 3) - 1)));
   CHECK(gp.scale == doctest::Approx(0.5 * 2.0 * (4.0 / (2.0 / 3) + 1)));
   // Minka: s = ln 2 - ln(6)/3.
   const double s = std::log(2.0) - std::log(6.0) / 3;
-  const auto g = dist::gamma::fit(m);
+  const auto g = models::gamma::fit(m);
   CHECK(g.shape == doctest::Approx((3 - s + std::sqrt((s - 3) * (s - 3) + 24 * s)) / (12 * s)));
   CHECK(g.scale * g.shape == doctest::Approx(2.0));
-  CHECK(dist::normal::fit(m).sigma == doctest::Approx(std::sqrt(14.0 / 3)));
+  CHECK(models::normal::fit(m).sigma == doctest::Approx(std::sqrt(14.0 / 3)));
 }
 
 TEST_CASE("the Weibull fit inverts its log-moment gap and recovers known parameters") {
   // ln Gamma(1 + u) + gamma_E u at u = 0.5, 1, 2 (Python's math.lgamma).
-  CHECK(dist::weibull::log_moment_gap(0.5) == doctest::Approx(0.167825594815521).epsilon(1e-13));
-  CHECK(dist::weibull::log_moment_gap(1.0) == doctest::Approx(0.5772156649015329).epsilon(1e-13));
-  CHECK(dist::weibull::log_moment_gap(2.0) == doctest::Approx(1.8475785103630107).epsilon(1e-13));
+  CHECK(models::weibull::log_moment_gap(0.5) == doctest::Approx(0.167825594815521).epsilon(1e-13));
+  CHECK(models::weibull::log_moment_gap(1.0) == doctest::Approx(0.5772156649015329).epsilon(1e-13));
+  CHECK(models::weibull::log_moment_gap(2.0) == doctest::Approx(1.8475785103630107).epsilon(1e-13));
   // 10^6 draws of known shape and scale, fixed seed: both within 1% (the estimator's
   // sampling error at this size is ~0.2%).
   for (const auto& known : {std::pair{0.5, 1e-3}, std::pair{1.0, 0.2}, std::pair{2.5, 7.0}}) {
@@ -139,7 +139,7 @@ TEST_CASE("the Weibull fit inverts its log-moment gap and recovers known paramet
     std::weibull_distribution<double> draw(k, lambda);
     moments m;
     for (int i = 0; i < 1000000; ++i) m.add<true>(draw(rng));
-    const auto fitted = dist::weibull::fit(m);
+    const auto fitted = models::weibull::fit(m);
     INFO("shape ", k, ", scale ", lambda);
     CHECK(fitted.shape == doctest::Approx(k).epsilon(0.01));
     CHECK(fitted.scale == doctest::Approx(lambda).epsilon(0.01));
@@ -148,6 +148,6 @@ TEST_CASE("the Weibull fit inverts its log-moment gap and recovers known paramet
   // equal values (shape infinite, the quantile at the value) and no non-zeros (NaN).
   moments equal;
   for (int i = 0; i < 5; ++i) equal.add<true>(0.25);
-  CHECK(dist::weibull::fit(equal).upper_quantile(0.01) == doctest::Approx(0.25));
-  CHECK(std::isnan(dist::weibull::fit(moments{}).upper_quantile(0.01)));
+  CHECK(models::weibull::fit(equal).upper_quantile(0.01) == doctest::Approx(0.25));
+  CHECK(std::isnan(models::weibull::fit(moments{}).upper_quantile(0.01)));
 }

@@ -8,7 +8,7 @@
 #include "sidco/core/config.hpp"
 #include "sidco/core/moments.hpp"
 
-namespace sidco::dist {
+namespace sidco::models {
 
 struct normal {
   static constexpr const char* name = "normal";
@@ -37,4 +37,4 @@ struct normal {
       boost::math::policies::domain_error<boost::math::policies::ignore_error>>;
 };
 
-}  // namespace sidco::dist
+}  // namespace sidco::models

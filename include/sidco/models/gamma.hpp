@@ -8,7 +8,7 @@
 #include "sidco/core/config.hpp"
 #include "sidco/core/moments.hpp"
 
-namespace sidco::dist {
+namespace sidco::models {
 
 struct gamma {
   static constexpr const char* name = "gamma";
@@ -43,4 +43,4 @@ struct gamma {
       boost::math::policies::evaluation_error<boost::math::policies::ignore_error>>;
 };
 
-}  // namespace sidco::dist
+}  // namespace sidco::models

@@ -14,7 +14,7 @@
 
 #include "sidco/core/moments.hpp"
 
-namespace sidco::dist {
+namespace sidco::models {
 
 namespace contract {
 
@@ -52,4 +52,4 @@ constexpr bool diagnose() {
   return true;
 }
 
-}  // namespace sidco::dist
+}  // namespace sidco::models
