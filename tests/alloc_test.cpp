@@ -1,5 +1,9 @@
 // Counts heap allocations to show that a compress call reusing its output allocates nothing.
+#include <cstdint>
+#include <vector>
+
 #include <doctest/doctest.h>
+#include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/sidco.hpp>
 
 #include "counting_new.hpp"
@@ -20,5 +24,30 @@ TEST_CASE("no allocation after the first call at a given size and density") {
     const long before = allocations.load();
     c.compress<float>(g, 0.01, out, residual);
     CHECK(allocations.load() - before == 0);
+  }
+}
+
+TEST_CASE("a warm reduce-exchange owner selects without allocating") {
+  // The owner's SIDCo + exact_k on one region's reduced values, step after step: its
+  // selection buffer is kept, so only the first steps allocate.
+  const auto g = sidco::test::load_gradient("cnn_it200.npy");
+  const std::size_t count = 200000, k = 2000;
+  sidco::comm::owner_sidco_e owner;
+  std::vector<std::uint32_t> indices(count);
+  std::vector<float> values(count);
+  auto step = [&] {
+    for (std::size_t i = 0; i < count; ++i) {
+      indices[i] = std::uint32_t(3 * i);
+      values[i] = g[i];
+    }
+    return owner.select(indices.data(), values.data(), count, k);
+  };
+  step();
+  step();
+  for (int call = 0; call < 5; ++call) {
+    const long before = allocations.load();
+    const std::size_t kept = step();
+    CHECK(allocations.load() - before == 0);
+    CHECK(kept == k);
   }
 }

@@ -30,6 +30,8 @@
 #include <cstring>
 #include <exception>
 #include <span>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "sidco/backend/host/keep_top_k.hpp"
@@ -40,6 +42,7 @@
 #include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/float_traits.hpp"
+#include "sidco/core/half.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/core/state_io.hpp"
 #include "sidco/presets.hpp"
@@ -65,10 +68,13 @@ struct owner_compressor {
   static constexpr const char* name = "compressor";
   Compressor compressor{};
 
+  owner_compressor() = default;
+  explicit owner_compressor(Compressor c) : compressor(std::move(c)) {}
+
   template <class T, class Index>
   std::size_t select(Index* indices, T* values, std::size_t count, std::size_t k) {
     if (count <= k) return count;
-    sparse_vector<T, std::uint32_t> picked;
+    auto& picked = std::get<sparse_vector<T, std::uint32_t>>(picked_);
     compressor.compress(std::span<const T>(values, count), double(k) / double(count), picked);
     const auto at = picked.indices();
     for (std::size_t j = 0; j < at.size(); ++j) {  // positions ascend: compact in place
@@ -79,6 +85,13 @@ struct owner_compressor {
   }
   void save_state(state_writer& out) const { compressor.save_state(out); }
   void load_state(state_reader& in) { compressor.load_state(in); }
+
+ private:
+  // The selection's buffers, kept from step to step (one per element type the wire
+  // carries), so that a steady owner allocates nothing.
+  std::tuple<sparse_vector<float, std::uint32_t>, sparse_vector<double, std::uint32_t>,
+             sparse_vector<float16, std::uint32_t>, sparse_vector<bfloat16, std::uint32_t>>
+      picked_;
 };
 
 /// The default owner policy: SIDCo-E's threshold on the reduced values, trimmed to exactly
