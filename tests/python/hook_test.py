@@ -22,6 +22,7 @@ import queue
 import socket
 import struct
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -326,25 +327,47 @@ def scenario_new_wrapper(rank, world):
     return "kept"
 
 
-def scenario_returns_early(rank, world):
+def scenario_returns_early(rank, world, recorded_path):
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
     pending = []
     armed = []
+    calls = []
 
     def hook(s, bucket):
         if armed and rank == 1:
-            time.sleep(0.3)  # rank 0's payloads cannot be complete before rank 1 sends
+            # Rank 1 sends bucket b only once rank 0 has recorded whether its future for b was
+            # done when the hook returned: rank 0's cannot be complete then, whatever the load
+            # (a fixed sleep here failed on a loaded machine).
+            calls.append(True)
+            deadline = time.time() + 20  # then go on: rank 0's check fails instead of a hang
+            while _recorded(recorded_path) < len(calls) and time.time() < deadline:
+                time.sleep(0.01)
         future = sidco_torch.hook(s, bucket)
         if armed:
             pending.append(future.done())
+            if rank == 0:
+                with open(recorded_path + ".tmp", "w") as f:
+                    f.write(str(len(pending)))
+                os.replace(recorded_path + ".tmp", recorded_path)
         return future
     model, ddp, optimizer = make(state, rank, hook=hook)
-    train_step(ddp, optimizer, rank, 0)  # the first call agrees on the configuration, blocking
-    armed.append(True)
+    # The first call agrees on the configuration and the second on DDP's rebuilt buckets, both
+    # blocking; from the third on, the hook only starts collectives.
+    train_step(ddp, optimizer, rank, 0)
     train_step(ddp, optimizer, rank, 1)
+    armed.append(True)
+    train_step(ddp, optimizer, rank, 2)
     if rank == 0:
         assert pending and not any(pending), f"futures done at return: {pending}"
     return "returned early"
+
+
+def _recorded(path):
+    try:
+        with open(path) as f:
+            return int(f.read() or 0)
+    except FileNotFoundError:
+        return 0
 
 
 def scenario_agreement(rank, world):
@@ -885,7 +908,8 @@ def main():
     for method in ("sidco-e", "dgc", "top-k"):
         print(f"resume ({method}):", run(scenario_resume, 2, method)[0])
     print("new DDP wrapper:", run(scenario_new_wrapper, 2)[0])
-    print("future:", run(scenario_returns_early, 2)[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        print("future:", run(scenario_returns_early, 2, os.path.join(tmp, "recorded"))[0])
     print("different densities:", run(scenario_agreement, 2)[0])
     print("different methods:", run(scenario_method_mismatch, 2)[0])
     print("two models:", run(scenario_two_models, 1)[0])
