@@ -153,8 +153,10 @@ TEST_CASE_TEMPLATE("Gaussian-k and RedSync equal their definitions computed by b
       }
       // Gaussian-k: the normal quantile, then x0.5 below 2k/3 and x1.5 above 4k/3, <= 5 times.
       double t = std::sqrt(sum_sq / n) * std::sqrt(2.0) * boost::math::erfc_inv(delta);
+      int gaussian_passes = 0;
       for (int step = 0; step < 5; ++step) {
         const double kept = count(t);
+        ++gaussian_passes;
         if (kept < 2 * k / 3)
           t *= 0.5;
         else if (kept > 4 * k / 3)
@@ -168,12 +170,16 @@ TEST_CASE_TEMPLATE("Gaussian-k and RedSync equal their definitions computed by b
       const auto rg = gk.template compress<T>(x, delta, out);
       CHECK(rg.threshold == doctest::Approx(t).epsilon(1e-12));
       CHECK(entries(out) == test::reference_above<T>(x, rg.threshold));
+      CHECK(rg.stages == 1);  // one Gaussian fit; each adjustment is a count pass
+      CHECK(rg.passes == gaussian_passes);
 
       // RedSync: bisection on r in t = mean + r (max - mean).
       const double mean = sum / n;
       double low = 0, high = 1, best = mean, best_kept = -1;
+      int bisection_steps = 0;
       for (int it = 0; it < 12; ++it) {
         const double r = (low + high) / 2, tr = mean + r * (max - mean), kept = count(tr);
+        ++bisection_steps;
         if (kept < k) {
           high = r;
           continue;
@@ -186,6 +192,8 @@ TEST_CASE_TEMPLATE("Gaussian-k and RedSync equal their definitions computed by b
       const auto rr = rs.template compress<T>(x, delta, out);
       CHECK(rr.threshold == doctest::Approx(best).epsilon(1e-12));
       CHECK(entries(out) == test::reference_above<T>(x, rr.threshold));
+      CHECK(rr.stages == 0);  // nothing fitted: the bisection's steps are passes
+      CHECK(rr.passes == bisection_steps);
     }
   }
 }
@@ -199,6 +207,7 @@ TEST_CASE_TEMPLATE("DGC keeps every value at or above its sampled threshold, tri
     const auto r = a.template compress<T>(x, delta, out_a);
     b.template compress<T>(x, delta, out_b);
     CHECK(entries(out_a) == entries(out_b));  // same seed, same sample, same result
+    CHECK(r.stages == 0);                     // a sample, not a fit
     const std::size_t k = target_count(delta, x.size());
     if (r.candidates <= std::size_t(1.2 * double(k)))
       CHECK(entries(out_a) == test::reference_above<T>(x, r.threshold));

@@ -51,7 +51,7 @@ struct redsync {
         low = r;
       }
     }
-    return {best, iterations};
+    return {best, 0};  // no distribution fit: the bisection's steps are count passes (report.passes)
   }
 };
 

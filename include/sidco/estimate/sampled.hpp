@@ -78,8 +78,9 @@ class sampled {
       t *= options_.lower_factor;
       ++passes;
     }
-    // A sample of zeros alone gives 0: every non-zero is kept (never the zeros).
-    return {t > 0 ? at_least(t) : 0.0, 1};
+    // A sample of zeros alone gives 0: every non-zero is kept (never the zeros). A sample
+    // is not a fit (stages 0); each lowering is a pass of its own (report.passes).
+    return {t > 0 ? at_least(t) : 0.0, 0};
   }
 
   /// The sample's buffer, kept between calls.

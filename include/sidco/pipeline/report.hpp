@@ -13,7 +13,7 @@ struct compress_report {
   std::size_t zeros = 0;       // exact zeros in the input
   double target_density = 0;   // delta as asked
   double density = 0;          // selected / size
-  int stages = 0;              // distribution fits or estimator steps (0: none needed)
+  int stages = 0;              // distribution fits made (SIDCo's stages; Gaussian-k's one); 0: none
   int rescans = 0;             // extra passes a selection made because too few were found
   int passes = 0;              // passes the estimate made besides the moments pass
   bool fallback = false;       // the estimator's fit degenerated; the radix threshold was used
