@@ -25,6 +25,9 @@
 #include <sidco/sidco.hpp>
 
 #include <sidco/io/manifest.hpp>
+#include <unistd.h>
+
+#include "summary.hpp"
 
 #ifndef SIDCO_GRADIENTS_DIR
 #error "SIDCO_GRADIENTS_DIR is set by bench/meson.build"
@@ -98,11 +101,17 @@ bucket transformer_bucket() {
 
 const char* lm_directory() { return std::getenv("SIDCO_LM_GRADIENTS"); }
 
+const char* input_name(int kind) {
+  static const char* const names[] = {"normal values", "Laplace values", "LSTM (real)", "CNN (real)",
+                                      "transformer-like bucket (170 layers)", "GPT LM (real, it 200)",
+                                      "GPT LM with error feedback (real, it 100)"};
+  return kind >= 0 && kind < 7 ? names[kind] : "input";
+}
+
 // Inputs 2-6 carry their layers; 0 and 1 are one layer.
-const bucket& input(const benchmark::State& state) {
+const bucket& input(int kind, int log2n) {
   static std::map<std::pair<int, int>, bucket> cache;
-  const int kind = int(state.range(0));
-  const int log2n = kind < 2 ? int(state.range(1)) : 0;
+  if (kind >= 2) log2n = 0;
   auto& b = cache[{kind, log2n}];
   if (!b.values.empty()) return b;
   if (kind < 2) {
@@ -119,6 +128,8 @@ const bucket& input(const benchmark::State& state) {
   if (b.layout.empty()) b.layout = {{0, b.values.size()}};
   return b;
 }
+
+const bucket& input(const benchmark::State& state) { return input(int(state.range(0)), int(state.range(1))); }
 
 double density_of(const benchmark::State& state) { return 1.0 / double(state.range(2)); }
 
@@ -280,13 +291,72 @@ SIDCO_LAYERED(sidco_e_exact<>, "sidco_e_exact_k");
 SIDCO_LAYERED(dgc<>, "dgc");
 #undef SIDCO_LAYERED
 
+// --summary=INPUT/LOG2N/INVERSE picks the configuration of the last screen, --summary=none
+// leaves it out (it is printed on the console format only: JSON and CSV on stdout stay
+// parseable). Taken out of argv before Google Benchmark reads its flags.
+struct summary_options {
+  bool wanted = true;
+  std::optional<sidco_bench::configuration> chosen;
+};
+
+summary_options take_summary_flag(int& argc, char** argv) {
+  summary_options options;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.starts_with("--benchmark_format=") && arg != "--benchmark_format=console") options.wanted = false;
+    if (!arg.starts_with("--summary=")) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    const std::string value = arg.substr(std::string("--summary=").size());
+    if (value == "none") {
+      options.wanted = false;
+    } else if (auto config = sidco_bench::parse_configuration(value)) {
+      options.chosen = config;
+    } else {
+      std::fprintf(stderr, "sidco-bench: --summary=%s is neither none nor INPUT/LOG2N/INVERSE (e.g. 1/25/1000)\n",
+                   value.c_str());
+      std::exit(1);
+    }
+  }
+  argc = kept;
+  argv[argc] = nullptr;
+  return options;
+}
+
+// As Google Benchmark's own console: colour on a terminal unless --benchmark_color=false,
+// tabular counters when asked.
+benchmark::ConsoleReporter::OutputOptions console_options(int argc, char** argv) {
+  bool color = isatty(STDOUT_FILENO), tabular = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--benchmark_color=false" || arg == "--benchmark_color=0") color = false;
+    if (arg == "--benchmark_color=true" || arg == "--benchmark_color=1") color = true;
+    if (arg == "--benchmark_counters_tabular=true" || arg == "--benchmark_counters_tabular") tabular = true;
+  }
+  int options = benchmark::ConsoleReporter::OO_None;
+  if (color) options |= benchmark::ConsoleReporter::OO_Color;
+  if (tabular) options |= benchmark::ConsoleReporter::OO_Tabular;
+  return benchmark::ConsoleReporter::OutputOptions(options);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const summary_options summary = take_summary_flag(argc, argv);
+  const auto options = console_options(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("sidco_kernels", sidco::backend::cpu::kernels());
-  benchmark::RunSpecifiedBenchmarks();
+  if (summary.wanted) {
+    sidco_bench::summary_reporter reporter(
+        options, summary.chosen, input_name,
+        [](const sidco_bench::configuration& c) { return input(std::get<0>(c), std::get<1>(c)).values.size(); });
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+  } else {
+    benchmark::RunSpecifiedBenchmarks();
+  }
   benchmark::Shutdown();
   return 0;
 }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# sidco-bench's smoke run (every method on the real LSTM gradient at delta 0.01) and its last
+# screen: every method of the run listed once, in the suite's order, each time over the
+# streaming read and over our Top-k as the columns' definition gives them (the baselines at
+# exactly 1.00), and a density flagged exactly when it lies outside [0.8, 1.25]. JSON output
+# stays JSON; a bad --summary names its value.
+# Arguments: SIDCO_BENCH
+set -euo pipefail
+bench=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$bench" --benchmark_filter='/2/0/100$' --benchmark_min_time=0.01 > "$tmp/out.txt"
+cat "$tmp/out.txt"
+grep -q '^Summary: LSTM (real) (input 2), N = 3689196, delta = 0.01 ' "$tmp/out.txt"
+sed -n '/^method /,$p' "$tmp/out.txt" | tail -n +2 > "$tmp/rows.txt"
+# The suite's order of the (non-layer) methods in the console output above the summary.
+grep -E '^[a-z_0-9]+/2/0/100 ' "$tmp/out.txt" | sed 's|/2/0/100 .*||' > "$tmp/order.txt"
+cut -d' ' -f1 "$tmp/rows.txt" | diff - "$tmp/order.txt"
+[ "$(wc -l < "$tmp/rows.txt")" -ge 20 ] || { echo "too few methods in the summary"; exit 1; }
+awk '
+  $1 == "streaming_read" { read = $2 } $1 == "top_k" { top = $2 }
+  { ms[NR] = $2; over_read[NR] = $3; over_top[NR] = $4; density[NR] = $5; flag[NR] = $6; name[NR] = $1 }
+  END {
+    for (i = 1; i <= NR; ++i) {
+      if (sprintf("%.2f", ms[i] / read) != over_read[i] && (ms[i] / read - over_read[i])^2 > 1e-4 * (ms[i] / read)^2 + 1e-4) { print "bad / streaming: " name[i]; bad = 1 }
+      if (sprintf("%.2f", ms[i] / top) != over_top[i] && (ms[i] / top - over_top[i])^2 > 1e-4 * (ms[i] / top)^2 + 1e-4) { print "bad / top_k: " name[i]; bad = 1 }
+      if (name[i] == "streaming_read" && (over_read[i] != "1.00" || density[i] != "")) { print "read row"; bad = 1 }
+      if (name[i] == "top_k" && over_top[i] != "1.00") { print "top_k row"; bad = 1 }
+      if (name[i] != "streaming_read" && name[i] != "nth_element_top_k") {
+        outside = density[i] < 0.8 || density[i] > 1.25
+        if (outside != (flag[i] == "!")) { print "flag wrong: " name[i] " " density[i] " [" flag[i] "]"; bad = 1 }
+      }
+    }
+    exit bad
+  }' "$tmp/rows.txt"
+
+"$bench" --benchmark_filter='^(streaming_read|top_k)/2/0/100$' --benchmark_min_time=0.01 --benchmark_format=json \
+  > "$tmp/out.json"
+/usr/bin/python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$tmp/out.json"
+"$bench" --benchmark_filter='^top_k/2/0/100$' --benchmark_min_time=0.01 --summary=none > "$tmp/none.txt"
+if grep -q '^Summary' "$tmp/none.txt"; then echo "--summary=none printed a summary"; exit 1; fi
+"$bench" --benchmark_filter='^top_k/2/0/100$' --benchmark_min_time=0.01 --summary=1/25/1000 > "$tmp/absent.txt"
+grep -q '^Summary: no run at 1/25/1000' "$tmp/absent.txt"
+if "$bench" --summary=1/25 2> "$tmp/err.txt"; then echo "a bad --summary was accepted"; exit 1; fi
+grep -q -- '--summary=1/25 is neither none nor INPUT/LOG2N/INVERSE' "$tmp/err.txt"
+echo "summary ok"
