@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 sidco_install_missing
 sidco_configure build-demo -Dbuildtype=release
-meson compile -C build-demo examples/sidco-eval > build-demo.compile.log 2>&1 || { cat build-demo.compile.log; exit 1; }
+meson compile -C build-demo tools/sidco-eval > build-demo.compile.log 2>&1 || { cat build-demo.compile.log; exit 1; }
 rm -f build-demo.compile.log
-exec ./build-demo/examples/sidco-eval "$@"
+exec ./build-demo/tools/sidco-eval "$@"

@@ -39,7 +39,7 @@ build() {
     done
     local mode=()
     [ -f "$dir/build.ninja" ] && mode=(--reconfigure)
-    meson setup "${mode[@]}" "$dir" -Dcuda=enabled -Dtorch=disabled -Dmpi=disabled -Dexamples=false \
+    meson setup "${mode[@]}" "$dir" -Dcuda=enabled -Dtorch=disabled -Dmpi=disabled -Dexamples=false -Dtools=false \
       -Dbuildtype=release -Dnative=false "-Dgpu_arch=[$(sed "s/[^,]*/'&'/g" <<< "$arch")]" \
       > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; exit 1; }
     grep -q test_nccl_allreduce "$dir/build.ninja" && targets+=(tests/cuda/test_nccl_allreduce)

@@ -4,7 +4,7 @@
 # the same run. Usage: scripts/results_table.sh [sidco-eval binary] [extra sidco-eval args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-eval_bin=${1:-build-demo/examples/sidco-eval}
+eval_bin=${1:-build-demo/tools/sidco-eval}
 shift || true
 table() {
   local methods=("$@")

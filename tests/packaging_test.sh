@@ -89,7 +89,7 @@ echo "the add_subdirectory consumer builds and runs; sidco adds no targets of it
 echo "== the headers-only install the README gives"
 started=$(date +%s%N)
 meson setup "$tmp/headers" "$source_root" --prefix "$tmp/headers-prefix" -Dtests=false -Dbenchmarks=false \
-  -Dexamples=false -Dtorch=disabled -Dcuda=disabled -Dmpi=disabled > "$tmp/headers.log" 2>&1 || { cat "$tmp/headers.log"; exit 1; }
+  -Dexamples=false -Dtools=false -Dtorch=disabled -Dcuda=disabled -Dmpi=disabled > "$tmp/headers.log" 2>&1 || { cat "$tmp/headers.log"; exit 1; }
 meson install -C "$tmp/headers" > "$tmp/headers-install.log" 2>&1 || { cat "$tmp/headers-install.log"; exit 1; }
 milliseconds=$(( ($(date +%s%N) - started) / 1000000 ))
 built=$(grep -c "^\[[0-9]*/[0-9]*\]" "$tmp/headers-install.log" || true)
