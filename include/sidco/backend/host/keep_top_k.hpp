@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <span>
+#include <vector>
 
 #include "sidco/core/error.hpp"
 #include "sidco/core/magnitude_key.hpp"
@@ -44,6 +48,51 @@ std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t
       ++kept;
     } else {
       dropped(indices[r], values[r]);
+    }
+  }
+  return kept;
+}
+
+/// The same entries, reading them three times: a histogram of the keys' top 12 bits
+/// (coarse_bins; an eighth of a binade each for float) finds the bin of the k-th largest key; the
+/// keys in that bin, a small part of the entries on gradients, are gathered into survivors
+/// and the k-th largest found among them; a last pass keeps the top k. survivors is the
+/// caller's, kept from call to call so that a warm call allocates nothing.
+template <class T, class Index>
+std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t k,
+                       std::vector<magnitude_key_t<T>>& survivors) {
+  using Key = magnitude_key_t<T>;
+  if (count <= k) return count;
+  if (k == 0) return 0;
+  if (count > std::numeric_limits<std::uint32_t>::max()) return keep_top_k(indices, values, count, k, [](Index, T) {});
+
+  constexpr int shift = coarse_shift<Key>;
+  std::array<std::uint32_t, coarse_bins> counts{};
+  for (std::size_t r = 0; r < count; ++r) ++counts[std::size_t(magnitude_key(values[r]) >> shift)];
+  const key_bin found = kth_largest_bin(counts.data(), coarse_bins, k);
+  const std::size_t above_bin = found.at_or_above - counts[found.bin];  // in the bins above it
+  survivors.clear();
+  for (std::size_t r = 0; r < count; ++r) {
+    const Key key = magnitude_key(values[r]);
+    if (std::size_t(key >> shift) == found.bin) survivors.push_back(key);
+  }
+  // The (k - above_bin)-th largest key of the bin is the k-th largest of all.
+  const std::size_t in_bin = k - above_bin;
+  std::nth_element(survivors.begin(), survivors.begin() + std::ptrdiff_t(in_bin - 1), survivors.end(),
+                   std::greater<Key>());
+  const Key kth = survivors[in_bin - 1];
+  std::size_t above = above_bin;
+  for (const Key key : survivors) above += key > kth;
+  const std::size_t ties = k - above;  // entries equal to kth that complete the top k
+
+  std::size_t kept = 0, taken = 0;
+  for (std::size_t r = 0; r < count; ++r) {
+    const Key key = magnitude_key(values[r]);
+    if (key > kth || (key == kth && taken < ties)) {
+      taken += key == kth;
+      values[kept] = values[r];
+      indices[kept] = indices[r];
+      ++kept;
     }
   }
   return kept;
