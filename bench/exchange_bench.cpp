@@ -97,6 +97,7 @@ void owner_select(benchmark::State& state) {
   std::sort(compress_seconds.begin(), compress_seconds.end());
 
   std::vector<comm::owner_sidco_e> policies(ranks, comm::owner_sidco_e{local_owner_compressor({}, {}, backend::cpu(1))});
+  std::vector<sparse_vector<float>> workspaces(ranks);  // each owner's, kept as the exchange keeps it
   const std::size_t bytes = plan.format.bytes();
   std::vector<std::byte> selections(bytes * ranks);
   std::vector<std::span<const std::byte>> selection_views(ranks);
@@ -107,7 +108,8 @@ void owner_select(benchmark::State& state) {
     for (std::size_t o = 0; o < ranks; ++o) {
       comm::reduce_report mine;
       comm::select_region<float, std::uint32_t>(blocks.received[o], owners, o, plan, comm::wire_fields{}, policies[o],
-                                                std::span<std::byte>(selections).subspan(o * bytes, bytes), mine);
+                                                std::span<std::byte>(selections).subspan(o * bytes, bytes), mine,
+                                                workspaces[o]);
       received += mine.received;
     }
     return received;

@@ -20,6 +20,9 @@
 #include <sidco/core/utf8.hpp>
 #include <sidco/sidco.hpp>
 
+#include "reference.hpp"
+#include "support.hpp"
+
 using namespace sidco;
 
 namespace {
@@ -425,5 +428,125 @@ TEST_CASE_TEMPLATE("reduce-scatter: an owner's reduction equals adding every ran
         ++j;
       }
     }
+  }
+}
+
+TEST_CASE_TEMPLATE("reduce-scatter: the Top-k owner keeps the exact Top-k, ties to the lower index", T, float, double,
+                   float16) {
+  // Magnitudes spread over many binades with runs of ties (what the gathered later radix
+  // digits must still order right), at shares from one entry to all but one.
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<T> x(5000);
+  for (auto& v : x) v = T((u(rng) < 0.5 ? -1 : 1) * std::pow(2.0, 12 * u(rng) - 6));
+  for (std::size_t i = 0; i < x.size(); i += 7) x[i] = x[3];
+  comm::owner_top_k owner;
+  for (const std::size_t k : {std::size_t(1), std::size_t(50), std::size_t(700), std::size_t(2500), x.size() - 1}) {
+    std::vector<std::uint32_t> indices(x.size());
+    std::vector<T> values = x;
+    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = std::uint32_t(2 * i);
+    const std::size_t kept = owner.select(indices.data(), values.data(), x.size(), k);
+    std::vector<double> magnitudes(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) magnitudes[i] = double(x[i]);
+    const auto want = test::reference_top_k<double>(magnitudes, k);
+    INFO("k ", k);
+    REQUIRE(kept == k);
+    for (std::size_t j = 0; j < kept; ++j) REQUIRE(indices[j] == 2 * want[j].first);
+  }
+}
+
+TEST_CASE("reduce-scatter: the default owner keeps the exact Top-k of its reduced values at every share") {
+  // A region's reduced values as an owner sees them: the largest magnitudes of a real
+  // gradient (the ranks' tails) at ascending, spaced indices. At small shares the owner runs
+  // its SIDCo + exact_k compressor; from direct_share on, the exact Top-k itself, leaving the
+  // compressor's adaptive state as it was. Either way: the reference Top-k, ties to the
+  // lower index.
+  const auto g = test::load_gradient("lstm_it10.npy");
+  std::vector<float> tail(g.begin(), g.end());
+  std::nth_element(tail.begin(), tail.begin() + 60000, tail.end(),
+                   [](float a, float b) { return std::fabs(a) > std::fabs(b); });
+  tail.resize(60000);
+  std::shuffle(tail.begin(), tail.end(), std::mt19937_64(3));
+  for (std::size_t i = 100; i < 200; ++i) tail[i] = tail[50];  // a run of ties: the lower indices win
+  comm::owner_sidco_e owner;
+  for (const double share : {0.002, 0.01, 0.05, 0.099, 0.1, 0.3, 0.9}) {
+    const std::size_t k = std::size_t(share * double(tail.size()));
+    std::vector<std::uint32_t> indices(tail.size());
+    std::vector<float> values = tail;
+    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = std::uint32_t(5 * i + 1);
+    state_writer before;
+    owner.save_state(before);
+    const std::size_t kept = owner.select(indices.data(), values.data(), tail.size(), k);
+    state_writer after;
+    owner.save_state(after);
+    INFO("share ", share);
+    const auto want = test::reference_top_k<float>(tail, k);
+    REQUIRE(kept == want.size());
+    for (std::size_t j = 0; j < kept; ++j) {
+      REQUIRE(indices[j] == 5 * want[j].first + 1);
+      REQUIRE(values[j] == want[j].second);
+    }
+    CHECK((share >= owner.direct_share) == (before.bytes() == after.bytes()));
+  }
+}
+
+TEST_CASE("reduce-scatter: values whose sum overflows fail the step as non-finite on every rank") {
+  // Two ranks send 3e38 at the same index: finite each, beyond float's range summed. The
+  // owner relays it as a non-finite failure (as a rank's own overflow), whichever policy,
+  // and every rank raises nonfinite_exchange with its sent entries back in its residual.
+  constexpr int ranks = 2;
+  const std::vector<segment> layout{{0, n}};
+  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
+  const auto owners = comm::regions::even(n, ranks);
+  const comm::wire_fields fields{5, 2, delta, comm::reduction::sum};
+  const std::size_t bytes = plan.format.bytes();
+  for (const bool top_k_owner : {true, false}) {
+    std::vector<sparse_vector<float>> sent(ranks, sparse_vector<float>(n));
+    std::vector<std::vector<float>> residuals(ranks, std::vector<float>(n, 0.0f));
+    std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(bytes * ranks));
+    for (int r = 0; r < ranks; ++r) {
+      sent[std::size_t(r)].push_back(std::uint32_t(3), 3e38f);
+      sent[std::size_t(r)].push_back(std::uint32_t(7 + r), 1.0f);
+      comm::pack_blocks(sent[std::size_t(r)], owners, plan, fields, std::span<float>(residuals[std::size_t(r)]),
+                        std::span<std::byte>(blocks[std::size_t(r)]));
+    }
+    std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
+    for (int j = 0; j < ranks; ++j) {
+      std::vector<std::span<const std::byte>> received;
+      for (int r = 0; r < ranks; ++r)
+        received.push_back(std::span<const std::byte>(blocks[std::size_t(r)]).subspan(std::size_t(j) * bytes, bytes));
+      comm::reduce_report report;
+      if (top_k_owner) {
+        comm::owner_top_k policy;
+        comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
+                                                  selections[std::size_t(j)], report);
+      } else {
+        comm::owner_sidco_e policy;
+        comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
+                                                  selections[std::size_t(j)], report);
+      }
+    }
+    CHECK(comm::header_of(selections[0]).error == std::uint8_t(comm::error_kind::nonfinite));
+    CHECK(comm::header_of(selections[1]).status == std::uint8_t(comm::wire_status::ok));
+    std::set<std::string> messages;
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<float> dense(n, 9.0f);
+      std::vector<std::uint32_t> global;
+      comm::reduce_report report;
+      try {
+        comm::apply_selections<float, std::uint32_t>(views_of(selections), owners, plan, sent[std::size_t(r)],
+                                                     std::span<float>(residuals[std::size_t(r)]),
+                                                     std::span<float>(dense), global, report);
+        FAIL("no error on rank ", r);
+      } catch (const comm::nonfinite_exchange& e) {
+        messages.insert(e.what());
+      }
+      CHECK(dense == std::vector<float>(n, 9.0f));
+      CHECK(residuals[std::size_t(r)][3] == 3e38f);
+      CHECK(residuals[std::size_t(r)][std::size_t(7 + r)] == 1.0f);
+    }
+    REQUIRE(messages.size() == 1);
+    CHECK_MESSAGE(messages.begin()->find("the ranks' values at index 3 add up to inf") != std::string::npos,
+                  *messages.begin());
   }
 }

@@ -146,7 +146,7 @@ class sparse_reduce_exchange {
     std::vector<std::span<const std::byte>> views(static_cast<std::size_t>(ranks_));
     for (std::size_t r = 0; r < views.size(); ++r) views[r] = std::span<const std::byte>(received_).subspan(r * bytes, bytes);
     select_region<T, Index>(views, regions_, std::size_t(rank_), plan_, fields(step_), policy_,
-                            std::span<std::byte>(selection_), report_);
+                            std::span<std::byte>(selection_), report_, reduced_);
     check_mpi(MPI_Allgather(selection_.data(), int(bytes), MPI_BYTE, selections_.data(), int(bytes), MPI_BYTE, comm_),
               "MPI_Allgather (selections)");
     for (std::size_t r = 0; r < views.size(); ++r)
@@ -209,6 +209,7 @@ class sparse_reduce_exchange {
   regions regions_;
   std::vector<std::byte> blocks_, received_, selection_, selections_;
   std::vector<Index> global_;
+  sparse_vector<T, Index> reduced_;  // the owner's workspace, kept from step to step
   sparse_vector<T, Index>* sent_ = nullptr;
   std::span<T> residual_;
   std::uint64_t step_ = 0;

@@ -31,6 +31,7 @@
 #include <exception>
 #include <span>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -43,11 +44,31 @@
 #include "sidco/core/error.hpp"
 #include "sidco/core/float_traits.hpp"
 #include "sidco/core/half.hpp"
+#include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/sparse_vector.hpp"
 #include "sidco/core/state_io.hpp"
 #include "sidco/presets.hpp"
+#include "sidco/select/exact_k.hpp"
+#include "sidco/select/top_k.hpp"
 
 namespace sidco::comm {
+
+namespace detail {
+
+/// The owners' radix workspace (backend::host::keep_top_k's survivors), one per key width,
+/// kept from step to step.
+class top_k_workspace {
+ public:
+  template <class T, class Index>
+  std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t k) {
+    return backend::host::keep_top_k(indices, values, count, k, std::get<std::vector<magnitude_key_t<T>>>(keys_));
+  }
+
+ private:
+  std::tuple<std::vector<std::uint16_t>, std::vector<std::uint32_t>, std::vector<std::uint64_t>> keys_;
+};
+
+}  // namespace detail
 
 /// Owner policy: exact Top-k of the reduced values (ties to the lower index).
 struct owner_top_k {
@@ -55,18 +76,29 @@ struct owner_top_k {
   /// Keeps the k largest magnitudes of values[0, count) (indices ascending, kept so).
   template <class T, class Index>
   std::size_t select(Index* indices, T* values, std::size_t count, std::size_t k) {
-    return backend::host::keep_top_k(indices, values, count, k);
+    return workspace_.keep_top_k(indices, values, count, k);
   }
+
+ private:
+  detail::top_k_workspace workspace_;
 };
 
 /// Owner policy: a compressor (SIDCo by default: presets::sidco_e with exact_k on the cpu
 /// backend, whose SIMD passes cost a few ns per reduced value where the serial backend's
 /// cost 20) run on the reduced values at density k / count; its adaptive state carries from
 /// step to step (save_state / load_state for checkpoints; the backend holds none).
+///
+/// When the compressor's result is the exact Top-k (select::exact_k, select::top_k) and k is
+/// at least direct_share of the count, the owner runs the exact Top-k itself: the same
+/// entries, in fewer passes than a fit, a threshold pass and a trim (the union is already
+/// the ranks' tails, so a fit on it also misses often, and misses cost rescans).
 template <class Compressor>
 struct owner_compressor {
   static constexpr const char* name = "compressor";
+  static constexpr bool selects_top_k = std::is_same_v<typename Compressor::selection_type, select::exact_k> ||
+                                        std::is_same_v<typename Compressor::selection_type, select::top_k>;
   Compressor compressor{};
+  double direct_share = 0.1;
 
   owner_compressor() = default;
   explicit owner_compressor(Compressor c) : compressor(std::move(c)) {}
@@ -74,6 +106,8 @@ struct owner_compressor {
   template <class T, class Index>
   std::size_t select(Index* indices, T* values, std::size_t count, std::size_t k) {
     if (count <= k) return count;
+    if constexpr (selects_top_k)
+      if (double(k) >= direct_share * double(count)) return top_k_.keep_top_k(indices, values, count, k);
     auto& picked = std::get<sparse_vector<T, std::uint32_t>>(picked_);
     compressor.compress(std::span<const T>(values, count), double(k) / double(count), picked);
     const auto at = picked.indices();
@@ -92,6 +126,7 @@ struct owner_compressor {
   std::tuple<sparse_vector<float, std::uint32_t>, sparse_vector<double, std::uint32_t>,
              sparse_vector<float16, std::uint32_t>, sparse_vector<bfloat16, std::uint32_t>>
       picked_;
+  detail::top_k_workspace top_k_;
 };
 
 /// The default owner policy: SIDCo-E's threshold on the reduced values, trimmed to exactly
@@ -219,7 +254,8 @@ void check_region(std::span<const std::byte> payload, const wire_format& format,
 inline constexpr std::size_t reduce_window = 4096;
 
 /// The ok blocks' entries (indices ascending, inside [begin, end), `received` in all) added
-/// index by index in rank order, in the accumulator type from A(0) and rounded once to T,
+/// index by index in rank order, in the accumulator type from A(0) and rounded once to T
+/// (a sum beyond T's range throws sidco::nonfinite_error),
 /// appended to reduced in ascending index order. The region is walked in windows of
 /// reduce_window indices: each rank's entries in the window (its cursor only moves forward)
 /// are added into a window-sized array, a bitmap marks the indices seen, and the bitmap
@@ -230,7 +266,13 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
                    std::size_t end, std::size_t received, sparse_vector<T, Index>& reduced) {
   using A = typename float_traits<T>::accumulator;
   constexpr std::size_t words = reduce_window / 64;
-  reduced.reserve(received);
+  // Written through pointers and cut to the union at the end (the union is at most what
+  // was received): no capacity check per entry.
+  const std::size_t before = reduced.size();
+  reduced.resize(before + received);
+  Index* out_index = reduced.index_data() + before;
+  T* out_value = reduced.value_data() + before;
+  std::size_t emitted = 0;
   struct cursor {
     const std::byte* indices;
     const std::byte* values;
@@ -246,31 +288,46 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
     const std::size_t window_end = std::min(end, window + reduce_window);
     bool any = false;
     for (cursor& c : cursors) {
-      for (; c.at < c.count; ++c.at) {
-        const std::uint64_t index = index_at<Index>(c.indices + c.at * sizeof(Index));
+      // The cursor in locals: stores to seen (64-bit words) could otherwise alias it.
+      const std::byte* const indices = c.indices;
+      const std::byte* const values = c.values;
+      const std::size_t count = c.count;
+      std::size_t e = c.at;
+      for (; e < count; ++e) {
+        const std::uint64_t index = index_at<Index>(indices + e * sizeof(Index));
         if (index >= window_end) break;
         const std::size_t at = std::size_t(index) - window;
         const std::uint64_t bit = std::uint64_t(1) << (at % 64);
         T v;
-        std::memcpy(&v, c.values + c.at * sizeof(T), sizeof v);
+        std::memcpy(&v, values + e * sizeof(T), sizeof v);
         if (seen[at / 64] & bit) {
           sums[at] = A(sums[at] + A(v));
         } else {
           sums[at] = A(A(0) + A(v));
           seen[at / 64] |= bit;
         }
-        any = true;
       }
+      any |= e != c.at;
+      c.at = e;
     }
     if (!any) continue;
     for (std::size_t w = 0; w < words; ++w) {
       for (std::uint64_t bits = seen[w]; bits != 0; bits &= bits - 1) {
         const std::size_t at = w * 64 + std::size_t(std::countr_zero(bits));
-        reduced.push_back(Index(window + at), T(sums[at]));
+        const T sum = T(sums[at]);
+        // Finite values whose sum overflows T: the step fails as non-finite input does.
+        if (!finite_at<T>(reinterpret_cast<const std::byte*>(&sum)))
+          throw nonfinite_error(sidco::detail::message("reduce-scatter exchange: the ranks' values at index ",
+                                                       window + at, " add up to ", double(sum), ", beyond the ",
+                                                       "element type's range"));
+        out_index[emitted] = Index(window + at);
+        out_value[emitted] = sum;
+        ++emitted;
       }
       seen[w] = 0;
     }
   }
+  reduced.truncate(before + emitted);
 }
 
 }  // namespace detail
@@ -281,10 +338,12 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
 /// P) entries (at most the capacity), chosen by policy, in its selection payload. A
 /// problem in the blocks is relayed in the payload instead, for every rank to raise.
 /// Returns (union size, received entries) through the report.
+/// reduced is the owner's workspace (its storage kept from step to step, so that a steady
+/// owner allocates nothing); the overload below makes a fresh one.
 template <class T, class Index, class Policy>
 void select_region(std::span<const std::span<const std::byte>> blocks, const regions& owners, std::size_t me,
                    const reduce_plan& plan, const wire_fields& fields, Policy& policy, std::span<std::byte> selection,
-                   reduce_report& report) {
+                   reduce_report& report, sparse_vector<T, Index>& reduced) {
   try {
     if (blocks.size() != plan.ranks)
       sidco::detail::fail("reduce-scatter exchange: ", blocks.size(), " blocks received, ", plan.ranks, " ranks");
@@ -293,7 +352,7 @@ void select_region(std::span<const std::span<const std::byte>> blocks, const reg
       detail::check_region<Index>(blocks[r], plan.format, owners.begin(me), owners.end(me), "rank", r);
     std::size_t received = 0;
     for (const auto& block : blocks) received += std::size_t(detail::read_header(block).count);
-    sparse_vector<T, Index> reduced(plan.size);
+    reduced.clear(plan.size);
     detail::reduce_blocks<T, Index>(blocks, plan.format, owners.begin(me), owners.end(me), received, reduced);
     const std::size_t union_size = reduced.size();
     const std::size_t share = std::min(plan.capacity, (received + plan.ranks - 1) / plan.ranks);
@@ -310,6 +369,14 @@ void select_region(std::span<const std::span<const std::byte>> blocks, const reg
   } catch (const std::exception& e) {
     pack_failure<T, Index>(e, plan.size, fields, plan.format, selection);
   }
+}
+
+template <class T, class Index, class Policy>
+void select_region(std::span<const std::span<const std::byte>> blocks, const regions& owners, std::size_t me,
+                   const reduce_plan& plan, const wire_fields& fields, Policy& policy, std::span<std::byte> selection,
+                   reduce_report& report) {
+  sparse_vector<T, Index> reduced;
+  select_region<T, Index>(blocks, owners, me, plan, fields, policy, selection, report, reduced);
 }
 
 /// Round 3 on every rank: dense (overwritten) = every owner's selection, divided by P for an

@@ -95,10 +95,11 @@ class reduce_impl final : public reduce_codec_impl {
     for (std::size_t r = 0; r < plan_.ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
     if (exact_owner_) {
       sidco::comm::owner_top_k policy;
-      sidco::comm::select_region<T, index32>(views, regions_, rank_, plan_, fields_, policy, bytes_of(selection_), report_);
+      sidco::comm::select_region<T, index32>(views, regions_, rank_, plan_, fields_, policy, bytes_of(selection_), report_,
+                                             reduced_);
     } else {
       sidco::comm::select_region<T, index32>(views, regions_, rank_, plan_, fields_, owner_, bytes_of(selection_),
-                                             report_);
+                                             report_, reduced_);
     }
     return selection_;
   }
@@ -179,6 +180,7 @@ class reduce_impl final : public reduce_codec_impl {
   sidco::comm::regions regions_;
   at::Tensor blocks_, selection_;
   sidco::sparse_vector<T, index32> sent_;
+  sidco::sparse_vector<T, index32> reduced_;  // the owner's workspace, kept from step to step
   std::span<T> residual_;
   std::vector<index32> global_;
   sidco::comm::wire_fields fields_;
