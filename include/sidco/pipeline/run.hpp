@@ -63,7 +63,7 @@ void run(Backend& backend, std::span<State> states, std::span<const segment> lay
   budget(work);
   out.clear(source.size);
 
-  if constexpr (Selection::fuses_layers || select::ranks_candidates<Selection>) {
+  if constexpr (Selection::fuses_layers || select::contract::declares_ranks_candidates<Selection>()) {
     for (std::size_t s = 0; s < n; ++s) {
       const auto part = source.slice(layout[s].offset, layout[s].size);
       work.estimates[s] = states[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);

@@ -29,16 +29,13 @@ struct candidate_start {
   std::size_t hint = 0;
 };
 
-/// A selection that ranks candidates: start(backend, source, threshold, k) gives its
-/// candidate pass's start (or, when it starts_from_kth_bin, start_from_bin<T>(bin) from the
-/// coarse radix bin of its k-th largest, found for every segment in one kth_largest_bins
-/// pass), keep(k, candidates) how many of the candidates it keeps, and widen(backend, source,
-/// k, threshold, out, count, result, band_starts), where it declares widens = true, appends
-/// bands (ascending runs) until count reaches k (select/concept.hpp).
-template <class S>
-concept ranks_candidates = requires { requires S::ranks_candidates; };
-template <class S>
-concept starts_from_kth_bin = ranks_candidates<S> && requires { requires S::starts_from_kth_bin; };
+// A selection that ranks candidates: start(backend, source, threshold, k) gives its
+// candidate pass's start (or, when it starts_from_kth_bin, start_from_bin<T>(bin) from the
+// coarse radix bin of its k-th largest, found for every segment in one kth_largest_bins
+// pass), keep(k, candidates) how many of the candidates it keeps, and widen(backend, source,
+// k, threshold, out, count, result, band_starts), where it declares widens = true, appends
+// bands (ascending runs) until count reaches k. Whether a selection does is its declared
+// flag, read by contract::declares_ranks_candidates (select/concept.hpp).
 
 /// Per segment s: thresholds[s] (the estimate in; where its candidates start out),
 /// targets[s] (k in; how many it keeps out), counts[s] (its candidates), results[s], bins[s]
@@ -65,7 +62,7 @@ std::size_t start_candidates(Backend& backend, const Source& source, std::span<c
   using Selection = std::remove_cvref_t<decltype(selection_of(std::size_t{}))>;
   const std::size_t n = layout.size();
   std::size_t hint = 0;
-  if constexpr (starts_from_kth_bin<Selection>) {
+  if constexpr (contract::declares_starts_from_kth_bin<Selection>()) {
     backend.kth_largest_bins(source, layout, std::span<const std::size_t>(work.targets), work.bins.first(n));
     for (std::size_t s = 0; s < n; ++s) {
       const candidate_start start = selection_of(s).template start_from_bin<typename Source::value_type>(work.bins[s]);
