@@ -132,20 +132,19 @@ struct bfloat16_layout {
 };
 
 // The key of the largest 16-bit value of Layout not above t >= 0, computed with the host
-// type (the threshold is computed on the host for every backend). Zero of either sign is
-// key 0, so that -0.0 selects what 0.0 selects.
+// type (the threshold is computed on the host for every backend). The sign bit is cleared,
+// as signed_key does for float and double, so that -0.0 selects what 0.0 selects.
 template <class Layout>
 std::int16_t half_threshold_key(double t) {
   using H = typename Layout::host_type;
   if (std::isnan(t)) return std::numeric_limits<std::int16_t>::max();
   if (t < 0) return -1;
-  if (t == 0) return 0;
   if (t >= double(float(H::from_bits(Layout::infinity)))) return std::int16_t(Layout::infinity);
   float f = float(t);
   if (double(f) > t) f = std::nextafter(f, 0.0f);
   H h(f);
   if (float(h) > f) h = H::from_bits(std::uint16_t(h.bits - 1));  // rounded up: step down (h > 0 here)
-  return std::int16_t(h.bits);
+  return std::int16_t(h.bits & ~Layout::sign);
 }
 
 }  // namespace detail
