@@ -146,6 +146,72 @@ TEST_CASE("an unknown status is named; a non-finite value from a peer is refused
   CHECK(decode_all(payloads, format).error.find("rank 1 sent a non-finite value at position 0") != std::string::npos);
 }
 
+TEST_CASE_TEMPLATE("every damaged entry is refused, naming it: a repeated, falling or out-of-range index, a "
+                   "non-finite value, a byte past the count", T, float, double, float16) {
+  // agree() first runs one branch-free pass over the entries (entries_ok) and says what is
+  // wrong only when it fails: each damage below must make that pass fail, at the first,
+  // a middle and the last entry (the vector loops' heads and tails).
+  constexpr std::size_t dense = 1000, count = 37;
+  const auto format = comm::format_for<T, std::uint32_t>(count + 11);
+  std::vector<std::vector<std::byte>> clean(3, std::vector<std::byte>(format.bytes()));
+  for (std::size_t r = 0; r < 3; ++r) {
+    sparse_vector<T, std::uint32_t> sent(dense);
+    for (std::size_t j = 0; j < count; ++j) sent.push_back(std::uint32_t(3 + 25 * j + r), T(float(j) - 18.5f));
+    comm::pack(sent, 0, {7, 1, delta, comm::reduction::sum}, format, clean[r]);
+  }
+  const auto error_of = [&](const std::vector<std::vector<std::byte>>& payloads) {
+    try {
+      comm::agree<T, std::uint32_t>(views_of(payloads), format);
+    } catch (const sidco::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  REQUIRE(error_of(clean).empty());
+  const auto set_index = [&](std::vector<std::byte>& p, std::size_t j, std::uint32_t i) {
+    std::memcpy(p.data() + format.indices_offset() + j * sizeof(std::uint32_t), &i, sizeof i);
+  };
+  const auto index = [&](const std::vector<std::byte>& p, std::size_t j) {
+    std::uint32_t i;
+    std::memcpy(&i, p.data() + format.indices_offset() + j * sizeof i, sizeof i);
+    return i;
+  };
+  const auto expect = [&](const std::vector<std::vector<std::byte>>& payloads, const std::string& wanted) {
+    const std::string error = error_of(payloads);
+    CHECK_MESSAGE(error.find(wanted) != std::string::npos, error, " (wanted: ", wanted, ")");
+  };
+  for (const std::size_t j : {std::size_t(0), count / 2, count - 1}) {
+    CAPTURE(j);
+    auto payloads = clean;
+    if (j > 0) {  // the same index as the one before it, then one below it
+      set_index(payloads[1], j, index(payloads[1], j - 1));
+      expect(payloads, "rank 1 sent index " + std::to_string(index(payloads[1], j)) + " at position " +
+                           std::to_string(j) + " after");
+      set_index(payloads[1], j, index(payloads[1], j - 1) - 1);
+      expect(payloads, "(indices must ascend)");
+    }
+    payloads = clean;
+    if (j == count - 1) {  // the last index at the dense size (ascending still)
+      set_index(payloads[1], j, dense);
+      expect(payloads, "rank 1 sent index 1000 at position " + std::to_string(j) + ", outside dense size 1000");
+    }
+    for (const double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity()}) {
+      payloads = clean;
+      const T v = T(bad);
+      std::memcpy(payloads[2].data() + format.values_offset() + j * sizeof(T), &v, sizeof v);
+      expect(payloads, "rank 2 sent a non-finite value at position " + std::to_string(j));
+    }
+  }
+  // A byte past the count, in the indices' slots and in the values' (a count lowered in transit).
+  for (const std::size_t offset : {format.indices_offset() + count * sizeof(std::uint32_t), format.values_offset() - 1,
+                                   format.values_offset() + count * sizeof(T), format.bytes() - 1}) {
+    auto payloads = clean;
+    payloads[0][offset] = std::byte{1};
+    expect(payloads, "rank 0 sent a payload with entries past its count 37");
+  }
+}
+
 TEST_CASE("an average whose sum overflows divides first: finite where every value is") {
   const comm::wire_format format = comm::format_for<float, std::uint32_t>(1);
   std::vector<std::vector<std::byte>> payloads(3, std::vector<std::byte>(format.bytes()));
