@@ -71,18 +71,23 @@ std::size_t keep_top_k(Index* indices, T* values, std::size_t count, std::size_t
   for (std::size_t r = 0; r < count; ++r) ++counts[std::size_t(magnitude_key(values[r]) >> shift)];
   const key_bin found = kth_largest_bin(counts.data(), coarse_bins, k);
   const std::size_t above_bin = found.at_or_above - counts[found.bin];  // in the bins above it
-  survivors.clear();
+  // The bin's count is known: its keys are written by position, without push_back's
+  // capacity check (the branch is rarely taken, so it predicts well).
+  const std::size_t in_found_bin = counts[found.bin];
+  survivors.resize(in_found_bin);
+  Key* const bin = survivors.data();
+  std::size_t gathered = 0;
   for (std::size_t r = 0; r < count; ++r) {
     const Key key = magnitude_key(values[r]);
-    if (std::size_t(key >> shift) == found.bin) survivors.push_back(key);
+    if (std::size_t(key >> shift) == found.bin) bin[gathered++] = key;
   }
   // The (k - above_bin)-th largest key of the bin is the k-th largest of all.
   const std::size_t in_bin = k - above_bin;
-  std::nth_element(survivors.begin(), survivors.begin() + std::ptrdiff_t(in_bin - 1), survivors.end(),
-                   std::greater<Key>());
+  const auto bin_end = survivors.begin() + std::ptrdiff_t(in_found_bin);
+  std::nth_element(survivors.begin(), survivors.begin() + std::ptrdiff_t(in_bin - 1), bin_end, std::greater<Key>());
   const Key kth = survivors[in_bin - 1];
   std::size_t above = above_bin;
-  for (const Key key : survivors) above += key > kth;
+  for (auto key = survivors.begin(); key != bin_end; ++key) above += *key > kth;
   const std::size_t ties = k - above;  // entries equal to kth that complete the top k
 
   std::size_t kept = 0, taken = 0;
