@@ -97,7 +97,7 @@ void owner_select(benchmark::State& state) {
   std::sort(compress_seconds.begin(), compress_seconds.end());
 
   std::vector<comm::owner_sidco_e> policies(ranks, comm::owner_sidco_e{local_owner_compressor({}, {}, backend::cpu(1))});
-  std::vector<sparse_vector<float>> workspaces(ranks);  // each owner's, kept as the exchange keeps it
+  std::vector<comm::owner_workspace<float, std::uint32_t>> workspaces(ranks);  // each owner's, kept as the exchange keeps it
   const std::size_t bytes = plan.format.bytes();
   std::vector<std::byte> selections(bytes * ranks);
   std::vector<std::span<const std::byte>> selection_views(ranks);

@@ -483,7 +483,7 @@ TEST_CASE_TEMPLATE("reduce-scatter: an owner's reduction equals adding every ran
       const auto format = comm::format_for<T, std::uint32_t>(capacity);
       std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(format.bytes()));
       for (std::size_t r = 0; r < ranks; ++r) comm::pack(sent[r], 0, comm::wire_fields{}, format, blocks[r]);
-      sparse_vector<T, std::uint32_t> reduced(size);
+      comm::owner_workspace<T, std::uint32_t> reduced;
       comm::detail::reduce_blocks<T, std::uint32_t>(views_of(blocks), format, begin, end, received, reduced);
       REQUIRE(reduced.size() == expected.size());
       std::size_t j = 0;

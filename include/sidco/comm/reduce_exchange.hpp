@@ -209,7 +209,7 @@ class sparse_reduce_exchange {
   regions regions_;
   std::vector<std::byte> blocks_, received_, selection_, selections_;
   std::vector<Index> global_;
-  sparse_vector<T, Index> reduced_;  // the owner's workspace, kept from step to step
+  owner_workspace<T, Index> reduced_;  // the owner's workspace, kept from step to step
   sparse_vector<T, Index>* sent_ = nullptr;
   std::span<T> residual_;
   std::uint64_t step_ = 0;

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <span>
 #include <tuple>
 #include <type_traits>
@@ -69,6 +70,41 @@ class top_k_workspace {
 };
 
 }  // namespace detail
+
+/// An owner's reduced entries (the union of the blocks it received, summed, indices
+/// ascending), kept from step to step so that a steady owner allocates nothing. Grown
+/// without zeroing: every slot in use is written first (a sparse_vector's resize zeroed the
+/// received count of entries every step).
+template <class T, class Index>
+class owner_workspace {
+ public:
+  /// Room for count entries; the entries held are lost when it grows.
+  void reserve(std::size_t count) {
+    if (count <= capacity_) return;
+    const std::size_t grown = std::max(count, 2 * capacity_);
+    indices_ = std::make_unique_for_overwrite<Index[]>(grown);
+    values_ = std::make_unique_for_overwrite<T[]>(grown);
+    capacity_ = grown;
+    size_ = 0;
+  }
+  /// The first count slots (at most the capacity) are the entries.
+  void set_size(std::size_t count) {
+    if (count > capacity_)
+      sidco::detail::fail("owner_workspace: ", count, " entries exceed the capacity ", capacity_);
+    size_ = count;
+  }
+  std::size_t size() const { return size_; }
+  std::size_t capacity() const { return capacity_; }
+  Index* indices() { return indices_.get(); }
+  T* values() { return values_.get(); }
+  std::span<const Index> indices() const { return {indices_.get(), size_}; }
+  std::span<const T> values() const { return {values_.get(), size_}; }
+
+ private:
+  std::unique_ptr<Index[]> indices_;
+  std::unique_ptr<T[]> values_;
+  std::size_t capacity_ = 0, size_ = 0;
+};
 
 /// Owner policy: exact Top-k of the reduced values (ties to the lower index).
 struct owner_top_k {
@@ -256,22 +292,21 @@ inline constexpr std::size_t reduce_window = 4096;
 /// The ok blocks' entries (indices ascending, inside [begin, end), `received` in all) added
 /// index by index in rank order, in the accumulator type from A(0) and rounded once to T
 /// (a sum beyond T's range throws sidco::nonfinite_error),
-/// appended to reduced in ascending index order. The region is walked in windows of
+/// written to reduced in ascending index order (its size is the union's). The region is walked in windows of
 /// reduce_window indices: each rank's entries in the window (its cursor only moves forward)
 /// are added into a window-sized array, a bitmap marks the indices seen, and the bitmap
 /// walked in order emits them; O(received + P region / window), with windows no entry fell
 /// in skipped.
 template <class T, class Index>
 void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wire_format& format, std::size_t begin,
-                   std::size_t end, std::size_t received, sparse_vector<T, Index>& reduced) {
+                   std::size_t end, std::size_t received, owner_workspace<T, Index>& reduced) {
   using A = typename float_traits<T>::accumulator;
   constexpr std::size_t words = reduce_window / 64;
-  // Written through pointers and cut to the union at the end (the union is at most what
-  // was received): no capacity check per entry.
-  const std::size_t before = reduced.size();
-  reduced.resize(before + received);
-  Index* out_index = reduced.index_data() + before;
-  T* out_value = reduced.value_data() + before;
+  // Written through pointers, room for every entry received (the union is at most that):
+  // no capacity check per entry.
+  reduced.reserve(received);
+  Index* const out_index = reduced.indices();
+  T* const out_value = reduced.values();
   std::size_t emitted = 0;
   struct cursor {
     const std::byte* indices;
@@ -282,7 +317,9 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
   for (std::size_t r = 0; r < blocks.size(); ++r)
     cursors[r] = {blocks[r].data() + format.indices_offset(), blocks[r].data() + format.values_offset(),
                   std::size_t(read_header(blocks[r]).count), 0};
-  std::array<A, reduce_window> sums;  // each written before it is read
+  // Zero between uses (the emit loop below restores each sum it reads), so every entry adds
+  // without asking whether its index was seen: A(0) + v first, as the rank order asks.
+  std::array<A, reduce_window> sums{};
   std::array<std::uint64_t, words> seen{};
   for (std::size_t window = begin; window < end; window += reduce_window) {
     const std::size_t window_end = std::min(end, window + reduce_window);
@@ -297,15 +334,10 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
         const std::uint64_t index = index_at<Index>(indices + e * sizeof(Index));
         if (index >= window_end) break;
         const std::size_t at = std::size_t(index) - window;
-        const std::uint64_t bit = std::uint64_t(1) << (at % 64);
         T v;
         std::memcpy(&v, values + e * sizeof(T), sizeof v);
-        if (seen[at / 64] & bit) {
-          sums[at] = A(sums[at] + A(v));
-        } else {
-          sums[at] = A(A(0) + A(v));
-          seen[at / 64] |= bit;
-        }
+        sums[at] = A(sums[at] + A(v));
+        seen[at / 64] |= std::uint64_t(1) << (at % 64);
       }
       any |= e != c.at;
       c.at = e;
@@ -315,6 +347,7 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
       for (std::uint64_t bits = seen[w]; bits != 0; bits &= bits - 1) {
         const std::size_t at = w * 64 + std::size_t(std::countr_zero(bits));
         const T sum = T(sums[at]);
+        sums[at] = A(0);
         // Finite values whose sum overflows T: the step fails as non-finite input does.
         if (!finite_at<T>(reinterpret_cast<const std::byte*>(&sum)))
           throw nonfinite_error(sidco::detail::message("reduce-scatter exchange: the ranks' values at index ",
@@ -327,7 +360,7 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
       seen[w] = 0;
     }
   }
-  reduced.truncate(before + emitted);
+  reduced.set_size(emitted);
 }
 
 }  // namespace detail
@@ -338,12 +371,12 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
 /// P) entries (at most the capacity), chosen by policy, in its selection payload. A
 /// problem in the blocks is relayed in the payload instead, for every rank to raise.
 /// Returns (union size, received entries) through the report.
-/// reduced is the owner's workspace (its storage kept from step to step, so that a steady
-/// owner allocates nothing); the overload below makes a fresh one.
+/// reduced is the owner's workspace (kept from step to step, so that a steady owner
+/// allocates nothing); the overload below makes a fresh one.
 template <class T, class Index, class Policy>
 void select_region(std::span<const std::span<const std::byte>> blocks, const regions& owners, std::size_t me,
                    const reduce_plan& plan, const wire_fields& fields, Policy& policy, std::span<std::byte> selection,
-                   reduce_report& report, sparse_vector<T, Index>& reduced) {
+                   reduce_report& report, owner_workspace<T, Index>& reduced) {
   try {
     if (blocks.size() != plan.ranks)
       sidco::detail::fail("reduce-scatter exchange: ", blocks.size(), " blocks received, ", plan.ranks, " ranks");
@@ -352,18 +385,18 @@ void select_region(std::span<const std::span<const std::byte>> blocks, const reg
       detail::check_region<Index>(blocks[r], plan.format, owners.begin(me), owners.end(me), "rank", r);
     std::size_t received = 0;
     for (const auto& block : blocks) received += std::size_t(detail::read_header(block).count);
-    reduced.clear(plan.size);
     detail::reduce_blocks<T, Index>(blocks, plan.format, owners.begin(me), owners.end(me), received, reduced);
     const std::size_t union_size = reduced.size();
     const std::size_t share = std::min(plan.capacity, (received + plan.ranks - 1) / plan.ranks);
     std::size_t kept = union_size;
-    if (union_size > share) kept = policy.template select<T, Index>(reduced.index_data(), reduced.value_data(), union_size, share);
-    reduced.truncate(kept);
-    if (reduced.size() > plan.capacity)
-      reduced.truncate(backend::host::keep_top_k(reduced.index_data(), reduced.value_data(), reduced.size(), plan.capacity));
+    if (union_size > share) kept = policy.template select<T, Index>(reduced.indices(), reduced.values(), union_size, share);
+    if (kept > plan.capacity)
+      kept = backend::host::keep_top_k(reduced.indices(), reduced.values(), kept, plan.capacity);
+    reduced.set_size(kept);
     report.received = received;
     // The header's trimmed field carries what the owner left out of its union.
-    pack(reduced, union_size - reduced.size(), fields, plan.format, selection);
+    pack<T, Index>(std::as_const(reduced).indices(), std::as_const(reduced).values(), plan.size,
+                   union_size - kept, fields, plan.format, selection);
   } catch (const runtime_error& e) {
     pack_failure<T, Index>(e, plan.size, fields, plan.format, selection, wire_status::relayed);
   } catch (const std::exception& e) {
@@ -375,7 +408,7 @@ template <class T, class Index, class Policy>
 void select_region(std::span<const std::span<const std::byte>> blocks, const regions& owners, std::size_t me,
                    const reduce_plan& plan, const wire_fields& fields, Policy& policy, std::span<std::byte> selection,
                    reduce_report& report) {
-  sparse_vector<T, Index> reduced;
+  owner_workspace<T, Index> reduced;
   select_region<T, Index>(blocks, owners, me, plan, fields, policy, selection, report, reduced);
 }
 

@@ -207,28 +207,38 @@ template <class... Parts>
 
 }  // namespace detail
 
-/// Writes sent (at most format.capacity entries, ascending) into payload
-/// (format.bytes() long); the unused slots are zeroed, so no stale memory goes on the wire.
+/// Writes the entries (indices[j], values[j]) of a dense vector of dense_size values (at
+/// most format.capacity of them, indices ascending) into payload (format.bytes() long); the
+/// unused slots are zeroed, so no stale memory goes on the wire.
 template <class T, class Index>
-void pack(const sparse_vector<T, Index>& sent, std::size_t trimmed, const wire_fields& fields,
-          const wire_format& format, std::span<std::byte> payload) {
+void pack(std::span<const Index> indices, std::span<const T> values, std::size_t dense_size, std::size_t trimmed,
+          const wire_fields& fields, const wire_format& format, std::span<std::byte> payload) {
   detail::check_payload_size(payload, format);
   if (format.index_bytes != sizeof(Index) || format.value_bytes != sizeof(T))
     sidco::detail::fail("pack: the format holds ", format.index_bytes, "-byte indices and ", format.value_bytes,
                         "-byte values, the sparse vector ", sizeof(Index), " and ", sizeof(T));
-  if (sent.size() > format.capacity)
-    sidco::detail::fail("pack: ", sent.size(), " entries exceed the capacity ", format.capacity, " (trim first)");
-  wire_header h = detail::header_for<T, Index>(fields, sent.dense_size(), format);
-  h.count = sent.size();
+  if (indices.size() != values.size())
+    sidco::detail::fail("pack: ", indices.size(), " indices and ", values.size(), " values");
+  const std::size_t n = indices.size();
+  if (n > format.capacity)
+    sidco::detail::fail("pack: ", n, " entries exceed the capacity ", format.capacity, " (trim first)");
+  wire_header h = detail::header_for<T, Index>(fields, dense_size, format);
+  h.count = n;
   h.trimmed = trimmed;
   std::byte* const base = payload.data();
-  const std::size_t n = sent.size();
   // An empty vector may hold no buffer at all: memcpy from null is undefined even for 0 bytes.
-  if (n > 0) std::memcpy(base + format.indices_offset(), sent.indices().data(), n * sizeof(Index));
+  if (n > 0) std::memcpy(base + format.indices_offset(), indices.data(), n * sizeof(Index));
   std::memset(base + format.indices_offset() + n * sizeof(Index), 0, format.values_offset() - format.indices_offset() - n * sizeof(Index));
-  if (n > 0) std::memcpy(base + format.values_offset(), sent.values().data(), n * sizeof(T));
+  if (n > 0) std::memcpy(base + format.values_offset(), values.data(), n * sizeof(T));
   std::memset(base + format.values_offset() + n * sizeof(T), 0, format.bytes() - format.values_offset() - n * sizeof(T));
   detail::write_header(h, payload);
+}
+
+/// Writes sent (at most format.capacity entries) into payload, as above.
+template <class T, class Index>
+void pack(const sparse_vector<T, Index>& sent, std::size_t trimmed, const wire_fields& fields,
+          const wire_format& format, std::span<std::byte> payload) {
+  pack<T, Index>(sent.indices(), sent.values(), sent.dense_size(), trimmed, fields, format, payload);
 }
 
 /// Writes a payload that says this rank failed, and why (the exception's message, cut to

@@ -180,7 +180,7 @@ class reduce_impl final : public reduce_codec_impl {
   sidco::comm::regions regions_;
   at::Tensor blocks_, selection_;
   sidco::sparse_vector<T, index32> sent_;
-  sidco::sparse_vector<T, index32> reduced_;  // the owner's workspace, kept from step to step
+  sidco::comm::owner_workspace<T, index32> reduced_;  // the owner's workspace, kept from step to step
   std::span<T> residual_;
   std::vector<index32> global_;
   sidco::comm::wire_fields fields_;
