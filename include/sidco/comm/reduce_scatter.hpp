@@ -321,9 +321,10 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
   // without asking whether its index was seen: A(0) + v first, as the rank order asks.
   std::array<A, reduce_window> sums{};
   std::array<std::uint64_t, words> seen{};
+  static_assert(words <= 64, "one summary word marks the window's nonzero bitmap words");
   for (std::size_t window = begin; window < end; window += reduce_window) {
     const std::size_t window_end = std::min(end, window + reduce_window);
-    bool any = false;
+    std::uint64_t touched = 0;  // bit w: seen[w] has a bit set (most are empty at a few %)
     for (cursor& c : cursors) {
       // The cursor in locals: stores to seen (64-bit words) could otherwise alias it.
       const std::byte* const indices = c.indices;
@@ -338,12 +339,12 @@ void reduce_blocks(std::span<const std::span<const std::byte>> blocks, const wir
         std::memcpy(&v, values + e * sizeof(T), sizeof v);
         sums[at] = A(sums[at] + A(v));
         seen[at / 64] |= std::uint64_t(1) << (at % 64);
+        touched |= std::uint64_t(1) << (at / 64);
       }
-      any |= e != c.at;
       c.at = e;
     }
-    if (!any) continue;
-    for (std::size_t w = 0; w < words; ++w) {
+    for (; touched != 0; touched &= touched - 1) {
+      const std::size_t w = std::size_t(std::countr_zero(touched));
       for (std::uint64_t bits = seen[w]; bits != 0; bits &= bits - 1) {
         const std::size_t at = w * 64 + std::size_t(std::countr_zero(bits));
         const T sum = T(sums[at]);
