@@ -34,6 +34,7 @@ _STATE_FORMAT = 2  # 2: rank and world size added (format 1 states load without 
 _COMPRESSED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _EXCHANGES = ("auto", "allgather", "reduce")
 _NONFINITE = ("raise", "skip")
+_PATHS = ("dense", "allgather", "reduce")  # how a bucket goes on the wire
 _DTYPE_CODES = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
 _DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in _DTYPE_CODES.items()}
 
@@ -532,7 +533,7 @@ class State:
         self.error = error
         return error
 
-    def _agree(self, group, world, device):
+    def _agree_configuration(self, group, world, device):
         """Every rank's configuration, compared once (the first hook call of this State in this
         process): a difference would make the payloads' sizes differ."""
         verified = self._verified if self._verified is not None else self._step_density
@@ -589,15 +590,14 @@ class State:
             warnings.warn("sidco_torch: a world of one rank has nothing to exchange; the hook still compresses (error "
                           "feedback delays part of each update), as it would among several", stacklevel=4)
 
-    def _agree_bucket(self, group, world, bucket, sparse, payload_bytes):
+    def _agree_wire_format(self, group, world, bucket, path, payload_bytes):
         """What this bucket puts on the wire (path, dtype, values, bytes), compared across ranks
         whenever it changes (the first steps, DDP's bucket rebuild, the switch at start_iter),
         before the collective whose sizes it decides: gloo aborts the process on a size
         mismatch, so a rank whose bucket differs (another dtype under fp16_compress_wrapper,
         another layout) must be refused before it."""
         buffer = bucket.buffer()
-        mine = (bucket.index(), int(sparse), _DTYPE_CODES.get(buffer.dtype, 0), buffer.numel(), payload_bytes)
-        # sparse: 0 dense, 1 allgather, 2 reduce
+        mine = (bucket.index(), _PATHS.index(path), _DTYPE_CODES.get(buffer.dtype, 0), buffer.numel(), payload_bytes)
         if self._signatures.get(bucket.index()) == mine:
             return
         everyone = [torch.empty(len(mine), dtype=torch.int64, device=buffer.device) for _ in range(world)]
@@ -607,8 +607,8 @@ class State:
         for rank, theirs in enumerate(everyone):
             if theirs == first:
                 continue
-            index, sparse0, dtype0, numel0, bytes0 = first
-            _, sparse1, dtype1, numel1, bytes1 = theirs
+            index, path0, dtype0, numel0, bytes0 = first
+            _, path1, dtype1, numel1, bytes1 = theirs
             if theirs[0] != index:
                 what = f"is at bucket {theirs[0]}, rank 0 at bucket {index}"
             elif dtype1 != dtype0:
@@ -616,9 +616,9 @@ class State:
                         f"{_DTYPE_NAMES.get(dtype0, dtype0)} (a communication hook wrapper on some ranks only?)")
             elif numel1 != numel0:
                 what = f"has {numel1} values in bucket {index}, rank 0 has {numel0}"
-            elif sparse1 != sparse0:
-                paths = ("dense", "by all-gather", "by reduce-scatter")
-                what = f"sends bucket {index} {paths[sparse1]}, rank 0 {paths[sparse0]}"
+            elif path1 != path0:
+                how = ("dense", "by all-gather", "by reduce-scatter")
+                what = f"sends bucket {index} {how[path1]}, rank 0 {how[path0]}"
             else:
                 what = f"sends bucket {index} in {bytes1}-byte payloads, rank 0 in {bytes0} (another layout)"
             raise self._fail(ExchangeError(f"sidco_torch.State: rank {rank} {what}; every rank must hand the hook "
@@ -684,7 +684,7 @@ class State:
                           f"each tensor keeps at least one entry, and {small} of its {len(sizes)} tensors have fewer "
                           f"than 1/density = {1 / density:.3g} values", stacklevel=4)
 
-    def _dense_reason(self, buffer, world, iteration):
+    def _why_dense(self, buffer, world, iteration):
         """Why this bucket goes dense, or None; from the agreed density, so that every rank
         chooses alike."""
         density = self._verified
@@ -778,7 +778,7 @@ def _fold_residuals(state, bucket):
         offset += size
 
 
-def _dense(state, bucket, group, world, reason):
+def _all_reduce_dense(state, bucket, group, world, reason):
     buffer = bucket.buffer()
     _fold_residuals(state, bucket)
     if reason not in state._warned and not reason.startswith("iteration"):
@@ -856,7 +856,7 @@ def hook(state, bucket):
     world = dist.get_world_size(group)
     state._begin_step()
     if not state._agreed:
-        state._agree(group, world, bucket.buffer().device)
+        state._agree_configuration(group, world, bucket.buffer().device)
     for p in bucket.parameters():
         state._key(p)  # a parameter of another model is refused on every path
     iteration = state.iteration
@@ -865,14 +865,14 @@ def hook(state, bucket):
         state._complete = True
         state._in_step = False
     buffer = bucket.buffer()
-    reason = state._dense_reason(buffer, world, iteration)
+    reason = state._why_dense(buffer, world, iteration)
     if reason is not None:
-        state._agree_bucket(group, world, bucket, False, buffer.numel() * buffer.element_size())
-        return _dense(state, bucket, group, world, reason)
+        state._agree_wire_format(group, world, bucket, "dense", buffer.numel() * buffer.element_size())
+        return _all_reduce_dense(state, bucket, group, world, reason)
     started = time.perf_counter()
     b, problem = state._bucket(bucket, world)
     problem = problem or state._step_problem
-    state._agree_bucket(group, world, bucket, 2 if b.exchange == "reduce" else 1, b.payload_bytes())
+    state._agree_wire_format(group, world, bucket, b.exchange, b.payload_bytes())
     if b.exchange == "reduce":
         return _reduce(state, bucket, b, group, iteration, problem, started)
     if state.nonfinite == "skip":
