@@ -86,6 +86,25 @@ verdict decode_all(const std::vector<std::vector<std::byte>>& payloads, const co
   return v;
 }
 
+// Round 2 of a reduce-scatter exchange simulated in one process: rank r packed its blocks
+// into rank_blocks[r] (owner j's at j * the format's bytes); each owner selects its region
+// from the blocks routed to it, in rank order, as the MPI and gloo transports route them.
+template <class Policy>
+std::vector<std::vector<std::byte>> select_every_region(std::span<const std::span<const std::byte>> rank_blocks,
+                                                        const comm::regions& owners, const comm::reduce_plan& plan,
+                                                        const comm::wire_fields& fields) {
+  const std::size_t ranks = rank_blocks.size(), bytes = plan.format.bytes();
+  std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
+  for (std::size_t j = 0; j < ranks; ++j) {
+    std::vector<std::span<const std::byte>> received;
+    for (const auto& blocks : rank_blocks) received.push_back(blocks.subspan(j * bytes, bytes));
+    Policy policy;
+    comm::reduce_report report;
+    comm::select_region<float, std::uint32_t>(received, owners, j, plan, fields, policy, selections[j], report);
+  }
+  return selections;
+}
+
 }  // namespace
 
 TEST_CASE("utf8_prefix never cuts a sequence; valid_utf8 replaces what is not text") {
@@ -370,16 +389,9 @@ TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed, and ev
   std::uint32_t zero = 0;
   REQUIRE(comm::header_of(std::span<const std::byte>(sides[1].blocks).subspan(2 * bytes, bytes)).count > 0);
   std::memcpy(sides[1].blocks.data() + 2 * bytes + plan.format.indices_offset(), &zero, sizeof zero);
-  std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
-  for (int j = 0; j < ranks; ++j) {
-    std::vector<std::span<const std::byte>> received;
-    for (int r = 0; r < ranks; ++r)
-      received.push_back(std::span<const std::byte>(sides[std::size_t(r)].blocks).subspan(std::size_t(j) * bytes, bytes));
-    comm::owner_top_k policy;
-    comm::reduce_report report;
-    comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
-                                              selections[std::size_t(j)], report);
-  }
+  std::vector<std::span<const std::byte>> rank_blocks;
+  for (const side& s : sides) rank_blocks.push_back(s.blocks);
+  const auto selections = select_every_region<comm::owner_top_k>(rank_blocks, owners, plan, fields);
   CHECK(comm::header_of(selections[2]).status == std::uint8_t(comm::wire_status::relayed));
   CHECK(comm::header_of(selections[0]).status == std::uint8_t(comm::wire_status::ok));
   std::set<std::string> messages;
@@ -576,22 +588,9 @@ TEST_CASE("reduce-scatter: values whose sum overflows fail the step as non-finit
       comm::pack_blocks(sent[std::size_t(r)], owners, plan, fields, std::span<float>(residuals[std::size_t(r)]),
                         std::span<std::byte>(blocks[std::size_t(r)]));
     }
-    std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
-    for (int j = 0; j < ranks; ++j) {
-      std::vector<std::span<const std::byte>> received;
-      for (int r = 0; r < ranks; ++r)
-        received.push_back(std::span<const std::byte>(blocks[std::size_t(r)]).subspan(std::size_t(j) * bytes, bytes));
-      comm::reduce_report report;
-      if (top_k_owner) {
-        comm::owner_top_k policy;
-        comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
-                                                  selections[std::size_t(j)], report);
-      } else {
-        comm::owner_sidco_e policy;
-        comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
-                                                  selections[std::size_t(j)], report);
-      }
-    }
+    const auto selections =
+        top_k_owner ? select_every_region<comm::owner_top_k>(views_of(blocks), owners, plan, fields)
+                    : select_every_region<comm::owner_sidco_e>(views_of(blocks), owners, plan, fields);
     CHECK(comm::header_of(selections[0]).error == std::uint8_t(comm::error_kind::nonfinite));
     CHECK(comm::header_of(selections[1]).status == std::uint8_t(comm::wire_status::ok));
     std::set<std::string> messages;
