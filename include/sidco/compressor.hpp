@@ -49,46 +49,6 @@ struct memory_of<B> {
   using type = typename B::memory;
 };
 
-// The estimator checks, each behind if constexpr so that a type on the wrong axis gets
-// one sentence, not a cascade (a || in a static_assert would instantiate both sides).
-
-// Completes statistical<...> first, so that its own sentences (a policy in its wrong slot)
-// come with the shortest context; other types are read as they are.
-template <class E>
-constexpr bool statistical_completed() {
-  if constexpr (is_statistical<E>)
-    return sizeof(E) > 0;
-  else
-    return true;
-}
-
-// A distribution model given where the estimator goes.
-template <class E>
-constexpr bool bare_model() {
-  if constexpr (is_statistical<E>)
-    return false;
-  else
-    return models::model_like<E>;
-}
-
-// An estimator, or a type whose mistake another sentence names.
-template <class E>
-constexpr bool estimator_or_named_mistake() {
-  if constexpr (is_statistical<E> || bare_model<E>())
-    return true;
-  else
-    return estimator_policy<E>;
-}
-
-// The estimator's own contract, only when it is one.
-template <class E>
-constexpr bool estimator_diagnosed() {
-  if constexpr (estimator_policy<E>)
-    return estimate::diagnose<E>();
-  else
-    return true;
-}
-
 }  // namespace detail
 
 /// compressor<Estimator, Selection, Backend>: a moments pass (which also rejects bad input
@@ -110,15 +70,38 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
                 "compressor<Estimator, Selection, Backend>: Selection must be a selection policy "
                 "(select::above_threshold, exact_k, trimmed<P>, top_k or random_k)");
   static_assert(!select::selection_like<Selection> || select::diagnose<Selection>());
-  static_assert(detail::statistical_completed<Estimator>());
-  static_assert(!detail::bare_model<Estimator>(),
+  // statistical<...> is completed first, so that its own sentences (a policy in its wrong
+  // slot) come with the shortest context; other types are read as they are.
+  static_assert([] {
+    if constexpr (detail::is_statistical<Estimator>)
+      return sizeof(Estimator) > 0;
+    else
+      return true;
+  }());
+  static constexpr bool model_as_estimator = [] {
+    if constexpr (detail::is_statistical<Estimator>)
+      return false;
+    else
+      return models::model_like<Estimator>;
+  }();
+  static_assert(!model_as_estimator,
                 "compressor<Estimator, Selection, Backend>: a distribution model was given as the Estimator; "
                 "wrap it in an estimator: compressor<estimate::statistical<models::gamma>> (or a preset, "
                 "presets::sidco_e)");
-  static_assert(detail::estimator_or_named_mistake<Estimator>(),
+  static_assert([] {
+    if constexpr (detail::is_statistical<Estimator> || model_as_estimator)
+      return true;
+    else
+      return detail::estimator_policy<Estimator>;
+  }(),
                 "compressor<Estimator, Selection, Backend>: Estimator must be an estimator "
                 "(estimate::statistical<...>, sampled, gaussian_k, redsync or none)");
-  static_assert(detail::estimator_diagnosed<Estimator>());
+  static_assert([] {  // the estimator's own checks only when it is one
+    if constexpr (detail::estimator_policy<Estimator>)
+      return estimate::diagnose<Estimator>();
+    else
+      return true;
+  }());
   static_assert(!detail::selection_policy<Backend>,
                 "compressor<Estimator, Selection, Backend>: a selection was given as the "
                 "Backend (backend::cpu, backend::serial or backend::cuda); a preset takes the "
