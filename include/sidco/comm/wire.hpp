@@ -166,13 +166,8 @@ bool entries_ok(const std::byte* indices, const std::byte* values, std::size_t c
     std::memcpy(&at, indices + j * sizeof(Index), sizeof at);
     descending |= Index(at <= before);
   }
-  using Key = typename float_traits<T>::key;
-  Key nonfinite = 0;
-  for (std::size_t j = 0; j < count; ++j) {
-    Key bits;
-    std::memcpy(&bits, values + j * sizeof(T), sizeof bits);
-    nonfinite |= Key((bits & Key(~float_traits<T>::sign)) >= float_traits<T>::infinity);
-  }
+  typename float_traits<T>::key nonfinite = 0;
+  for (std::size_t j = 0; j < count; ++j) nonfinite |= decltype(nonfinite)(!finite_at<T>(values + j * sizeof(T)));
   Index last;
   std::memcpy(&last, indices + (count - 1) * sizeof(Index), sizeof last);
   return descending == 0 && nonfinite == 0 && std::uint64_t(last) < dense_size;
