@@ -453,6 +453,25 @@ def scenario_dtype_mismatch(rank, world):
     return "refused"
 
 
+def scenario_path_mismatch(rank, world):
+    """Rank 1 alone picks the all-gather (as "auto" does on a CUDA bucket, where the reduce
+    exchange does not run) while the others pick the reduce-scatter: the two paths' first
+    collectives differ in kind and size, so every rank must raise naming both paths before
+    either starts."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange="auto")
+    if rank == 1:
+        state.exchange_for = lambda world, device_type="cpu": "allgather"
+    model, ddp, optimizer = make(state, rank)
+    try:
+        train_step(ddp, optimizer, rank, 0)
+    except (ValueError, RuntimeError) as e:
+        message = str(e)
+    else:
+        raise AssertionError("ranks on different exchanges were accepted")
+    assert "rank 1 sends bucket 0 by all-gather, rank 0 by reduce-scatter" in message, message
+    return "refused"
+
+
 def scenario_foreign_checkpoint(rank, world):
     """Rank 0's checkpoint loaded on every rank (the usual DDP pattern for the model): the
     state holds rank 0's residuals, so every rank refuses it at the first step, naming the
@@ -915,6 +934,7 @@ def main():
     print("two models:", run(scenario_two_models, 1)[0])
     print("dense switch:", run(scenario_dense_switch, 2)[0])
     print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])
+    print("exchanges that differ (all-gather on rank 1 of 3):", run(scenario_path_mismatch, 3)[0])
     print("rank 0's checkpoint on every rank:", run(scenario_foreign_checkpoint, 2)[0])
     print("residuals on the dense path:", run(scenario_dense_fold, 2)[0])
     for owner, world in (("sidco-e", 3), ("top-k", 5), ("sidco-e", 2)):
