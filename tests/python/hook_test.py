@@ -370,15 +370,20 @@ def _recorded(path):
         return 0
 
 
-def scenario_agreement(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.01 if rank == 0 else 0.02)
-    model, ddp, optimizer = make(state, rank)
+def refused_on_first_step(ddp, optimizer, rank, sentence, what):
+    """The first training step raises on this rank with sentence in its message."""
     try:
         train_step(ddp, optimizer, rank, 0)
     except (ValueError, RuntimeError) as e:
-        assert "rank 1 has density 0.02, rank 0 has 0.01" in str(e), str(e)
+        assert sentence in str(e), str(e)
         return "refused"
-    raise AssertionError("different densities were accepted")
+    raise AssertionError(f"{what} were accepted")
+
+
+def scenario_agreement(rank, world):
+    state = sidco_torch.State(method="sidco-e", density=0.01 if rank == 0 else 0.02)
+    model, ddp, optimizer = make(state, rank)
+    return refused_on_first_step(ddp, optimizer, rank, "rank 1 has density 0.02, rank 0 has 0.01", "different densities")
 
 
 def scenario_method_mismatch(rank, world):
@@ -443,14 +448,8 @@ def scenario_dtype_mismatch(rank, world):
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
     hook = default_hooks.fp16_compress_wrapper(sidco_torch.hook) if rank == 1 else None
     model, ddp, optimizer = make(state, rank, hook=hook)
-    try:
-        train_step(ddp, optimizer, rank, 0)
-    except (ValueError, RuntimeError) as e:
-        message = str(e)
-    else:
-        raise AssertionError("different bucket dtypes were accepted")
-    assert "rank 1 sends bucket 0 as float16, rank 0 as float32" in message, message
-    return "refused"
+    return refused_on_first_step(ddp, optimizer, rank, "rank 1 sends bucket 0 as float16, rank 0 as float32",
+                                 "different bucket dtypes")
 
 
 def scenario_path_mismatch(rank, world):
@@ -462,14 +461,8 @@ def scenario_path_mismatch(rank, world):
     if rank == 1:
         state.exchange_for = lambda world, device_type="cpu": "allgather"
     model, ddp, optimizer = make(state, rank)
-    try:
-        train_step(ddp, optimizer, rank, 0)
-    except (ValueError, RuntimeError) as e:
-        message = str(e)
-    else:
-        raise AssertionError("ranks on different exchanges were accepted")
-    assert "rank 1 sends bucket 0 by all-gather, rank 0 by reduce-scatter" in message, message
-    return "refused"
+    return refused_on_first_step(ddp, optimizer, rank, "rank 1 sends bucket 0 by all-gather, rank 0 by reduce-scatter",
+                                 "ranks on different exchanges")
 
 
 def scenario_foreign_checkpoint(rank, world):
