@@ -30,6 +30,7 @@ build() {
   if [ "${SIDCO_GPU_REUSE:-0}" = 1 ]; then
     # An existing build's binaries as they are (the CI test of this script: no second build).
     [ -f "$dir/tests/cuda/test_nccl_allreduce" ] && targets+=(tests/cuda/test_nccl_allreduce)
+    [ -f "$dir/tests/cuda/test_nccl_reduce" ] && targets+=(tests/cuda/test_nccl_reduce)
     arch=$(meson introspect "$dir" --buildoptions 2> /dev/null |
       python3 -c 'import json, sys; print(",".join(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "gpu_arch")))' ||
       echo '?')
@@ -43,6 +44,7 @@ build() {
       -Dbuildtype=release -Dnative=false "-Dgpu_arch=[$(sed "s/[^,]*/'&'/g" <<< "$arch")]" \
       > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; exit 1; }
     grep -q test_nccl_allreduce "$dir/build.ninja" && targets+=(tests/cuda/test_nccl_allreduce)
+    grep -q test_nccl_reduce "$dir/build.ninja" && targets+=(tests/cuda/test_nccl_reduce)
     echo "gpu_check: compiling ${targets[*]} for $arch (5 to 15 minutes on 2 cores)"
     ninja -C "$dir" "${targets[@]}" > "$dir.compile.log" 2>&1 || { tail -60 "$dir.compile.log"; exit 1; }
   fi
@@ -101,7 +103,7 @@ run() {
   local status=0
   echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))"
   printf '| %-22s | %-8s | %6s |\n' test result s
-  for t in test_host_device_math test_cuda_backend test_nccl_allreduce; do
+  for t in test_host_device_math test_cuda_backend test_nccl_allreduce test_nccl_reduce; do
     if [ ! -x "$folder/bin/$t" ]; then
       printf '| %-22s | %-8s | %6s |\n' "$t" "not built" -
       status=1

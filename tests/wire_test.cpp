@@ -615,3 +615,119 @@ TEST_CASE("reduce-scatter: values whose sum overflows fail the step as non-finit
                   *messages.begin());
   }
 }
+
+TEST_CASE_TEMPLATE("reduce-scatter: selected_entries gives apply_selections' update and residual, bit for bit", T, float,
+                   double) {
+  // What the NCCL transport applies on the device (the global selection's entries, the
+  // entries given back) against what the MPI and gloo transports apply on the host, on a
+  // real gradient split among 1, 2, 3 and 5 ranks, summed and averaged, over two steps (the
+  // second with regions balanced from the first's selection).
+  const auto gradient = test::load_gradient<T>("cnn_it200.npy");
+  const std::size_t size = gradient.size();
+  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5)}) {
+    for (const comm::reduction op : {comm::reduction::average, comm::reduction::sum}) {
+      const std::vector<segment> layout{{0, size}};
+      const auto plan = comm::plan_reduce<T, std::uint32_t>(layout, 0.01, 1.25, ranks);
+      auto owners = comm::regions::even(size, ranks);
+      std::vector<std::vector<T>> residuals(ranks, std::vector<T>(size, T(0)));
+      for (std::uint64_t step = 0; step < 2; ++step) {
+        const comm::wire_fields fields{3, step, 0.01, op};
+        std::vector<sparse_vector<T, std::uint32_t>> sent(ranks);
+        std::vector<std::vector<T>> inputs(ranks);
+        std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(plan.format.bytes() * ranks));
+        for (std::size_t r = 0; r < ranks; ++r) {
+          // Rank r's gradient: the real one rotated by r 997 places, on top of its residual.
+          std::vector<T> g(size);
+          for (std::size_t i = 0; i < size; ++i) g[i] = gradient[(i + r * 997 + step * 31) % size];
+          feedback::residual<T> state{std::span<T>(residuals[r])};
+          presets::top_k<> compressor;
+          compressor.compress(std::span<const T>(g), 0.01, sent[r], state);
+          for (std::size_t i = 0; i < size; ++i) inputs[r].push_back(residuals[r][i]);
+          for (std::size_t j = 0; j < sent[r].size(); ++j) inputs[r][sent[r].indices()[j]] = sent[r].values()[j];
+          comm::pack_blocks(sent[r], owners, plan, fields, std::span<T>(residuals[r]), std::span<std::byte>(blocks[r]));
+        }
+        std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(plan.format.bytes()));
+        for (std::size_t j = 0; j < ranks; ++j) {
+          std::vector<std::span<const std::byte>> received;
+          for (const auto& b : blocks) received.push_back(std::span<const std::byte>(b).subspan(j * plan.format.bytes(), plan.format.bytes()));
+          comm::owner_top_k policy;
+          comm::reduce_report report;
+          comm::select_region<T, std::uint32_t>(received, owners, j, plan, fields, policy, selections[j], report);
+        }
+        std::vector<std::uint32_t> global_host, global;
+        for (std::size_t r = 0; r < ranks; ++r) {
+          std::vector<T> dense(size, T(7)), residual_host = residuals[r], residual_device = residuals[r];
+          comm::reduce_report host_report, device_report;
+          comm::apply_selections<T, std::uint32_t>(views_of(selections), owners, plan, sent[r],
+                                                   std::span<T>(residual_host), std::span<T>(dense), global_host,
+                                                   host_report);
+          std::vector<T> applied;
+          comm::selected_entries<T, std::uint32_t>(views_of(selections), owners, plan, sent[r],
+                                                   [&](std::uint32_t i, T v) { residual_device[i] = v; }, global,
+                                                   applied, device_report);
+          REQUIRE(global == global_host);
+          REQUIRE(applied.size() == global.size());
+          std::vector<T> written(size, T(0));
+          for (std::size_t j = 0; j < global.size(); ++j) written[global[j]] = applied[j];
+          REQUIRE(std::memcmp(written.data(), dense.data(), size * sizeof(T)) == 0);
+          REQUIRE(std::memcmp(residual_device.data(), residual_host.data(), size * sizeof(T)) == 0);
+          CHECK(device_report.returned == host_report.returned);
+          CHECK(device_report.selected == host_report.selected);
+          CHECK(device_report.union_size == host_report.union_size);
+          // Conservation, per rank and bitwise: what is left plus what was applied of this
+          // rank's own entries is the compressor's input.
+          const auto kept = sent[r].indices();  // what the blocks held, ascending
+          std::size_t unconserved = 0;
+          for (std::size_t i = 0; i < size; ++i) {
+            const bool applied_here = std::binary_search(kept.begin(), kept.end(), std::uint32_t(i)) &&
+                                      std::binary_search(global.begin(), global.end(), std::uint32_t(i));
+            unconserved += applied_here ? residual_device[i] != T(0)
+                                        : std::memcmp(&residual_device[i], &inputs[r][i], sizeof(T)) != 0;
+          }
+          REQUIRE(unconserved == 0);
+          residuals[r] = residual_device;
+        }
+        owners = comm::regions::balanced<std::uint32_t>(global, size, ranks);
+      }
+    }
+  }
+}
+
+TEST_CASE("reduce-scatter: selected_entries refuses what apply_selections refuses, giving back every entry sent") {
+  constexpr std::size_t ranks = 3;
+  const std::vector<segment> layout{{0, n}};
+  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
+  const auto owners = comm::regions::even(n, ranks);
+  const comm::wire_fields fields{9, 4, delta, comm::reduction::average};
+  sparse_vector<float, std::uint32_t> sent(n);
+  for (std::uint32_t i = 5; i < n; i += 97) sent.push_back(i, 0.25f + float(i));
+  std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(plan.format.bytes()));
+  for (std::size_t j = 0; j < ranks; ++j) {
+    sparse_vector<float, std::uint32_t> none(n);
+    comm::pack(none, 0, fields, plan.format, selections[j]);
+  }
+  comm::pack_failure<float, std::uint32_t>(std::runtime_error("owner out of memory"), n, fields, plan.format, selections[1]);
+  std::vector<float> dense(n), residual_host(n, 0.f), residual_device(n, 0.f), applied;
+  std::vector<std::uint32_t> global;
+  comm::reduce_report report;
+  std::string host_message, device_message;
+  try {
+    comm::apply_selections<float, std::uint32_t>(views_of(selections), owners, plan, sent, std::span<float>(residual_host),
+                                                 std::span<float>(dense), global, report);
+  } catch (const sidco::runtime_error& e) {
+    host_message = e.what();
+  }
+  try {
+    comm::selected_entries<float, std::uint32_t>(views_of(selections), owners, plan, sent,
+                                                 [&](std::uint32_t i, float v) { residual_device[i] = v; }, global,
+                                                 applied, report);
+  } catch (const sidco::runtime_error& e) {
+    device_message = e.what();
+  }
+  CHECK_MESSAGE(host_message.find("rank 1 failed: owner out of memory") != std::string::npos, host_message);
+  CHECK(device_message == host_message);
+  CHECK(report.returned == sent.size());
+  CHECK(residual_device == residual_host);
+  CHECK(global.empty());
+  CHECK(applied.empty());
+}

@@ -9,7 +9,7 @@ folder=$(mktemp -d)/gpu-check
 trap 'rm -rf "$(dirname "$folder")"' EXIT
 SIDCO_GPU_BUILD=$build_root SIDCO_GPU_REUSE=1 "$source_root/scripts/gpu_check.sh" build "$folder"
 fail() { echo "gpu_check_test: $*"; exit 1; }
-for f in bin/test_host_device_math bin/test_cuda_backend bin/sidco-cuda-bench lib/libbenchmark.so.1debian \
+for f in bin/test_host_device_math bin/test_cuda_backend bin/test_nccl_reduce bin/sidco-cuda-bench lib/libbenchmark.so.1debian \
          lib/libsidco_native_backtrace.so include/boost/math/special_functions/gamma.hpp commit arch; do
   [ -s "$folder/$f" ] || fail "$f missing from the folder"
 done

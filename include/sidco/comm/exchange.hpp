@@ -20,6 +20,7 @@
 #include "sidco/comm/capacity.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/comm/mpi_support.hpp"
+#include "sidco/comm/options.hpp"
 #include "sidco/comm/setup.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
@@ -27,12 +28,6 @@
 #include "sidco/core/sparse_vector.hpp"
 
 namespace sidco::comm {
-
-struct exchange_options {
-  double slack = 1.25;                 // capacity: ceil(slack k) entries per segment
-  reduction op = reduction::average;
-  std::uint32_t tag = 0;               // names the tensor in errors and payloads
-};
 
 /// One tensor's (or one buffer of tensors') exchange, reused every step: its capacity,
 /// payload and receive buffers are allocated once.

@@ -16,15 +16,10 @@
 // threw) travels in the header exchange, so every rank throws the same sidco::error. A
 // runtime failure after it (a CUDA or NCCL call, buffer growth, an asynchronous NCCL error
 // such as a peer that died, or no progress within the timeout: 10 minutes unless given,
-// comm::default_collective_timeout) aborts the communicator (ncclCommAbort) so that the
-// other ranks' collectives fail instead of waiting, and throws sidco::runtime_error. Host
-// waits poll the stream and ncclCommGetAsyncError (comm/collective_wait.hpp) before any
-// copy to the host, and host copies go through page-locked memory: nothing blocks where a
-// stuck collective would keep it (a copy into pageable memory waits for the whole stream).
-// Note that ncclCommAbort on one rank does not fail its peers' collectives over NVLink or
-// shared memory: a peer escapes through its own timeout. After an abort the communicator is gone
-// (do not use or destroy it): every rank must create a new communicator and a new
-// allreducer; this allreducer refuses further calls.
+// comm::default_collective_timeout) aborts the communicator (comm/nccl_link.cuh) so that
+// the other ranks' collectives fail instead of waiting, and throws sidco::runtime_error.
+// After an abort the communicator is gone (do not use or destroy it): every rank must
+// create a new communicator and a new allreducer; this allreducer refuses further calls.
 //
 // Streams: the allreducer's work runs on its stream. The sparse vector given to it may have
 // been written on another (a compressor's backend stream): its buffers name that stream,
@@ -41,20 +36,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <exception>
-#include <span>
-#include <string>
-#include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "sidco/backend/cuda/check.cuh"
-#include "sidco/backend/cuda/half.cuh"
 #include "sidco/backend/cuda/scatter_add.cuh"
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/comm/collective_wait.hpp"
 #include "sidco/comm/header.hpp"
+#include "sidco/comm/nccl_link.cuh"
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -63,22 +53,6 @@
 namespace sidco::comm {
 
 namespace nccl_detail {
-
-inline void check(ncclResult_t status, const char* call) {
-  if (status != ncclSuccess)
-    sidco::detail::fail_at_run_time("NCCL: ", call, " failed: ", ncclGetErrorString(status));
-}
-
-template <class T>
-ncclDataType_t type() {
-  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-  else if constexpr (std::is_same_v<T, __half>) return ncclFloat16;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return ncclUint32;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
-  else static_assert(sizeof(T) == 0, "nccl_allreducer: no NCCL type for this element type");
-}
 
 // In T's accumulator (double for double, not float), as the MPI reducer scales in T.
 template <class T>
@@ -89,8 +63,6 @@ __global__ void scale_values(T* values, std::size_t count, typename float_traits
 }
 
 }  // namespace nccl_detail
-
-#define SIDCO_NCCL(call) ::sidco::comm::nccl_detail::check((call), #call)
 
 /// One per tensor and communicator: keeps its device buffers, so steady training allocates
 /// only on its first steps. Every rank calls allreduce (or, when its compress threw,
@@ -104,20 +76,17 @@ class nccl_allreducer {
   /// aborted (zero: no limit; asynchronous NCCL errors abort it either way).
   nccl_allreducer(ncclComm_t comm, cudaStream_t stream = nullptr,
                   std::chrono::milliseconds timeout = default_collective_timeout)
-      : comm_(comm), stream_(stream), timeout_(timeout) {
+      : link_(comm, stream, timeout, "sparse_allreduce"),
+        comm_(link_.comm()),
+        stream_(link_.stream()),
+        ranks_(link_.ranks()),
+        rank_(link_.rank()) {
     for (auto* buffer : {&send_header_, &header_bytes_}) buffer->use_stream(stream_);
     send_indices_.use_stream(stream_), padded_indices_.use_stream(stream_);
     send_values_.use_stream(stream_), padded_values_.use_stream(stream_), largest_.use_stream(stream_);
-    SIDCO_NCCL(ncclCommCount(comm_, &ranks_));
-    SIDCO_NCCL(ncclCommUserRank(comm_, &rank_));
-    SIDCO_CUDA(cudaEventCreateWithFlags(&written_, cudaEventDisableTiming));
   }
   nccl_allreducer(const nccl_allreducer&) = delete;
   nccl_allreducer& operator=(const nccl_allreducer&) = delete;
-  ~nccl_allreducer() {
-    cudaEventDestroy(written_);
-    if (pinned_) cudaFreeHost(pinned_);
-  }
 
   int ranks() const { return ranks_; }
   int rank() const { return rank_; }
@@ -126,7 +95,7 @@ class nccl_allreducer {
   /// vectors. Returns once the result is complete on the stream.
   allreduce_report allreduce(const sparse_vector<T, Index, memory::device>& mine, double delta, memory::device::view<T> dense,
                              reduction op = reduction::average) {
-    order_after_writer(mine);
+    link_.order_after_writer(mine);
     exchange_headers(mine.dense_size(), mine.size(), delta, op,
                      dense.size() == mine.dense_size() ? detail::rank_status::ok : detail::rank_status::dense_mismatch, "");
     return aborting_on_failure([&] { return reduce(mine, dense, op); });
@@ -144,7 +113,7 @@ class nccl_allreducer {
   }
 
   /// Whether a runtime failure aborted the communicator (see the top of this file).
-  bool aborted() const { return aborted_; }
+  bool aborted() const { return link_.aborted(); }
 
  private:
   using launch = backend::cuda_detail::default_tuning;
@@ -184,7 +153,7 @@ class nccl_allreducer {
                                    cudaMemcpyDeviceToDevice, stream_));
       }
       if (largest > 0) {
-        group open_group;
+        nccl_detail::link::group open_group;
         SIDCO_NCCL(ncclAllGather(send_indices_.data(), padded_indices_.data(), largest, nccl_detail::type<Index>(), comm_, stream_));
         SIDCO_NCCL(ncclAllGather(send_values_.data(), padded_values_.data(), largest, nccl_detail::type<T>(), comm_, stream_));
         open_group.close();
@@ -205,107 +174,19 @@ class nccl_allreducer {
     return report;
   }
 
-  // ncclGroupStart until close(), or ncclGroupEnd on the way out of a throw: no group is
-  // left open whatever fails inside it.
-  class group {
-   public:
-    group() { SIDCO_NCCL(ncclGroupStart()); }
-    group(const group&) = delete;
-    group& operator=(const group&) = delete;
-    ~group() {
-      if (open_) ncclGroupEnd();
-    }
-    void close() {
-      open_ = false;
-      SIDCO_NCCL(ncclGroupEnd());
-    }
-
-   private:
-    bool open_ = true;
-  };
-
-  // f(); a sidco::error (agreed by every rank, from the same data) passes through, any
-  // other failure aborts the communicator so that no rank waits, then throws.
   template <class F>
   auto aborting_on_failure(F&& f) {
-    try {
-      return f();
-    } catch (const sidco::error&) {
-      throw;
-    } catch (const std::exception& failure) {
-      abort_communicator();
-      sidco::detail::fail_at_run_time("sparse_allreduce: rank ", rank_, ": ", failure.what(),
-                                      "; the NCCL communicator was aborted so that no rank waits: create a new "
-                                      "communicator and allreducer on every rank");
-    }
+    return link_.aborting_on_failure(f, "create a new communicator and allreducer on every rank");
   }
-
-  void abort_communicator() noexcept {
-    if (aborted_) return;
-    aborted_ = true;
-    ncclCommAbort(comm_);
-  }
-
-  // Waits for the stream, polling NCCL's asynchronous error (a peer that died, a network
-  // failure) and the timeout instead of blocking where neither would be seen.
-  void wait() {
-    detail::poll_until_finished(
-        [this] {
-          const cudaError_t state = cudaStreamQuery(stream_);
-          if (state == cudaSuccess) return true;
-          if (state != cudaErrorNotReady) SIDCO_CUDA(state);
-          static_cast<void>(cudaGetLastError());  // not-ready is no error; clear it for later checks
-          return false;
-        },
-        [this]() -> std::string {
-          ncclResult_t async = ncclSuccess;
-          SIDCO_NCCL(ncclCommGetAsyncError(comm_, &async));
-          return async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async) : "";
-        },
-        timeout_, "NCCL");
-  }
-
-  // The stream mine's buffers were last written on (a compressor's backend stream), if
-  // another than ours: our next work waits for everything queued there so far.
-  void order_after_writer(const sparse_vector<T, Index, memory::device>& mine) {
-    cudaStream_t writer = stream_;
-    mine.for_each_buffer([&](const auto& buffer) { writer = buffer.stream(); });  // both share it
-    if (writer == stream_) return;
-    SIDCO_CUDA(cudaEventRecord(written_, writer));
-    SIDCO_CUDA(cudaStreamWaitEvent(stream_, written_, 0));
-  }
-
-  // Host copies through page-locked memory (a pageable one would block on the whole stream,
-  // collectives included, before the polling wait could run).
-  void* pinned(std::size_t bytes) {
-    if (bytes > pinned_capacity_) {
-      if (pinned_) cudaFreeHost(pinned_);
-      pinned_ = nullptr;
-      pinned_capacity_ = 0;
-      SIDCO_CUDA(cudaMallocHost(&pinned_, bytes));
-      pinned_capacity_ = bytes;
-    }
-    return pinned_;
-  }
-  void to_device(void* to, const void* from, std::size_t bytes) {
-    pinned(bytes);
-    std::memcpy(pinned_, from, bytes);
-    SIDCO_CUDA(cudaMemcpyAsync(to, pinned_, bytes, cudaMemcpyHostToDevice, stream_));
-    wait();  // the staging is reused by the next copy
-  }
-  void to_host(void* to, const void* from, std::size_t bytes) {
-    wait();  // the collectives first, polled
-    pinned(bytes);
-    SIDCO_CUDA(cudaMemcpyAsync(pinned_, from, bytes, cudaMemcpyDeviceToHost, stream_));
-    wait();
-    std::memcpy(to, pinned_, bytes);
-  }
+  void wait() { link_.wait(); }
+  void to_device(void* to, const void* from, std::size_t bytes) { link_.to_device(to, from, bytes); }
+  void to_host(void* to, const void* from, std::size_t bytes) { link_.to_host(to, from, bytes); }
 
   // Every rank's header, all-gathered first; the same error on every rank when one failed
   // or disagrees.
   void exchange_headers(std::size_t dense_size, std::size_t count, double delta, reduction op, detail::rank_status state,
                         const char* reason) {
-    if (aborted_)
+    if (link_.aborted())
       sidco::detail::fail_at_run_time("sparse_allreduce: the NCCL communicator was aborted by an earlier failure; "
                                       "create a new communicator and allreducer");
     aborting_on_failure([&] { gather_headers(dense_size, count, delta, op, state, reason); });
@@ -348,19 +229,15 @@ class nccl_allreducer {
     SIDCO_CUDA(cudaGetLastError());
   }
 
+  nccl_detail::link link_;
   ncclComm_t comm_;
   cudaStream_t stream_;
-  std::chrono::milliseconds timeout_;
-  bool aborted_ = false;
   int ranks_ = 1, rank_ = 0;
   std::vector<detail::rank_header> headers_;
   memory::device_buffer<unsigned char> send_header_, header_bytes_;
   memory::device_buffer<Index> send_indices_, padded_indices_;
   memory::device_buffer<T> send_values_, padded_values_;
   memory::device_buffer<unsigned long long> largest_;
-  void* pinned_ = nullptr;  // page-locked staging for host copies
-  std::size_t pinned_capacity_ = 0;
-  cudaEvent_t written_ = nullptr;  // recorded on the stream mine was written on
 };
 
 }  // namespace sidco::comm

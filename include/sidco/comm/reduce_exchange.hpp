@@ -162,25 +162,8 @@ class sparse_reduce_exchange {
 
   /// What a checkpoint needs to resume bit for bit: the regions and the owner policy's
   /// state (the local compressor and residual are the caller's).
-  void save_state(state_writer& out) const {
-    out.name("sparse_reduce_exchange");
-    out.word(regions_.bounds().size());
-    for (std::size_t b : regions_.bounds()) out.word(b);
-    if constexpr (requires { policy_.save_state(out); }) policy_.save_state(out);
-  }
-  void load_state(state_reader& in) {
-    in.expect("sparse_reduce_exchange");
-    const std::uint64_t count = in.word("sparse_reduce_exchange: bounds");
-    if (count != std::uint64_t(ranks_) + 1)
-      sidco::detail::fail("sparse_reduce_exchange: the state has ", count, " bounds, this exchange ", ranks_ + 1);
-    std::vector<std::size_t> bounds(count);
-    for (auto& b : bounds) b = std::size_t(in.word("sparse_reduce_exchange: bound"));
-    regions loaded = regions::from_bounds(std::move(bounds), plan_.size);
-    Policy policy = policy_;
-    if constexpr (requires { policy.load_state(in); }) policy.load_state(in);
-    regions_ = std::move(loaded);
-    policy_ = std::move(policy);
-  }
+  void save_state(state_writer& out) const { save_reduce_state(out, regions_, policy_); }
+  void load_state(state_reader& in) { load_reduce_state(in, plan_, regions_, policy_); }
 
  private:
   static void check_mpi(int status, const char* what) { mpi::check(status, "sparse_reduce_exchange", what); }

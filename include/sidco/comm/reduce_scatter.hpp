@@ -213,11 +213,11 @@ struct reduce_report {
 
 /// Round 1 on the sender: splits sent (ascending, dense size plan.size) by region into
 /// plan.ranks blocks of plan.format, each trimmed to its largest plan.capacity entries
-/// (what it removes goes into residual, when given; sent keeps what the blocks hold), and
+/// (give_back(index, value) for each one it removes; sent keeps what the blocks hold), and
 /// packs block j into blocks[j * format.bytes(), ...). Returns how many entries it trimmed.
-template <class T, class Index>
-std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
-                        const wire_fields& fields, std::span<T> residual, std::span<std::byte> blocks) {
+template <class T, class Index, class GiveBack>
+std::size_t pack_blocks_returning(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
+                                  const wire_fields& fields, GiveBack&& give_back, std::span<std::byte> blocks) {
   const std::size_t bytes = plan.format.bytes();
   if (blocks.size() != bytes * plan.ranks)
     sidco::detail::fail("reduce-scatter exchange: blocks: ", blocks.size(), " bytes, the plan takes ", bytes * plan.ranks);
@@ -242,9 +242,7 @@ std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, co
     }
     std::size_t kept = n;
     if (n > plan.capacity) {
-      kept = backend::host::keep_top_k(index + write, value + write, n, plan.capacity, [&](Index i, T v) {
-        if (!residual.empty()) residual[std::size_t(i)] = v;
-      });
+      kept = backend::host::keep_top_k(index + write, value + write, n, plan.capacity, give_back);
       trimmed += n - kept;
     }
     read += n;
@@ -259,6 +257,15 @@ std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, co
     pack(block, trimmed, fields, plan.format, blocks.subspan(j * bytes, bytes));
   }
   return trimmed;
+}
+
+/// As pack_blocks_returning, the trimmed entries written into residual (when given).
+template <class T, class Index>
+std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
+                        const wire_fields& fields, std::span<T> residual, std::span<std::byte> blocks) {
+  return pack_blocks_returning(sent, owners, plan, fields, [&](Index i, T v) {
+    if (!residual.empty()) residual[std::size_t(i)] = v;
+  }, blocks);
 }
 
 /// A failure on this rank, in every block (every owner relays it, so every rank raises it).
@@ -413,6 +420,48 @@ void select_region(std::span<const std::span<const std::byte>> blocks, const reg
   select_region<T, Index>(blocks, owners, me, plan, fields, policy, selection, report, reduced);
 }
 
+namespace detail {
+
+/// Every owner's selection agrees (agree()) and holds indices of its own region only.
+template <class T, class Index>
+void check_selections(std::span<const std::span<const std::byte>> selections, const regions& owners,
+                      const reduce_plan& plan) {
+  if (selections.size() != plan.ranks)
+    sidco::detail::fail("reduce-scatter exchange: ", selections.size(), " selections received, ", plan.ranks, " ranks");
+  agree<T, Index>(selections, plan.format);
+  for (std::size_t j = 0; j < selections.size(); ++j)
+    detail::check_region<Index>(selections[j], plan.format, owners.begin(j), owners.end(j), "owner", j);
+}
+
+/// The global selection's indices, ascending (owners' regions ascend), into global.
+template <class Index>
+void collect_global(std::span<const std::span<const std::byte>> selections, const wire_format& format,
+                    std::vector<Index>& global) {
+  global.clear();
+  for (const auto& s : selections) {
+    const wire_header h = detail::read_header(s);
+    for (std::size_t j = 0; j < h.count; ++j)
+      global.push_back(Index(detail::index_at<Index>(s.data() + format.indices_offset() + j * sizeof(Index))));
+  }
+}
+
+/// give_back(index, value) for each entry of sent whose index global (ascending) lacks;
+/// returns how many.
+template <class T, class Index, class GiveBack>
+std::size_t return_unselected(const sparse_vector<T, Index>& sent, std::span<const Index> global, GiveBack&& give_back) {
+  std::size_t g = 0, returned = 0;
+  for (std::size_t j = 0; j < sent.size(); ++j) {
+    const Index i = sent.indices()[j];
+    while (g < global.size() && global[g] < i) ++g;
+    if (g < global.size() && global[g] == i) continue;
+    give_back(i, sent.values()[j]);
+    ++returned;
+  }
+  return returned;
+}
+
+}  // namespace detail
+
 /// Round 3 on every rank: dense (overwritten) = every owner's selection, divided by P for an
 /// average (the same bits on every rank); each entry of sent (what this rank's blocks held)
 /// left out of the global selection goes back into residual. On any problem it throws
@@ -424,13 +473,9 @@ void apply_selections(std::span<const std::span<const std::byte>> selections, co
                       const reduce_plan& plan, const sparse_vector<T, Index>& sent, std::span<T> residual,
                       std::span<T> dense, std::vector<Index>& global, reduce_report& report) {
   try {
-    if (selections.size() != plan.ranks)
-      sidco::detail::fail("reduce-scatter exchange: ", selections.size(), " selections received, ", plan.ranks, " ranks");
     if (dense.size() != plan.size)
       sidco::detail::fail("reduce-scatter exchange: dense: size ", dense.size(), " is not ", plan.size);
-    agree<T, Index>(selections, plan.format);
-    for (std::size_t j = 0; j < selections.size(); ++j)
-      detail::check_region<Index>(selections[j], plan.format, owners.begin(j), owners.end(j), "owner", j);
+    detail::check_selections<T, Index>(selections, owners, plan);
     const exchange_report decoded = decode<T, Index>(selections, plan.format, dense);
     report.selected = decoded.entries;
     report.union_size = decoded.entries + decoded.trimmed;
@@ -439,23 +484,77 @@ void apply_selections(std::span<const std::span<const std::byte>> selections, co
     report.returned = sent.size();
     throw;
   }
-  // The global selection, ascending (owners' regions ascend).
+  detail::collect_global(selections, plan.format, global);
+  // What this rank sent that no owner kept waits in its residual.
+  report.returned = detail::return_unselected(sent, std::span<const Index>(global), [&](Index i, T v) {
+    if (!residual.empty()) residual[std::size_t(i)] = v;
+  });
+}
+
+/// Round 3 for a caller that writes the update itself (into device memory, say): global =
+/// the global selection's indices (ascending) and applied = the values apply_selections
+/// would write there (the same bits: each index is one owner's, so decode's rank-order sum
+/// is that owner's value, from 0, divided by P for an average); give_back(index, value) for
+/// each entry of sent the selection left out. On any problem it throws as apply_selections
+/// does, having given back every entry of sent and filled neither vector.
+template <class T, class Index, class GiveBack>
+void selected_entries(std::span<const std::span<const std::byte>> selections, const regions& owners,
+                      const reduce_plan& plan, const sparse_vector<T, Index>& sent, GiveBack&& give_back,
+                      std::vector<Index>& global, std::vector<T>& applied, reduce_report& report) {
   global.clear();
+  applied.clear();
+  try {
+    detail::check_selections<T, Index>(selections, owners, plan);
+  } catch (...) {
+    for (std::size_t j = 0; j < sent.size(); ++j) give_back(sent.indices()[j], sent.values()[j]);
+    report.returned = sent.size();
+    throw;
+  }
+  using A = typename float_traits<T>::accumulator;
+  const bool average = detail::read_header(selections[0]).op == std::uint8_t(reduction::average);
+  const A divisor = A(double(plan.ranks));
+  report.selected = report.union_size = 0;
   for (const auto& s : selections) {
     const wire_header h = detail::read_header(s);
-    for (std::size_t j = 0; j < h.count; ++j)
-      global.push_back(Index(detail::index_at<Index>(s.data() + plan.format.indices_offset() + j * sizeof(Index))));
+    report.selected += std::size_t(h.count);
+    report.union_size += std::size_t(h.count + h.trimmed);
+    for (std::size_t j = 0; j < h.count; ++j) {
+      T v;
+      std::memcpy(&v, s.data() + plan.format.values_offset() + j * sizeof(T), sizeof v);
+      A sum = A(A(0) + A(v));
+      if (average) sum = A(sum / divisor);  // finite: agree() checked v, and |v| / P <= |v|
+      applied.push_back(T(sum));
+    }
   }
-  // What this rank sent that no owner kept waits in its residual.
-  std::size_t g = 0;
-  report.returned = 0;
-  for (std::size_t j = 0; j < sent.size(); ++j) {
-    const Index i = sent.indices()[j];
-    while (g < global.size() && global[g] < i) ++g;
-    if (g < global.size() && global[g] == i) continue;
-    if (!residual.empty()) residual[std::size_t(i)] = sent.values()[j];
-    ++report.returned;
-  }
+  detail::collect_global(selections, plan.format, global);
+  report.returned = detail::return_unselected(sent, std::span<const Index>(global), give_back);
+}
+
+/// What a reduce-scatter exchange checkpoints to resume bit for bit, whatever carries it:
+/// its regions and the owner policy's state (the local compressor and residual are the
+/// caller's).
+template <class Policy>
+void save_reduce_state(state_writer& out, const regions& owners, const Policy& policy) {
+  out.name("sparse_reduce_exchange");
+  out.word(owners.bounds().size());
+  for (std::size_t b : owners.bounds()) out.word(b);
+  if constexpr (requires { policy.save_state(out); }) policy.save_state(out);
+}
+
+/// Reads what save_reduce_state wrote; owners and policy change only when all of it reads.
+template <class Policy>
+void load_reduce_state(state_reader& in, const reduce_plan& plan, regions& owners, Policy& policy) {
+  in.expect("sparse_reduce_exchange");
+  const std::uint64_t count = in.word("sparse_reduce_exchange: bounds");
+  if (count != std::uint64_t(plan.ranks) + 1)
+    sidco::detail::fail("sparse_reduce_exchange: the state has ", count, " bounds, this exchange ", plan.ranks + 1);
+  std::vector<std::size_t> bounds(count);
+  for (auto& b : bounds) b = std::size_t(in.word("sparse_reduce_exchange: bound"));
+  regions loaded = regions::from_bounds(std::move(bounds), plan.size);
+  Policy loaded_policy = policy;
+  if constexpr (requires { loaded_policy.load_state(in); }) loaded_policy.load_state(in);
+  owners = std::move(loaded);
+  policy = std::move(loaded_policy);
 }
 
 }  // namespace sidco::comm

@@ -1,0 +1,210 @@
+// The reduce-scatter exchange over NCCL, in one process over every visible GPU (one rank
+// each; NCCL takes one rank per GPU, so one GPU gives one rank): on a real gradient, every
+// rank's dense update and residual have the bits the host transports' code gives
+// (pack_blocks, select_region, apply_selections, as MPI and gloo run them), and every
+// rank's update is rank 0's; a rank whose compress threw, or whose arguments are wrong, makes
+// every rank throw the same error with its entries back in its residual; the default owner
+// (SIDCo) runs; the state resumes. Without a GPU the program exits 77 (skipped).
+#include <sidco/comm/nccl_reduce.cuh>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <sidco/sidco.hpp>
+
+#include "../support.hpp"
+#include "device.hpp"
+
+using namespace sidco;
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::printf("FAIL %s\n", what.c_str());
+    ++failures;
+  }
+}
+
+// Runs f(rank) on one host thread per rank (NCCL calls of one collective must overlap).
+void on_every_rank(int ranks, const std::function<void(int)>& f) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back([&, r] {
+    cudaSetDevice(r);
+    f(r);
+  });
+  for (auto& t : threads) t.join();
+}
+
+constexpr double delta = 0.01;
+
+// Rank r's step: the real gradient rotated by r 997 places, compressed on the host by exact
+// Top-k with error feedback from a zero residual.
+struct rank_input {
+  sparse_vector<float> sent;
+  std::vector<float> residual;
+};
+
+rank_input input_of(const std::vector<float>& gradient, int r) {
+  rank_input in;
+  const std::size_t n = gradient.size();
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = gradient[(i + std::size_t(r) * 997) % n];
+  in.residual.assign(n, 0.f);
+  feedback::residual<float> state(std::span<float>(in.residual));
+  presets::top_k<> compressor;
+  compressor.compress(std::span<const float>(g), delta, in.sent, state);
+  return in;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+int main() {
+  if (!sidco::test::cuda_device_present()) {
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  const int ranks = sidco::test::cuda_device_count();
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(ranks));
+  std::vector<int> ids(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) ids[std::size_t(r)] = r;
+  if (ncclCommInitAll(comms.data(), ranks, ids.data()) != ncclSuccess) {
+    std::printf("FAIL ncclCommInitAll\n");
+    return 1;
+  }
+  std::printf("%d rank(s), one per GPU\n", ranks);
+  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
+  const std::size_t n = gradient.size();
+  std::vector<rank_input> inputs;
+  for (int r = 0; r < ranks; ++r) inputs.push_back(input_of(gradient, r));
+
+  // The host transports' result, every rank simulated here.
+  const std::vector<segment> layout{{0, n}};
+  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, std::size_t(ranks));
+  const auto owners = comm::regions::even(n, std::size_t(ranks));
+  const comm::wire_fields fields{0, 0, delta, comm::reduction::average};
+  const std::size_t bytes = plan.format.bytes();
+  std::vector<sparse_vector<float>> kept(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<float>> residual_ref(static_cast<std::size_t>(ranks)), dense_ref(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<std::byte>> blocks(static_cast<std::size_t>(ranks), std::vector<std::byte>(bytes * std::size_t(ranks)));
+  for (int r = 0; r < ranks; ++r) {
+    kept[std::size_t(r)] = inputs[std::size_t(r)].sent;
+    residual_ref[std::size_t(r)] = inputs[std::size_t(r)].residual;
+    comm::pack_blocks(kept[std::size_t(r)], owners, plan, fields, std::span<float>(residual_ref[std::size_t(r)]),
+                      std::span<std::byte>(blocks[std::size_t(r)]));
+  }
+  std::vector<std::vector<std::byte>> selections(static_cast<std::size_t>(ranks), std::vector<std::byte>(bytes));
+  for (int j = 0; j < ranks; ++j) {
+    std::vector<std::span<const std::byte>> received;
+    for (const auto& b : blocks) received.push_back(std::span<const std::byte>(b).subspan(std::size_t(j) * bytes, bytes));
+    comm::owner_top_k policy;
+    comm::reduce_report report;
+    comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
+                                              selections[std::size_t(j)], report);
+  }
+  const std::vector<std::span<const std::byte>> selection_views(selections.begin(), selections.end());
+  for (int r = 0; r < ranks; ++r) {
+    dense_ref[std::size_t(r)].assign(n, 0.f);
+    std::vector<std::uint32_t> global;
+    comm::reduce_report report;
+    comm::apply_selections<float, std::uint32_t>(selection_views, owners, plan, kept[std::size_t(r)],
+                                                 std::span<float>(residual_ref[std::size_t(r)]),
+                                                 std::span<float>(dense_ref[std::size_t(r)]), global, report);
+  }
+
+  // The same step over NCCL, then a failing rank, wrong arguments, the default owner, and a
+  // resumed exchange, each on every rank.
+  std::vector<std::string> failed(static_cast<std::size_t>(ranks)), refused(static_cast<std::size_t>(ranks));
+  on_every_rank(ranks, [&](int r) {
+    const rank_input& in = inputs[std::size_t(r)];
+    auto upload = [&](sparse_vector<float, std::uint32_t, memory::device>& sent, memory::device_buffer<float>& residual) {
+      sent.clear(n);
+      sent.resize(in.sent.size());
+      memory::device::copy_from_host(in.sent.indices(), sent.mutable_indices());
+      memory::device::copy_from_host(in.sent.values(), sent.mutable_values());
+      residual.resize(n);
+      memory::device::copy_from_host(std::span<const float>(in.residual), residual.view());
+    };
+    auto download = [&](const memory::device_buffer<float>& buffer) {
+      std::vector<float> out(buffer.size());
+      memory::device::copy_to_host(buffer.view(), std::span<float>(out));
+      return out;
+    };
+    sparse_vector<float, std::uint32_t, memory::device> sent;
+    memory::device_buffer<float> residual, dense(n);
+    const std::string who = "rank " + std::to_string(r) + ": ";
+
+    comm::nccl_reduce_exchange<float, std::uint32_t, comm::owner_top_k> exchange(comms[std::size_t(r)], n, delta);
+    upload(sent, residual);
+    const comm::reduce_report report = exchange.exchange(sent, residual.view(), dense.view(), 0);
+    expect(same_bits(download(dense), dense_ref[std::size_t(r)]), who + "dense has the host transports' bits");
+    expect(same_bits(download(residual), residual_ref[std::size_t(r)]), who + "residual has the host transports' bits");
+    expect(report.ranks == ranks && report.target == plan.target, who + "report");
+
+    // Rank 0's compress threw: every rank raises it, each with its entries back.
+    upload(sent, residual);
+    try {
+      if (r == 0) exchange.exchange_failed(std::runtime_error("gradient contains NaN"), 1);
+      exchange.exchange(sent, residual.view(), dense.view(), 1);
+    } catch (const sidco::runtime_error& e) {
+      failed[std::size_t(r)] = e.what();
+    }
+    if (r != 0) {
+      std::vector<float> restored = in.residual;
+      for (std::size_t j = 0; j < in.sent.size(); ++j) restored[in.sent.indices()[j]] = in.sent.values()[j];
+      expect(same_bits(download(residual), restored), who + "every entry sent is back in the residual");
+    }
+
+    // The last rank's dense vector is too short: every rank raises it, naming that rank.
+    upload(sent, residual);
+    memory::device_buffer<float> short_dense(n - 1);
+    try {
+      exchange.exchange(sent, residual.view(), r == ranks - 1 ? short_dense.view() : dense.view(), 2);
+    } catch (const sidco::runtime_error& e) {
+      refused[std::size_t(r)] = e.what();
+    }
+
+    // The default owner (SIDCo-E on the reduced values) over two steps, then resumed.
+    comm::nccl_reduce_exchange<float> sidco_exchange(comms[std::size_t(r)], n, delta);
+    std::vector<float> second;
+    for (std::uint64_t step = 0; step < 2; ++step) {
+      upload(sent, residual);
+      const auto r2 = sidco_exchange.exchange(sent, residual.view(), dense.view(), step);
+      expect(r2.selected > 0 && r2.selected <= std::size_t(ranks) * plan.capacity, who + "SIDCo owner selects");
+      if (step == 0) {
+        state_writer out;
+        sidco_exchange.save_state(out);
+        comm::nccl_reduce_exchange<float> resumed(comms[std::size_t(r)], n, delta);
+        state_reader reader(out.bytes());
+        resumed.load_state(reader);
+        expect(resumed.current_regions().bounds() == sidco_exchange.current_regions().bounds(), who + "regions resume");
+      }
+    }
+  });
+  for (int r = 0; r < ranks; ++r) {
+    expect(failed[std::size_t(r)].find("rank 0 failed: gradient contains NaN") != std::string::npos,
+           "rank " + std::to_string(r) + " names the failing rank: '" + failed[std::size_t(r)] + "'");
+    expect(refused[std::size_t(r)] == refused[0] &&
+               refused[std::size_t(r)].find("rank " + std::to_string(ranks - 1) + " failed: sparse_reduce_exchange: dense") !=
+                   std::string::npos,
+           "rank " + std::to_string(r) + " names the rank with a short dense vector: '" + refused[std::size_t(r)] + "'");
+  }
+  for (auto comm : comms) ncclCommDestroy(comm);
+  std::printf("%s\n", failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
