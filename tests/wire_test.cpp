@@ -731,3 +731,28 @@ TEST_CASE("reduce-scatter: selected_entries refuses what apply_selections refuse
   CHECK(global.empty());
   CHECK(applied.empty());
 }
+
+TEST_CASE("reduce-scatter: give_back_trimmed returns exactly what pack_blocks wrote into the residual") {
+  // Slack 1 at 5 ranks with even regions: the real gradient's selection overflows some
+  // blocks, so entries are trimmed; a caller that cannot hand pack_blocks its residual (the
+  // NCCL transport's is on the device) recovers the same writes from before and after.
+  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
+  const std::size_t size = gradient.size(), ranks = 5;
+  const auto plan = comm::plan_reduce<float, std::uint32_t>(std::vector<segment>{{0, size}}, 0.01, 1.0, ranks);
+  const auto owners = comm::regions::even(size, ranks);
+  std::vector<float> residual(size, 0.f);
+  feedback::residual<float> state{std::span<float>(residual)};
+  sparse_vector<float, std::uint32_t> sent;
+  presets::top_k<> compressor;
+  compressor.compress(std::span<const float>(gradient), 0.01, sent, state);
+  const sparse_vector<float, std::uint32_t> before = sent;
+  std::vector<float> given = residual;
+  std::vector<std::byte> blocks(plan.format.bytes() * ranks);
+  const std::size_t trimmed =
+      comm::pack_blocks(sent, owners, plan, comm::wire_fields{}, std::span<float>(residual), std::span<std::byte>(blocks));
+  REQUIRE(trimmed > 0);
+  const std::size_t returned =
+      comm::give_back_trimmed(before, sent, [&](std::uint32_t i, float v) { given[i] = v; });
+  CHECK(returned == trimmed);
+  CHECK(std::memcmp(given.data(), residual.data(), size * sizeof(float)) == 0);
+}

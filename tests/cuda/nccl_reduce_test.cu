@@ -12,11 +12,9 @@
 
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -24,28 +22,14 @@
 
 #include "../support.hpp"
 #include "device.hpp"
+#include "ranks.hpp"
 
 using namespace sidco;
 
+using test::expect;
+using test::on_every_rank;
+
 namespace {
-
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::printf("FAIL %s\n", what.c_str());
-    ++failures;
-  }
-}
-
-// Runs f(rank) on one host thread per rank (NCCL calls of one collective must overlap).
-void on_every_rank(int ranks, const std::function<void(int)>& f) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) threads.emplace_back([&, r] {
-    cudaSetDevice(r);
-    f(r);
-  });
-  for (auto& t : threads) t.join();
-}
 
 constexpr double delta = 0.01;
 
@@ -80,13 +64,8 @@ int main() {
     return 77;
   }
   const int ranks = sidco::test::cuda_device_count();
-  std::vector<ncclComm_t> comms(static_cast<std::size_t>(ranks));
-  std::vector<int> ids(static_cast<std::size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) ids[std::size_t(r)] = r;
-  if (ncclCommInitAll(comms.data(), ranks, ids.data()) != ncclSuccess) {
-    std::printf("FAIL ncclCommInitAll\n");
-    return 1;
-  }
+  std::vector<ncclComm_t> comms = test::one_rank_per_gpu(ranks);
+  if (comms.empty()) return 1;
   std::printf("%d rank(s), one per GPU\n", ranks);
   const auto gradient = test::load_gradient<float>("cnn_it200.npy");
   const std::size_t n = gradient.size();
@@ -205,6 +184,6 @@ int main() {
            "rank " + std::to_string(r) + " names the rank with a short dense vector: '" + refused[std::size_t(r)] + "'");
   }
   for (auto comm : comms) ncclCommDestroy(comm);
-  std::printf("%s\n", failures ? "FAILED" : "ok");
-  return failures ? 1 : 0;
+  std::printf("%s\n", test::failures ? "FAILED" : "ok");
+  return test::failures ? 1 : 0;
 }

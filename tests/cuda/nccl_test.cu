@@ -23,30 +23,12 @@
 #include <sidco/sidco.hpp>
 
 #include "device.hpp"
+#include "ranks.hpp"
 
 using namespace sidco;
 
-namespace {
-
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::printf("FAIL %s\n", what.c_str());
-    ++failures;
-  }
-}
-
-// Runs f(rank) on one host thread per rank (NCCL calls of one collective must overlap).
-void on_every_rank(int ranks, const std::function<void(int)>& f) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) threads.emplace_back([&, r] {
-    cudaSetDevice(r);
-    f(r);
-  });
-  for (auto& t : threads) t.join();
-}
-
-}  // namespace
+using test::expect;
+using test::on_every_rank;
 
 int main() {
   if (!sidco::test::cuda_device_present()) {
@@ -54,13 +36,8 @@ int main() {
     return 77;
   }
   const int ranks = sidco::test::cuda_device_count();
-  std::vector<ncclComm_t> comms(static_cast<std::size_t>(ranks));
-  std::vector<int> ids(static_cast<std::size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) ids[std::size_t(r)] = r;
-  if (ncclCommInitAll(comms.data(), ranks, ids.data()) != ncclSuccess) {
-    std::printf("FAIL ncclCommInitAll\n");
-    return 1;
-  }
+  std::vector<ncclComm_t> comms = test::one_rank_per_gpu(ranks);
+  if (comms.empty()) return 1;
   std::printf("%d rank(s), one per GPU%s\n", ranks, ranks < 2 ? " (multi-rank checks skipped: one GPU)" : "");
 
   const std::size_t n = 100000;
@@ -200,6 +177,6 @@ int main() {
             "rank " + std::to_string(r) + " names the failing rank: '" + messages[std::size_t(r)] + "'");
   }
   for (auto c : comms) ncclCommDestroy(c);
-  std::printf("%s\n", failures ? "FAILED" : "NCCL sparse all-reduce checks passed");
-  return failures ? 1 : 0;
+  std::printf("%s\n", test::failures ? "FAILED" : "NCCL sparse all-reduce checks passed");
+  return test::failures ? 1 : 0;
 }

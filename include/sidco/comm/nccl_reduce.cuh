@@ -156,22 +156,20 @@ class nccl_reduce_exchange {
     begin(step);
     bool copied = false;
     try {
-      if (!residual.empty() && residual.size() != plan_.size)
-        sidco::detail::fail("sparse_reduce_exchange: residual: size ", residual.size(), " is not the exchange's ",
-                            plan_.size);
       if (dense.size() != plan_.size)
         sidco::detail::fail("sparse_reduce_exchange: dense: size ", dense.size(), " is not the exchange's ", plan_.size);
-      if (sent.dense_size() != plan_.size)
-        sidco::detail::fail("sparse_reduce_exchange: the sparse vector's dense size ", sent.dense_size(),
-                            " is not the exchange's ", plan_.size);
+      check_step_sizes(plan_, residual.size(), sent.dense_size());
       copy_to_host(sent);
+      untrimmed_ = sent_;
       copied = true;
-      report_.trimmed = pack_blocks_returning(sent_, regions_, plan_, fields(step), give_back(),
-                                              std::span<std::byte>(blocks_));
+      report_.trimmed = pack_blocks(sent_, regions_, plan_, fields(step), std::span<H>{}, std::span<std::byte>(blocks_));
       report_.sent = sent_.size();
+      give_back_trimmed(untrimmed_, sent_, give_back());
     } catch (const std::exception& e) {
+      returned_indices_.clear();  // whatever was given back, all of it now
+      returned_values_.clear();
       if (copied)
-        for (std::size_t j = 0; j < sent_.size(); ++j) give_back()(sent_.indices()[j], sent_.values()[j]);
+        for (std::size_t j = 0; j < untrimmed_.size(); ++j) give_back()(untrimmed_.indices()[j], untrimmed_.values()[j]);
       sent_.clear(plan_.size);
       pack_failed_blocks<H, Index>(e, plan_, fields(step), std::span<std::byte>(blocks_));
     }
@@ -322,6 +320,7 @@ class nccl_reduce_exchange {
   memory::device_buffer<unsigned char> blocks_device_, received_device_, selection_device_, selections_device_,
       setups_device_;
   sparse_vector<H, Index> sent_;  // this step's sent entries, on the host (as its blocks hold them)
+  sparse_vector<H, Index> untrimmed_;  // and before pack_blocks trimmed them
   std::vector<Index> global_, returned_indices_;
   std::vector<H> applied_, returned_values_;
   memory::device_buffer<Index> entry_indices_;

@@ -106,12 +106,7 @@ class sparse_reduce_exchange {
     residual_ = residual;
     bool checked = false;
     try {
-      if (!residual.empty() && residual.size() != plan_.size)
-        sidco::detail::fail("sparse_reduce_exchange: residual: size ", residual.size(), " is not the exchange's ",
-                            plan_.size);
-      if (sent.dense_size() != plan_.size)
-        sidco::detail::fail("sparse_reduce_exchange: the sparse vector's dense size ", sent.dense_size(),
-                            " is not the exchange's ", plan_.size);
+      check_step_sizes(plan_, residual.size(), sent.dense_size());
       checked = true;
       report_.trimmed = pack_blocks(sent, regions_, plan_, fields(step), residual, std::span<std::byte>(blocks_));
       report_.sent = sent.size();

@@ -211,13 +211,23 @@ struct reduce_report {
   int ranks = 0;
 };
 
+/// A step's argument checks, whatever buffers hold them: a residual of the exchange's size
+/// (or none), and a sparse vector of its dense size.
+inline void check_step_sizes(const reduce_plan& plan, std::size_t residual_size, std::size_t sent_dense_size) {
+  if (residual_size != 0 && residual_size != plan.size)
+    sidco::detail::fail("sparse_reduce_exchange: residual: size ", residual_size, " is not the exchange's ", plan.size);
+  if (sent_dense_size != plan.size)
+    sidco::detail::fail("sparse_reduce_exchange: the sparse vector's dense size ", sent_dense_size,
+                        " is not the exchange's ", plan.size);
+}
+
 /// Round 1 on the sender: splits sent (ascending, dense size plan.size) by region into
 /// plan.ranks blocks of plan.format, each trimmed to its largest plan.capacity entries
-/// (give_back(index, value) for each one it removes; sent keeps what the blocks hold), and
+/// (what it removes goes into residual, when given; sent keeps what the blocks hold), and
 /// packs block j into blocks[j * format.bytes(), ...). Returns how many entries it trimmed.
-template <class T, class Index, class GiveBack>
-std::size_t pack_blocks_returning(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
-                                  const wire_fields& fields, GiveBack&& give_back, std::span<std::byte> blocks) {
+template <class T, class Index>
+std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
+                        const wire_fields& fields, std::span<T> residual, std::span<std::byte> blocks) {
   const std::size_t bytes = plan.format.bytes();
   if (blocks.size() != bytes * plan.ranks)
     sidco::detail::fail("reduce-scatter exchange: blocks: ", blocks.size(), " bytes, the plan takes ", bytes * plan.ranks);
@@ -242,7 +252,9 @@ std::size_t pack_blocks_returning(sparse_vector<T, Index>& sent, const regions& 
     }
     std::size_t kept = n;
     if (n > plan.capacity) {
-      kept = backend::host::keep_top_k(index + write, value + write, n, plan.capacity, give_back);
+      kept = backend::host::keep_top_k(index + write, value + write, n, plan.capacity, [&](Index i, T v) {
+        if (!residual.empty()) residual[std::size_t(i)] = v;
+      });
       trimmed += n - kept;
     }
     read += n;
@@ -259,13 +271,24 @@ std::size_t pack_blocks_returning(sparse_vector<T, Index>& sent, const regions& 
   return trimmed;
 }
 
-/// As pack_blocks_returning, the trimmed entries written into residual (when given).
-template <class T, class Index>
-std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
-                        const wire_fields& fields, std::span<T> residual, std::span<std::byte> blocks) {
-  return pack_blocks_returning(sent, owners, plan, fields, [&](Index i, T v) {
-    if (!residual.empty()) residual[std::size_t(i)] = v;
-  }, blocks);
+/// For a caller whose residual pack_blocks cannot write (in device memory): give_back(index,
+/// value) for each entry of before (sent as it was) that kept (sent after pack_blocks, a
+/// subsequence of it) no longer holds, i.e. what pack_blocks trimmed. Returns how many.
+template <class T, class Index, class GiveBack>
+std::size_t give_back_trimmed(const sparse_vector<T, Index>& before, const sparse_vector<T, Index>& kept,
+                              GiveBack&& give_back) {
+  const auto held = kept.indices();
+  std::size_t at = 0, given = 0;
+  for (std::size_t j = 0; j < before.size(); ++j) {
+    const Index i = before.indices()[j];
+    if (at < held.size() && held[at] == i) {
+      ++at;
+      continue;
+    }
+    give_back(i, before.values()[j]);
+    ++given;
+  }
+  return given;
 }
 
 /// A failure on this rank, in every block (every owner relays it, so every rank raises it).
