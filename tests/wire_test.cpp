@@ -732,7 +732,7 @@ TEST_CASE("reduce-scatter: selected_entries refuses what apply_selections refuse
   CHECK(applied.empty());
 }
 
-TEST_CASE("reduce-scatter: give_back_trimmed returns exactly what pack_blocks wrote into the residual") {
+TEST_CASE("reduce-scatter: return_unselected against the kept indices gives what pack_blocks wrote into the residual") {
   // Slack 1 at 5 ranks with even regions: the real gradient's selection overflows some
   // blocks, so entries are trimmed; a caller that cannot hand pack_blocks its residual (the
   // NCCL transport's is on the device) recovers the same writes from before and after.
@@ -752,7 +752,7 @@ TEST_CASE("reduce-scatter: give_back_trimmed returns exactly what pack_blocks wr
       comm::pack_blocks(sent, owners, plan, comm::wire_fields{}, std::span<float>(residual), std::span<std::byte>(blocks));
   REQUIRE(trimmed > 0);
   const std::size_t returned =
-      comm::give_back_trimmed(before, sent, [&](std::uint32_t i, float v) { given[i] = v; });
+      comm::detail::return_unselected(before, sent.indices(), [&](std::uint32_t i, float v) { given[i] = v; });
   CHECK(returned == trimmed);
   CHECK(std::memcmp(given.data(), residual.data(), size * sizeof(float)) == 0);
 }

@@ -86,7 +86,6 @@ template <class T, class Index = std::uint32_t, class Policy = owner_sidco_e>
 class nccl_reduce_exchange {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "nccl_reduce_exchange: float or double values (16-bit ones: not yet; use nccl_allreducer)");
-  using H = T;  // the host code's value type
 
  public:
   /// timeout: how long a host wait may see no completion before the communicator is
@@ -105,8 +104,8 @@ class nccl_reduce_exchange {
     const std::size_t ranks = std::size_t(link_.ranks());
     exchange_setup mine{};
     try {
-      plan_ = plan_reduce<H, Index>(layout, delta, options.slack, ranks);
-      if (plan_.size > sparse_vector<H, Index>::max_dense_size)
+      plan_ = plan_reduce<T, Index>(layout, delta, options.slack, ranks);
+      if (plan_.size > sparse_vector<T, Index>::max_dense_size)
         sidco::detail::fail("sparse_reduce_exchange: ", plan_.size, " values exceed the ", 8 * sizeof(Index),
                             "-bit index range");
       regions_ = regions::even(plan_.size, ranks);
@@ -119,7 +118,7 @@ class nccl_reduce_exchange {
       received_device_.resize(bytes * ranks);
       selection_device_.resize(bytes);
       selections_device_.resize(bytes * ranks);
-      mine = setup_of<H, Index>(layout, plan_.format, fields(0), options.slack);
+      mine = setup_of<T, Index>(layout, plan_.format, fields(0), options.slack);
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
@@ -162,16 +161,16 @@ class nccl_reduce_exchange {
       copy_to_host(sent);
       untrimmed_ = sent_;
       copied = true;
-      report_.trimmed = pack_blocks(sent_, regions_, plan_, fields(step), std::span<H>{}, std::span<std::byte>(blocks_));
+      report_.trimmed = pack_blocks(sent_, regions_, plan_, fields(step), std::span<T>{}, std::span<std::byte>(blocks_));
       report_.sent = sent_.size();
-      give_back_trimmed(untrimmed_, sent_, give_back());
+      detail::return_unselected(untrimmed_, sent_.indices(), give_back());  // what pack_blocks trimmed
     } catch (const std::exception& e) {
       returned_indices_.clear();  // whatever was given back, all of it now
       returned_values_.clear();
       if (copied)
         for (std::size_t j = 0; j < untrimmed_.size(); ++j) give_back()(untrimmed_.indices()[j], untrimmed_.values()[j]);
       sent_.clear(plan_.size);
-      pack_failed_blocks<H, Index>(e, plan_, fields(step), std::span<std::byte>(blocks_));
+      pack_failed_blocks<T, Index>(e, plan_, fields(step), std::span<std::byte>(blocks_));
     }
     // A residual of the wrong size gets nothing back (the error names it on every rank).
     return finish(residual.size() == plan_.size ? residual : memory::device::view<T>{}, dense);
@@ -181,7 +180,7 @@ class nccl_reduce_exchange {
   /// hangs, and throws (as every rank does) the error naming this rank and reason.
   [[noreturn]] void exchange_failed(const std::exception& reason, std::uint64_t step) {
     begin(step);
-    pack_failed_blocks<H, Index>(reason, plan_, fields(step), std::span<std::byte>(blocks_));
+    pack_failed_blocks<T, Index>(reason, plan_, fields(step), std::span<std::byte>(blocks_));
     finish({}, {});
     sidco::detail::fail("sparse_reduce_exchange: rank ", rank(), " failed: ", reason.what());  // not reached
   }
@@ -216,7 +215,7 @@ class nccl_reduce_exchange {
 
   // Where this step's entries for the residual wait until they are copied to the device.
   auto give_back() {
-    return [this](Index i, H v) {
+    return [this](Index i, T v) {
       returned_indices_.push_back(i);
       returned_values_.push_back(v);
     };
@@ -235,7 +234,7 @@ class nccl_reduce_exchange {
     aborting_on_failure([&] { all_to_all(bytes, ranks, me); });
     std::vector<std::span<const std::byte>> views(ranks);
     for (std::size_t r = 0; r < ranks; ++r) views[r] = std::span<const std::byte>(received_).subspan(r * bytes, bytes);
-    select_region<H, Index>(views, regions_, me, plan_, fields(step_), policy_, std::span<std::byte>(selection_), report_,
+    select_region<T, Index>(views, regions_, me, plan_, fields(step_), policy_, std::span<std::byte>(selection_), report_,
                             reduced_);
     aborting_on_failure([&] { all_gather(bytes, ranks); });
     for (std::size_t r = 0; r < ranks; ++r) views[r] = std::span<const std::byte>(selections_).subspan(r * bytes, bytes);
@@ -243,7 +242,7 @@ class nccl_reduce_exchange {
     report_.target = plan_.target;
     report_.bytes_sent = report_.bytes_received = 2 * (ranks - 1) * bytes;
     try {
-      selected_entries<H, Index>(views, regions_, plan_, sent_, give_back(), global_, applied_, report_);
+      selected_entries<T, Index>(views, regions_, plan_, sent_, give_back(), global_, applied_, report_);
     } catch (...) {
       aborting_on_failure([&] { set(returned_indices_, returned_values_, residual); });
       throw;
@@ -284,7 +283,7 @@ class nccl_reduce_exchange {
   }
 
   // to[indices[j]] = values[j] on the device (nothing when to is empty).
-  void set(const std::vector<Index>& indices, const std::vector<H>& values, memory::device::view<T> to) {
+  void set(const std::vector<Index>& indices, const std::vector<T>& values, memory::device::view<T> to) {
     if (to.empty() || indices.empty()) return;
     entry_indices_.resize(indices.size());
     entry_values_.resize(values.size());
@@ -319,13 +318,13 @@ class nccl_reduce_exchange {
   std::vector<std::byte> blocks_, received_, selection_, selections_;
   memory::device_buffer<unsigned char> blocks_device_, received_device_, selection_device_, selections_device_,
       setups_device_;
-  sparse_vector<H, Index> sent_;  // this step's sent entries, on the host (as its blocks hold them)
-  sparse_vector<H, Index> untrimmed_;  // and before pack_blocks trimmed them
+  sparse_vector<T, Index> sent_;  // this step's sent entries, on the host (as its blocks hold them)
+  sparse_vector<T, Index> untrimmed_;  // and before pack_blocks trimmed them
   std::vector<Index> global_, returned_indices_;
-  std::vector<H> applied_, returned_values_;
+  std::vector<T> applied_, returned_values_;
   memory::device_buffer<Index> entry_indices_;
   memory::device_buffer<T> entry_values_;
-  owner_workspace<H, Index> reduced_;
+  owner_workspace<T, Index> reduced_;
   std::uint64_t step_ = 0;
   reduce_report report_;
 };

@@ -271,26 +271,6 @@ std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, co
   return trimmed;
 }
 
-/// For a caller whose residual pack_blocks cannot write (in device memory): give_back(index,
-/// value) for each entry of before (sent as it was) that kept (sent after pack_blocks, a
-/// subsequence of it) no longer holds, i.e. what pack_blocks trimmed. Returns how many.
-template <class T, class Index, class GiveBack>
-std::size_t give_back_trimmed(const sparse_vector<T, Index>& before, const sparse_vector<T, Index>& kept,
-                              GiveBack&& give_back) {
-  const auto held = kept.indices();
-  std::size_t at = 0, given = 0;
-  for (std::size_t j = 0; j < before.size(); ++j) {
-    const Index i = before.indices()[j];
-    if (at < held.size() && held[at] == i) {
-      ++at;
-      continue;
-    }
-    give_back(i, before.values()[j]);
-    ++given;
-  }
-  return given;
-}
-
 /// A failure on this rank, in every block (every owner relays it, so every rank raises it).
 template <class T, class Index>
 void pack_failed_blocks(const std::exception& reason, const reduce_plan& plan, const wire_fields& fields,
@@ -469,7 +449,8 @@ void collect_global(std::span<const std::span<const std::byte>> selections, cons
 }
 
 /// give_back(index, value) for each entry of sent whose index global (ascending) lacks;
-/// returns how many.
+/// returns how many. Also what pack_blocks trimmed, for a caller that cannot hand it the
+/// residual (in device memory): sent as it was, global the indices pack_blocks kept.
 template <class T, class Index, class GiveBack>
 std::size_t return_unselected(const sparse_vector<T, Index>& sent, std::span<const Index> global, GiveBack&& give_back) {
   std::size_t g = 0, returned = 0;
