@@ -7,6 +7,7 @@
 #   RATES="1gbit" RANKS="2" MODELS="lstm" CONVERGE=0 scripts/train_speed.sh   a part of it
 #   STEP=0 scripts/train_speed.sh DIR     only the time-to-perplexity runs
 # PNG= skips the figure; PACKAGE=DIR takes sidco_torch from DIR (default build/python). PREVIOUS=DIR adds sidco-e@previous, the hook of an earlier build's python directory.
+# STEP_ARGS="--warmup 2 --steps 4" passes more options to every step run (the test's short runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build/train-speed}
@@ -37,7 +38,7 @@ for model in ${MODELS:-lstm gpt}; do
     for rate in ${RATES:-100mbit 1gbit 10gbit}; do
       echo "== step: $model, $ranks ranks, $rate"
       shaped "$rate" "${bench[@]}" step --model "$model" --ranks "$ranks" --rate "$rate" --density "$density" \
-        --methods "$methods" --rounds "${ROUNDS:-2}" --json "$dir/step.jsonl"
+        --methods "$methods" --rounds "${ROUNDS:-2}" ${STEP_ARGS:-} --json "$dir/step.jsonl"
     done
   done
 done

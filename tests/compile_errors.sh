@@ -8,11 +8,20 @@ compiler=$1
 shift
 source "$(dirname "$0")/expect_compile_error.sh"
 
+# sidco.hpp precompiled once (g++ reads NAME.gch, clang++ NAME.pch beside an -include'd
+# header): each case then parses only its body, about 1 s instead of 6. A compiler that
+# cannot use the file parses the header itself, with the same diagnostics.
+printf '#include <sidco/sidco.hpp>\n' > "$tmp/sidco_all.hpp"
+pch=gch
+[[ $("$compiler" --version 2>&1) == *clang* ]] && pch=pch
+"$compiler" -std=c++20 -x c++-header "$@" "$tmp/sidco_all.hpp" -o "$tmp/sidco_all.hpp.$pch" > /dev/null 2>&1 ||
+  rm -f "$tmp/sidco_all.hpp.$pch"
+
 compile() {
   local name=$1 body=$2
   shift 2
-  printf '#include <sidco/sidco.hpp>\n%s\n' "$body" > "$tmp/$name.cpp"
-  "$compiler" -std=c++20 -fsyntax-only "$@" "$tmp/$name.cpp" > "$tmp/$name.log" 2>&1
+  printf '%s\n' "$body" > "$tmp/$name.cpp"
+  "$compiler" -std=c++20 -fsyntax-only "$@" -include "$tmp/sidco_all.hpp" "$tmp/$name.cpp" > "$tmp/$name.log" 2>&1
 }
 
 expect_control '

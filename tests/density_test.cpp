@@ -1,6 +1,8 @@
 // Does SIDCo deliver the density asked for? First calls per layer on every bundled real
 // gradient, and the closed loop of adaptive stages over drifting inputs with error feedback.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <random>
 #include <string>
 #include <vector>
@@ -101,7 +103,8 @@ TEST_CASE("a 10,000-step error-feedback soak holds the density within 5% in ever
   for (int step = 0; step < 10000; ++step) {
     const float scale = 1e-3f * std::exp(0.5f * std::sin(float(step) / 300.0f));
     const std::size_t shift = (std::size_t(step) * 7919) % n;
-    for (std::size_t i = 0; i < n; ++i) g[i] = scale * base[(i + shift) % n];
+    std::rotate_copy(base.begin(), base.begin() + std::ptrdiff_t(shift), base.end(), g.begin());  // g[i] = base[(i + shift) % n]
+    for (float& v : g) v *= scale;
     window += c.compress<float>(g, 0.001, out, residual).density_ratio();
     if (step == 49) first_window = window / 50;
     if ((step + 1) % 100 == 0) {
