@@ -28,12 +28,12 @@ run_suite() {
 }
 
 # Highway's kernels in the g++ build, the portable loops under the sanitizers: the oracle
-# tests cover both.
+# tests cover both. Line tables are all the sanitizers' reports need (full -g compiles slower).
 CXX=g++ run_suite build -Dhighway=enabled
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 CXX=clang++ run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false \
   -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dtorch=disabled -Dhighway=disabled -Dfuzz=true \
-  -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" -Dcpp_args=-fno-sanitize-recover=all
+  -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" "-Dcpp_args=-fno-sanitize-recover=all -gline-tables-only"
 
 if [ "$skipped" -gt 0 ]; then
   echo "$passed passed, $failed failed, $skipped skipped"
