@@ -617,12 +617,14 @@ TEST_CASE("reduce-scatter: values whose sum overflows fail the step as non-finit
 }
 
 TEST_CASE_TEMPLATE("reduce-scatter: selected_entries gives apply_selections' update and residual, bit for bit", T, float,
-                   double) {
+                   double, float16, bfloat16) {
   // What the NCCL transport applies on the device (the global selection's entries, the
-  // entries given back) against what the MPI and gloo transports apply on the host, on a
-  // real gradient split among 1, 2, 3 and 5 ranks, summed and averaged, over two steps (the
-  // second with regions balanced from the first's selection).
-  const auto gradient = test::load_gradient<T>("cnn_it200.npy");
+  // entries given back; 16-bit values as the host types of __half's and __nv_bfloat16's
+  // bits) against what the MPI and gloo transports apply on the host, on a real gradient
+  // split among 1, 2, 3 and 5 ranks, summed and averaged, over two steps (the second with
+  // regions balanced from the first's selection).
+  std::vector<T> gradient;
+  for (const float v : test::load_gradient<float>("cnn_it200.npy")) gradient.push_back(T(v));
   const std::size_t size = gradient.size();
   for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5)}) {
     for (const comm::reduction op : {comm::reduction::average, comm::reduction::sum}) {

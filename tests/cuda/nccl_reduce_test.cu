@@ -1,8 +1,8 @@
 // The reduce-scatter exchange over NCCL, in one process over every visible GPU (one rank
-// each; NCCL takes one rank per GPU, so one GPU gives one rank): on a real gradient, every
-// rank's dense update and residual have the bits the host transports' code gives
-// (pack_blocks, select_region, apply_selections, as MPI and gloo run them), and every
-// rank's update is rank 0's; a rank whose compress threw, or whose arguments are wrong, makes
+// each; NCCL takes one rank per GPU, so one GPU gives one rank): on a real gradient, in
+// float, __half and __nv_bfloat16, every rank's dense update and residual have the bits the
+// host transports' code gives (pack_blocks, select_region, apply_selections, as MPI and gloo
+// run them), so every rank's update is rank 0's; a rank whose compress threw, or whose arguments are wrong, makes
 // every rank throw the same error with its entries back in its residual; the default owner
 // (SIDCo) runs; the state resumes. Without a GPU the program exits 77 (skipped).
 #include <sidco/comm/nccl_reduce.cuh>
@@ -33,27 +33,113 @@ namespace {
 
 constexpr double delta = 0.01;
 
-// Rank r's step: the real gradient rotated by r 997 places, compressed on the host by exact
-// Top-k with error feedback from a zero residual.
+// Rank r's step: the real gradient rotated by r 997 places, as H, compressed on the host by
+// exact Top-k with error feedback from a zero residual.
+template <class H = float>
 struct rank_input {
-  sparse_vector<float> sent;
-  std::vector<float> residual;
+  sparse_vector<H> sent;
+  std::vector<H> residual;
 };
 
-rank_input input_of(const std::vector<float>& gradient, int r) {
-  rank_input in;
+template <class H = float>
+rank_input<H> input_of(const std::vector<float>& gradient, int r) {
+  rank_input<H> in;
   const std::size_t n = gradient.size();
-  std::vector<float> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = gradient[(i + std::size_t(r) * 997) % n];
-  in.residual.assign(n, 0.f);
-  feedback::residual<float> state(std::span<float>(in.residual));
+  std::vector<H> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = H(gradient[(i + std::size_t(r) * 997) % n]);
+  in.residual.assign(n, H(0.f));
+  feedback::residual<H> state(std::span<H>(in.residual));
   presets::top_k<> compressor;
-  compressor.compress(std::span<const float>(g), delta, in.sent, state);
+  compressor.compress(std::span<const H>(g), delta, in.sent, state);
   return in;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+template <class A, class B>
+bool same_bits(const std::vector<A>& a, const std::vector<B>& b) {
+  static_assert(sizeof(A) == sizeof(B));
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(A)) == 0;
+}
+
+template <class D>
+std::vector<D> download(const memory::device_buffer<D>& buffer) {
+  std::vector<D> out(buffer.size());
+  SIDCO_CUDA(cudaMemcpy(out.data(), buffer.data(), out.size() * sizeof(D), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// The host transports' result of one exact step (owner Top-k), every rank simulated here:
+// each rank's dense update and residual.
+template <class H>
+void host_step(const std::vector<rank_input<H>>& inputs, std::size_t n, std::vector<std::vector<H>>& dense_ref,
+               std::vector<std::vector<H>>& residual_ref) {
+  const std::size_t ranks = inputs.size();
+  const std::vector<segment> layout{{0, n}};
+  const auto plan = comm::plan_reduce<H, std::uint32_t>(layout, delta, 1.25, ranks);
+  const auto owners = comm::regions::even(n, ranks);
+  const comm::wire_fields fields{0, 0, delta, comm::reduction::average};
+  const std::size_t bytes = plan.format.bytes();
+  std::vector<sparse_vector<H>> kept(ranks);
+  residual_ref.assign(ranks, {});
+  dense_ref.assign(ranks, std::vector<H>(n, H(0.f)));
+  std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(bytes * ranks));
+  for (std::size_t r = 0; r < ranks; ++r) {
+    kept[r] = inputs[r].sent;
+    residual_ref[r] = inputs[r].residual;
+    comm::pack_blocks(kept[r], owners, plan, fields, std::span<H>(residual_ref[r]), std::span<std::byte>(blocks[r]));
+  }
+  std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
+  for (std::size_t j = 0; j < ranks; ++j) {
+    std::vector<std::span<const std::byte>> received;
+    for (const auto& b : blocks) received.push_back(std::span<const std::byte>(b).subspan(j * bytes, bytes));
+    comm::owner_top_k policy;
+    comm::reduce_report report;
+    comm::select_region<H, std::uint32_t>(received, owners, j, plan, fields, policy, selections[j], report);
+  }
+  const std::vector<std::span<const std::byte>> selection_views(selections.begin(), selections.end());
+  for (std::size_t r = 0; r < ranks; ++r) {
+    std::vector<std::uint32_t> global;
+    comm::reduce_report report;
+    comm::apply_selections<H, std::uint32_t>(selection_views, owners, plan, kept[r], std::span<H>(residual_ref[r]),
+                                             std::span<H>(dense_ref[r]), global, report);
+  }
+}
+
+// Rank r's input in device memory, as device type D (the host type's bits).
+template <class D, class H>
+void upload(const rank_input<H>& in, std::size_t n, sparse_vector<D, std::uint32_t, memory::device>& sent,
+            memory::device_buffer<D>& residual) {
+  static_assert(sizeof(D) == sizeof(H));
+  sent.clear(n);
+  sent.resize(in.sent.size());
+  memory::device::copy_from_host(in.sent.indices(), sent.mutable_indices());
+  SIDCO_CUDA(cudaMemcpy(sent.mutable_values().data(), in.sent.values().data(), in.sent.size() * sizeof(D),
+                        cudaMemcpyHostToDevice));
+  residual.resize(n);
+  SIDCO_CUDA(cudaMemcpy(residual.data(), in.residual.data(), n * sizeof(D), cudaMemcpyHostToDevice));
+}
+
+// One exact step of nccl_reduce_exchange<D> on every rank against the host transports' bits.
+template <class D>
+void exact_step(const std::vector<ncclComm_t>& comms, const std::vector<float>& gradient, const char* type) {
+  using H = host_value_t<D>;
+  const int ranks = int(comms.size());
+  const std::size_t n = gradient.size();
+  std::vector<rank_input<H>> inputs;
+  for (int r = 0; r < ranks; ++r) inputs.push_back(input_of<H>(gradient, r));
+  std::vector<std::vector<H>> dense_ref, residual_ref;
+  host_step(inputs, n, dense_ref, residual_ref);
+  on_every_rank(ranks, [&](int r) {
+    const std::string who = std::string(type) + ", rank " + std::to_string(r) + ": ";
+    sparse_vector<D, std::uint32_t, memory::device> sent;
+    memory::device_buffer<D> residual, dense(n);
+    comm::nccl_reduce_exchange<D, std::uint32_t, comm::owner_top_k> exchange(comms[std::size_t(r)], n, delta);
+    upload(inputs[std::size_t(r)], n, sent, residual);
+    const comm::reduce_report report = exchange.exchange(sent, residual.view(), dense.view(), 0);
+    expect(same_bits(download(dense), dense_ref[std::size_t(r)]), who + "dense has the host transports' bits");
+    expect(same_bits(download(residual), residual_ref[std::size_t(r)]), who + "residual has the host transports' bits");
+    const auto plan = comm::plan_reduce<H, std::uint32_t>(std::vector<segment>{{0, n}}, delta, 1.25, std::size_t(ranks));
+    expect(report.ranks == ranks && report.target == plan.target && report.selected > 0, who + "report");
+  });
 }
 
 }  // namespace
@@ -69,74 +155,26 @@ int main() {
   std::printf("%d rank(s), one per GPU\n", ranks);
   const auto gradient = test::load_gradient<float>("cnn_it200.npy");
   const std::size_t n = gradient.size();
-  std::vector<rank_input> inputs;
+  exact_step<float>(comms, gradient, "float");
+  exact_step<__half>(comms, gradient, "__half");
+  exact_step<__nv_bfloat16>(comms, gradient, "__nv_bfloat16");
+  std::vector<rank_input<>> inputs;
   for (int r = 0; r < ranks; ++r) inputs.push_back(input_of(gradient, r));
-
-  // The host transports' result, every rank simulated here.
   const std::vector<segment> layout{{0, n}};
   const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, std::size_t(ranks));
-  const auto owners = comm::regions::even(n, std::size_t(ranks));
-  const comm::wire_fields fields{0, 0, delta, comm::reduction::average};
-  const std::size_t bytes = plan.format.bytes();
-  std::vector<sparse_vector<float>> kept(static_cast<std::size_t>(ranks));
-  std::vector<std::vector<float>> residual_ref(static_cast<std::size_t>(ranks)), dense_ref(static_cast<std::size_t>(ranks));
-  std::vector<std::vector<std::byte>> blocks(static_cast<std::size_t>(ranks), std::vector<std::byte>(bytes * std::size_t(ranks)));
-  for (int r = 0; r < ranks; ++r) {
-    kept[std::size_t(r)] = inputs[std::size_t(r)].sent;
-    residual_ref[std::size_t(r)] = inputs[std::size_t(r)].residual;
-    comm::pack_blocks(kept[std::size_t(r)], owners, plan, fields, std::span<float>(residual_ref[std::size_t(r)]),
-                      std::span<std::byte>(blocks[std::size_t(r)]));
-  }
-  std::vector<std::vector<std::byte>> selections(static_cast<std::size_t>(ranks), std::vector<std::byte>(bytes));
-  for (int j = 0; j < ranks; ++j) {
-    std::vector<std::span<const std::byte>> received;
-    for (const auto& b : blocks) received.push_back(std::span<const std::byte>(b).subspan(std::size_t(j) * bytes, bytes));
-    comm::owner_top_k policy;
-    comm::reduce_report report;
-    comm::select_region<float, std::uint32_t>(received, owners, std::size_t(j), plan, fields, policy,
-                                              selections[std::size_t(j)], report);
-  }
-  const std::vector<std::span<const std::byte>> selection_views(selections.begin(), selections.end());
-  for (int r = 0; r < ranks; ++r) {
-    dense_ref[std::size_t(r)].assign(n, 0.f);
-    std::vector<std::uint32_t> global;
-    comm::reduce_report report;
-    comm::apply_selections<float, std::uint32_t>(selection_views, owners, plan, kept[std::size_t(r)],
-                                                 std::span<float>(residual_ref[std::size_t(r)]),
-                                                 std::span<float>(dense_ref[std::size_t(r)]), global, report);
-  }
 
-  // The same step over NCCL, then a failing rank, wrong arguments, the default owner, and a
-  // resumed exchange, each on every rank.
+  // A failing rank, wrong arguments, the default owner, and a resumed exchange, each on
+  // every rank.
   std::vector<std::string> failed(static_cast<std::size_t>(ranks)), refused(static_cast<std::size_t>(ranks));
   on_every_rank(ranks, [&](int r) {
-    const rank_input& in = inputs[std::size_t(r)];
-    auto upload = [&](sparse_vector<float, std::uint32_t, memory::device>& sent, memory::device_buffer<float>& residual) {
-      sent.clear(n);
-      sent.resize(in.sent.size());
-      memory::device::copy_from_host(in.sent.indices(), sent.mutable_indices());
-      memory::device::copy_from_host(in.sent.values(), sent.mutable_values());
-      residual.resize(n);
-      memory::device::copy_from_host(std::span<const float>(in.residual), residual.view());
-    };
-    auto download = [&](const memory::device_buffer<float>& buffer) {
-      std::vector<float> out(buffer.size());
-      memory::device::copy_to_host(buffer.view(), std::span<float>(out));
-      return out;
-    };
+    const rank_input<>& in = inputs[std::size_t(r)];
     sparse_vector<float, std::uint32_t, memory::device> sent;
     memory::device_buffer<float> residual, dense(n);
     const std::string who = "rank " + std::to_string(r) + ": ";
-
     comm::nccl_reduce_exchange<float, std::uint32_t, comm::owner_top_k> exchange(comms[std::size_t(r)], n, delta);
-    upload(sent, residual);
-    const comm::reduce_report report = exchange.exchange(sent, residual.view(), dense.view(), 0);
-    expect(same_bits(download(dense), dense_ref[std::size_t(r)]), who + "dense has the host transports' bits");
-    expect(same_bits(download(residual), residual_ref[std::size_t(r)]), who + "residual has the host transports' bits");
-    expect(report.ranks == ranks && report.target == plan.target, who + "report");
 
     // Rank 0's compress threw: every rank raises it, each with its entries back.
-    upload(sent, residual);
+    upload(in, n, sent, residual);
     try {
       if (r == 0) exchange.exchange_failed(std::runtime_error("gradient contains NaN"), 1);
       exchange.exchange(sent, residual.view(), dense.view(), 1);
@@ -150,7 +188,7 @@ int main() {
     }
 
     // The last rank's dense vector is too short: every rank raises it, naming that rank.
-    upload(sent, residual);
+    upload(in, n, sent, residual);
     memory::device_buffer<float> short_dense(n - 1);
     try {
       exchange.exchange(sent, residual.view(), r == ranks - 1 ? short_dense.view() : dense.view(), 2);
@@ -162,7 +200,7 @@ int main() {
     comm::nccl_reduce_exchange<float> sidco_exchange(comms[std::size_t(r)], n, delta);
     std::vector<float> second;
     for (std::uint64_t step = 0; step < 2; ++step) {
-      upload(sent, residual);
+      upload(in, n, sent, residual);
       const auto r2 = sidco_exchange.exchange(sent, residual.view(), dense.view(), step);
       expect(r2.selected > 0 && r2.selected <= std::size_t(ranks) * plan.capacity, who + "SIDCo owner selects");
       if (step == 0) {

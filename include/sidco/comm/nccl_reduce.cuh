@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(Tuning::block_threads)
 }  // namespace nccl_detail
 
 /// One tensor's (or one buffer of tensors') reduce-scatter exchange over NCCL, reused every
-/// step; T is float or double.
+/// step; T is float, double, __half or __nv_bfloat16 (the host code runs on the host type of
+/// the same bits, host_value_t<T>: the CPU transports' own code).
 ///
 ///   nccl_reduce_exchange<float> exchange(comm, layout, delta);   // collective
 ///   try {
@@ -84,8 +85,11 @@ __global__ void __launch_bounds__(Tuning::block_threads)
 /// residual + applied contribution = gradient + old residual. Not thread-safe.
 template <class T, class Index = std::uint32_t, class Policy = owner_sidco_e>
 class nccl_reduce_exchange {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "nccl_reduce_exchange: float or double values (16-bit ones: not yet; use nccl_allreducer)");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
+                    std::is_same_v<T, __nv_bfloat16>,
+                "nccl_reduce_exchange: float, double, __half or __nv_bfloat16 values");
+  using H = host_value_t<T>;
+  static_assert(sizeof(H) == sizeof(T));
 
  public:
   /// timeout: how long a host wait may see no completion before the communicator is
@@ -104,8 +108,8 @@ class nccl_reduce_exchange {
     const std::size_t ranks = std::size_t(link_.ranks());
     exchange_setup mine{};
     try {
-      plan_ = plan_reduce<T, Index>(layout, delta, options.slack, ranks);
-      if (plan_.size > sparse_vector<T, Index>::max_dense_size)
+      plan_ = plan_reduce<H, Index>(layout, delta, options.slack, ranks);
+      if (plan_.size > sparse_vector<H, Index>::max_dense_size)
         sidco::detail::fail("sparse_reduce_exchange: ", plan_.size, " values exceed the ", 8 * sizeof(Index),
                             "-bit index range");
       regions_ = regions::even(plan_.size, ranks);
@@ -118,7 +122,7 @@ class nccl_reduce_exchange {
       received_device_.resize(bytes * ranks);
       selection_device_.resize(bytes);
       selections_device_.resize(bytes * ranks);
-      mine = setup_of<T, Index>(layout, plan_.format, fields(0), options.slack);
+      mine = setup_of<H, Index>(layout, plan_.format, fields(0), options.slack);
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
@@ -161,7 +165,7 @@ class nccl_reduce_exchange {
       copy_to_host(sent);
       untrimmed_ = sent_;
       copied = true;
-      report_.trimmed = pack_blocks(sent_, regions_, plan_, fields(step), std::span<T>{}, std::span<std::byte>(blocks_));
+      report_.trimmed = pack_blocks(sent_, regions_, plan_, fields(step), std::span<H>{}, std::span<std::byte>(blocks_));
       report_.sent = sent_.size();
       detail::return_unselected(untrimmed_, sent_.indices(), give_back());  // what pack_blocks trimmed
     } catch (const std::exception& e) {
@@ -170,7 +174,7 @@ class nccl_reduce_exchange {
       if (copied)
         for (std::size_t j = 0; j < untrimmed_.size(); ++j) give_back()(untrimmed_.indices()[j], untrimmed_.values()[j]);
       sent_.clear(plan_.size);
-      pack_failed_blocks<T, Index>(e, plan_, fields(step), std::span<std::byte>(blocks_));
+      pack_failed_blocks<H, Index>(e, plan_, fields(step), std::span<std::byte>(blocks_));
     }
     // A residual of the wrong size gets nothing back (the error names it on every rank).
     return finish(residual.size() == plan_.size ? residual : memory::device::view<T>{}, dense);
@@ -180,7 +184,7 @@ class nccl_reduce_exchange {
   /// hangs, and throws (as every rank does) the error naming this rank and reason.
   [[noreturn]] void exchange_failed(const std::exception& reason, std::uint64_t step) {
     begin(step);
-    pack_failed_blocks<T, Index>(reason, plan_, fields(step), std::span<std::byte>(blocks_));
+    pack_failed_blocks<H, Index>(reason, plan_, fields(step), std::span<std::byte>(blocks_));
     finish({}, {});
     sidco::detail::fail("sparse_reduce_exchange: rank ", rank(), " failed: ", reason.what());  // not reached
   }
@@ -215,7 +219,7 @@ class nccl_reduce_exchange {
 
   // Where this step's entries for the residual wait until they are copied to the device.
   auto give_back() {
-    return [this](Index i, T v) {
+    return [this](Index i, H v) {
       returned_indices_.push_back(i);
       returned_values_.push_back(v);
     };
@@ -234,7 +238,7 @@ class nccl_reduce_exchange {
     aborting_on_failure([&] { all_to_all(bytes, ranks, me); });
     std::vector<std::span<const std::byte>> views(ranks);
     for (std::size_t r = 0; r < ranks; ++r) views[r] = std::span<const std::byte>(received_).subspan(r * bytes, bytes);
-    select_region<T, Index>(views, regions_, me, plan_, fields(step_), policy_, std::span<std::byte>(selection_), report_,
+    select_region<H, Index>(views, regions_, me, plan_, fields(step_), policy_, std::span<std::byte>(selection_), report_,
                             reduced_);
     aborting_on_failure([&] { all_gather(bytes, ranks); });
     for (std::size_t r = 0; r < ranks; ++r) views[r] = std::span<const std::byte>(selections_).subspan(r * bytes, bytes);
@@ -242,7 +246,7 @@ class nccl_reduce_exchange {
     report_.target = plan_.target;
     report_.bytes_sent = report_.bytes_received = 2 * (ranks - 1) * bytes;
     try {
-      selected_entries<T, Index>(views, regions_, plan_, sent_, give_back(), global_, applied_, report_);
+      selected_entries<H, Index>(views, regions_, plan_, sent_, give_back(), global_, applied_, report_);
     } catch (...) {
       aborting_on_failure([&] { set(returned_indices_, returned_values_, residual); });
       throw;
@@ -283,7 +287,7 @@ class nccl_reduce_exchange {
   }
 
   // to[indices[j]] = values[j] on the device (nothing when to is empty).
-  void set(const std::vector<Index>& indices, const std::vector<T>& values, memory::device::view<T> to) {
+  void set(const std::vector<Index>& indices, const std::vector<H>& values, memory::device::view<T> to) {
     if (to.empty() || indices.empty()) return;
     entry_indices_.resize(indices.size());
     entry_values_.resize(values.size());
@@ -318,13 +322,13 @@ class nccl_reduce_exchange {
   std::vector<std::byte> blocks_, received_, selection_, selections_;
   memory::device_buffer<unsigned char> blocks_device_, received_device_, selection_device_, selections_device_,
       setups_device_;
-  sparse_vector<T, Index> sent_;  // this step's sent entries, on the host (as its blocks hold them)
-  sparse_vector<T, Index> untrimmed_;  // and before pack_blocks trimmed them
+  sparse_vector<H, Index> sent_;  // this step's sent entries, on the host (as its blocks hold them)
+  sparse_vector<H, Index> untrimmed_;  // and before pack_blocks trimmed them
   std::vector<Index> global_, returned_indices_;
-  std::vector<T> applied_, returned_values_;
+  std::vector<H> applied_, returned_values_;
   memory::device_buffer<Index> entry_indices_;
   memory::device_buffer<T> entry_values_;
-  owner_workspace<T, Index> reduced_;
+  owner_workspace<H, Index> reduced_;
   std::uint64_t step_ = 0;
   reduce_report report_;
 };

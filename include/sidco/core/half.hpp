@@ -19,7 +19,7 @@ namespace sidco {
 namespace detail {
 
 // float to binary16, round to nearest even; NaN stays NaN (quiet), overflow gives infinity.
-constexpr std::uint16_t float_to_half_bits(float f) {
+SIDCO_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) {
   const std::uint32_t x = bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t magnitude = x & 0x7fffffffu;
@@ -41,7 +41,7 @@ constexpr std::uint16_t float_to_half_bits(float f) {
   return std::uint16_t(sign | value);
 }
 
-constexpr float half_bits_to_float(std::uint16_t h) {
+SIDCO_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) {
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
   const std::uint32_t exponent = (h >> 10) & 0x1fu;
   std::uint32_t mantissa = h & 0x3ffu;
@@ -58,13 +58,15 @@ constexpr float half_bits_to_float(std::uint16_t h) {
 }
 
 // float to bfloat16, round to nearest even; NaN stays NaN (quiet).
-constexpr std::uint16_t float_to_bfloat16_bits(float f) {
+SIDCO_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) {
   const std::uint32_t x = bit_cast<std::uint32_t>(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((x >> 16) | 0x40u);
   return std::uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-constexpr float bfloat16_bits_to_float(std::uint16_t b) { return bit_cast<float>(std::uint32_t(b) << 16); }
+SIDCO_HOST_DEVICE constexpr float bfloat16_bits_to_float(std::uint16_t b) {
+  return bit_cast<float>(std::uint32_t(b) << 16);
+}
 
 }  // namespace detail
 
@@ -73,20 +75,23 @@ struct float16 {
   std::uint16_t bits;
 
   float16() = default;
-  constexpr explicit float16(float f) : bits(detail::float_to_half_bits(f)) {}
-  constexpr explicit float16(double d) : float16(float(d)) {}  // through float: one rounding for float values
-  constexpr explicit float16(int i) : float16(float(i)) {}
-  constexpr explicit operator float() const { return detail::half_bits_to_float(bits); }
-  constexpr explicit operator double() const { return double(float(*this)); }
-  static constexpr float16 from_bits(std::uint16_t b) {
+  SIDCO_HOST_DEVICE constexpr explicit float16(float f) : bits(detail::float_to_half_bits(f)) {}
+  // Through float: one rounding for float values.
+  SIDCO_HOST_DEVICE constexpr explicit float16(double d) : float16(float(d)) {}
+  SIDCO_HOST_DEVICE constexpr explicit float16(int i) : float16(float(i)) {}
+  SIDCO_HOST_DEVICE constexpr explicit operator float() const { return detail::half_bits_to_float(bits); }
+  SIDCO_HOST_DEVICE constexpr explicit operator double() const { return double(float(*this)); }
+  SIDCO_HOST_DEVICE static constexpr float16 from_bits(std::uint16_t b) {
     float16 h{};
     h.bits = b;
     return h;
   }
   /// IEEE equality (+0 == -0, NaN equals nothing); beyond negation there is no 16-bit
   /// arithmetic (sums go through float_traits<float16>::accumulator).
-  friend constexpr bool operator==(float16 a, float16 b) { return float(a) == float(b); }
-  friend constexpr float16 operator-(float16 a) { return from_bits(std::uint16_t(a.bits ^ 0x8000u)); }
+  SIDCO_HOST_DEVICE friend constexpr bool operator==(float16 a, float16 b) { return float(a) == float(b); }
+  SIDCO_HOST_DEVICE friend constexpr float16 operator-(float16 a) {
+    return from_bits(std::uint16_t(a.bits ^ 0x8000u));
+  }
 };
 
 /// bfloat16: float's exponent, 8 bits of mantissa.
@@ -94,18 +99,20 @@ struct bfloat16 {
   std::uint16_t bits;
 
   bfloat16() = default;
-  constexpr explicit bfloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}
-  constexpr explicit bfloat16(double d) : bfloat16(float(d)) {}
-  constexpr explicit bfloat16(int i) : bfloat16(float(i)) {}
-  constexpr explicit operator float() const { return detail::bfloat16_bits_to_float(bits); }
-  constexpr explicit operator double() const { return double(float(*this)); }
-  static constexpr bfloat16 from_bits(std::uint16_t b) {
+  SIDCO_HOST_DEVICE constexpr explicit bfloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}
+  SIDCO_HOST_DEVICE constexpr explicit bfloat16(double d) : bfloat16(float(d)) {}
+  SIDCO_HOST_DEVICE constexpr explicit bfloat16(int i) : bfloat16(float(i)) {}
+  SIDCO_HOST_DEVICE constexpr explicit operator float() const { return detail::bfloat16_bits_to_float(bits); }
+  SIDCO_HOST_DEVICE constexpr explicit operator double() const { return double(float(*this)); }
+  SIDCO_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t b) {
     bfloat16 h{};
     h.bits = b;
     return h;
   }
-  friend constexpr bool operator==(bfloat16 a, bfloat16 b) { return float(a) == float(b); }
-  friend constexpr bfloat16 operator-(bfloat16 a) { return from_bits(std::uint16_t(a.bits ^ 0x8000u)); }
+  SIDCO_HOST_DEVICE friend constexpr bool operator==(bfloat16 a, bfloat16 b) { return float(a) == float(b); }
+  SIDCO_HOST_DEVICE friend constexpr bfloat16 operator-(bfloat16 a) {
+    return from_bits(std::uint16_t(a.bits ^ 0x8000u));
+  }
 };
 
 namespace detail {

@@ -28,6 +28,24 @@ struct float_traits<__nv_bfloat16> : detail::bfloat16_layout {
   static SIDCO_HOST_DEVICE __nv_bfloat16 narrow(float a) { return __float2bfloat16_rn(a); }
 };
 
+/// The host type with T's bits: T for float and double, float16 and bfloat16 for CUDA's
+/// 16-bit types. Host code on device values (an exchange's packing, an owner's selection)
+/// runs on it, so that it is the CPU's own code and needs none of CUDA's conversions.
+template <class T>
+struct host_value {
+  using type = T;
+};
+template <>
+struct host_value<__half> {
+  using type = float16;
+};
+template <>
+struct host_value<__nv_bfloat16> {
+  using type = bfloat16;
+};
+template <class T>
+using host_value_t = typename host_value<T>::type;
+
 // Thresholds are keyed on the host, by the host type of the same layout.
 template <>
 inline signed_key_t<__half> threshold_key<__half>(double t) {
