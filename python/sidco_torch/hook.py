@@ -99,7 +99,7 @@ class _Layer:
 class _Bucket:
     """One bucket layout's codec, residual and receive buffers. exchange: "allgather" (one
     all-gather of every rank's payload) or "reduce" (an all-to-all of blocks to the regions'
-    owners, then an all-gather of the owners' selections; CPU buckets)."""
+    owners, then an all-gather of the owners' selections)."""
 
     def __init__(self, state, keys, sizes, dtype, device, world, rank, exchange):
         self.keys = keys
@@ -115,7 +115,7 @@ class _Bucket:
         self.residual = torch.zeros(numel, dtype=dtype, device=device) if state.feedback else None
         if exchange == "reduce":
             self.codec = _reduce_codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
-                                       world, rank, state.owner, self.capacity_density)
+                                       world, rank, state.owner, self.capacity_density, device)
             payload = self.codec.block_bytes()
             self.received = torch.empty(world * payload, dtype=torch.uint8, device=device)
         else:
@@ -139,7 +139,7 @@ class State:
     k = max(1, floor(density n)); exchange: "allgather" (one all-gather of every rank's
     selection: (P - 1) slack 8k bytes a rank), "reduce" (an all-to-all of fixed-size blocks to
     P regions' owners, then an all-gather of each owner's selection of its region's reduced
-    values: about 2 slack 8k bytes a rank whatever P; CPU buckets) or "auto" (see
+    values: about 2 slack 8k bytes a rank whatever P) or "auto" (see
     exchange_for); owner: how a region's owner selects from its reduced values, "sidco-e"
     (SIDCo-E's threshold, trimmed to the region's share) or "top-k"; nonfinite: what a step
     does when some rank's bucket holds NaN or +-Inf, "raise" (every rank raises the same error
@@ -252,12 +252,10 @@ class State:
         rank's sent bytes per step give (k = density n entries of 4 + v bytes, slack s):
         allgather (P - 1) s k (4 + v); reduce 2 (P - 1) (64 + ceil(s k / P) (4 + v)), about
         2 s k (4 + v): reduce from 3 ranks on, allgather at 2 (the same bytes in one round
-        fewer) and on CUDA buckets (the reduce exchange runs on CPU buckets). The cost model
-        of bench/cost_model.py, with this machine's latency and compute, agrees from 3 ranks
-        on at 1 to 100 Gbit/s and puts the two within 2% at 2 (docs/RESULTS.md)."""
-        if self.exchange == "reduce" and device_type != "cpu":
-            raise ValueError(f"sidco_torch.State: exchange = 'reduce' runs on CPU buckets, this one is on "
-                             f"{device_type}; use 'allgather' or 'auto' there")
+        fewer). The cost model of bench/cost_model.py, with this machine's latency and compute,
+        agrees from 3 ranks on at 1 to 100 Gbit/s and puts the two within 2% at 2
+        (docs/RESULTS.md). On CUDA buckets "auto" keeps the all-gather: the reduce exchange
+        runs there (exchange="reduce") but its time on GPUs is not measured yet."""
         if self.exchange != "auto":
             return self.exchange
         return "reduce" if world >= 3 and device_type == "cpu" else "allgather"

@@ -51,13 +51,15 @@ def _codec(method, options, layer_sizes, dtype, density, slack, capacity_density
                                      float(density if capacity_density is None else capacity_density))
 
 
-def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, rank, owner, capacity_density=None):
-    """A CPU bucket's side of the reduce-scatter exchange (capacity as _codec's)."""
+def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, rank, owner, capacity_density=None,
+                  device="cpu"):
+    """A bucket's side of the reduce-scatter exchange on its device (capacity as _codec's)."""
     if dtype not in _DTYPES:
         raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
     return torch.classes.sidco.ReduceCodec(method, _options_dict(options), [int(n) for n in layer_sizes], _DTYPES[dtype],
                                            float(density), float(slack), int(ranks), int(rank), owner,
-                                           float(density if capacity_density is None else capacity_density))
+                                           float(density if capacity_density is None else capacity_density),
+                                           str(torch.device(device)))
 
 
 class Compressor:

@@ -6,15 +6,22 @@
   byte, the decoded bucket and the residuals equal the CPU codecs', bit for bit, step by step;
 - a rank that fails: decode raises the same error on CUDA as on the CPU, and the residual
   gets back what this rank sent, as on the CPU;
-- a 2-rank DDP step with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one):
-  every rank ends with the same averaged gradients, all sent sparse."""
+- the reduce-scatter exchange's codecs, three ranks' in one process, on the bundled real
+  gradients with error feedback, per layer, float32 and float16, owners by SIDCo-E and by
+  Top-k, blocks that trim: every block, every owner's selection, the update and the
+  residuals equal the CPU codecs', bit for bit, step by step (the regions move on as in
+  training); a rank that fails: every rank raises the same error, and each residual gets
+  back what its rank sent, as on the CPU;
+- 2-rank DDP steps with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one), by
+  all-gather and by reduce-scatter: every rank ends with the same averaged gradients, all
+  sent sparse."""
 import os
 import sys
 
 import numpy as np
 import torch
 
-from sidco_torch.ops import _codec
+from sidco_torch.ops import _codec, _reduce_codec
 
 from ranks import cuda_skip_reason, run_ranks, sparse_ddp_step
 
@@ -69,6 +76,56 @@ def codecs_agree(method, dtype):
     return trimmed
 
 
+def reduce_codecs_agree(owner, dtype, ranks=3):
+    ops = torch.ops.sidco
+    base = load("cnn_it200.npy", dtype)
+    g = [base * (1 + r) if r % 2 == 0 else base.flip(0) * 0.5 for r in range(ranks)]
+    n = base.numel()
+    layers = [n // 3, n - n // 3]
+    codecs = {device: [_reduce_codec("sidco-e", {}, layers, dtype, 0.01, 1.0, ranks, r, owner, device=device)
+                       for r in range(ranks)] for device in ("cpu", "cuda")}  # slack 1: blocks trim
+    residuals = {device: [torch.zeros(n, dtype=dtype, device=device) for _ in range(ranks)] for device in codecs}
+    block = codecs["cpu"][0].block_bytes()
+    trimmed = 0
+    for step in range(4):
+        results = {}
+        for device, cs in codecs.items():
+            res = residuals[device]
+            if step < 3:
+                blocks = [ops.reduce_encode((g[r] * (1 + step)).to(device), res[r], cs[r], 7, step).clone()
+                          for r in range(ranks)]
+            else:  # the last rank fails
+                blocks = [ops.reduce_encode(g[r].to(device), res[r], cs[r], 7, step).clone() for r in range(ranks - 1)]
+                blocks.append(ops.reduce_encode_failure(g[-1].to(device), cs[-1], "out of memory", 7, step).clone())
+            received = [torch.cat([b[o * block:(o + 1) * block] for b in blocks]) for o in range(ranks)]
+            selections = [ops.reduce_select(received[o], cs[o]).clone() for o in range(ranks)]
+            outs, errors = [], []
+            for r in range(ranks):
+                out = torch.zeros(n, dtype=dtype, device=device)
+                try:
+                    ops.reduce_decode(selections, out, res[r], cs[r])
+                except RuntimeError as e:
+                    errors.append(str(e).splitlines()[0])
+                outs.append(out)
+            results[device] = (blocks, selections, outs, errors)
+        what = f"reduce owner {owner} {dtype} step {step}"
+        cpu, gpu = results["cpu"], results["cuda"]
+        for r in range(ranks):
+            assert torch.equal(gpu[0][r].cpu(), cpu[0][r]), f"{what}: rank {r}'s blocks differ"
+            assert torch.equal(gpu[1][r].cpu(), cpu[1][r]), f"{what}: owner {r}'s selection differs"
+            assert torch.equal(gpu[2][r].cpu(), cpu[2][r]), f"{what}: rank {r}'s update differs"
+            assert torch.equal(residuals["cuda"][r].cpu(), residuals["cpu"][r]), f"{what}: rank {r}'s residual differs"
+        assert gpu[3] == cpu[3], f"{what}: errors {gpu[3]} on CUDA, {cpu[3]} on the CPU"
+        if step < 3:
+            assert not cpu[3] and bool((cpu[2][0] != 0).any()), f"{what}: {cpu[3]}"
+            trimmed += sum(int(c.report()["trimmed"]) for c in codecs["cuda"])
+        else:
+            assert len(cpu[3]) == ranks and len(set(cpu[3])) == 1 and "out of memory" in cpu[3][0], cpu[3]
+        for c_cpu, c_gpu in zip(codecs["cpu"], codecs["cuda"]):
+            assert c_gpu.bounds() == c_cpu.bounds(), f"{what}: the next step's regions differ"
+    return trimmed
+
+
 def main():
     reason = cuda_skip_reason()
     if reason:
@@ -78,13 +135,20 @@ def main():
         for dtype in (torch.float32, torch.float16):
             trimmed = codecs_agree(method, dtype)
             print(f"{method} {dtype}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
+    for owner in ("sidco-e", "top-k"):
+        for dtype in (torch.float32, torch.float16):
+            trimmed = reduce_codecs_agree(owner, dtype)
+            assert trimmed > 0, f"owner {owner} {dtype}: no block trimmed, the test checks less than it says"
+            print(f"reduce exchange, owner {owner}, {dtype}: the CUDA codecs equal the CPU's ({trimmed} entries trimmed)")
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    results = run_ranks(sparse_ddp_step, backend, "cuda", 2, timeout=180)
-    for rank, same, paths, nonzero, size in results:
-        assert same, f"rank {rank}: the averaged gradients differ between ranks"
-        assert paths == {"sparse"}, f"rank {rank}: bucket paths {paths}"
-        assert 0 < nonzero < size, (rank, nonzero, size)
-    print(f"2-rank DDP step on CUDA buckets over {backend}: every rank has the same averaged gradients")
+    for exchange in ("allgather", "reduce"):
+        results = run_ranks(sparse_ddp_step, backend, "cuda", 2, exchange, timeout=180)
+        for rank, same, paths, nonzero, size in results:
+            assert same, f"rank {rank}: the averaged gradients differ between ranks ({exchange})"
+            assert paths == {f"sparse ({exchange})"}, f"rank {rank}: bucket paths {paths}"
+            assert 0 < nonzero < size, (rank, nonzero, size)
+        print(f"2-rank DDP steps on CUDA buckets over {backend} by {exchange}: every rank has the same averaged "
+              "gradients")
     return 0
 
 

@@ -704,6 +704,7 @@ def check_local():
             assert message in str(e), f"State({bad}): {e}"
         else:
             raise AssertionError(f"State({bad}) did not raise")
+    check_exchange_devices()
     check_sixteen_bit()
     check_loaded_states()
     check_threads()
@@ -727,6 +728,27 @@ def check_local():
     assert compressor.report()["size"] == 100
     print("local: pickle, deepcopy, torch.save, scalar densities, bad arguments, 16-bit top-k, wrapping layer sizes, "
           "integer gradients, loaded states checked, two threads on one object, decode of corrupted payloads")
+
+
+def check_exchange_devices():
+    """Which exchange a CUDA bucket gets, and a reduce codec's device argument."""
+    assert sidco_torch.State().exchange_for(4, "cuda") == "allgather"  # auto: not measured on GPUs yet
+    assert sidco_torch.State().exchange_for(4, "cpu") == "reduce"
+    assert sidco_torch.State(exchange="reduce").exchange_for(4, "cuda") == "reduce"
+    from sidco_torch.ops import _reduce_codec
+    bad = [("meta", "device 'meta' is neither the CPU nor a CUDA device"),
+           ("gpu0", "device 'gpu0' is not a device name")]
+    if not torch.cuda.is_available():
+        bad.append(("cuda:1", "device cuda:1: this sidco_torch was built without CUDA"))
+    for device, message in bad:
+        try:
+            torch.classes.sidco.ReduceCodec("sidco-e", {}, [1000], "float32", 0.01, 1.25, 3, 0, "sidco-e", 0.01, device)
+        except (RuntimeError, ValueError) as e:
+            assert message in str(e), f"device {device}: {e}"
+        else:
+            raise AssertionError(f"a reduce codec on device '{device}' was made")
+    codec = _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e", device=torch.device("cpu"))
+    assert codec.block_bytes() > 0
 
 
 def check_loaded_states():

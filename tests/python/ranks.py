@@ -42,10 +42,11 @@ def cuda_skip_reason():
     return None
 
 
-def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1):
+def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1, exchange="auto"):
     """For run_ranks: a small model's DDP steps with the SIDCo-E hook on 2 ranks (device
     "cuda": rank r on GPU r with NCCL, on GPU 0 with gloo). Puts (rank, whether both ranks
-    hold the same averaged gradients, the buckets' paths, nonzero gradients, size)."""
+    hold the same averaged gradients, the buckets' paths ("sparse (allgather)", "sparse
+    (reduce)" or "dense"), nonzero gradients, size)."""
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     device = torch.device(device)
     ids = None
@@ -56,7 +57,7 @@ def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
     sidco_torch.register(ddp, state)
     torch.manual_seed(1 + rank)
     for _ in range(steps):
@@ -64,6 +65,6 @@ def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1):
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     gathered = [torch.empty_like(grads) for _ in range(2)]
     dist.all_gather(gathered, grads)
-    paths = {s["path"] for s in state.stats().values()}
+    paths = {f"sparse ({s['exchange']})" if s["path"] == "sparse" else s["path"] for s in state.stats().values()}
     out.put((rank, bool(torch.equal(gathered[0], gathered[1])), paths, int((grads != 0).sum()), grads.numel()))
     dist.destroy_process_group()

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,6 +53,18 @@ std::unique_ptr<T>& per_device(const at::Device& device, const char* what, bool 
   if (!device.is_cpu()) sidco::throw_error(what, ": device ", device, " is neither the CPU nor a CUDA device");
   if (!cpu) cpu = make_cpu();
   return cpu;
+}
+
+at::Device parse_device(const std::string& name) {
+  std::optional<at::Device> device;
+  try {
+    device = at::Device(name);
+  } catch (const std::exception&) {
+    sidco::throw_error("device '", name, "' is not a device name (cpu, cuda, cuda:1, ...)");
+  }
+  if (!device->is_cpu() && !device->is_cuda())
+    sidco::throw_error("device '", name, "' is neither the CPU nor a CUDA device");
+  return *device;
 }
 
 at::ScalarType parse_dtype(const std::string& name) {
@@ -269,9 +282,16 @@ at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tenso
   });
 }
 
+namespace {
+cuda_reduce_codec_factory cuda_reduce_codecs = nullptr;
+}  // namespace
+
+void register_cuda_reduce_codec(cuda_reduce_codec_factory factory) { cuda_reduce_codecs = factory; }
+
 ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> options,
                          std::vector<std::int64_t> layer_sizes, std::string dtype, double density, double slack,
-                         std::int64_t ranks, std::int64_t rank, std::string owner, double capacity_density) {
+                         std::int64_t ranks, std::int64_t rank, std::string owner, double capacity_density,
+                         std::string device) {
   translated([&] {
     if (ranks < 1) sidco::throw_error("ranks = ", ranks, " is not positive");
     if (rank < 0 || rank >= ranks) sidco::throw_error("rank = ", rank, " is outside [0, ", ranks, ")");
@@ -282,7 +302,16 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
                                                                                   slack, std::size_t(ranks));
     });
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
-    impl_ = make_reduce_codec(settings_, plan_, std::size_t(rank), owner);
+    const at::Device on = parse_device(device);
+    if (on.is_cuda()) {
+      if (cuda_reduce_codecs == nullptr)
+        sidco::throw_error("bucket: device ", on, ": this sidco_torch was built without CUDA (the torch it was ",
+                           "built against had none)");
+      impl_ = cuda_reduce_codecs(settings_, plan_, std::size_t(rank), owner,
+                                 at::Device(at::kCUDA, on.has_index() ? on.index() : at::DeviceIndex(0)));
+    } else {
+      impl_ = make_reduce_codec(settings_, plan_, std::size_t(rank), owner);
+    }
     return 0;
   });
 }
@@ -409,7 +438,7 @@ TORCH_LIBRARY(sidco, m) {
       .def("load_layer_state", &Codec::load_layer_state);
   m.class_<ReduceCodec>("ReduceCodec")
       .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
-                       double, std::int64_t, std::int64_t, std::string, double>())
+                       double, std::int64_t, std::int64_t, std::string, double, std::string>())
       .def("block_bytes", &ReduceCodec::block_bytes)
       .def("capacity", &ReduceCodec::capacity)
       .def("target", &ReduceCodec::target)

@@ -1,7 +1,7 @@
-// sidco_torch.ReduceCodec: one CPU bucket's side of the reduce-scatter exchange
+// sidco_torch.ReduceCodec: one bucket's side of the reduce-scatter exchange
 // (sidco/comm/reduce_scatter.hpp): its compressors per layer, its regions and owner policy,
-// its blocks and selection. The work is in cpu/reduce.cpp; every entry point holds the
-// codec's lock, as Codec's do.
+// its blocks and selection, on the bucket's device. The work is in cpu/reduce.cpp and, for
+// CUDA buckets, cuda/reduce_codec.cuh; every entry point holds the codec's lock, as Codec's do.
 #pragma once
 
 #include <torch/custom_class.h>
@@ -16,10 +16,56 @@
 #include <vector>
 
 #include <sidco/comm/reduce_scatter.hpp>
+#include <sidco/core/state_io.hpp>
 
 #include "classes.hpp"
 
 namespace sidco_torch {
+
+/// An owner's selection from the blocks it received: by owner_sidco_e (owner, whose state
+/// goes on step to step) or, with exact, by exact Top-k. The same on every device.
+template <class T, class Index>
+void select_owned(std::span<const std::span<const std::byte>> blocks, const sidco::comm::regions& regions,
+                  std::size_t rank, const sidco::comm::reduce_plan& plan, const sidco::comm::wire_fields& fields,
+                  bool exact, sidco::comm::owner_sidco_e& owner, std::span<std::byte> selection,
+                  sidco::comm::reduce_report& report, sidco::comm::owner_workspace<T, Index>& workspace) {
+  if (exact) {
+    sidco::comm::owner_top_k top_k;
+    sidco::comm::select_region<T, Index>(blocks, regions, rank, plan, fields, top_k, selection, report, workspace);
+  } else {
+    sidco::comm::select_region<T, Index>(blocks, regions, rank, plan, fields, owner, selection, report, workspace);
+  }
+}
+
+/// A reduce codec's exchange state (its regions and owner policy) as checkpoints carry it,
+/// the same bytes on every device.
+inline std::vector<std::byte> save_exchange_state(const sidco::comm::regions& regions,
+                                                  const sidco::comm::owner_sidco_e& owner) {
+  sidco::state_writer out;
+  out.name("reduce_codec");
+  out.word(regions.bounds().size());
+  for (std::size_t b : regions.bounds()) out.word(b);
+  owner.save_state(out);
+  return out.take();
+}
+
+/// Reads what save_exchange_state wrote; regions and owner change only when all of it reads.
+inline void load_exchange_state(std::span<const std::byte> bytes, const sidco::comm::reduce_plan& plan,
+                                sidco::comm::regions& regions, sidco::comm::owner_sidco_e& owner) {
+  sidco::state_reader in(bytes);
+  in.expect("reduce_codec");
+  const std::uint64_t count = in.word("reduce_codec: bounds");
+  if (count != plan.ranks + 1)
+    sidco::throw_error("reduce_codec: the state has ", count, " region bounds, this exchange ", plan.ranks + 1);
+  std::vector<std::size_t> bounds(count);
+  for (auto& b : bounds) b = std::size_t(in.word("reduce_codec: bound"));
+  auto loaded = sidco::comm::regions::from_bounds(std::move(bounds), plan.size);
+  auto loaded_owner = owner;
+  loaded_owner.load_state(in);
+  in.finish();
+  regions = std::move(loaded);
+  owner = std::move(loaded_owner);
+}
 
 class reduce_codec_impl {
  public:
@@ -43,13 +89,20 @@ class reduce_codec_impl {
 std::unique_ptr<reduce_codec_impl> make_reduce_codec(const codec_settings& settings, const sidco::comm::reduce_plan& plan,
                                                      std::size_t rank, const std::string& owner);
 
+/// Made by cuda/ops.cu, which registers it when the library is built with CUDA.
+using cuda_reduce_codec_factory = std::unique_ptr<reduce_codec_impl> (*)(const codec_settings& settings,
+                                                                         const sidco::comm::reduce_plan& plan,
+                                                                         std::size_t rank, const std::string& owner,
+                                                                         const at::Device& device);
+void register_cuda_reduce_codec(cuda_reduce_codec_factory factory);
+
 class ReduceCodec : public torch::CustomClassHolder {
  public:
   /// ranks and rank: the process group's; owner: "sidco-e" (default) or "top-k";
-  /// capacity_density: as Codec's.
+  /// capacity_density: as Codec's; device: the bucket's ("cpu", "cuda:0", ...).
   ReduceCodec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
               std::string dtype, double density, double slack, std::int64_t ranks, std::int64_t rank,
-              std::string owner, double capacity_density);
+              std::string owner, double capacity_density, std::string device);
 
   std::int64_t block_bytes() const { return std::int64_t(plan_.format.bytes()); }
   std::int64_t capacity() const { return std::int64_t(plan_.capacity); }
@@ -74,7 +127,8 @@ class ReduceCodec : public torch::CustomClassHolder {
   mutable std::mutex mutex_;
 };
 
-/// The ops (CPU dispatch key, cpu/ops.cpp registers them).
+/// The ops (registered per dispatch key by cpu/ops.cpp and cuda/ops.cu): each runs on the
+/// codec's device, and a tensor on another device is an error naming it.
 at::Tensor reduce_encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
                          const c10::intrusive_ptr<ReduceCodec>& codec, std::int64_t tag, std::int64_t sequence);
 at::Tensor reduce_encode_failure(const at::Tensor& gradient, const c10::intrusive_ptr<ReduceCodec>& codec,

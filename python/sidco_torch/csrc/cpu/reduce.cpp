@@ -1,5 +1,5 @@
 // The hook's reduce-scatter exchange (sidco/comm/reduce_scatter.hpp) for CPU buckets: a
-// ReduceCodec per bucket and the three ops the hook calls around its two collectives:
+// ReduceCodec's CPU side and the three ops the hook calls around its two collectives:
 //   reduce_encode   compress the bucket per tensor, split by region into P blocks;
 //   reduce_select   this rank's region: the blocks it received, reduced and selected;
 //   reduce_decode   every owner's selection into the bucket, what was not kept back into
@@ -20,7 +20,6 @@
 
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/core/half.hpp>
-#include <sidco/core/state_io.hpp>
 
 #include "../binding.hpp"
 #include "../classes.hpp"
@@ -93,14 +92,8 @@ class reduce_impl final : public reduce_codec_impl {
     const auto all = bytes_of(received);
     std::vector<std::span<const std::byte>> views;
     for (std::size_t r = 0; r < plan_.ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
-    if (exact_owner_) {
-      sidco::comm::owner_top_k policy;
-      sidco::comm::select_region<T, index32>(views, regions_, rank_, plan_, fields_, policy, bytes_of(selection_), report_,
-                                             reduced_);
-    } else {
-      sidco::comm::select_region<T, index32>(views, regions_, rank_, plan_, fields_, owner_, bytes_of(selection_),
-                                             report_, reduced_);
-    }
+    select_owned<T, index32>(views, regions_, rank_, plan_, fields_, exact_owner_, owner_, bytes_of(selection_), report_,
+                             reduced_);
     return selection_;
   }
 
@@ -133,29 +126,8 @@ class reduce_impl final : public reduce_codec_impl {
   std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
   void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
 
-  std::vector<std::byte> save_exchange() const override {
-    sidco::state_writer out;
-    out.name("reduce_codec");
-    out.word(regions_.bounds().size());
-    for (std::size_t b : regions_.bounds()) out.word(b);
-    owner_.save_state(out);
-    return out.take();
-  }
-  void load_exchange(std::span<const std::byte> bytes) override {
-    sidco::state_reader in(bytes);
-    in.expect("reduce_codec");
-    const std::uint64_t count = in.word("reduce_codec: bounds");
-    if (count != plan_.ranks + 1)
-      sidco::throw_error("reduce_codec: the state has ", count, " region bounds, this exchange ", plan_.ranks + 1);
-    std::vector<std::size_t> bounds(count);
-    for (auto& b : bounds) b = std::size_t(in.word("reduce_codec: bound"));
-    auto regions = sidco::comm::regions::from_bounds(std::move(bounds), plan_.size);
-    auto owner = owner_;
-    owner.load_state(in);
-    in.finish();
-    regions_ = std::move(regions);
-    owner_ = std::move(owner);
-  }
+  std::vector<std::byte> save_exchange() const override { return save_exchange_state(regions_, owner_); }
+  void load_exchange(std::span<const std::byte> bytes) override { load_exchange_state(bytes, plan_, regions_, owner_); }
 
   std::vector<std::int64_t> bounds() const override { return {regions_.bounds().begin(), regions_.bounds().end()}; }
   const sidco::comm::reduce_report& report() const override { return report_; }

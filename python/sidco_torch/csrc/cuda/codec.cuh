@@ -75,6 +75,41 @@ __global__ void finish(const A* sum, std::size_t n, bool average, A ranks, T* ou
 
 }  // namespace codec_kernels
 
+// to[indices[j]] = values[j] for entries held on the host (what goes back into a residual,
+// an update's entries), through device buffers reused from call to call.
+template <class T, class Index>
+class entry_writer {
+ public:
+  entry_writer() = default;
+  entry_writer(const entry_writer&) = delete;
+  entry_writer& operator=(const entry_writer&) = delete;
+
+  // Complete when it returns: the buffers are free for the next call.
+  void put(T* to, const Index* indices, const T* values, std::size_t count, cudaStream_t stream) {
+    if (count == 0 || to == nullptr) return;
+    indices_.use_stream(stream);
+    values_.use_stream(stream);
+    indices_.resize(count);
+    values_.resize(count);
+    SIDCO_CUDA(cudaMemcpyAsync(indices_.data(), indices, count * sizeof(Index), cudaMemcpyHostToDevice, stream));
+    SIDCO_CUDA(cudaMemcpyAsync(values_.data(), values, count * sizeof(T), cudaMemcpyHostToDevice, stream));
+    codec_kernels::put_entries<<<codec_kernels::grid(count), codec_kernels::block_threads, 0, stream>>>(
+        indices_.data(), values_.data(), count, to);
+    SIDCO_CUDA(cudaGetLastError());
+    SIDCO_CUDA(cudaStreamSynchronize(stream));
+  }
+
+  // Releases the buffers (on the stream they were last used on).
+  void release() {
+    indices_ = {};
+    values_ = {};
+  }
+
+ private:
+  sidco::memory::device_buffer<Index> indices_;
+  sidco::memory::device_buffer<T> values_;
+};
+
 template <class T>
 class cuda_codec final : public codec_impl {
   using Index = std::uint32_t;
@@ -104,8 +139,7 @@ class cuda_codec final : public codec_impl {
     // work is done.
     engine_.reset();
     sent_ = {};
-    returned_indices_ = {};
-    returned_values_ = {};
+    returned_.release();
     if (uploaded_) cudaEventDestroy(uploaded_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -260,23 +294,8 @@ class cuda_codec final : public codec_impl {
       indices.push_back(i);
       values.push_back(before_.values()[j]);
     }
-    put(residual, indices.data(), values.data(), indices.size(), stream_);
-    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    returned_.put(residual, indices.data(), values.data(), indices.size(), stream_);
     return trimmed;
-  }
-
-  // residual[indices[j]] = values[j] for host arrays, on stream.
-  void put(T* residual, const Index* indices, const T* values, std::size_t count, cudaStream_t stream) {
-    if (count == 0) return;
-    returned_indices_.use_stream(stream);
-    returned_values_.use_stream(stream);
-    returned_indices_.resize(count);
-    returned_values_.resize(count);
-    SIDCO_CUDA(cudaMemcpyAsync(returned_indices_.data(), indices, count * sizeof(Index), cudaMemcpyHostToDevice, stream));
-    SIDCO_CUDA(cudaMemcpyAsync(returned_values_.data(), values, count * sizeof(T), cudaMemcpyHostToDevice, stream));
-    codec_kernels::put_entries<<<codec_kernels::grid(count), codec_kernels::block_threads, 0, stream>>>(
-        returned_indices_.data(), returned_values_.data(), count, residual);
-    SIDCO_CUDA(cudaGetLastError());
   }
 
   // After a failed exchange: this rank's sent entries (still in host_payload_) back into
@@ -285,9 +304,8 @@ class cuda_codec final : public codec_impl {
     const auto own = bytes_of(host_payload_);
     const auto h = sidco::comm::header_of(own);
     if (h.status != std::uint8_t(sidco::comm::wire_status::ok) || h.count == 0) return;
-    put(residual, reinterpret_cast<const Index*>(own.data() + format_.indices_offset()),
-        reinterpret_cast<const T*>(own.data() + format_.values_offset()), std::size_t(h.count), stream);
-    SIDCO_CUDA(cudaStreamSynchronize(stream));
+    returned_.put(residual, reinterpret_cast<const Index*>(own.data() + format_.indices_offset()),
+                  reinterpret_cast<const T*>(own.data() + format_.values_offset()), std::size_t(h.count), stream);
   }
 
   // The payloads' agreement (sidco::comm::agree: throws the same error on every rank) and
@@ -329,8 +347,7 @@ class cuda_codec final : public codec_impl {
   std::unique_ptr<engine<T, Index, memory>> engine_;
   sidco::sparse_vector<T, Index, memory> sent_;
   sidco::sparse_vector<T, Index> host_sent_, before_;
-  sidco::memory::device_buffer<Index> returned_indices_;
-  sidco::memory::device_buffer<T> returned_values_;
+  entry_writer<T, Index> returned_;
   at::Tensor host_payload_, payload_, gathered_, accumulator_;
   codec_report report_;
 };

@@ -1,12 +1,19 @@
 // The ops' CUDA kernels (dispatch key CUDA): compress on sidco's backend::cuda, the hook's
-// encode and decode (codec.cuh), scatter-add and decompress through ATen. Built with nvcc when the torch found has CUDA; registered
-// when the library loads, with a factory that Compressor::on uses for CUDA devices.
+// encode and decode (codec.cuh) and its reduce-scatter exchange's (reduce_codec.cuh),
+// scatter-add and decompress through ATen. Built with nvcc when the torch found has CUDA;
+// registered when the library loads, with the factories Compressor, Codec and ReduceCodec
+// use for CUDA devices.
 //
 // Streams: each compressor runs on a stream of its own and is ordered against torch's
 // current stream at every call by events (the current stream's work before compress, the
 // outputs' copies after it, and the next call after those copies), so a gradient written on
 // any stream just before the call is what gets compressed, and torch's caching allocator
 // sees every output tensor used on the stream it was allocated for.
+// The owners' CPU compressor (reduce_codec.cuh) has loops over a compile-time probe count
+// that may be 0, which nvcc's front end calls a pointless comparison (#186); g++ and
+// clang++ do not.
+#pragma nv_diag_suppress 186
+
 #include <torch/library.h>
 
 #include <ATen/ATen.h>
@@ -29,8 +36,10 @@
 #include "../classes.hpp"
 #include "../engine.hpp"
 #include "../registration.hpp"
+#include "../reduce_codec.hpp"
 #include "codec.cuh"
 #include "device_support.cuh"
+#include "reduce_codec.cuh"
 
 namespace sidco_torch {
 namespace {
@@ -183,8 +192,18 @@ std::unique_ptr<codec_impl> make_cuda_codec(const codec_settings& settings, cons
   });
 }
 
-// Compressor::on and Codec::on find the CUDA sides through these, set when the library loads.
-const bool registered = (register_cuda_compressor(&make_cuda_compressor), register_cuda_codec(&make_cuda_codec), true);
+std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec(const codec_settings& settings,
+                                                          const sidco::comm::reduce_plan& plan, std::size_t rank,
+                                                          const std::string& owner, const at::Device& device) {
+  return with_device_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<reduce_codec_impl> {
+    return std::make_unique<cuda_reduce_codec<typename decltype(tag)::type>>(settings, plan, rank, owner, device);
+  });
+}
+
+// Compressor::on, Codec::on and ReduceCodec find the CUDA sides through these, set when the
+// library loads.
+const bool registered = (register_cuda_compressor(&make_cuda_compressor), register_cuda_codec(&make_cuda_codec),
+                         register_cuda_reduce_codec(&make_cuda_reduce_codec), true);
 
 }  // namespace
 
@@ -196,6 +215,10 @@ void register_cuda_kernels(torch::Library& m) {
   m.impl("decode", cuda(codec_decode));
   m.impl("scatter_add_", cuda(scatter_add_));
   m.impl("decompress", cuda(decompress));
+  m.impl("reduce_encode", cuda(reduce_encode));
+  m.impl("reduce_encode_failure", cuda(reduce_encode_failure));
+  m.impl("reduce_select", cuda(reduce_select));
+  m.impl("reduce_decode", cuda(reduce_decode));
 }
 
 }  // namespace sidco_torch

@@ -1,0 +1,302 @@
+// The reduce-scatter exchange's codec for a CUDA bucket (cpu/reduce.cpp's, on the device).
+// Compress runs on backend::cuda with the residual in device memory; its selection (about
+// δ N entries) comes to the host, where the blocks are packed, the owner's region reduced
+// and selected, and the global selection read by the host code the CPU codec runs (so the
+// same bits); the device gets the blocks and the selection (which the process group moves),
+// the update's entries and what goes back into the residual, never a dense vector's copy.
+//
+// Streams: compress runs on the codec's own stream, ordered after torch's current stream;
+// uploads, downloads and the update run on the current stream (after the collectives, which
+// the hook's waits and futures order). Each op waits for the host once or twice.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <sidco/backend/cuda.cuh>
+#include <sidco/comm/reduce_scatter.hpp>
+
+#include "../binding.hpp"
+#include "../classes.hpp"
+#include "../engine.hpp"
+#include "../reduce_codec.hpp"
+#include "codec.cuh"
+#include "device_support.cuh"
+
+namespace sidco_torch {
+
+template <class T>
+class cuda_reduce_codec final : public reduce_codec_impl {
+  using Index = std::uint32_t;
+  using H = sidco::host_value_t<T>;  // the CPU codec's value type: the same host code, the same bits
+  using memory = sidco::memory::device;
+  static_assert(sizeof(H) == sizeof(T) && std::is_trivially_copyable_v<H> && std::is_trivially_copyable_v<T>);
+
+ public:
+  cuda_reduce_codec(const codec_settings& settings, const sidco::comm::reduce_plan& plan, std::size_t rank,
+                    const std::string& owner, const at::Device& device)
+      : settings_(settings),
+        plan_(plan),
+        rank_(rank),
+        exact_owner_(owner == "top-k"),
+        device_(device),
+        regions_(sidco::comm::regions::even(plan.size, plan.ranks)) {
+    const c10::cuda::CUDAGuard guard(device_);
+    SIDCO_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ready_ = std::make_unique<event>();
+    SIDCO_CUDA(cudaEventCreateWithFlags(&blocks_uploaded_, cudaEventDisableTiming));
+    SIDCO_CUDA(cudaEventCreateWithFlags(&selection_uploaded_, cudaEventDisableTiming));
+    const cudaStream_t stream = stream_;
+    engine_ = make_engine<T, Index, sidco::backend::cuda>(settings.method, settings.options, settings.layout,
+                                                          layer_budget::per_layer,
+                                                          [stream] { return sidco::backend::cuda(stream); });
+    const auto bytes = std::int64_t(plan_.format.bytes()), ranks = std::int64_t(plan_.ranks);
+    const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+    const auto on_device = at::TensorOptions().dtype(at::kByte).device(device_);
+    host_blocks_ = at::zeros({bytes * ranks}, pinned);
+    host_received_ = at::zeros({bytes * ranks}, pinned);
+    host_selection_ = at::zeros({bytes}, pinned);
+    host_selections_ = at::zeros({bytes * ranks}, pinned);
+    blocks_ = at::zeros({bytes * ranks}, on_device);
+    selection_ = at::zeros({bytes}, on_device);
+  }
+  cuda_reduce_codec(const cuda_reduce_codec&) = delete;
+  cuda_reduce_codec& operator=(const cuda_reduce_codec&) = delete;
+  ~cuda_reduce_codec() override {
+    // Buffers ordered on the stream are released on it first; the stream goes once its
+    // work is done.
+    engine_.reset();
+    sent_ = {};
+    writer_.release();
+    if (blocks_uploaded_) cudaEventDestroy(blocks_uploaded_);
+    if (selection_uploaded_) cudaEventDestroy(selection_uploaded_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
+                    const sidco::comm::wire_fields& fields) override {
+    report_ = {};
+    compress_ = {};
+    fields_ = fields;
+    failed_ = false;
+    const c10::cuda::CUDAGuard guard(device_);
+    const cudaStream_t current = current_stream();
+    SIDCO_CUDA(cudaEventSynchronize(blocks_uploaded_));  // the last upload has left host_blocks_
+    host_sent_.clear(plan_.size);
+    untrimmed_.clear(plan_.size);
+    T* r = nullptr;
+    bool compressed = false;
+    // What fails here fails on this rank alone: the blocks carry the error to every rank,
+    // and the residual is as it was (compress changes nothing when it throws, and what it
+    // selected goes back).
+    try {
+      check(gradient, "bucket");
+      if (residual) {
+        check(*residual, "residual");
+        r = reinterpret_cast<T*>(residual->data_ptr());
+      }
+      ready_->order(current, stream_);
+      compress_ = engine_->compress({reinterpret_cast<const T*>(gradient.data_ptr()), plan_.size}, settings_.density,
+                                    r ? memory::view<T>{r, plan_.size} : memory::view<T>{}, sent_);
+      fetch_selection();
+      compressed = true;
+      untrimmed_ = host_sent_;
+      report_.trimmed = sidco::comm::pack_blocks(host_sent_, regions_, plan_, fields, std::span<H>{},
+                                                 bytes_of(host_blocks_));
+      report_.sent = host_sent_.size();
+      if (r != nullptr && report_.trimmed > 0) {
+        returned_indices_.clear();
+        returned_values_.clear();
+        sidco::comm::detail::return_unselected(untrimmed_, host_sent_.indices(), give_back());
+        put(r, returned_indices_, returned_values_, stream_);
+      }
+    } catch (const std::exception& e) {
+      failed_ = true;
+      if (compressed && r != nullptr)
+        put(r, untrimmed_.indices(), untrimmed_.values(), stream_);
+      host_sent_.clear(plan_.size);
+      sidco::comm::pack_failed_blocks<H, Index>(e, plan_, fields, bytes_of(host_blocks_));
+    }
+    upload(host_blocks_, blocks_, current, blocks_uploaded_);
+    return blocks_;
+  }
+
+  at::Tensor encode_failure(const std::string& message, const sidco::comm::wire_fields& fields) override {
+    report_ = {};
+    compress_ = {};
+    fields_ = fields;
+    failed_ = true;
+    const c10::cuda::CUDAGuard guard(device_);
+    SIDCO_CUDA(cudaEventSynchronize(blocks_uploaded_));
+    host_sent_.clear(plan_.size);
+    sidco::comm::pack_failed_blocks<H, Index>(sidco::runtime_error(message), plan_, fields, bytes_of(host_blocks_));
+    upload(host_blocks_, blocks_, current_stream(), blocks_uploaded_);
+    return blocks_;
+  }
+
+  at::Tensor select(const at::Tensor& received) override {
+    const c10::cuda::CUDAGuard guard(device_);
+    check_cuda_tensor("received", received, device_);
+    const std::size_t bytes = plan_.format.bytes();
+    if (received.scalar_type() != at::kByte || std::size_t(received.numel()) != bytes * plan_.ranks)
+      sidco::throw_error("received: ", received.numel(), " ", received.scalar_type(), " values, the exchange takes ",
+                         bytes * plan_.ranks, " bytes");
+    const cudaStream_t current = current_stream();
+    SIDCO_CUDA(cudaEventSynchronize(selection_uploaded_));
+    download(received, host_received_, 0, bytes * plan_.ranks, current);
+    SIDCO_CUDA(cudaStreamSynchronize(current));
+    const auto all = bytes_of(host_received_);
+    std::vector<std::span<const std::byte>> views;
+    for (std::size_t r = 0; r < plan_.ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
+    select_owned<H, Index>(views, regions_, rank_, plan_, fields_, exact_owner_, owner_, bytes_of(host_selection_),
+                           report_, reduced_);
+    upload(host_selection_, selection_, current, selection_uploaded_);
+    return selection_;
+  }
+
+  void decode(const std::vector<at::Tensor>& selections, const at::Tensor& out,
+              const c10::optional<at::Tensor>& residual) override {
+    const c10::cuda::CUDAGuard guard(device_);
+    const cudaStream_t current = current_stream();
+    T* r = nullptr;
+    if (residual) {
+      check(*residual, "residual");
+      r = reinterpret_cast<T*>(residual->data_ptr());
+    }
+    const std::size_t bytes = plan_.format.bytes();
+    try {
+      check(out, "out");
+      if (selections.size() != plan_.ranks)
+        sidco::throw_error("selections: ", selections.size(), " tensors, the exchange has ", plan_.ranks, " ranks");
+      for (const at::Tensor& p : selections) {
+        check_cuda_tensor("selection", p, device_);
+        if (p.scalar_type() != at::kByte) sidco::throw_error("selection: dtype ", p.scalar_type(), " is not uint8");
+        if (std::size_t(p.numel()) != bytes)
+          sidco::throw_error("selection: ", p.numel(), " bytes, the exchange's format takes ", bytes);
+      }
+    } catch (...) {
+      // A bad argument on this rank: what it sent still waits in its residual.
+      put(r, host_sent_.indices(), host_sent_.values(), current);
+      throw;
+    }
+    for (std::size_t j = 0; j < selections.size(); ++j)
+      download(selections[j], host_selections_, j * bytes, bytes, current);
+    SIDCO_CUDA(cudaStreamSynchronize(current));
+    const auto all = bytes_of(host_selections_);
+    std::vector<std::span<const std::byte>> views;
+    for (std::size_t j = 0; j < plan_.ranks; ++j) views.push_back(all.subspan(j * bytes, bytes));
+    report_.ranks = int(plan_.ranks);
+    report_.target = plan_.target;
+    report_.bytes_sent = report_.bytes_received = 2 * (plan_.ranks - 1) * bytes;
+    returned_indices_.clear();
+    returned_values_.clear();
+    try {
+      sidco::comm::selected_entries<H, Index>(views, regions_, plan_, host_sent_, give_back(), global_, applied_,
+                                              report_);
+    } catch (...) {
+      // Every rank raises this: every entry this rank sent goes back into its residual.
+      put(r, returned_indices_, returned_values_, current);
+      throw;
+    }
+    put(r, returned_indices_, returned_values_, current);
+    SIDCO_CUDA(cudaMemsetAsync(out.data_ptr(), 0, plan_.size * sizeof(T), current));
+    put(reinterpret_cast<T*>(out.data_ptr()), global_, applied_, current);
+    regions_ = sidco::comm::regions::balanced<Index>(global_, plan_.size, plan_.ranks);
+  }
+
+  std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
+  void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
+  std::vector<std::byte> save_exchange() const override { return save_exchange_state(regions_, owner_); }
+  void load_exchange(std::span<const std::byte> bytes) override { load_exchange_state(bytes, plan_, regions_, owner_); }
+  std::vector<std::int64_t> bounds() const override { return {regions_.bounds().begin(), regions_.bounds().end()}; }
+  const sidco::comm::reduce_report& report() const override { return report_; }
+  const sidco::compress_report& compress_report() const override { return compress_; }
+  bool failed() const override { return failed_; }
+
+ private:
+  cudaStream_t current_stream() const { return at::cuda::getCurrentCUDAStream(device_.index()).stream(); }
+
+  void check(const at::Tensor& t, const char* what) const {
+    check_cuda_tensor(what, t, device_);
+    if (t.scalar_type() != settings_.dtype)
+      sidco::throw_error(what, ": dtype ", t.scalar_type(), " is not the codec's ", settings_.dtype);
+    if (std::size_t(t.numel()) != plan_.size)
+      sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", plan_.size);
+  }
+
+  // to[indices[j]] = values[j] on the device, complete when it returns.
+  void put(T* to, std::span<const Index> indices, std::span<const H> values, cudaStream_t stream) {
+    writer_.put(to, indices.data(), reinterpret_cast<const T*>(values.data()), indices.size(), stream);
+  }
+
+  // Entries for the residual, collected on the host until they are written in one go.
+  auto give_back() {
+    return [this](Index i, H v) {
+      returned_indices_.push_back(i);
+      returned_values_.push_back(v);
+    };
+  }
+
+  // The compressor's selection to host_sent_ (one host wait).
+  void fetch_selection() {
+    host_sent_.resize(sent_.size());
+    if (!sent_.empty()) {
+      SIDCO_CUDA(cudaMemcpyAsync(host_sent_.index_data(), sent_.indices().data(), sent_.size() * sizeof(Index),
+                                 cudaMemcpyDeviceToHost, stream_));
+      SIDCO_CUDA(cudaMemcpyAsync(host_sent_.value_data(), sent_.values().data(), sent_.size() * sizeof(H),
+                                 cudaMemcpyDeviceToHost, stream_));
+    }
+    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  // from (device, bytes long) into host (pinned) at offset, on stream.
+  static void download(const at::Tensor& from, const at::Tensor& host, std::size_t offset, std::size_t bytes,
+                       cudaStream_t stream) {
+    SIDCO_CUDA(cudaMemcpyAsync(static_cast<std::byte*>(host.data_ptr()) + offset, from.data_ptr(), bytes,
+                               cudaMemcpyDeviceToHost, stream));
+  }
+
+  // host (pinned) to device on stream; uploaded marks when host is free again.
+  static void upload(const at::Tensor& host, const at::Tensor& device, cudaStream_t stream, cudaEvent_t uploaded) {
+    SIDCO_CUDA(cudaMemcpyAsync(device.data_ptr(), host.data_ptr(), std::size_t(host.numel()), cudaMemcpyHostToDevice,
+                               stream));
+    SIDCO_CUDA(cudaEventRecord(uploaded, stream));
+  }
+
+  codec_settings settings_;
+  sidco::comm::reduce_plan plan_;
+  std::size_t rank_;
+  bool exact_owner_;
+  at::Device device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t blocks_uploaded_ = nullptr, selection_uploaded_ = nullptr;
+  std::unique_ptr<event> ready_;
+  std::unique_ptr<engine<T, Index, memory>> engine_;
+  sidco::comm::owner_sidco_e owner_;
+  sidco::comm::regions regions_;
+  sidco::comm::owner_workspace<H, Index> reduced_;  // the owner's workspace, kept from step to step
+  sidco::sparse_vector<T, Index, memory> sent_;
+  sidco::sparse_vector<H, Index> host_sent_, untrimmed_;  // sent as the blocks hold it, and before trimming
+  std::vector<Index> global_, returned_indices_;
+  std::vector<H> applied_, returned_values_;
+  entry_writer<T, Index> writer_;
+  at::Tensor host_blocks_, host_received_, host_selection_, host_selections_, blocks_, selection_;
+  sidco::comm::wire_fields fields_;
+  sidco::comm::reduce_report report_;
+  sidco::compress_report compress_;
+  bool failed_ = false;
+};
+
+}  // namespace sidco_torch
