@@ -22,21 +22,6 @@
 
 namespace sidco_torch {
 
-/// An owner's selection from the blocks it received: by owner_sidco_e (owner, whose state
-/// goes on step to step) or, with exact, by exact Top-k. The same on every device.
-template <class T, class Index>
-void select_owned(std::span<const std::span<const std::byte>> blocks, const sidco::comm::regions& regions,
-                  std::size_t rank, const sidco::comm::reduce_plan& plan, const sidco::comm::wire_fields& fields,
-                  bool exact, sidco::comm::owner_sidco_e& owner, std::span<std::byte> selection,
-                  sidco::comm::reduce_report& report, sidco::comm::owner_workspace<T, Index>& workspace) {
-  if (exact) {
-    sidco::comm::owner_top_k top_k;
-    sidco::comm::select_region<T, Index>(blocks, regions, rank, plan, fields, top_k, selection, report, workspace);
-  } else {
-    sidco::comm::select_region<T, Index>(blocks, regions, rank, plan, fields, owner, selection, report, workspace);
-  }
-}
-
 /// A reduce codec's exchange state (its regions and owner policy) as checkpoints carry it,
 /// the same bytes on every device.
 inline std::vector<std::byte> save_exchange_state(const sidco::comm::regions& regions,
@@ -84,6 +69,67 @@ class reduce_codec_impl {
   virtual const sidco::comm::reduce_report& report() const = 0;
   virtual const sidco::compress_report& compress_report() const = 0;
   virtual bool failed() const = 0;
+};
+
+/// What the CPU and CUDA reduce codecs hold and answer alike: the plan, this rank, the
+/// owner policy and its workspace, the regions, the last step's reports and the local
+/// compressors (Engine, on values H, the host type of the bucket's).
+template <class Engine, class H, class Index>
+class reduce_codec_base : public reduce_codec_impl {
+ public:
+  reduce_codec_base(const codec_settings& settings, const sidco::comm::reduce_plan& plan, std::size_t rank,
+                    const std::string& owner)
+      : settings_(settings),
+        plan_(plan),
+        rank_(rank),
+        exact_owner_(owner == "top-k"),
+        regions_(sidco::comm::regions::even(plan.size, plan.ranks)) {}
+
+  std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
+  void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
+  std::vector<std::byte> save_exchange() const override { return save_exchange_state(regions_, owner_); }
+  void load_exchange(std::span<const std::byte> bytes) override { load_exchange_state(bytes, plan_, regions_, owner_); }
+  std::vector<std::int64_t> bounds() const override { return {regions_.bounds().begin(), regions_.bounds().end()}; }
+  const sidco::comm::reduce_report& report() const override { return report_; }
+  const sidco::compress_report& compress_report() const override { return compress_; }
+  bool failed() const override { return failed_; }
+
+ protected:
+  // The owner's selection of this rank's region from the blocks it received: by
+  // owner_sidco_e (whose state goes on step to step) or, for owner "top-k", exact Top-k.
+  void select_owned(std::span<const std::span<const std::byte>> blocks, std::span<std::byte> selection) {
+    if (exact_owner_) {
+      sidco::comm::owner_top_k top_k;
+      sidco::comm::select_region<H, Index>(blocks, regions_, rank_, plan_, fields_, top_k, selection, report_, reduced_);
+    } else {
+      sidco::comm::select_region<H, Index>(blocks, regions_, rank_, plan_, fields_, owner_, selection, report_,
+                                           reduced_);
+    }
+  }
+
+  // A decode's totals in the report (before the global selection is read).
+  void report_exchange() {
+    report_.ranks = int(plan_.ranks);
+    report_.target = plan_.target;
+    report_.bytes_sent = report_.bytes_received = 2 * (plan_.ranks - 1) * plan_.format.bytes();
+  }
+
+  // The next step's regions, from this step's global selection.
+  void rebalance() { regions_ = sidco::comm::regions::balanced<Index>(global_, plan_.size, plan_.ranks); }
+
+  codec_settings settings_;
+  sidco::comm::reduce_plan plan_;
+  std::size_t rank_;
+  bool exact_owner_;
+  std::unique_ptr<Engine> engine_;
+  sidco::comm::owner_sidco_e owner_;
+  sidco::comm::regions regions_;
+  sidco::comm::owner_workspace<H, Index> reduced_;  // the owner's workspace, kept from step to step
+  std::vector<Index> global_;  // the last global selection's indices
+  sidco::comm::wire_fields fields_;
+  sidco::comm::reduce_report report_;
+  sidco::compress_report compress_;
+  bool failed_ = false;
 };
 
 std::unique_ptr<reduce_codec_impl> make_reduce_codec(const codec_settings& settings, const sidco::comm::reduce_plan& plan,

@@ -32,18 +32,19 @@ namespace {
 using index32 = std::uint32_t;
 
 template <class T>
-class reduce_impl final : public reduce_codec_impl {
+class reduce_impl final : public reduce_codec_base<engine<T, index32>, T, index32> {
+  using base = reduce_codec_base<engine<T, index32>, T, index32>;
+  using base::compress_, base::engine_, base::failed_, base::fields_, base::global_, base::plan_, base::regions_,
+      base::report_, base::settings_;
+
  public:
   reduce_impl(const codec_settings& settings, const sidco::comm::reduce_plan& plan, std::size_t rank,
               const std::string& owner)
-      : settings_(settings),
-        plan_(plan),
-        rank_(rank),
-        exact_owner_(owner == "top-k"),
-        engine_(make_engine<T, index32>(settings.method, settings.options, settings.layout, layer_budget::per_layer)),
-        regions_(sidco::comm::regions::even(plan.size, plan.ranks)),
+      : base(settings, plan, rank, owner),
         blocks_(at::zeros({std::int64_t(plan.format.bytes() * plan.ranks)}, at::kByte)),
-        selection_(at::zeros({std::int64_t(plan.format.bytes())}, at::kByte)) {}
+        selection_(at::zeros({std::int64_t(plan.format.bytes())}, at::kByte)) {
+    engine_ = make_engine<T, index32>(settings.method, settings.options, settings.layout, layer_budget::per_layer);
+  }
 
   at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
                     const sidco::comm::wire_fields& fields) override {
@@ -92,8 +93,7 @@ class reduce_impl final : public reduce_codec_impl {
     const auto all = bytes_of(received);
     std::vector<std::span<const std::byte>> views;
     for (std::size_t r = 0; r < plan_.ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
-    select_owned<T, index32>(views, regions_, rank_, plan_, fields_, exact_owner_, owner_, bytes_of(selection_), report_,
-                             reduced_);
+    this->select_owned(views, bytes_of(selection_));
     return selection_;
   }
 
@@ -116,23 +116,10 @@ class reduce_impl final : public reduce_codec_impl {
       sidco::comm::return_entries(sent_, r);
       throw;
     }
-    report_.ranks = int(plan_.ranks);
-    report_.target = plan_.target;
-    report_.bytes_sent = report_.bytes_received = 2 * (plan_.ranks - 1) * plan_.format.bytes();
+    this->report_exchange();
     sidco::comm::apply_selections<T, index32>(views, regions_, plan_, sent_, r, span_of<T>(out), global_, report_);
-    regions_ = sidco::comm::regions::balanced<index32>(global_, plan_.size, plan_.ranks);
+    this->rebalance();
   }
-
-  std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
-  void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
-
-  std::vector<std::byte> save_exchange() const override { return save_exchange_state(regions_, owner_); }
-  void load_exchange(std::span<const std::byte> bytes) override { load_exchange_state(bytes, plan_, regions_, owner_); }
-
-  std::vector<std::int64_t> bounds() const override { return {regions_.bounds().begin(), regions_.bounds().end()}; }
-  const sidco::comm::reduce_report& report() const override { return report_; }
-  const sidco::compress_report& compress_report() const override { return compress_; }
-  bool failed() const override { return failed_; }
 
  private:
   void check(const at::Tensor& t, const char* what) const {
@@ -143,22 +130,9 @@ class reduce_impl final : public reduce_codec_impl {
       sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", plan_.size);
   }
 
-  codec_settings settings_;
-  sidco::comm::reduce_plan plan_;
-  std::size_t rank_;
-  bool exact_owner_;
-  std::unique_ptr<engine<T, index32>> engine_;
-  sidco::comm::owner_sidco_e owner_;
-  sidco::comm::regions regions_;
   at::Tensor blocks_, selection_;
   sidco::sparse_vector<T, index32> sent_;
-  sidco::comm::owner_workspace<T, index32> reduced_;  // the owner's workspace, kept from step to step
   std::span<T> residual_;
-  std::vector<index32> global_;
-  sidco::comm::wire_fields fields_;
-  sidco::comm::reduce_report report_;
-  sidco::compress_report compress_;
-  bool failed_ = false;
 };
 
 }  // namespace

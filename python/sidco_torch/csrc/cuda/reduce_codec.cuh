@@ -37,22 +37,20 @@
 
 namespace sidco_torch {
 
-template <class T>
-class cuda_reduce_codec final : public reduce_codec_impl {
-  using Index = std::uint32_t;
-  using H = sidco::host_value_t<T>;  // the CPU codec's value type: the same host code, the same bits
+// H: the CPU codec's value type (the same host code, so the same bits).
+template <class T, class Index = std::uint32_t, class H = sidco::host_value_t<T>>
+class cuda_reduce_codec final
+    : public reduce_codec_base<engine<T, Index, sidco::memory::device>, H, Index> {
   using memory = sidco::memory::device;
+  using base = reduce_codec_base<engine<T, Index, memory>, H, Index>;
+  using base::compress_, base::engine_, base::failed_, base::fields_, base::global_, base::plan_, base::regions_,
+      base::report_, base::settings_;
   static_assert(sizeof(H) == sizeof(T) && std::is_trivially_copyable_v<H> && std::is_trivially_copyable_v<T>);
 
  public:
   cuda_reduce_codec(const codec_settings& settings, const sidco::comm::reduce_plan& plan, std::size_t rank,
                     const std::string& owner, const at::Device& device)
-      : settings_(settings),
-        plan_(plan),
-        rank_(rank),
-        exact_owner_(owner == "top-k"),
-        device_(device),
-        regions_(sidco::comm::regions::even(plan.size, plan.ranks)) {
+      : base(settings, plan, rank, owner), device_(device) {
     const c10::cuda::CUDAGuard guard(device_);
     SIDCO_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ready_ = std::make_unique<event>();
@@ -160,8 +158,7 @@ class cuda_reduce_codec final : public reduce_codec_impl {
     const auto all = bytes_of(host_received_);
     std::vector<std::span<const std::byte>> views;
     for (std::size_t r = 0; r < plan_.ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
-    select_owned<H, Index>(views, regions_, rank_, plan_, fields_, exact_owner_, owner_, bytes_of(host_selection_),
-                           report_, reduced_);
+    this->select_owned(views, bytes_of(host_selection_));
     upload(host_selection_, selection_, current, selection_uploaded_);
     return selection_;
   }
@@ -197,9 +194,7 @@ class cuda_reduce_codec final : public reduce_codec_impl {
     const auto all = bytes_of(host_selections_);
     std::vector<std::span<const std::byte>> views;
     for (std::size_t j = 0; j < plan_.ranks; ++j) views.push_back(all.subspan(j * bytes, bytes));
-    report_.ranks = int(plan_.ranks);
-    report_.target = plan_.target;
-    report_.bytes_sent = report_.bytes_received = 2 * (plan_.ranks - 1) * bytes;
+    this->report_exchange();
     returned_indices_.clear();
     returned_values_.clear();
     try {
@@ -213,17 +208,8 @@ class cuda_reduce_codec final : public reduce_codec_impl {
     put(r, returned_indices_, returned_values_, current);
     SIDCO_CUDA(cudaMemsetAsync(out.data_ptr(), 0, plan_.size * sizeof(T), current));
     put(reinterpret_cast<T*>(out.data_ptr()), global_, applied_, current);
-    regions_ = sidco::comm::regions::balanced<Index>(global_, plan_.size, plan_.ranks);
+    this->rebalance();
   }
-
-  std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
-  void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
-  std::vector<std::byte> save_exchange() const override { return save_exchange_state(regions_, owner_); }
-  void load_exchange(std::span<const std::byte> bytes) override { load_exchange_state(bytes, plan_, regions_, owner_); }
-  std::vector<std::int64_t> bounds() const override { return {regions_.bounds().begin(), regions_.bounds().end()}; }
-  const sidco::comm::reduce_report& report() const override { return report_; }
-  const sidco::compress_report& compress_report() const override { return compress_; }
-  bool failed() const override { return failed_; }
 
  private:
   cudaStream_t current_stream() const { return at::cuda::getCurrentCUDAStream(device_.index()).stream(); }
@@ -275,28 +261,16 @@ class cuda_reduce_codec final : public reduce_codec_impl {
     SIDCO_CUDA(cudaEventRecord(uploaded, stream));
   }
 
-  codec_settings settings_;
-  sidco::comm::reduce_plan plan_;
-  std::size_t rank_;
-  bool exact_owner_;
   at::Device device_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t blocks_uploaded_ = nullptr, selection_uploaded_ = nullptr;
   std::unique_ptr<event> ready_;
-  std::unique_ptr<engine<T, Index, memory>> engine_;
-  sidco::comm::owner_sidco_e owner_;
-  sidco::comm::regions regions_;
-  sidco::comm::owner_workspace<H, Index> reduced_;  // the owner's workspace, kept from step to step
   sidco::sparse_vector<T, Index, memory> sent_;
   sidco::sparse_vector<H, Index> host_sent_, untrimmed_;  // sent as the blocks hold it, and before trimming
-  std::vector<Index> global_, returned_indices_;
+  std::vector<Index> returned_indices_;
   std::vector<H> applied_, returned_values_;
   entry_writer<T, Index> writer_;
   at::Tensor host_blocks_, host_received_, host_selection_, host_selections_, blocks_, selection_;
-  sidco::comm::wire_fields fields_;
-  sidco::comm::reduce_report report_;
-  sidco::compress_report compress_;
-  bool failed_ = false;
 };
 
 }  // namespace sidco_torch
