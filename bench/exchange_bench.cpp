@@ -1,4 +1,4 @@
-// Google Benchmark suite for the reduce-scatter exchange's owner side (comm/reduce_scatter.hpp),
+// Google Benchmark suite for the reduce-scatter exchange's owner side (comm/reduce/steps.hpp),
 // against its baseline in the same run: the local compress every rank runs before it.
 // P ranks' gradients come from the bundled real LSTM gradient (3.69M values; see
 // rank_gradient); every rank compresses with SIDCo-E at delta = 0.01 on one thread and packs
@@ -67,7 +67,8 @@ step_blocks pack_all(std::vector<sparse_vector<float>> selections, const comm::r
   s.sent.resize(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
     s.sent[r].resize(bytes * ranks);
-    comm::pack_blocks(selections[r], owners, plan, comm::wire_fields{}, std::span<float>{}, std::span<std::byte>(s.sent[r]));
+    comm::host_residual<float> none;
+    comm::pack_blocks(selections[r], owners, plan, comm::wire_fields{}, none, std::span<std::byte>(s.sent[r]));
   }
   s.received.assign(ranks, std::vector<std::span<const std::byte>>(ranks));
   for (std::size_t o = 0; o < ranks; ++o)
@@ -97,7 +98,7 @@ void owner_select(benchmark::State& state) {
   std::sort(compress_seconds.begin(), compress_seconds.end());
 
   std::vector<comm::owner_sidco_e> policies(ranks, comm::owner_sidco_e{local_owner_compressor({}, {}, backend::cpu(1))});
-  std::vector<comm::owner_workspace<float, std::uint32_t>> workspaces(ranks);  // each owner's, kept as the exchange keeps it
+  std::vector<comm::owner_scratch<float, std::uint32_t>> workspaces(ranks);  // each owner's, kept as the exchange keeps it
   const std::size_t bytes = plan.format.bytes();
   std::vector<std::byte> selections(bytes * ranks);
   std::vector<std::span<const std::byte>> selection_views(ranks);
@@ -117,9 +118,9 @@ void owner_select(benchmark::State& state) {
   // A rank's decode of the owners' selections: the global selection's indices and the report.
   const auto apply_all = [&](const comm::regions& owners, std::vector<std::uint32_t>& global) {
     comm::reduce_report report;
-    std::vector<float> dense(n);
-    comm::apply_selections<float, std::uint32_t>(selection_views, owners, plan, sparse_vector<float>(n),
-                                                 std::span<float>{}, std::span<float>(dense), global, report);
+    std::vector<float> updates;
+    comm::check_selections<float, std::uint32_t>(selection_views, owners, plan);
+    comm::read_selections<float, std::uint32_t>(selection_views, plan.format, global, updates, report);
     return report;
   };
 

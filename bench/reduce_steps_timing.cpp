@@ -1,6 +1,6 @@
 // Times the reduce-scatter exchange's sender and apply steps (pack_blocks over 8 simulated
-// ranks, then one rank's apply_selections) on the bundled real LSTM gradient, medians of 30:
-// for before/after checks of changes to comm/reduce_scatter.hpp, compiled by hand against
+// ranks, then one rank's round 3: check, update, give back) on the bundled real LSTM gradient, medians of 30:
+// for before/after checks of changes to comm/reduce/, compiled by hand against
 // each tree's include/ and run alternately (bench/BEFORE_AFTER.md):
 //
 //   g++ -std=c++20 -O3 -march=native -DNDEBUG -fopenmp -DSIDCO_HIGHWAY=1 -DHWY_COMPILE_ONLY_STATIC=1
@@ -37,8 +37,10 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < 30; ++rep) {
     std::vector<sparse_vector<float>> copy = sent;
     auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t r = 0; r < ranks; ++r)
-      comm::pack_blocks(copy[r], owners, plan, comm::wire_fields{}, std::span<float>(residual), std::span<std::byte>(blocks[r]));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      comm::host_residual<float> sink{std::span<float>(residual)};
+      comm::pack_blocks(copy[r], owners, plan, comm::wire_fields{}, sink, std::span<std::byte>(blocks[r]));
+    }
     auto t1 = std::chrono::steady_clock::now();
     pack_t.push_back(std::chrono::duration<double>(t1 - t0).count());
     std::vector<std::vector<std::byte>> sel(ranks, std::vector<std::byte>(bytes));
@@ -47,14 +49,21 @@ int main(int argc, char** argv) {
       for (auto& b : blocks) rec.push_back(std::span<const std::byte>(b).subspan(j * bytes, bytes));
       comm::owner_top_k p;
       comm::reduce_report rep2;
-      comm::select_region<float, std::uint32_t>(rec, owners, j, plan, comm::wire_fields{}, p, sel[j], rep2);
+      comm::owner_scratch<float, std::uint32_t> scratch;
+      comm::select_region<float, std::uint32_t>(rec, owners, j, plan, comm::wire_fields{}, p, sel[j], rep2, scratch);
     }
     std::vector<std::span<const std::byte>> views(sel.begin(), sel.end());
     std::vector<std::uint32_t> global;
+    std::vector<float> updates;
     comm::reduce_report report;
     auto t2 = std::chrono::steady_clock::now();
-    comm::apply_selections<float, std::uint32_t>(views, owners, plan, copy[0], std::span<float>(residual),
-                                                 std::span<float>(dense), global, report);
+    // Round 3 as the MPI transport runs it: the check, the update, what goes back.
+    comm::check_selections<float, std::uint32_t>(views, owners, plan);
+    comm::read_selections<float, std::uint32_t>(views, plan.format, global, updates, report);
+    comm::host_residual<float> sink{std::span<float>(residual)};
+    comm::give_back_unkept<float, std::uint32_t>(copy[0].indices(), copy[0].values(), global, sink);
+    std::fill(dense.begin(), dense.end(), 0.0f);
+    for (std::size_t j = 0; j < global.size(); ++j) dense[global[j]] = updates[j];
     auto t3 = std::chrono::steady_clock::now();
     apply_t.push_back(std::chrono::duration<double>(t3 - t2).count());
   }

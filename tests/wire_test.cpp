@@ -1,18 +1,21 @@
-// The one-round exchange's payload (comm/wire.hpp) and setup record (comm/setup.hpp), without
-// a network: every rank decodes the same payloads, so a property of decode() on one set of
-// payloads holds on every rank alike.
+// The exchanges' payload (comm/wire.hpp), setup record (comm/setup.hpp) and cores
+// (comm/allgather/core.hpp, comm/reduce/core.hpp), without a network: every rank reads the
+// same payloads, so a property of a step on one set of payloads holds on every rank alike;
+// ranks are simulated in one process, their payloads routed as the transports route them.
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <sidco/comm/allgather/core.hpp>
 #include <sidco/comm/capacity.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/comm/setup.hpp>
@@ -34,6 +37,7 @@ constexpr double delta = 0.02;
 struct rank_side {
   std::vector<float> gradient, old_residual;
   feedback::residual<float> residual{n};
+  sparse_vector<float> sent;
   std::vector<std::byte> payload;
 };
 
@@ -51,12 +55,12 @@ std::vector<rank_side> pack_ranks(int ranks, const comm::wire_format& format, co
       side.old_residual[i] = 0.1f * normal(rng);
       side.residual.values()[i] = side.old_residual[i];
     }
-    sparse_vector<float> sent;
     presets::sidco_e<> compressor;
-    compressor.compress(side.gradient, delta, sent, side.residual);
-    const std::size_t trimmed = comm::trim_to_capacity(sent, layout, plan, side.residual.values());
+    compressor.compress(side.gradient, delta, side.sent, side.residual);
+    comm::host_residual<float> sink{side.residual.values()};
+    const std::size_t trimmed = comm::trim_to_capacity(side.sent, layout, plan, sink);
     side.payload.resize(format.bytes());
-    comm::pack(sent, trimmed, {3, 7, delta, comm::reduction::average}, format, side.payload);
+    comm::pack(side.sent, trimmed, {3, 7, delta, comm::reduction::average}, format, side.payload);
   }
   return sides;
 }
@@ -86,23 +90,40 @@ verdict decode_all(const std::vector<std::vector<std::byte>>& payloads, const co
   return v;
 }
 
-// Round 2 of a reduce-scatter exchange simulated in one process: rank r packed its blocks
-// into rank_blocks[r] (owner j's at j * the format's bytes); each owner selects its region
-// from the blocks routed to it, in rank order, as the MPI and gloo transports route them.
-template <class Policy>
-std::vector<std::vector<std::byte>> select_every_region(std::span<const std::span<const std::byte>> rank_blocks,
-                                                        const comm::regions& owners, const comm::reduce_plan& plan,
-                                                        const comm::wire_fields& fields) {
-  const std::size_t ranks = rank_blocks.size(), bytes = plan.format.bytes();
-  std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
-  for (std::size_t j = 0; j < ranks; ++j) {
-    std::vector<std::span<const std::byte>> received;
-    for (const auto& blocks : rank_blocks) received.push_back(blocks.subspan(j * bytes, bytes));
-    Policy policy;
-    comm::reduce_report report;
-    comm::select_region<float, std::uint32_t>(received, owners, j, plan, fields, policy, selections[j], report);
+// P ranks' reduce-scatter exchanges simulated in one process: each rank's core, blocks and
+// selection; round 1 and round 2 routed as the MPI and gloo transports route them (block j
+// of every rank to owner j, in rank order; every owner's selection to every rank).
+template <class T, class Policy>
+struct simulated_reduce {
+  std::vector<comm::reduce_core<T, std::uint32_t, Policy>> cores;
+  std::vector<std::vector<std::byte>> blocks, selections;
+
+  simulated_reduce(std::size_t ranks, const std::vector<segment>& layout, double density, double slack = 1.25,
+                   comm::reduction op = comm::reduction::average) {
+    for (std::size_t r = 0; r < ranks; ++r)
+      cores.emplace_back(layout, density, ranks, r, comm::exchange_options{slack, op, 5});
+    blocks.assign(ranks, std::vector<std::byte>(cores[0].block_bytes() * ranks));
+    selections.assign(ranks, std::vector<std::byte>(cores[0].block_bytes()));
   }
-  return selections;
+  std::size_t ranks() const { return cores.size(); }
+  // Round 2 on every owner; problems[j], when given, is what owner j found wrong since round 1.
+  void select_all(const std::vector<const std::exception*>& problems = {}) {
+    const std::size_t bytes = cores[0].block_bytes();
+    for (std::size_t j = 0; j < ranks(); ++j) {
+      std::vector<std::span<const std::byte>> received;
+      for (const auto& b : blocks) received.push_back(std::span<const std::byte>(b).subspan(j * bytes, bytes));
+      cores[j].select(received, selections[j], problems.empty() ? nullptr : problems[j]);
+    }
+  }
+  std::vector<std::span<const std::byte>> selection_views() const { return {selections.begin(), selections.end()}; }
+};
+
+// Every byte of a core's state (regions and owner), for "as before the step" checks.
+template <class Core>
+std::vector<std::byte> state_of(const Core& core) {
+  state_writer out;
+  core.save_state(out);
+  return out.take();
 }
 
 }  // namespace
@@ -294,7 +315,8 @@ TEST_CASE("every single-field corruption of a header is refused alike on every r
           refused_fields.insert(f.name);
           for (const auto& side : sides) {
             std::vector<float> residual(side.residual.values().begin(), side.residual.values().end());
-            comm::return_to_residual<float, std::uint32_t>(side.payload, format, std::span<float>(residual));
+            comm::host_residual<float> sink{std::span<float>(residual)};
+            comm::give_back_all<float, std::uint32_t>(side.sent.indices(), side.sent.values(), sink);
             for (std::size_t i = 0; i < n; ++i) REQUIRE(residual[i] == side.gradient[i] + side.old_residual[i]);
           }
         } else {
@@ -357,63 +379,513 @@ TEST_CASE("DGC's sample stays bounded near a density of one entry in N") {
   CHECK(dgc.workspace_bytes() <= 8 * (std::size_t(1) << 20) + (std::size_t(1) << 16));
 }
 
-TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed, and every rank raises it alike") {
-  // Three ranks simulated in one process: blocks packed, transposed to their owners,
-  // selected, and the selections applied on every rank, as the MPI and gloo transports do.
-  constexpr int ranks = 3;
-  const std::vector<segment> layout{{0, n}};
-  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
-  const auto owners = comm::regions::even(n, ranks);
+TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed; every rank raises it, gives back, keeps its state") {
+  // Three ranks: blocks packed, routed to their owners, selected, and the selections applied
+  // on every rank, as the MPI and gloo transports do.
+  constexpr std::size_t ranks = 3;
+  simulated_reduce<float, comm::owner_sidco_e> sim(ranks, {{0, n}}, delta);
   const comm::wire_fields fields{5, 2, delta, comm::reduction::average};
   struct side {
-    std::vector<float> gradient, old;
-    std::vector<float> residual;
+    std::vector<float> gradient, old, residual;
     sparse_vector<float> sent;
-    std::vector<std::byte> blocks;
   };
   std::vector<side> sides(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    side& s = sides[std::size_t(r)];
-    std::mt19937_64 rng(40 + std::uint64_t(r));
+  std::vector<std::vector<std::byte>> before;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    side& s = sides[r];
+    std::mt19937_64 rng(40 + r);
     std::normal_distribution<float> normal;
     for (std::size_t i = 0; i < n; ++i) s.gradient.push_back(normal(rng)), s.old.push_back(0.1f * normal(rng));
     s.residual = s.old;
     feedback::residual<float> state(std::span<float>(s.residual));
     presets::sidco_e<> compressor;
     compressor.compress(s.gradient, delta, s.sent, state);
-    s.blocks.resize(plan.format.bytes() * ranks);
-    comm::pack_blocks(s.sent, owners, plan, fields, std::span<float>(s.residual), std::span<std::byte>(s.blocks));
+    before.push_back(state_of(sim.cores[r]));
+    comm::host_residual<float> sink{std::span<float>(s.residual)};
+    REQUIRE(sim.cores[r].pack(s.sent, sink, fields, sim.blocks[r]));
   }
-  const std::size_t bytes = plan.format.bytes();
+  const std::size_t bytes = sim.cores[0].block_bytes();
   // Rank 1's block to owner 2 names an index below owner 2's region (ascending still).
   std::uint32_t zero = 0;
-  REQUIRE(comm::header_of(std::span<const std::byte>(sides[1].blocks).subspan(2 * bytes, bytes)).count > 0);
-  std::memcpy(sides[1].blocks.data() + 2 * bytes + plan.format.indices_offset(), &zero, sizeof zero);
-  std::vector<std::span<const std::byte>> rank_blocks;
-  for (const side& s : sides) rank_blocks.push_back(s.blocks);
-  const auto selections = select_every_region<comm::owner_top_k>(rank_blocks, owners, plan, fields);
-  CHECK(comm::header_of(selections[2]).status == std::uint8_t(comm::wire_status::relayed));
-  CHECK(comm::header_of(selections[0]).status == std::uint8_t(comm::wire_status::ok));
+  REQUIRE(comm::header_of(std::span<const std::byte>(sim.blocks[1]).subspan(2 * bytes, bytes)).count > 0);
+  std::memcpy(sim.blocks[1].data() + 2 * bytes + sim.cores[0].plan().format.indices_offset(), &zero, sizeof zero);
+  sim.select_all();
+  CHECK(comm::header_of(sim.selections[2]).status == std::uint8_t(comm::wire_status::relayed));
+  CHECK(comm::header_of(sim.selections[0]).status == std::uint8_t(comm::wire_status::ok));
   std::set<std::string> messages;
-  for (int r = 0; r < ranks; ++r) {
-    side& s = sides[std::size_t(r)];
-    std::vector<float> dense(n, 9.0f);
-    std::vector<std::uint32_t> global;
-    comm::reduce_report report;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    side& s = sides[r];
+    comm::host_residual<float> sink{std::span<float>(s.residual)};
     try {
-      comm::apply_selections<float, std::uint32_t>(views_of(selections), owners, plan, s.sent,
-                                                   std::span<float>(s.residual), std::span<float>(dense), global, report);
+      sim.cores[r].apply(sim.selection_views(), sink);
       FAIL("no error on rank ", r);
     } catch (const sidco::runtime_error& e) {
       messages.insert(e.what());
     }
-    CHECK(dense == std::vector<float>(n, 9.0f));
     for (std::size_t i = 0; i < n; ++i) REQUIRE(s.residual[i] == s.gradient[i] + s.old[i]);
+    CHECK(state_of(sim.cores[r]) == before[r]);  // regions and the owner's adaptive state
+    CHECK_FALSE(sim.cores[r].in_step());
   }
   REQUIRE(messages.size() == 1);
   CHECK_MESSAGE(messages.begin()->find("exchange (tag 5, step 2): rank 1 sent index 0, outside its region [1334, 2000)") !=
                     std::string::npos,
                 *messages.begin());
+}
+
+TEST_CASE("reduce-scatter: a rank's own problem after round 1 fails the step on every rank alike; the next step works") {
+  // What a transport finds on this rank between the rounds (a dense buffer of the wrong
+  // size given to wait()) goes out instead of its selection: every rank raises it, gives
+  // back everything it sent, and keeps the state it had before the step.
+  constexpr std::size_t ranks = 3;
+  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
+  const std::size_t size = gradient.size();
+  simulated_reduce<float, comm::owner_sidco_e> sim(ranks, {{0, size}}, 0.01);
+  std::vector<std::vector<float>> residuals(ranks, std::vector<float>(size, 0.0f));
+  std::vector<presets::sidco_e<>> compressors(ranks);
+  auto step = [&](std::uint64_t t, const std::exception* problem_on_rank_2) {
+    std::vector<sparse_vector<float>> sent(ranks);
+    std::vector<std::vector<float>> inputs(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::vector<float> g(size);
+      for (std::size_t i = 0; i < size; ++i) g[i] = gradient[(i + r * 331 + t * 57) % size];
+      inputs[r] = residuals[r];
+      for (std::size_t i = 0; i < size; ++i) inputs[r][i] = inputs[r][i] + g[i];
+      feedback::residual<float> state{std::span<float>(residuals[r])};
+      compressors[r].compress(std::span<const float>(g), 0.01, sent[r], state);
+      comm::host_residual<float> sink{std::span<float>(residuals[r])};
+      sim.cores[r].pack(sent[r], sink, sim.cores[r].fields(t), sim.blocks[r]);
+    }
+    sim.select_all({nullptr, nullptr, problem_on_rank_2});
+    std::set<std::string> errors;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      comm::host_residual<float> sink{std::span<float>(residuals[r])};
+      try {
+        sim.cores[r].apply(sim.selection_views(), sink);
+        // Conservation, bitwise: what is applied of this rank's entries plus the residual.
+        const auto global = sim.cores[r].global_selection();
+        for (std::size_t j = 0; j < sent[r].size(); ++j) {
+          const std::uint32_t i = sent[r].indices()[j];
+          if (std::binary_search(global.begin(), global.end(), i)) REQUIRE(residuals[r][i] == 0.0f);
+        }
+      } catch (const sidco::runtime_error& e) {
+        errors.insert(e.what());
+        for (std::size_t i = 0; i < size; ++i) REQUIRE(residuals[r][i] == inputs[r][i]);
+      }
+    }
+    return errors;
+  };
+  CHECK(step(0, nullptr).empty());
+  std::vector<std::vector<std::byte>> after_first;
+  for (const auto& core : sim.cores) after_first.push_back(state_of(core));
+  const sidco::error wrong_dense("sidco: dense: size 7 is not the exchange's 33000");
+  const auto errors = step(1, &wrong_dense);
+  REQUIRE(errors.size() == 1);
+  CHECK_MESSAGE(errors.begin()->find("exchange (tag 5, step 1): rank 2 failed: dense: size 7") != std::string::npos,
+                *errors.begin());
+  for (std::size_t r = 0; r < ranks; ++r) CHECK(state_of(sim.cores[r]) == after_first[r]);
+  for (std::uint64_t t = 2; t < 5; ++t) CHECK(step(t, nullptr).empty());
+  for (std::size_t r = 1; r < ranks; ++r) {
+    REQUIRE(std::ranges::equal(sim.cores[r].global_selection(), sim.cores[0].global_selection()));
+    REQUIRE(std::memcmp(sim.cores[r].updates().data(), sim.cores[0].updates().data(),
+                        sim.cores[0].updates().size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE_TEMPLATE("sum_runs: each index's values added in run order, in the accumulator type", T, float, double,
+                   float16) {
+  // Ranges crossing several windows and starting mid-window, runs with no entries, indices
+  // on window edges, signed zeros, values whose sum depends on the order.
+  using A = typename float_traits<T>::accumulator;
+  constexpr std::size_t size = 3 * comm::sum_window + 777;
+  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5), std::size_t(17)}) {
+    for (const std::size_t begin : {std::size_t(0), std::size_t(13), comm::sum_window - 1}) {
+      const std::size_t end = size - (begin == 0 ? 0 : 5);
+      std::mt19937_64 rng(ranks * 131 + begin);
+      std::uniform_real_distribution<double> u(0, 1);
+      const std::vector<std::size_t> edges = {begin, comm::sum_window, 2 * comm::sum_window - 1, 2 * comm::sum_window,
+                                              end - 1};
+      std::vector<sparse_vector<T, std::uint32_t>> sent(ranks, sparse_vector<T, std::uint32_t>(size));
+      std::map<std::size_t, A> expected;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const double keep = r == 1 ? 0.0 : 0.05 + 0.1 * double(r % 8);  // rank 1 sends nothing
+        for (std::size_t i = begin; i < end; ++i) {
+          const bool edge = std::find(edges.begin(), edges.end(), i) != edges.end();
+          if (!(edge && r != 1) && u(rng) >= keep) continue;
+          const T v = i % 7 == 0 ? T(-0.0) : T((u(rng) - 0.5) * std::pow(10.0, 8 * u(rng) - 4));
+          sent[r].push_back(std::uint32_t(i), v);
+          auto [at, fresh] = expected.try_emplace(i, A(0));
+          at->second = A(at->second + to_accumulator(v));
+        }
+      }
+      std::vector<comm::entry_run<T, std::uint32_t>> runs;
+      for (const auto& s : sent)
+        runs.push_back({reinterpret_cast<const std::byte*>(s.indices().data()),
+                        reinterpret_cast<const std::byte*>(s.values().data()), s.size()});
+      std::vector<std::pair<std::uint64_t, A>> got;
+      comm::sum_runs<T, std::uint32_t>(runs, begin, end, [&](std::uint64_t i, A sum) { got.emplace_back(i, sum); });
+      REQUIRE(got.size() == expected.size());
+      std::size_t j = 0;
+      for (const auto& [index, sum] : expected) {
+        REQUIRE(got[j].first == index);
+        REQUIRE(std::memcmp(&got[j].second, &sum, sizeof sum) == 0);
+        ++j;
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("reduce-scatter: the Top-k owner keeps the exact Top-k, ties to the lower index", T, float, double) {
+  // Magnitudes spread over many binades with runs of ties (what the gathered later radix
+  // digits must still order right), at shares from one entry to all but one.
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<T> x(5000);
+  for (auto& v : x) v = T((u(rng) < 0.5 ? -1 : 1) * std::pow(2.0, 12 * u(rng) - 6));
+  for (std::size_t i = 0; i < x.size(); i += 7) x[i] = x[3];
+  comm::owner_top_k owner;
+  for (const std::size_t k : {std::size_t(1), std::size_t(50), std::size_t(700), std::size_t(2500), x.size() - 1}) {
+    std::vector<std::uint32_t> indices(x.size());
+    std::vector<T> values = x;
+    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = std::uint32_t(2 * i);
+    const std::size_t kept = owner.select(indices.data(), values.data(), x.size(), k);
+    std::vector<double> magnitudes(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) magnitudes[i] = double(x[i]);
+    const auto want = test::reference_top_k<double>(magnitudes, k);
+    INFO("k ", k);
+    REQUIRE(kept == k);
+    for (std::size_t j = 0; j < kept; ++j) REQUIRE(indices[j] == 2 * want[j].first);
+  }
+}
+
+TEST_CASE("reduce-scatter: the default owner keeps the exact Top-k of its reduced values at every share") {
+  // A region's reduced values as an owner sees them: the largest magnitudes of a real
+  // gradient (the ranks' tails) at ascending, spaced indices. At small shares the owner runs
+  // its SIDCo + exact_k compressor; from direct_share on, the exact Top-k itself, leaving the
+  // compressor's adaptive state as it was. Either way: the reference Top-k, ties to the
+  // lower index.
+  const auto g = test::load_gradient("lstm_it10.npy");
+  std::vector<float> tail(g.begin(), g.end());
+  std::nth_element(tail.begin(), tail.begin() + 60000, tail.end(),
+                   [](float a, float b) { return std::fabs(a) > std::fabs(b); });
+  tail.resize(60000);
+  std::shuffle(tail.begin(), tail.end(), std::mt19937_64(3));
+  for (std::size_t i = 100; i < 200; ++i) tail[i] = tail[50];  // a run of ties: the lower indices win
+  comm::owner_sidco_e owner;
+  CHECK(std::string(comm::owner_sidco_e::name) == "sidco-e-exact");  // the registry's name
+  for (const double share : {0.002, 0.01, 0.05, 0.099, 0.1, 0.3, 0.9}) {
+    const std::size_t k = std::size_t(share * double(tail.size()));
+    std::vector<std::uint32_t> indices(tail.size());
+    std::vector<float> values = tail;
+    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = std::uint32_t(5 * i + 1);
+    state_writer before;
+    owner.save_state(before);
+    const std::size_t kept = owner.select(indices.data(), values.data(), tail.size(), k);
+    state_writer after;
+    owner.save_state(after);
+    INFO("share ", share);
+    const auto want = test::reference_top_k<float>(tail, k);
+    REQUIRE(kept == want.size());
+    for (std::size_t j = 0; j < kept; ++j) {
+      REQUIRE(indices[j] == 5 * want[j].first + 1);
+      REQUIRE(values[j] == want[j].second);
+    }
+    CHECK((share >= owner.direct_share) == (before.bytes() == after.bytes()));
+  }
+}
+
+TEST_CASE("reduce-scatter: a sum beyond the type's range fails the step as non-finite on every rank") {
+  // Two ranks send 3e38 at the same index with reduction::sum: finite each, beyond float's
+  // range summed. The owner relays it as a non-finite failure (as a rank's own overflow),
+  // whichever policy, and every rank raises nonfinite_exchange with its entries given back.
+  constexpr std::size_t ranks = 2;
+  for (const bool top_k_owner : {true, false}) {
+    auto run = [&](auto policy) {
+      simulated_reduce<float, decltype(policy)> sim(ranks, {{0, n}}, delta, 1.25, comm::reduction::sum);
+      std::vector<sparse_vector<float>> sent(ranks, sparse_vector<float>(n));
+      std::vector<std::vector<float>> residuals(ranks, std::vector<float>(n, 0.0f));
+      for (std::size_t r = 0; r < ranks; ++r) {
+        sent[r].push_back(std::uint32_t(3), 3e38f);
+        sent[r].push_back(std::uint32_t(7 + r), 1.0f);
+        comm::host_residual<float> sink{std::span<float>(residuals[r])};
+        sim.cores[r].pack(sent[r], sink, sim.cores[r].fields(2), sim.blocks[r]);
+      }
+      sim.select_all();
+      CHECK(comm::header_of(sim.selections[0]).error == std::uint8_t(comm::error_kind::nonfinite));
+      CHECK(comm::header_of(sim.selections[1]).status == std::uint8_t(comm::wire_status::ok));
+      std::set<std::string> messages;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        comm::host_residual<float> sink{std::span<float>(residuals[r])};
+        try {
+          sim.cores[r].apply(sim.selection_views(), sink);
+          FAIL("no error on rank ", r);
+        } catch (const comm::nonfinite_exchange& e) {
+          messages.insert(e.what());
+        }
+        CHECK(residuals[r][3] == 3e38f);
+        CHECK(residuals[r][7 + r] == 1.0f);
+      }
+      REQUIRE(messages.size() == 1);
+      CHECK_MESSAGE(messages.begin()->find("the ranks' values at index 3 add up to inf") != std::string::npos,
+                    *messages.begin());
+    };
+    if (top_k_owner) run(comm::owner_top_k{});
+    else run(comm::owner_sidco_e{});
+  }
+}
+
+TEST_CASE_TEMPLATE("an average whose sum overflows is finite in both exchanges, by one rule, bit for bit", T, float,
+                   float16, bfloat16) {
+  // Every rank sends a value at index 3 whose sum over the ranks is beyond T's range (or,
+  // for float16, beyond it once rounded) while their average is not. The all-gather's decode
+  // and the reduce-scatter's owner apply the same rule (comm/sum.hpp): the same finite bits.
+  const double big = std::is_same_v<T, float16> ? 30000.0 : 2e38;
+  for (const std::size_t ranks : {std::size_t(2), std::size_t(3), std::size_t(5)}) {
+    const std::vector<segment> layout{{0, n}};
+    std::vector<sparse_vector<T, std::uint32_t>> sent(ranks, sparse_vector<T, std::uint32_t>(n));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      sent[r].push_back(std::uint32_t(3), T(big * (1.0 - 0.01 * double(r))));
+      sent[r].push_back(std::uint32_t(100 + r), T(1.0));
+      sent[r].push_back(std::uint32_t(1500), T(-0.5 * double(r + 1)));
+    }
+    // The all-gather's decode.
+    comm::allgather_core<T> gather(layout, delta, 1.25);
+    std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(gather.format().bytes()));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      auto copy = sent[r];
+      comm::host_residual<T> none;
+      gather.encode(copy, none, {0, 1, delta, comm::reduction::average}, payloads[r]);
+    }
+    std::vector<T> dense(n);
+    comm::decode<T, std::uint32_t>(views_of(payloads), gather.format(), std::span<T>(dense));
+    REQUIRE(std::isfinite(double(to_accumulator(dense[3]))));
+    CHECK(double(to_accumulator(dense[3])) > 0.9 * big);
+    // The reduce-scatter's, with either owner.
+    auto run = [&](auto policy) {
+      simulated_reduce<T, decltype(policy)> sim(ranks, layout, delta);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        auto copy = sent[r];
+        comm::host_residual<T> none;
+        REQUIRE(sim.cores[r].pack(copy, none, sim.cores[r].fields(1), sim.blocks[r]));
+      }
+      sim.select_all();
+      for (std::size_t r = 0; r < ranks; ++r) {
+        comm::host_residual<T> none;
+        sim.cores[r].apply(sim.selection_views(), none);
+        const auto global = sim.cores[r].global_selection();
+        const auto updates = sim.cores[r].updates();
+        REQUIRE(std::binary_search(global.begin(), global.end(), std::uint32_t(3)));
+        for (std::size_t j = 0; j < global.size(); ++j)
+          REQUIRE(std::memcmp(&updates[j], &dense[global[j]], sizeof(T)) == 0);
+      }
+    };
+    run(comm::owner_top_k{});
+    run(comm::owner_sidco_e{});
+  }
+}
+
+TEST_CASE_TEMPLATE("the device path's decode (entries written into zeros) gives decode's bits", T, float, double,
+                   float16, bfloat16) {
+  // The hook's CUDA all-gather codec runs decode_entries on the host and writes the entries
+  // into the zeroed device bucket; the CPU codec runs decode into the bucket. Real gradients
+  // at 1, 2, 3 and 8 ranks, with one index whose sum overflows for the average.
+  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
+  const std::size_t size = gradient.size();
+  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(8)}) {
+    comm::allgather_core<T> core({{0, size}}, 0.01, 1.25);
+    std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(core.format().bytes()));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::vector<T> g(size);
+      for (std::size_t i = 0; i < size; ++i) g[i] = T(gradient[(i + r * 997) % size]);
+      // Near the type's largest: the ranks' sum overflows (float16: once rounded), their average does not.
+      g[size / 2] = T(std::is_same_v<T, float16> ? 49000.0 : std::is_same_v<T, double> ? 1.3e308 : 2.5e38);
+      sparse_vector<T, std::uint32_t> sent;
+      presets::top_k<> compressor;
+      compressor.compress(std::span<const T>(g), 0.01, sent);
+      comm::host_residual<T> none;
+      core.encode(sent, none, {1, 0, 0.01, comm::reduction::average}, payloads[r]);
+    }
+    std::vector<T> dense(size), written(size, T(0));
+    const auto host = comm::decode<T, std::uint32_t>(views_of(payloads), core.format(), std::span<T>(dense));
+    const auto device = comm::decode_entries<T, std::uint32_t>(views_of(payloads), core.format(),
+                                                               [&](std::uint64_t i, T v) { written[i] = v; });
+    CHECK(host.distinct == device.distinct);
+    REQUIRE(std::memcmp(written.data(), dense.data(), size * sizeof(T)) == 0);
+    CHECK(std::isfinite(double(to_accumulator(dense[size / 2]))));
+  }
+}
+
+TEST_CASE_TEMPLATE("reduce-scatter: the update is the rule applied to the owners' rank-order sums; nothing lost per rank",
+                   T, float, double, float16, bfloat16) {
+  // A real gradient split among 1, 2, 3 and 5 ranks, summed and averaged, over three steps
+  // (later ones on regions balanced from the last selection): every rank applies the same
+  // bits, the global selection's update at each index is comm/sum.hpp's rule over what the
+  // ranks' blocks held there (computed here from the blocks' own entries), and per rank,
+  // bitwise, residual + applied contribution = gradient + old residual.
+  using A = typename float_traits<T>::accumulator;
+  std::vector<T> gradient;
+  for (const float v : test::load_gradient<float>("cnn_it200.npy")) gradient.push_back(T(v));
+  const std::size_t size = gradient.size();
+  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5)}) {
+    for (const comm::reduction op : {comm::reduction::average, comm::reduction::sum}) {
+      simulated_reduce<T, comm::owner_top_k> sim(ranks, {{0, size}}, 0.01, 1.25, op);
+      std::vector<std::vector<T>> residuals(ranks, std::vector<T>(size, T(0)));
+      for (std::uint64_t step = 0; step < 3; ++step) {
+        std::vector<sparse_vector<T, std::uint32_t>> sent(ranks);
+        std::vector<std::vector<T>> inputs(ranks);
+        for (std::size_t r = 0; r < ranks; ++r) {
+          std::vector<T> g(size);
+          for (std::size_t i = 0; i < size; ++i) g[i] = gradient[(i + r * 997 + step * 31) % size];
+          feedback::residual<T> state{std::span<T>(residuals[r])};
+          presets::top_k<> compressor;
+          compressor.compress(std::span<const T>(g), 0.01, sent[r], state);
+          inputs[r] = residuals[r];
+          for (std::size_t j = 0; j < sent[r].size(); ++j) inputs[r][sent[r].indices()[j]] = sent[r].values()[j];
+          comm::host_residual<T> sink{std::span<T>(residuals[r])};
+          REQUIRE(sim.cores[r].pack(sent[r], sink, sim.cores[r].fields(step), sim.blocks[r]));
+        }
+        sim.select_all();
+        for (std::size_t r = 0; r < ranks; ++r) {
+          comm::host_residual<T> sink{std::span<T>(residuals[r])};
+          sim.cores[r].apply(sim.selection_views(), sink);
+        }
+        const auto global = sim.cores[0].global_selection();
+        const auto updates = sim.cores[0].updates();
+        for (std::size_t r = 1; r < ranks; ++r) {
+          REQUIRE(std::ranges::equal(sim.cores[r].global_selection(), global));
+          REQUIRE(std::memcmp(sim.cores[r].updates().data(), updates.data(), updates.size() * sizeof(T)) == 0);
+        }
+        // The reference: each kept index's values as the blocks held them (sent, trimmed), in rank order.
+        for (std::size_t j = 0; j < global.size(); ++j) {
+          A sum = A(0);
+          for (std::size_t r = 0; r < ranks; ++r) {
+            const auto at = std::lower_bound(sent[r].indices().begin(), sent[r].indices().end(), global[j]);
+            if (at != sent[r].indices().end() && *at == global[j])
+              sum = A(sum + to_accumulator(sent[r].values()[std::size_t(at - sent[r].indices().begin())]));
+          }
+          const T want = from_accumulator<T>(op == comm::reduction::average ? A(sum / A(double(ranks))) : sum);
+          REQUIRE(std::memcmp(&updates[j], &want, sizeof(T)) == 0);
+        }
+        for (std::size_t r = 0; r < ranks; ++r) {
+          const auto kept = sent[r].indices();  // what the blocks held, ascending
+          std::size_t unconserved = 0;
+          for (std::size_t i = 0; i < size; ++i) {
+            const bool applied_here = std::binary_search(kept.begin(), kept.end(), std::uint32_t(i)) &&
+                                      std::binary_search(global.begin(), global.end(), std::uint32_t(i));
+            unconserved += applied_here ? residuals[r][i] != T(0)
+                                        : std::memcmp(&residuals[r][i], &inputs[r][i], sizeof(T)) != 0;
+          }
+          REQUIRE(unconserved == 0);
+        }
+        CHECK(sim.cores[0].current_regions() ==
+              comm::regions::balanced<std::uint32_t>(global, size, ranks));  // committed
+      }
+    }
+  }
+}
+
+TEST_CASE("residual sinks: entries staged for a device residual are what a host residual receives") {
+  // Slack 1 at 5 ranks with even regions: the real gradient's selection overflows some
+  // blocks, so entries are trimmed; a transport whose residual is in device memory stages
+  // them and writes them in one go: the same writes.
+  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
+  const std::size_t size = gradient.size(), ranks = 5;
+  const auto plan = comm::plan_reduce<float, std::uint32_t>(std::vector<segment>{{0, size}}, 0.01, 1.0, ranks);
+  const auto owners = comm::regions::even(size, ranks);
+  std::vector<float> residual(size, 0.f);
+  feedback::residual<float> state{std::span<float>(residual)};
+  sparse_vector<float, std::uint32_t> sent;
+  presets::top_k<> compressor;
+  compressor.compress(std::span<const float>(gradient), 0.01, sent, state);
+  auto staged_sent = sent;
+  std::vector<float> staged_target = residual;
+  std::vector<std::byte> blocks(plan.format.bytes() * ranks), staged_blocks(blocks.size());
+  comm::host_residual<float> host{std::span<float>(residual)};
+  const std::size_t trimmed = comm::pack_blocks(sent, owners, plan, comm::wire_fields{}, host, std::span<std::byte>(blocks));
+  comm::staged_residual<float, std::uint32_t> staged;
+  CHECK(comm::pack_blocks(staged_sent, owners, plan, comm::wire_fields{}, staged, std::span<std::byte>(staged_blocks)) ==
+        trimmed);
+  REQUIRE(trimmed > 0);
+  CHECK(staged.size() == trimmed);
+  for (std::size_t j = 0; j < staged.size(); ++j) staged_target[staged.indices[j]] = staged.values[j];
+  CHECK(std::memcmp(staged_target.data(), residual.data(), size * sizeof(float)) == 0);
+  CHECK(blocks == staged_blocks);
+}
+
+TEST_CASE("reduce-scatter checkpoints: one versioned format; the two older ones load; what cannot apply is refused") {
+  const std::vector<segment> layout{{0, 5000}};
+  comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> core(layout, 0.01, 3, 0);
+  // Regions as a few steps leave them, and an owner whose adaptive state moved.
+  std::vector<std::uint32_t> global;
+  for (std::uint32_t i = 0; i < 5000; i += 7) global.push_back(i * i % 4999);
+  std::sort(global.begin(), global.end());
+  global.erase(std::unique(global.begin(), global.end()), global.end());
+  const auto regions = comm::regions::balanced<std::uint32_t>(global, 5000, 3);
+  comm::owner_sidco_e owner;
+  std::vector<float> values(3000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(std::sin(double(i)) * double(i % 97));
+  std::vector<std::uint32_t> indices(values.size());
+  std::iota(indices.begin(), indices.end(), 0u);
+  owner.select(indices.data(), values.data(), values.size(), 20);
+  state_writer owner_bytes;
+  owner.save_state(owner_bytes);
+  // The older formats, as the MPI/NCCL exchanges and the hook wrote them.
+  for (const char* tag : {"sparse_reduce_exchange", "reduce_codec"}) {
+    state_writer legacy;
+    legacy.name(tag);
+    legacy.word(regions.bounds().size());
+    for (std::size_t b : regions.bounds()) legacy.word(b);
+    auto bytes = legacy.take();
+    bytes.insert(bytes.end(), owner_bytes.bytes().begin(), owner_bytes.bytes().end());
+    const auto info = comm::read_reduce_state_info(bytes);
+    CHECK(info.version == 1);
+    CHECK(info.ranks == 3);
+    CHECK(info.size == 5000);
+    state_reader in(bytes);
+    core.load_state(in);
+    in.finish();
+    CHECK(core.current_regions() == regions);
+    state_writer loaded_owner;
+    core.policy().save_state(loaded_owner);
+    CHECK(loaded_owner.bytes() == owner_bytes.bytes());
+    // The hook's older state always held SIDCo-E's owner state: a Top-k owner skips it.
+    comm::reduce_core<float, std::uint32_t, comm::owner_top_k> top_k(layout, 0.01, 3, 0);
+    state_reader again(bytes);
+    if (std::string(tag) == "reduce_codec") {
+      top_k.load_state(again);
+      again.finish();
+      CHECK(top_k.current_regions() == regions);
+    }
+  }
+  // Today's format round-trips, says what it is, and is refused where it cannot apply.
+  const auto saved = state_of(core);
+  const auto info = comm::read_reduce_state_info(saved);
+  CHECK(info.version == comm::reduce_state_version);
+  CHECK(info.ranks == 3);
+  CHECK(info.size == 5000);
+  CHECK(info.owner == "sidco-e-exact");
+  comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> fresh(layout, 0.01, 3, 1);
+  state_reader in(saved);
+  fresh.load_state(in);
+  in.finish();
+  CHECK(state_of(fresh) == saved);
+  auto refused = [&](auto& other, const char* sentence) {
+    const auto before = state_of(other);
+    state_reader reader(saved);
+    std::string message;
+    try {
+      other.load_state(reader);
+    } catch (const sidco::error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find(sentence) != std::string::npos, message);
+    CHECK(state_of(other) == before);
+  };
+  comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> two_ranks(layout, 0.01, 2, 0);
+  refused(two_ranks, "saved for 3 ranks and 5000 values; this exchange has 2 ranks and 5000 values");
+  comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> bigger(std::vector<segment>{{0, 6000}}, 0.01, 3, 0);
+  refused(bigger, "saved for 3 ranks and 5000 values; this exchange has 3 ranks and 6000 values");
+  comm::reduce_core<float, std::uint32_t, comm::owner_top_k> other_owner(layout, 0.01, 3, 0);
+  refused(other_owner, "saved by owner 'sidco-e-exact'; this exchange's owner is 'top-k'");
 }
 
 TEST_CASE("a rank whose input is not finite fails as nonfinite_exchange on every rank; any other failure does not") {
@@ -462,299 +934,4 @@ TEST_CASE("a rank whose input is not finite fails as nonfinite_exchange on every
   // No failure at all is not a non-finite failure either.
   payloads = {sides[0].payload, sides[1].payload, sides[2].payload};
   CHECK_FALSE(comm::failed_for_nonfinite_input(views_of(payloads)));
-}
-
-TEST_CASE_TEMPLATE("reduce-scatter: an owner's reduction equals adding every rank's entries in rank order", T, float,
-                   double) {
-  // Regions crossing several of the reduction's windows and starting mid-window, ranks with
-  // no entries, indices on window edges, signed zeros, values whose sum depends on the order.
-  using A = typename float_traits<T>::accumulator;
-  constexpr std::size_t size = 3 * comm::detail::reduce_window + 777;
-  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5), std::size_t(8)}) {
-    for (const std::size_t begin : {std::size_t(0), std::size_t(13), comm::detail::reduce_window - 1}) {
-      const std::size_t end = size - (begin == 0 ? 0 : 5);
-      std::mt19937_64 rng(ranks * 131 + begin);
-      std::uniform_real_distribution<double> u(0, 1);
-      const std::vector<std::size_t> edges = {begin, comm::detail::reduce_window, 2 * comm::detail::reduce_window - 1,
-                                              2 * comm::detail::reduce_window, end - 1};
-      std::vector<sparse_vector<T, std::uint32_t>> sent(ranks, sparse_vector<T, std::uint32_t>(size));
-      std::map<std::size_t, A> expected;
-      for (std::size_t r = 0; r < ranks; ++r) {
-        const double keep = r == 1 ? 0.0 : 0.05 + 0.1 * double(r);  // rank 1 sends nothing
-        for (std::size_t i = begin; i < end; ++i) {
-          const bool edge = std::find(edges.begin(), edges.end(), i) != edges.end();
-          if (!(edge && r != 1) && u(rng) >= keep) continue;
-          const T v = i % 7 == 0 ? T(-0.0) : T((u(rng) - 0.5) * std::pow(10.0, 8 * u(rng) - 4));
-          sent[r].push_back(std::uint32_t(i), v);
-          auto [at, fresh] = expected.try_emplace(i, A(0));
-          at->second = A(at->second + A(v));
-        }
-      }
-      std::size_t capacity = 1, received = 0;
-      for (const auto& s : sent) capacity = std::max(capacity, s.size()), received += s.size();
-      const auto format = comm::format_for<T, std::uint32_t>(capacity);
-      std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(format.bytes()));
-      for (std::size_t r = 0; r < ranks; ++r) comm::pack(sent[r], 0, comm::wire_fields{}, format, blocks[r]);
-      comm::owner_workspace<T, std::uint32_t> reduced;
-      comm::detail::reduce_blocks<T, std::uint32_t>(views_of(blocks), format, begin, end, received, reduced);
-      REQUIRE(reduced.size() == expected.size());
-      std::size_t j = 0;
-      for (const auto& [index, sum] : expected) {
-        const T want = T(sum);
-        REQUIRE(reduced.indices()[j] == index);
-        REQUIRE(std::memcmp(&reduced.values()[j], &want, sizeof want) == 0);
-        ++j;
-      }
-    }
-  }
-}
-
-TEST_CASE_TEMPLATE("reduce-scatter: the Top-k owner keeps the exact Top-k, ties to the lower index", T, float, double,
-                   float16) {
-  // Magnitudes spread over many binades with runs of ties (what the gathered later radix
-  // digits must still order right), at shares from one entry to all but one.
-  std::mt19937_64 rng(11);
-  std::uniform_real_distribution<double> u(0, 1);
-  std::vector<T> x(5000);
-  for (auto& v : x) v = T((u(rng) < 0.5 ? -1 : 1) * std::pow(2.0, 12 * u(rng) - 6));
-  for (std::size_t i = 0; i < x.size(); i += 7) x[i] = x[3];
-  comm::owner_top_k owner;
-  for (const std::size_t k : {std::size_t(1), std::size_t(50), std::size_t(700), std::size_t(2500), x.size() - 1}) {
-    std::vector<std::uint32_t> indices(x.size());
-    std::vector<T> values = x;
-    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = std::uint32_t(2 * i);
-    const std::size_t kept = owner.select(indices.data(), values.data(), x.size(), k);
-    std::vector<double> magnitudes(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) magnitudes[i] = double(x[i]);
-    const auto want = test::reference_top_k<double>(magnitudes, k);
-    INFO("k ", k);
-    REQUIRE(kept == k);
-    for (std::size_t j = 0; j < kept; ++j) REQUIRE(indices[j] == 2 * want[j].first);
-  }
-}
-
-TEST_CASE("reduce-scatter: the default owner keeps the exact Top-k of its reduced values at every share") {
-  // A region's reduced values as an owner sees them: the largest magnitudes of a real
-  // gradient (the ranks' tails) at ascending, spaced indices. At small shares the owner runs
-  // its SIDCo + exact_k compressor; from direct_share on, the exact Top-k itself, leaving the
-  // compressor's adaptive state as it was. Either way: the reference Top-k, ties to the
-  // lower index.
-  const auto g = test::load_gradient("lstm_it10.npy");
-  std::vector<float> tail(g.begin(), g.end());
-  std::nth_element(tail.begin(), tail.begin() + 60000, tail.end(),
-                   [](float a, float b) { return std::fabs(a) > std::fabs(b); });
-  tail.resize(60000);
-  std::shuffle(tail.begin(), tail.end(), std::mt19937_64(3));
-  for (std::size_t i = 100; i < 200; ++i) tail[i] = tail[50];  // a run of ties: the lower indices win
-  comm::owner_sidco_e owner;
-  for (const double share : {0.002, 0.01, 0.05, 0.099, 0.1, 0.3, 0.9}) {
-    const std::size_t k = std::size_t(share * double(tail.size()));
-    std::vector<std::uint32_t> indices(tail.size());
-    std::vector<float> values = tail;
-    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = std::uint32_t(5 * i + 1);
-    state_writer before;
-    owner.save_state(before);
-    const std::size_t kept = owner.select(indices.data(), values.data(), tail.size(), k);
-    state_writer after;
-    owner.save_state(after);
-    INFO("share ", share);
-    const auto want = test::reference_top_k<float>(tail, k);
-    REQUIRE(kept == want.size());
-    for (std::size_t j = 0; j < kept; ++j) {
-      REQUIRE(indices[j] == 5 * want[j].first + 1);
-      REQUIRE(values[j] == want[j].second);
-    }
-    CHECK((share >= owner.direct_share) == (before.bytes() == after.bytes()));
-  }
-}
-
-TEST_CASE("reduce-scatter: values whose sum overflows fail the step as non-finite on every rank") {
-  // Two ranks send 3e38 at the same index: finite each, beyond float's range summed. The
-  // owner relays it as a non-finite failure (as a rank's own overflow), whichever policy,
-  // and every rank raises nonfinite_exchange with its sent entries back in its residual.
-  constexpr int ranks = 2;
-  const std::vector<segment> layout{{0, n}};
-  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
-  const auto owners = comm::regions::even(n, ranks);
-  const comm::wire_fields fields{5, 2, delta, comm::reduction::sum};
-  const std::size_t bytes = plan.format.bytes();
-  for (const bool top_k_owner : {true, false}) {
-    std::vector<sparse_vector<float>> sent(ranks, sparse_vector<float>(n));
-    std::vector<std::vector<float>> residuals(ranks, std::vector<float>(n, 0.0f));
-    std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(bytes * ranks));
-    for (int r = 0; r < ranks; ++r) {
-      sent[std::size_t(r)].push_back(std::uint32_t(3), 3e38f);
-      sent[std::size_t(r)].push_back(std::uint32_t(7 + r), 1.0f);
-      comm::pack_blocks(sent[std::size_t(r)], owners, plan, fields, std::span<float>(residuals[std::size_t(r)]),
-                        std::span<std::byte>(blocks[std::size_t(r)]));
-    }
-    const auto selections =
-        top_k_owner ? select_every_region<comm::owner_top_k>(views_of(blocks), owners, plan, fields)
-                    : select_every_region<comm::owner_sidco_e>(views_of(blocks), owners, plan, fields);
-    CHECK(comm::header_of(selections[0]).error == std::uint8_t(comm::error_kind::nonfinite));
-    CHECK(comm::header_of(selections[1]).status == std::uint8_t(comm::wire_status::ok));
-    std::set<std::string> messages;
-    for (int r = 0; r < ranks; ++r) {
-      std::vector<float> dense(n, 9.0f);
-      std::vector<std::uint32_t> global;
-      comm::reduce_report report;
-      try {
-        comm::apply_selections<float, std::uint32_t>(views_of(selections), owners, plan, sent[std::size_t(r)],
-                                                     std::span<float>(residuals[std::size_t(r)]),
-                                                     std::span<float>(dense), global, report);
-        FAIL("no error on rank ", r);
-      } catch (const comm::nonfinite_exchange& e) {
-        messages.insert(e.what());
-      }
-      CHECK(dense == std::vector<float>(n, 9.0f));
-      CHECK(residuals[std::size_t(r)][3] == 3e38f);
-      CHECK(residuals[std::size_t(r)][std::size_t(7 + r)] == 1.0f);
-    }
-    REQUIRE(messages.size() == 1);
-    CHECK_MESSAGE(messages.begin()->find("the ranks' values at index 3 add up to inf") != std::string::npos,
-                  *messages.begin());
-  }
-}
-
-TEST_CASE_TEMPLATE("reduce-scatter: selected_entries gives apply_selections' update and residual, bit for bit", T, float,
-                   double, float16, bfloat16) {
-  // What the NCCL transport applies on the device (the global selection's entries, the
-  // entries given back; 16-bit values as the host types of __half's and __nv_bfloat16's
-  // bits) against what the MPI and gloo transports apply on the host, on a real gradient
-  // split among 1, 2, 3 and 5 ranks, summed and averaged, over two steps (the second with
-  // regions balanced from the first's selection).
-  std::vector<T> gradient;
-  for (const float v : test::load_gradient<float>("cnn_it200.npy")) gradient.push_back(T(v));
-  const std::size_t size = gradient.size();
-  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5)}) {
-    for (const comm::reduction op : {comm::reduction::average, comm::reduction::sum}) {
-      const std::vector<segment> layout{{0, size}};
-      const auto plan = comm::plan_reduce<T, std::uint32_t>(layout, 0.01, 1.25, ranks);
-      auto owners = comm::regions::even(size, ranks);
-      std::vector<std::vector<T>> residuals(ranks, std::vector<T>(size, T(0)));
-      for (std::uint64_t step = 0; step < 2; ++step) {
-        const comm::wire_fields fields{3, step, 0.01, op};
-        std::vector<sparse_vector<T, std::uint32_t>> sent(ranks);
-        std::vector<std::vector<T>> inputs(ranks);
-        std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(plan.format.bytes() * ranks));
-        for (std::size_t r = 0; r < ranks; ++r) {
-          // Rank r's gradient: the real one rotated by r 997 places, on top of its residual.
-          std::vector<T> g(size);
-          for (std::size_t i = 0; i < size; ++i) g[i] = gradient[(i + r * 997 + step * 31) % size];
-          feedback::residual<T> state{std::span<T>(residuals[r])};
-          presets::top_k<> compressor;
-          compressor.compress(std::span<const T>(g), 0.01, sent[r], state);
-          for (std::size_t i = 0; i < size; ++i) inputs[r].push_back(residuals[r][i]);
-          for (std::size_t j = 0; j < sent[r].size(); ++j) inputs[r][sent[r].indices()[j]] = sent[r].values()[j];
-          comm::pack_blocks(sent[r], owners, plan, fields, std::span<T>(residuals[r]), std::span<std::byte>(blocks[r]));
-        }
-        std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(plan.format.bytes()));
-        for (std::size_t j = 0; j < ranks; ++j) {
-          std::vector<std::span<const std::byte>> received;
-          for (const auto& b : blocks) received.push_back(std::span<const std::byte>(b).subspan(j * plan.format.bytes(), plan.format.bytes()));
-          comm::owner_top_k policy;
-          comm::reduce_report report;
-          comm::select_region<T, std::uint32_t>(received, owners, j, plan, fields, policy, selections[j], report);
-        }
-        std::vector<std::uint32_t> global_host, global;
-        for (std::size_t r = 0; r < ranks; ++r) {
-          std::vector<T> dense(size, T(7)), residual_host = residuals[r], residual_device = residuals[r];
-          comm::reduce_report host_report, device_report;
-          comm::apply_selections<T, std::uint32_t>(views_of(selections), owners, plan, sent[r],
-                                                   std::span<T>(residual_host), std::span<T>(dense), global_host,
-                                                   host_report);
-          std::vector<T> applied;
-          comm::selected_entries<T, std::uint32_t>(views_of(selections), owners, plan, sent[r],
-                                                   [&](std::uint32_t i, T v) { residual_device[i] = v; }, global,
-                                                   applied, device_report);
-          REQUIRE(global == global_host);
-          REQUIRE(applied.size() == global.size());
-          std::vector<T> written(size, T(0));
-          for (std::size_t j = 0; j < global.size(); ++j) written[global[j]] = applied[j];
-          REQUIRE(std::memcmp(written.data(), dense.data(), size * sizeof(T)) == 0);
-          REQUIRE(std::memcmp(residual_device.data(), residual_host.data(), size * sizeof(T)) == 0);
-          CHECK(device_report.returned == host_report.returned);
-          CHECK(device_report.selected == host_report.selected);
-          CHECK(device_report.union_size == host_report.union_size);
-          // Conservation, per rank and bitwise: what is left plus what was applied of this
-          // rank's own entries is the compressor's input.
-          const auto kept = sent[r].indices();  // what the blocks held, ascending
-          std::size_t unconserved = 0;
-          for (std::size_t i = 0; i < size; ++i) {
-            const bool applied_here = std::binary_search(kept.begin(), kept.end(), std::uint32_t(i)) &&
-                                      std::binary_search(global.begin(), global.end(), std::uint32_t(i));
-            unconserved += applied_here ? residual_device[i] != T(0)
-                                        : std::memcmp(&residual_device[i], &inputs[r][i], sizeof(T)) != 0;
-          }
-          REQUIRE(unconserved == 0);
-          residuals[r] = residual_device;
-        }
-        owners = comm::regions::balanced<std::uint32_t>(global, size, ranks);
-      }
-    }
-  }
-}
-
-TEST_CASE("reduce-scatter: selected_entries refuses what apply_selections refuses, giving back every entry sent") {
-  constexpr std::size_t ranks = 3;
-  const std::vector<segment> layout{{0, n}};
-  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
-  const auto owners = comm::regions::even(n, ranks);
-  const comm::wire_fields fields{9, 4, delta, comm::reduction::average};
-  sparse_vector<float, std::uint32_t> sent(n);
-  for (std::uint32_t i = 5; i < n; i += 97) sent.push_back(i, 0.25f + float(i));
-  std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(plan.format.bytes()));
-  for (std::size_t j = 0; j < ranks; ++j) {
-    sparse_vector<float, std::uint32_t> none(n);
-    comm::pack(none, 0, fields, plan.format, selections[j]);
-  }
-  comm::pack_failure<float, std::uint32_t>(std::runtime_error("owner out of memory"), n, fields, plan.format, selections[1]);
-  std::vector<float> dense(n), residual_host(n, 0.f), residual_device(n, 0.f), applied;
-  std::vector<std::uint32_t> global;
-  comm::reduce_report report;
-  std::string host_message, device_message;
-  try {
-    comm::apply_selections<float, std::uint32_t>(views_of(selections), owners, plan, sent, std::span<float>(residual_host),
-                                                 std::span<float>(dense), global, report);
-  } catch (const sidco::runtime_error& e) {
-    host_message = e.what();
-  }
-  try {
-    comm::selected_entries<float, std::uint32_t>(views_of(selections), owners, plan, sent,
-                                                 [&](std::uint32_t i, float v) { residual_device[i] = v; }, global,
-                                                 applied, report);
-  } catch (const sidco::runtime_error& e) {
-    device_message = e.what();
-  }
-  CHECK_MESSAGE(host_message.find("rank 1 failed: owner out of memory") != std::string::npos, host_message);
-  CHECK(device_message == host_message);
-  CHECK(report.returned == sent.size());
-  CHECK(residual_device == residual_host);
-  CHECK(global.empty());
-  CHECK(applied.empty());
-}
-
-TEST_CASE("reduce-scatter: return_unselected against the kept indices gives what pack_blocks wrote into the residual") {
-  // Slack 1 at 5 ranks with even regions: the real gradient's selection overflows some
-  // blocks, so entries are trimmed; a caller that cannot hand pack_blocks its residual (the
-  // NCCL transport's is on the device) recovers the same writes from before and after.
-  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
-  const std::size_t size = gradient.size(), ranks = 5;
-  const auto plan = comm::plan_reduce<float, std::uint32_t>(std::vector<segment>{{0, size}}, 0.01, 1.0, ranks);
-  const auto owners = comm::regions::even(size, ranks);
-  std::vector<float> residual(size, 0.f);
-  feedback::residual<float> state{std::span<float>(residual)};
-  sparse_vector<float, std::uint32_t> sent;
-  presets::top_k<> compressor;
-  compressor.compress(std::span<const float>(gradient), 0.01, sent, state);
-  const sparse_vector<float, std::uint32_t> before = sent;
-  std::vector<float> given = residual;
-  std::vector<std::byte> blocks(plan.format.bytes() * ranks);
-  const std::size_t trimmed =
-      comm::pack_blocks(sent, owners, plan, comm::wire_fields{}, std::span<float>(residual), std::span<std::byte>(blocks));
-  REQUIRE(trimmed > 0);
-  const std::size_t returned =
-      comm::detail::return_unselected(before, sent.indices(), [&](std::uint32_t i, float v) { given[i] = v; });
-  CHECK(returned == trimmed);
-  CHECK(std::memcmp(given.data(), residual.data(), size * sizeof(float)) == 0);
 }

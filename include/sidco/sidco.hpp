@@ -19,6 +19,7 @@
 #include "sidco/models/generalized_pareto.hpp"
 #include "sidco/models/normal.hpp"
 #include "sidco/models/weibull.hpp"
+#include "sidco/owners.hpp"
 #include "sidco/estimate/statistical.hpp"
 #include "sidco/feedback/momentum.hpp"
 #include "sidco/feedback/residual.hpp"

@@ -31,7 +31,8 @@ def _load():
 library_path = _load()
 
 from .ops import METHODS, Compressor, cpu_kernels, compress, decompress, scatter_add_  # noqa: E402
-from .hook import ExchangeError, State, hook, register  # noqa: E402
+from .arguments import ExchangeError  # noqa: E402
+from .hook import State, hook, register  # noqa: E402
 
 __all__ = ["METHODS", "Compressor", "cpu_kernels", "compress", "decompress", "scatter_add_", "ExchangeError", "State",
            "hook", "register", "library_path"]

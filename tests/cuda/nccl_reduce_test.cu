@@ -1,7 +1,7 @@
 // The reduce-scatter exchange over NCCL, in one process over every visible GPU (one rank
 // each; NCCL takes one rank per GPU, so one GPU gives one rank): on a real gradient, in
 // float, __half and __nv_bfloat16, every rank's dense update and residual have the bits the
-// host transports' code gives (pack_blocks, select_region, apply_selections, as MPI and gloo
+// host transports' code gives (the exchange core's pack, select and apply, as MPI and gloo
 // run them), so every rank's update is rank 0's; a rank whose compress threw, or whose arguments are wrong, makes
 // every rank throw the same error with its entries back in its residual; the default owner
 // (SIDCo) runs; the state resumes. Without a GPU the program exits 77 (skipped).
@@ -74,33 +74,30 @@ void host_step(const std::vector<rank_input<H>>& inputs, std::size_t n, std::vec
                std::vector<std::vector<H>>& residual_ref) {
   const std::size_t ranks = inputs.size();
   const std::vector<segment> layout{{0, n}};
-  const auto plan = comm::plan_reduce<H, std::uint32_t>(layout, delta, 1.25, ranks);
-  const auto owners = comm::regions::even(n, ranks);
-  const comm::wire_fields fields{0, 0, delta, comm::reduction::average};
-  const std::size_t bytes = plan.format.bytes();
-  std::vector<sparse_vector<H>> kept(ranks);
+  std::vector<comm::reduce_core<H, std::uint32_t, comm::owner_top_k>> cores;
+  for (std::size_t r = 0; r < ranks; ++r) cores.emplace_back(layout, delta, ranks, r);
+  const std::size_t bytes = cores[0].block_bytes();
   residual_ref.assign(ranks, {});
   dense_ref.assign(ranks, std::vector<H>(n, H(0.f)));
   std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(bytes * ranks));
   for (std::size_t r = 0; r < ranks; ++r) {
-    kept[r] = inputs[r].sent;
+    auto kept = inputs[r].sent;
     residual_ref[r] = inputs[r].residual;
-    comm::pack_blocks(kept[r], owners, plan, fields, std::span<H>(residual_ref[r]), std::span<std::byte>(blocks[r]));
+    comm::host_residual<H> sink{std::span<H>(residual_ref[r])};
+    cores[r].pack(kept, sink, cores[r].fields(0), std::span<std::byte>(blocks[r]));
   }
   std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
   for (std::size_t j = 0; j < ranks; ++j) {
     std::vector<std::span<const std::byte>> received;
     for (const auto& b : blocks) received.push_back(std::span<const std::byte>(b).subspan(j * bytes, bytes));
-    comm::owner_top_k policy;
-    comm::reduce_report report;
-    comm::select_region<H, std::uint32_t>(received, owners, j, plan, fields, policy, selections[j], report);
+    cores[j].select(received, selections[j]);
   }
   const std::vector<std::span<const std::byte>> selection_views(selections.begin(), selections.end());
   for (std::size_t r = 0; r < ranks; ++r) {
-    std::vector<std::uint32_t> global;
-    comm::reduce_report report;
-    comm::apply_selections<H, std::uint32_t>(selection_views, owners, plan, kept[r], std::span<H>(residual_ref[r]),
-                                             std::span<H>(dense_ref[r]), global, report);
+    comm::host_residual<H> sink{std::span<H>(residual_ref[r])};
+    cores[r].apply(selection_views, sink);
+    const auto global = cores[r].global_selection();
+    for (std::size_t j = 0; j < global.size(); ++j) dense_ref[r][global[j]] = cores[r].updates()[j];
   }
 }
 
@@ -217,7 +214,7 @@ int main() {
     expect(failed[std::size_t(r)].find("rank 0 failed: gradient contains NaN") != std::string::npos,
            "rank " + std::to_string(r) + " names the failing rank: '" + failed[std::size_t(r)] + "'");
     expect(refused[std::size_t(r)] == refused[0] &&
-               refused[std::size_t(r)].find("rank " + std::to_string(ranks - 1) + " failed: sparse_reduce_exchange: dense") !=
+               refused[std::size_t(r)].find("rank " + std::to_string(ranks - 1) + " failed: nccl_reduce_exchange: dense") !=
                    std::string::npos,
            "rank " + std::to_string(r) + " names the rank with a short dense vector: '" + refused[std::size_t(r)] + "'");
   }

@@ -2,7 +2,10 @@
 // gives every rank the same update, bit for bit, equal to the rank-order sum of what each
 // rank sent for the indices the owners kept, divided by P; per rank, residual + applied
 // contribution = gradient + old residual, bitwise; a failing rank makes every rank throw the
-// same error with nothing lost; a resumed exchange repeats an uninterrupted one.
+// same error with nothing lost, and so does a rank whose own wait() finds a problem or whose
+// exchange is destroyed mid-step, after which the next steps work on every rank; an average
+// whose sum overflows is finite; a resumed exchange repeats an uninterrupted one, and a state
+// saved among other ranks is refused.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -171,6 +174,121 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it; every rank'
   compressor.compress(fresh, 0.01, sent, residual);
   exchange.start(sent, residual.values(), 4);
   CHECK(exchange.wait(dense).selected > 0);
+}
+
+TEST_CASE("a dense of the wrong size on one rank's wait(): every rank raises it; the next steps work on every rank") {
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
+  presets::sidco_e<> compressor;
+  feedback::residual<float> residual(n);
+  state_writer before;
+  exchange.save_state(before);
+  const auto g = gradient_for(rank, 0, n);
+  const std::vector<float> old(residual.values().begin(), residual.values().end());
+  sparse_vector<float> sent;
+  compressor.compress(g, 0.01, sent, residual);
+  exchange.start(sent, residual.values(), 0);
+  std::vector<float> dense(rank == ranks - 1 ? n - 1 : n, 5.0f);
+  std::string message;
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  const std::string expected = "rank " + std::to_string(ranks - 1) + " failed: sparse_reduce_exchange: rank " +
+                               std::to_string(ranks - 1) + "'s dense: size " + std::to_string(n - 1);
+  CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
+  // The same error everywhere, nothing written, every entry back, the state as before.
+  std::vector<char> text(512, 0), texts(512 * std::size_t(ranks));
+  std::copy_n(message.begin(), std::min<std::size_t>(message.size(), 511), text.begin());
+  MPI_Allgather(text.data(), 512, MPI_CHAR, texts.data(), 512, MPI_CHAR, MPI_COMM_WORLD);
+  for (int r = 1; r < ranks; ++r) CHECK(std::memcmp(texts.data(), texts.data() + 512 * r, 512) == 0);
+  CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 5.0f; }));
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i] + old[i]);
+  state_writer after;
+  exchange.save_state(after);
+  CHECK(after.bytes() == before.bytes());
+  // Three more steps: every rank applies the same update.
+  dense.assign(n, 0.0f);
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    const auto next = gradient_for(rank, step, n);
+    compressor.compress(next, 0.01, sent, residual);
+    exchange.start(sent, residual.values(), step);
+    const auto report = exchange.wait(dense);
+    CHECK(report.selected > 0);
+    const auto all = gather_all(dense, MPI_COMM_WORLD);
+    for (int r = 1; r < ranks; ++r)
+      REQUIRE(std::memcmp(all.data(), all.data() + std::size_t(r) * n, n * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("an exchange destroyed between start() and wait() on one rank: every other rank's wait() raises, none hangs") {
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
+  presets::sidco_e<> compressor;
+  feedback::residual<float> residual(n);
+  const auto g = gradient_for(rank, 0, n);
+  std::string message;
+  try {
+    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
+    sparse_vector<float> sent;
+    compressor.compress(g, 0.01, sent, residual);
+    exchange.start(sent, residual.values(), 0);
+    if (rank == 0) throw std::runtime_error("the training loop threw");  // the exchange goes out of scope
+    std::vector<float> dense(n);
+    exchange.wait(dense);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  // Every rank is free again: a peer still in round 2 would never reach this barrier.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0)
+    CHECK(message == "the training loop threw");
+  else
+    CHECK_MESSAGE(message.find("rank 0 failed: sparse_reduce_exchange: rank 0's exchange was destroyed between start() "
+                               "and wait()") != std::string::npos,
+                  message);
+  (void)ranks;
+}
+
+TEST_CASE("an average whose sum overflows float is finite, the same on every rank") {
+  const std::size_t n = 4000;
+  const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
+  comm::sparse_reduce_exchange<float, std::uint32_t, comm::owner_top_k> exchange(MPI_COMM_WORLD, n, 0.01);
+  sparse_vector<float> sent(n);
+  sent.push_back(3, 2e38f);
+  sent.push_back(std::uint32_t(100 + rank), 1.0f);
+  exchange.start(sent, {}, 0);
+  std::vector<float> dense(n, -1.0f);
+  exchange.wait(dense);
+  float expected = 0.0f;  // each divided first: the sum overflows
+  for (int r = 0; r < ranks; ++r) expected = expected + 2e38f / float(ranks);
+  CHECK(std::isfinite(dense[3]));
+  CHECK(dense[3] == (ranks == 1 ? 2e38f : expected));
+  const auto all = gather_all(dense, MPI_COMM_WORLD);
+  for (int r = 1; r < ranks; ++r) REQUIRE(std::memcmp(all.data(), all.data() + std::size_t(r) * n, n * sizeof(float)) == 0);
+}
+
+TEST_CASE("a state saved among these ranks is refused by an exchange among others, with a sentence") {
+  const int ranks = size_of(MPI_COMM_WORLD);
+  comm::sparse_reduce_exchange<float> everyone(MPI_COMM_WORLD, 10000, 0.01);
+  state_writer saved;
+  everyone.save_state(saved);
+  comm::sparse_reduce_exchange<float> alone(MPI_COMM_SELF, 10000, 0.01);
+  state_reader in(saved.bytes());
+  std::string message;
+  try {
+    alone.load_state(in);
+  } catch (const sidco::error& e) {
+    message = e.what();
+  }
+  if (ranks > 1)
+    CHECK_MESSAGE(message.find("saved for " + std::to_string(ranks) + " ranks and 10000 values; this exchange has 1 ranks") !=
+                      std::string::npos,
+                  message);
+  else
+    CHECK(message.empty());
 }
 
 TEST_CASE("ranks whose densities differ are refused by every rank's constructor") {

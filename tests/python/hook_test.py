@@ -50,7 +50,7 @@ def read_payload(payload, dtype):
     raw = payload.numpy().tobytes()
     (magic, version, status, value_code, index_bytes, op, error, _, tag, dense_size, capacity, count, sequence,
      trimmed, delta) = HEADER.unpack_from(raw)
-    assert magic == 0x57434453 and version == 1 and index_bytes == 4, (magic, version, index_bytes)
+    assert magic == 0x57434453 and version == 2 and index_bytes == 4, (magic, version, index_bytes)
     header = dict(status=status, tag=tag, dense_size=dense_size, capacity=capacity, count=count,
                   sequence=sequence, trimmed=trimmed, delta=delta)
     if status != 0:
@@ -635,6 +635,170 @@ def scenario_reduce_resume(rank, world):
     return "bit-identical"
 
 
+class Tiny(nn.Module):
+    """Small enough for one bucket (under the tests' 64 KB first bucket), its parameters
+    registered in another order than backward produces their gradients: DDP's first bucket
+    and its rebuilt one hold the same parameters in different orders."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = nn.Linear(24, 10)
+        self.first = nn.Linear(16, 40)
+        self.middle = nn.Linear(40, 24)
+
+    def forward(self, x):
+        return self.last(torch.relu(self.middle(torch.relu(self.first(x)))))
+
+
+def scenario_reduce_resume_reordered(rank, world):
+    """exchange="reduce" resumed from state_dict() where the resumed DDP's first bucket lists
+    the same parameters in another order than the saved run's (its rebuilt one): the
+    exchange orders them by key, so its saved regions and owner state apply, bit-identical."""
+    steps, split = 7, 3
+    seen = {}
+
+    def build(state, run, model=None):
+        torch.manual_seed(0)
+        model = model or Tiny()
+        ddp = DDP(model, bucket_cap_mb=25)  # one bucket; rebuilt after the first step in backward's order
+        sidco_torch.register(ddp, state, layouts(seen.setdefault(run, {})))
+        return model, ddp, torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+
+    def step(ddp, optimizer, t):
+        g = torch.Generator().manual_seed(1000 * t + rank)
+        x, y = torch.randn(16, 16, generator=g), torch.randint(0, 10, (16,), generator=g)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+
+    def fresh():
+        return sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=64,
+                                 exchange="reduce")
+    state = fresh()
+    model, ddp, optimizer = build(state, "whole")
+    for t in range(steps):
+        step(ddp, optimizer, t)
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    state = fresh()
+    model, ddp, optimizer = build(state, "first")
+    for t in range(split):
+        step(ddp, optimizer, t)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sidco": state.state_dict()}, saved)
+    assert state.state_dict()["exchanges"], "no exchange state saved"
+    saved.seek(0)
+    checkpoint = torch.load(saved)
+    state = fresh()
+    state.load_state_dict(checkpoint["sidco"])
+    torch.manual_seed(0)
+    model = Tiny()
+    model.load_state_dict(checkpoint["model"])
+    model, ddp, optimizer = build(state, "resumed", model)
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    for t in range(split, steps):
+        step(ddp, optimizer, t)
+    whole, resumed = seen["whole"][split], seen["resumed"][split]
+    assert len(whole) == len(resumed) == 1 and set(whole[0]) == set(resumed[0]) and whole[0] != resumed[0], \
+        f"the test needs one bucket of the same parameters in another order: {whole} {resumed}"
+    for a, b in zip(uninterrupted, model.parameters()):
+        assert torch.equal(a, b.detach()), f"resumed run differs by {(a - b.detach()).abs().max().item()}"
+    return "bit-identical"
+
+
+def scenario_reduce_sixteen_bit_average(rank, world):
+    """float16 buckets (fp16_compress_wrapper) through the reduce exchange, every rank sending
+    30000 at one index: their sum (30000 x P) is beyond float16's range, their average is
+    not. Every rank gets the average, finite, step after step."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange="reduce")
+    got = []
+
+    def inner(s, bucket):
+        bucket.buffer()[5] = 30000.0
+        return sidco_torch.hook(s, bucket)
+
+    def record(s, bucket):
+        def keep(f):
+            out = f.value()
+            got.append((bucket.index(), float(out[5])))
+            return out
+        return default_hooks.fp16_compress_wrapper(inner)(s, bucket).then(keep)
+    model, ddp, _ = make(state, rank, hook=record)
+    for t in range(3):
+        x, _ = batch(rank, t)
+        ddp.zero_grad()
+        ddp(x).sum().backward()  # no optimizer step: the gradients stay finite
+    assert got and all(v == 30000.0 for _, v in got), got
+    return f"{len(got)} buckets averaged 30000"
+
+
+def scenario_reduce_local_error(rank, world):
+    """The reduce exchange's ops around their collectives, as the hook calls them: at step 0
+    rank 1 hands reduce_select a bucket of the wrong size (a problem of its own, found after
+    round 1). Every rank raises the same error, gets back what it sent, and the next three
+    steps work on every rank, the same bits everywhere."""
+    from sidco_torch.ops import _reduce_codec
+    n = 6000
+    codec = _reduce_codec("sidco-e", {}, [2500, 3500], torch.float32, 0.02, 1.25, world, rank, "sidco-e-exact",
+                          order=[1, 0])
+    residual = torch.zeros(n)
+    received = torch.empty(world * codec.block_bytes(), dtype=torch.uint8)
+    messages = []
+    for t in range(4):
+        g = torch.Generator().manual_seed(100 * t + rank)
+        bucket = torch.randn(n, generator=g)
+        total = bucket + residual
+        blocks = torch.ops.sidco.reduce_encode(bucket, residual, codec, 0, t)
+        dist.all_to_all_single(received, blocks)
+        out = torch.empty(n - 1 if (t == 0 and rank == 1) else n)
+        selection = torch.ops.sidco.reduce_select(received, out, residual, codec)
+        inbox = [torch.empty_like(selection) for _ in range(world)]
+        dist.all_gather(inbox, selection)
+        try:
+            torch.ops.sidco.reduce_decode(inbox, out, residual, codec)
+        except RuntimeError as e:
+            messages.append(str(e))
+            assert torch.equal(residual, total), "what was sent did not go back"
+            continue
+        everyone = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(everyone, out)
+        assert all(torch.equal(o, out) for o in everyone), "ranks hold different updates"
+    assert len(messages) == 1 and "rank 1 failed" in messages[0] and "out: 5999 values" in messages[0], messages
+    everyone = [None] * world
+    dist.all_gather_object(everyone, messages[0])
+    assert len(set(everyone)) == 1, everyone
+    return "one step refused everywhere, three applied"
+
+
+def scenario_save_for_world(rank, world, path):
+    """A reduce exchange state saved among world ranks, as format 1 wrote it (no rank or
+    world of its own): to path."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
+    model, ddp, optimizer = make(state, rank)
+    for step in range(3):
+        train_step(ddp, optimizer, rank, step)
+    d = state.state_dict()
+    assert d["exchanges"], "no exchange state"
+    d["format"] = 1
+    del d["rank"], d["world"]
+    torch.save(d, f"{path}-{rank}.pt")
+    return "saved"
+
+
+def scenario_load_among_fewer(rank, world, path):
+    """Rank r of fewer ranks loads the state rank r saved among more: refused at load, with
+    a sentence, not carried into every step."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
+    try:
+        state.load_state_dict(torch.load(f"{path}-{rank}.pt"))
+    except ValueError as e:
+        message = str(e)
+    else:
+        raise AssertionError("a state saved among other ranks loaded")
+    assert "was saved among 3 ranks; this process group has 2" in message, message
+    return message.split(": ")[-1][:60]
+
+
 def run(scenario, world, *args, timeout=120):
     """scenario(rank, world, *args) on world processes; its per-rank results, or an error."""
     port = free_port()
@@ -742,13 +906,28 @@ def check_exchange_devices():
         bad.append(("cuda:1", "device cuda:1: this sidco_torch was built without CUDA"))
     for device, message in bad:
         try:
-            torch.classes.sidco.ReduceCodec("sidco-e", {}, [1000], "float32", 0.01, 1.25, 3, 0, "sidco-e", 0.01, device)
+            torch.classes.sidco.ReduceCodec("sidco-e", {}, [1000], [], "float32", 0.01, 1.25, 3, 0, "sidco-e-exact", 0.01,
+                                            device)
         except (RuntimeError, ValueError) as e:
             assert message in str(e), f"device {device}: {e}"
         else:
             raise AssertionError(f"a reduce codec on device '{device}' was made")
-    codec = _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e", device=torch.device("cpu"))
+    codec = _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e-exact",
+                          device=torch.device("cpu"))
     assert codec.block_bytes() > 0
+    # Owners by the registry's names; the first name still works, with a DeprecationWarning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = sidco_torch.State(exchange="reduce", owner="sidco-e")
+    assert state.owner == "sidco-e-exact", state.owner
+    assert any(issubclass(w.category, DeprecationWarning) and "sidco-e-exact" in str(w.message) for w in caught), caught
+    for owner, message in (("sidco-e-exact", None), ("top-k", None), ("sidco-gp", "is not one of 'sidco-e-exact'")):
+        try:
+            sidco_torch.State(owner=owner)
+        except ValueError as e:
+            assert message and message in str(e), e
+        else:
+            assert message is None, owner
 
 
 def check_loaded_states():
@@ -952,10 +1131,21 @@ def main():
     print("exchanges that differ (all-gather on rank 1 of 3):", run(scenario_path_mismatch, 3)[0])
     print("rank 0's checkpoint on every rank:", run(scenario_foreign_checkpoint, 2)[0])
     print("residuals on the dense path:", run(scenario_dense_fold, 2)[0])
-    for owner, world in (("sidco-e", 3), ("top-k", 5), ("sidco-e", 2)):
+    for owner, world in (("sidco-e-exact", 3), ("top-k", 5), ("sidco-e-exact", 2)):
         print(f"reduce exchange, {owner} owners, {world} ranks:", run(scenario_reduce_exact, world, owner, timeout=240)[0])
     print("failure (NaN on rank 1 of 3, reduce exchange):", run(scenario_failure_nan, 3, "reduce")[0])
     print("resume (reduce exchange, 3 ranks):", run(scenario_reduce_resume, 3, timeout=240)[0])
+    for world in (2, 3):
+        print(f"resume (reduce exchange, {world} ranks, the bucket reordered):",
+              run(scenario_reduce_resume_reordered, world, timeout=240)[0])
+        print(f"float16 average whose sum overflows (reduce exchange, {world} ranks):",
+              run(scenario_reduce_sixteen_bit_average, world)[0])
+        print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
+              run(scenario_reduce_local_error, world)[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        run(scenario_save_for_world, 3, os.path.join(tmp, "state"))
+        print("a reduce state saved among 3 ranks, loaded among 2:",
+              run(scenario_load_among_fewer, 2, os.path.join(tmp, "state"))[0])
     return 0
 
 

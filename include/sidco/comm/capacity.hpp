@@ -64,16 +64,16 @@ void count_per_segment(const sparse_vector<T, Index>& out, std::span<const segme
 }
 
 /// Trims each segment's entries in out to at most plan.per_segment[s]: its largest
-/// magnitudes, ties to the lower index, in index order. Each entry it removes goes back
-/// into residual (residual[index - base] = value: the compressor left +0 there when it sent
-/// it), so nothing is lost; with an empty residual (no error feedback) they are dropped.
-/// Returns how many it removed. out's indices must be ascending and inside the layout.
-template <class T, class Index>
+/// magnitudes, ties to the lower index, in index order. Each entry it removes goes to
+/// sink.give_back(index, value) (comm/residual_sink.hpp: the compressor left +0 there when
+/// it sent it), so nothing is lost. Returns how many it removed. out's indices must be
+/// ascending and inside the layout.
+template <class T, class Index, class Sink>
 std::size_t trim_to_capacity(sparse_vector<T, Index>& out, std::span<const segment> layout,
-                             const capacity_plan& plan, std::span<T> residual, std::size_t base = 0) {
+                             const capacity_plan& plan, Sink& sink) {
   if (out.size() <= plan.total && layout.size() == 1) return 0;  // the common case: nothing to trim
   std::vector<std::size_t> counts(layout.size());
-  count_per_segment(out, layout, base, counts);
+  count_per_segment(out, layout, 0, counts);
   Index* indices = out.index_data();
   T* values = out.value_data();
   std::size_t read = 0, write = 0, removed = 0;
@@ -85,9 +85,8 @@ std::size_t trim_to_capacity(sparse_vector<T, Index>& out, std::span<const segme
     }
     std::size_t kept = n;
     if (n > plan.per_segment[s]) {
-      kept = backend::host::keep_top_k(indices + write, values + write, n, plan.per_segment[s], [&](Index i, T v) {
-        if (!residual.empty()) residual[std::size_t(i) - base] = v;
-      });
+      kept = backend::host::keep_top_k(indices + write, values + write, n, plan.per_segment[s],
+                                       [&](Index i, T v) { sink.give_back(i, v); });
       removed += n - kept;
     }
     read += n;
@@ -95,15 +94,6 @@ std::size_t trim_to_capacity(sparse_vector<T, Index>& out, std::span<const segme
   }
   out.truncate(write);
   return removed;
-}
-
-/// residual[index - base] = value for each of out's entries: a selection that will not be
-/// sent (its exchange could not start) goes back where the compressor took it from (it left
-/// +0 there). Nothing happens without a residual (no error feedback).
-template <class T, class Index>
-void return_entries(const sparse_vector<T, Index>& out, std::span<T> residual, std::size_t base = 0) {
-  if (residual.empty()) return;
-  for (std::size_t j = 0; j < out.size(); ++j) residual[std::size_t(out.indices()[j]) - base] = out.values()[j];
 }
 
 }  // namespace sidco::comm

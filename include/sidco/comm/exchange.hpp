@@ -1,5 +1,5 @@
-// The one-round sparse exchange over MPI: every rank packs its selection into a payload of
-// fixed size (comm/wire.hpp), one MPI_Iallgather moves every payload, and wait() decodes the
+// The all-gather exchange over MPI (comm/allgather/core.hpp): every rank packs its selection
+// into a payload of fixed size, one MPI_Iallgather moves every payload, and wait() decodes the
 // rank-order sum or average, or raises on every rank alike what went wrong on any rank.
 // The PyTorch hook speaks the same format over torch.distributed. Needs MPI.
 #pragma once
@@ -17,12 +17,11 @@
 #endif
 #include <mpi.h>
 
-#include "sidco/comm/capacity.hpp"
-#include "sidco/comm/report.hpp"
+#include "sidco/comm/allgather/core.hpp"
 #include "sidco/comm/mpi_support.hpp"
 #include "sidco/comm/options.hpp"
+#include "sidco/comm/residual_sink.hpp"
 #include "sidco/comm/setup.hpp"
-#include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
@@ -55,21 +54,17 @@ class sparse_exchange {
   /// rank whose differ, or that cannot set up (an invalid argument, no memory), makes every
   /// rank's constructor throw the same sidco::runtime_error naming it.
   sparse_exchange(MPI_Comm comm, std::vector<segment> layout, double delta, exchange_options options = {})
-      : comm_(comm), layout_(std::move(layout)), delta_(delta), options_(options) {
+      : comm_(comm), delta_(delta), options_(options) {
     check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     exchange_setup mine{};
     try {
-      plan_ = plan_capacity(layout_, delta, options.slack);
-      size_ = layout_.back().end();
-      if (size_ > sparse_vector<T, Index>::max_dense_size)
-        sidco::detail::fail("sparse_exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
-      format_ = format_for<T, Index>(plan_.total);
-      if (format_.bytes() > std::size_t(std::numeric_limits<int>::max()))
-        sidco::detail::fail("sparse_exchange: a payload of ", format_.bytes(), " bytes exceeds MPI's int counts");
-      payload_.resize(format_.bytes());
-      inbox_.resize(format_.bytes() * std::size_t(ranks_));
-      mine = setup_of<T, Index>(layout_, format_, fields(0), options.slack);
+      core_ = allgather_core<T, Index>(layout, delta, options.slack);
+      if (core_.format().bytes() > std::size_t(std::numeric_limits<int>::max()))
+        sidco::detail::fail("sparse_exchange: a payload of ", core_.format().bytes(), " bytes exceeds MPI's int counts");
+      payload_.resize(core_.format().bytes());
+      inbox_.resize(core_.format().bytes() * std::size_t(ranks_));
+      mine = setup_of<T, Index>(layout, core_.format(), fields(0), options.slack);
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
@@ -80,9 +75,8 @@ class sparse_exchange {
   sparse_exchange& operator=(const sparse_exchange&) = delete;
   /// The moved-from exchange has nothing in flight (the buffers move with their addresses).
   sparse_exchange(sparse_exchange&& other) noexcept
-      : comm_(other.comm_), ranks_(other.ranks_), rank_(other.rank_), layout_(std::move(other.layout_)),
-        size_(other.size_), delta_(other.delta_), options_(other.options_), plan_(std::move(other.plan_)),
-        format_(other.format_), payload_(std::move(other.payload_)), inbox_(std::move(other.inbox_)),
+      : comm_(other.comm_), ranks_(other.ranks_), rank_(other.rank_), delta_(other.delta_), options_(other.options_),
+        core_(std::move(other.core_)), payload_(std::move(other.payload_)), inbox_(std::move(other.inbox_)),
         residual_(other.residual_), request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
         in_flight_(std::exchange(other.in_flight_, false)) {}
   sparse_exchange& operator=(sparse_exchange&&) = delete;
@@ -101,8 +95,8 @@ class sparse_exchange {
 
   int ranks() const { return ranks_; }
   int rank() const { return rank_; }
-  const wire_format& format() const { return format_; }
-  const capacity_plan& capacities() const { return plan_; }
+  const wire_format& format() const { return core_.format(); }
+  const capacity_plan& capacities() const { return core_.capacities(); }
 
   /// Trims sent to each segment's capacity (what it removes goes back into residual, when
   /// given: nothing is lost), packs it and starts the all-gather. A problem with the
@@ -110,21 +104,16 @@ class sparse_exchange {
   /// sent (as trimmed), residual and dense must stay alive until wait() returns.
   void start(sparse_vector<T, Index>& sent, std::span<T> residual, std::uint64_t step) {
     begin();
-    residual_ = residual;
-    bool checked = false;
-    try {
-      if (sent.dense_size() != size_)
-        sidco::detail::fail("sparse_exchange: the sparse vector's dense size ", sent.dense_size(),
-                            " is not the exchange's ", size_);
-      if (!residual.empty() && residual.size() != size_)
-        sidco::detail::fail("sparse_exchange: residual: size ", residual.size(), " is not the exchange's ", size_);
-      checked = true;
-      const std::size_t trimmed = trim_to_capacity(sent, layout_, plan_, residual);
-      pack(sent, trimmed, fields(step), format_, std::span<std::byte>(payload_));
-    } catch (const std::exception& e) {
-      if (checked) return_entries(sent, residual);  // not sent: back into the residual
-      pack_failure<T, Index>(e, size_, fields(step), format_, std::span<std::byte>(payload_));
+    residual_ = {};
+    if (!residual.empty() && residual.size() != core_.size()) {
+      const sidco::error wrong(sidco::detail::message("sparse_exchange: residual: size ", residual.size(),
+                                                      " is not the exchange's ", core_.size()));
+      core_.encode_failure(wrong, fields(step), std::span<std::byte>(payload_));
+      return send();
     }
+    residual_ = residual;
+    host_residual<T> sink{residual};
+    core_.encode(sent, sink, fields(step), std::span<std::byte>(payload_));
     send();
   }
 
@@ -133,7 +122,7 @@ class sparse_exchange {
   void start_failed(const std::exception& reason, std::uint64_t step) {
     begin();
     residual_ = {};
-    pack_failure<T, Index>(reason, size_, fields(step), format_, std::span<std::byte>(payload_));
+    core_.encode_failure(reason, fields(step), std::span<std::byte>(payload_));
     send();
   }
 
@@ -145,15 +134,11 @@ class sparse_exchange {
     if (!in_flight_) sidco::detail::fail("sparse_exchange: wait() without start()");
     in_flight_ = false;
     check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    const std::size_t bytes = core_.format().bytes();
     std::vector<std::span<const std::byte>> views(static_cast<std::size_t>(ranks_));
-    for (int r = 0; r < ranks_; ++r)
-      views[std::size_t(r)] = std::span<const std::byte>(inbox_).subspan(std::size_t(r) * format_.bytes(), format_.bytes());
-    try {
-      return decode<T, Index>(views, format_, dense);
-    } catch (const runtime_error&) {
-      if (!residual_.empty()) return_to_residual<T, Index>(std::span<const std::byte>(payload_), format_, residual_);
-      throw;
-    }
+    for (std::size_t r = 0; r < views.size(); ++r) views[r] = std::span<const std::byte>(inbox_).subspan(r * bytes, bytes);
+    host_residual<T> sink{residual_};
+    return core_.decode(views, dense, sink);
   }
 
  private:
@@ -166,20 +151,17 @@ class sparse_exchange {
   wire_fields fields(std::uint64_t step) const { return {options_.tag, step, delta_, options_.op}; }
 
   void send() {
-    check_mpi(MPI_Iallgather(payload_.data(), int(format_.bytes()), MPI_BYTE, inbox_.data(), int(format_.bytes()),
-                             MPI_BYTE, comm_, &request_),
+    const int bytes = int(core_.format().bytes());
+    check_mpi(MPI_Iallgather(payload_.data(), bytes, MPI_BYTE, inbox_.data(), bytes, MPI_BYTE, comm_, &request_),
               "MPI_Iallgather");
     in_flight_ = true;
   }
 
   MPI_Comm comm_;
   int ranks_ = 1, rank_ = 0;
-  std::vector<segment> layout_;
-  std::size_t size_ = 0;
   double delta_;
   exchange_options options_;
-  capacity_plan plan_;
-  wire_format format_;
+  allgather_core<T, Index> core_;
   std::vector<std::byte> payload_, inbox_;
   std::span<T> residual_;
   MPI_Request request_ = MPI_REQUEST_NULL;

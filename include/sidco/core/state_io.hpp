@@ -30,6 +30,8 @@ class state_writer {
 
   const std::vector<std::byte>& bytes() const { return bytes_; }
   std::vector<std::byte> take() { return std::move(bytes_); }
+  /// Empties the writer, keeping its storage (a state written every step).
+  void clear() { bytes_.clear(); }
 
  private:
   std::vector<std::byte> bytes_;
@@ -52,14 +54,23 @@ class state_reader {
 
   /// The next name must be expected: a state of another policy or method is refused.
   void expect(std::string_view expected) {
+    const std::string_view found = read_name();
+    if (found != expected)
+      detail::fail("state: holds '", found, "' where '", expected, "' was expected (a state of another method?)");
+  }
+
+  /// The next name, whatever it is (for a reader that accepts several).
+  std::string_view read_name() {
     const std::uint64_t length = word("a name");
     if (length > bytes_.size() - at_)
       detail::fail("state: a name of ", length, " bytes runs past its end (", bytes_.size(), " bytes)");
     const std::string_view found(reinterpret_cast<const char*>(bytes_.data() + at_), std::size_t(length));
-    if (found != expected)
-      detail::fail("state: holds '", found, "' where '", expected, "' was expected (a state of another method?)");
     at_ += std::size_t(length);
+    return found;
   }
+
+  /// Skips what is left (a part this reader has no use for).
+  void skip_rest() { at_ = bytes_.size(); }
 
   /// Every byte must have been read.
   void finish() const {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <sidco/comm/allgather/core.hpp>
 #include <sidco/comm/capacity.hpp>
 #include <sidco/comm/wire.hpp>
 #include <sidco/core/segment.hpp>
@@ -37,6 +38,7 @@ struct codec_settings {
   at::ScalarType dtype = at::kFloat;
   double density = 0.01;
   double slack = 1.25;
+  double capacity_density = 0.01;  // what capacities are planned for (the density every rank last agreed on)
 };
 
 /// What the last encode and decode did, for State.stats().

@@ -126,6 +126,7 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
              std::string dtype, double density, double slack, double capacity_density) {
   translated([&] {
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
+    settings_.capacity_density = capacity_density;
     plan_ = sidco::comm::plan_capacity(settings_.layout, capacity_density, slack);
     format_ = {plan_.total, sizeof(std::uint32_t), std::size_t(c10::elementSize(settings_.dtype))};
     // Fails here, not at the first step, for an unknown method.
@@ -289,14 +290,16 @@ cuda_reduce_codec_factory cuda_reduce_codecs = nullptr;
 void register_cuda_reduce_codec(cuda_reduce_codec_factory factory) { cuda_reduce_codecs = factory; }
 
 ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> options,
-                         std::vector<std::int64_t> layer_sizes, std::string dtype, double density, double slack,
-                         std::int64_t ranks, std::int64_t rank, std::string owner, double capacity_density,
-                         std::string device) {
+                         std::vector<std::int64_t> layer_sizes, std::vector<std::int64_t> order, std::string dtype,
+                         double density, double slack, std::int64_t ranks, std::int64_t rank, std::string owner,
+                         double capacity_density, std::string device) {
   translated([&] {
     if (ranks < 1) sidco::throw_error("ranks = ", ranks, " is not positive");
     if (rank < 0 || rank >= ranks) sidco::throw_error("rank = ", rank, " is outside [0, ", ranks, ")");
-    if (owner != "sidco-e" && owner != "top-k") sidco::throw_error("owner = '", owner, "' is not sidco-e or top-k");
+    if (owner != sidco::comm::owner_sidco_e::name && owner != sidco::comm::owner_top_k::name)
+      sidco::throw_error("owner = '", owner, "' is not ", owner_names);
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
+    settings_.capacity_density = capacity_density;
     plan_ = with_value_type(settings_.dtype, "bucket", [&](auto tag) {
       return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, capacity_density,
                                                                                   slack, std::size_t(ranks));
@@ -307,10 +310,10 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
       if (cuda_reduce_codecs == nullptr)
         sidco::throw_error("bucket: device ", on, ": this sidco_torch was built without CUDA (the torch it was ",
                            "built against had none)");
-      impl_ = cuda_reduce_codecs(settings_, plan_, std::size_t(rank), owner,
+      impl_ = cuda_reduce_codecs(settings_, order, std::size_t(ranks), std::size_t(rank), owner,
                                  at::Device(at::kCUDA, on.has_index() ? on.index() : at::DeviceIndex(0)));
     } else {
-      impl_ = make_reduce_codec(settings_, plan_, std::size_t(rank), owner);
+      impl_ = make_reduce_codec(settings_, order, std::size_t(ranks), std::size_t(rank), owner);
     }
     return 0;
   });
@@ -403,10 +406,11 @@ at::Tensor reduce_encode_failure(const at::Tensor&, const c10::intrusive_ptr<Red
   });
 }
 
-at::Tensor reduce_select(const at::Tensor& received, const c10::intrusive_ptr<ReduceCodec>& codec) {
+at::Tensor reduce_select(const at::Tensor& received, const at::Tensor& out, const c10::optional<at::Tensor>& residual,
+                         const c10::intrusive_ptr<ReduceCodec>& codec) {
   return translated([&] {
     const auto hold = codec->lock();
-    return codec->impl().select(received);
+    return codec->impl().select(received, out, residual);
   });
 }
 
@@ -437,8 +441,9 @@ TORCH_LIBRARY(sidco, m) {
       .def("layer_state", &Codec::layer_state)
       .def("load_layer_state", &Codec::load_layer_state);
   m.class_<ReduceCodec>("ReduceCodec")
-      .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
-                       double, std::int64_t, std::int64_t, std::string, double, std::string>())
+      .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>,
+                       std::vector<std::int64_t>, std::string, double, double, std::int64_t, std::int64_t, std::string,
+                       double, std::string>())
       .def("block_bytes", &ReduceCodec::block_bytes)
       .def("capacity", &ReduceCodec::capacity)
       .def("target", &ReduceCodec::target)
@@ -452,7 +457,8 @@ TORCH_LIBRARY(sidco, m) {
         "int tag, int sequence) -> Tensor");
   m.def("reduce_encode_failure(Tensor gradient, __torch__.torch.classes.sidco.ReduceCodec codec, str message, "
         "int tag, int sequence) -> Tensor");
-  m.def("reduce_select(Tensor received, __torch__.torch.classes.sidco.ReduceCodec codec) -> Tensor");
+  m.def("reduce_select(Tensor received, Tensor out, Tensor? residual, __torch__.torch.classes.sidco.ReduceCodec codec) "
+        "-> Tensor");
   m.def("reduce_decode(Tensor[] selections, Tensor(a!) out, Tensor(b!)? residual, "
         "__torch__.torch.classes.sidco.ReduceCodec codec) -> Tensor(a!)");
   m.def("compress(Tensor gradient, float density, int[] layer_sizes, Tensor(a!)? residual, "
@@ -476,6 +482,14 @@ TORCH_LIBRARY(sidco, m) {
         views.push_back(bytes_of(p));
       }
       return sidco::comm::failed_for_nonfinite_input(views);
+    });
+  });
+  // What a saved reduce exchange state says of itself: (format version, ranks, dense size,
+  // owner name; version 1 states may not say the last two: 0 and "").
+  m.def("exchange_state_info(Tensor state) -> (int, int, int, str)", [](const at::Tensor& state) {
+    return translated([&] {
+      const auto info = sidco::comm::read_reduce_state_info(state_bytes(state));
+      return std::make_tuple(std::int64_t(info.version), std::int64_t(info.ranks), std::int64_t(info.size), info.owner);
     });
   });
   // Which CPU kernels run here: a Highway target chosen at load time, or "portable".

@@ -84,7 +84,7 @@ struct lane_statistics {
       m.max = std::max(m.max, double(magnitude_of_key<T>(high[j])));
     }
     out[0].merge(m);
-    for (std::size_t p = 0; p < Probes; ++p) {
+    for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0 (nvcc: "p < 0" is pointless)
       moments t;
       for (std::size_t j = 0; j < lanes; ++j) {
         t.count += tails[p].count[j];

@@ -38,7 +38,7 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
   std::fill(std::begin(out.nonfinite), std::end(out.nonfinite), Key(0));
   std::fill(std::begin(out.low), std::end(out.low), infinity);
   std::fill(std::begin(out.high), std::end(out.high), Key(0));
-  for (std::size_t p = 0; p < Probes; ++p) {
+  for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0 (nvcc: "p < 0" is pointless)
     auto& t = out.tails[p];
     std::fill(std::begin(t.sum), std::end(t.sum), Sum(0));
     std::fill(std::begin(t.sum_sq), std::end(t.sum_sq), Sum(0));
@@ -62,7 +62,7 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
         out.sum_log[j] += fast_log(L(magnitude_of_key<T>(Key(kept | (~mask & magnitude_key(T(1)))))));
       out.low[j] = std::min(out.low[j], Key(kept | (~mask & infinity)));
       out.high[j] = std::max(out.high[j], kept);
-      for (std::size_t p = 0; p < Probes; ++p) {
+      for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0 (nvcc: "p < 0" is pointless)
         const Key above = Key(S(kept) > probes[p].key);
         const Key above_mask = Key(0) - above;
         // The excess where above, else +0: bits masked, never multiplied (x - value may be
@@ -92,7 +92,7 @@ void add_values(const Source& source, std::size_t lo, std::size_t hi, const prob
     const bool positive = magnitude_key(v) < float_traits<T>::infinity && magnitude_key(v) != 0;
     if constexpr (Log)
       if (positive) out[0].sum_log += double(fast_log(L(a)));
-    for (std::size_t p = 0; p < Probes; ++p) {
+    for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0 (nvcc: "p < 0" is pointless)
       if (!positive || !(signed_key(v) > probes[p].key)) continue;
       const T excess = T(L(a) - L(probes[p].value));
       moments& t = out[1 + p];

@@ -14,8 +14,8 @@
 #include <tuple>
 #include <vector>
 
-#include <sidco/comm/capacity.hpp>
-#include <sidco/comm/wire.hpp>
+#include <sidco/comm/allgather/core.hpp>
+#include <sidco/comm/residual_sink.hpp>
 #include <sidco/core/half.hpp>
 
 #include "../binding.hpp"
@@ -29,69 +29,57 @@ using index32 = std::uint32_t;
 template <class T>
 class cpu_codec final : public codec_impl {
  public:
-  cpu_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
-            const sidco::comm::capacity_plan& plan)
+  cpu_codec(const codec_settings& settings, const sidco::comm::wire_format&, const sidco::comm::capacity_plan&)
       : settings_(settings),
-        format_(format),
-        plan_(plan),
+        core_(settings.layout, settings.capacity_density, settings.slack),
         engine_(make_engine<T, index32>(settings.method, settings.options, settings.layout, layer_budget::per_layer)),
-        payload_(at::zeros({std::int64_t(format.bytes())}, at::kByte)),
-        size_(settings.layout.back().end()) {}
+        payload_(at::zeros({std::int64_t(core_.format().bytes())}, at::kByte)) {}
 
   at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
                     const sidco::comm::wire_fields& fields) override {
     report_ = {};
     // Whatever fails here fails on this rank alone: the payload carries the error to every
     // rank, and the residual is as it was (compress changes nothing when it throws; after
-    // it, the selected entries go back).
-    std::span<T> r;
-    bool compressed = false;
+    // it, the core gives back what it cannot send).
+    residual_ = {};
     try {
       check(gradient, "bucket");
       if (residual) {
         check(*residual, "residual");
-        r = span_of<T>(*residual);
+        residual_.values = span_of<T>(*residual);
       }
-      report_.compress = engine_->compress(span_of<const T>(gradient), settings_.density, r, sent_);
-      compressed = true;
-      report_.trimmed = sidco::comm::trim_to_capacity(sent_, settings_.layout, plan_, r);
-      report_.compress.selected = sent_.size();
-      report_.compress.density = double(sent_.size()) / double(size_);
-      sidco::comm::pack(sent_, report_.trimmed, fields, format_, bytes_of(payload_));
+      report_.compress = engine_->compress(span_of<const T>(gradient), settings_.density, residual_.values, sent_);
     } catch (const std::exception& e) {
       report_.failed = true;
-      if (compressed) sidco::comm::return_entries(sent_, r);
-      sidco::comm::pack_failure<T, index32>(e, size_, fields, format_, bytes_of(payload_));
+      core_.encode_failure(e, fields, bytes_of(payload_));
+      return payload_;
     }
+    report_.trimmed = core_.encode(sent_, residual_, fields, bytes_of(payload_));
+    report_.failed = sidco::comm::header_of(bytes_of(payload_)).status != std::uint8_t(sidco::comm::wire_status::ok);
+    report_.compress.selected = sent_.size();
+    report_.compress.density = double(sent_.size()) / double(core_.size());
     return payload_;
   }
 
   at::Tensor encode_failure(const std::string& message, const sidco::comm::wire_fields& fields) override {
     report_ = {};
     report_.failed = true;
-    sidco::comm::pack_failure<T, index32>(sidco::runtime_error(message), size_, fields, format_, bytes_of(payload_));
+    residual_ = {};
+    core_.encode_failure(sidco::runtime_error(message), fields, bytes_of(payload_));
     return payload_;
   }
 
-  void decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
-              const c10::optional<at::Tensor>& residual) override {
-    if (residual) check(*residual, "residual");
-    try {
-      check(out, "out");
-      std::vector<std::span<const std::byte>> views;
-      views.reserve(payloads.size());
-      for (const at::Tensor& p : payloads) {
-        check_cpu_tensor("payload", p);
-        if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
-        views.push_back(bytes_of(p));
-      }
-      report_.exchange = sidco::comm::decode<T, index32>(views, format_, span_of<T>(out));
-    } catch (...) {
-      // The exchange failed (on every rank alike, or here alone: a bad argument): what this
-      // rank sent waits in its residual for the next step instead of being lost.
-      if (residual) sidco::comm::return_to_residual<T, index32>(bytes_of(payload_), format_, span_of<T>(*residual));
-      throw;
+  // The residual given back into is the one encode was given (the hook passes the same).
+  void decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out, const c10::optional<at::Tensor>&) override {
+    check(out, "out");
+    std::vector<std::span<const std::byte>> views;
+    views.reserve(payloads.size());
+    for (const at::Tensor& p : payloads) {
+      check_cpu_tensor("payload", p);
+      if (p.scalar_type() != at::kByte) sidco::throw_error("payload: dtype ", p.scalar_type(), " is not uint8");
+      views.push_back(bytes_of(p));
     }
+    report_.exchange = core_.decode(views, span_of<T>(out), residual_);
   }
 
   std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
@@ -103,17 +91,16 @@ class cpu_codec final : public codec_impl {
     check_cpu_tensor(what, t);
     if (t.scalar_type() != settings_.dtype)
       sidco::throw_error(what, ": dtype ", t.scalar_type(), " is not the codec's ", settings_.dtype);
-    if (std::size_t(t.numel()) != size_)
-      sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", size_);
+    if (std::size_t(t.numel()) != core_.size())
+      sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", core_.size());
   }
 
   codec_settings settings_;
-  sidco::comm::wire_format format_;
-  sidco::comm::capacity_plan plan_;
+  sidco::comm::allgather_core<T, index32> core_;
   std::unique_ptr<engine<T, index32>> engine_;
   sidco::sparse_vector<T, index32> sent_;
+  sidco::comm::host_residual<T> residual_;  // this step's, given to encode
   at::Tensor payload_;
-  std::size_t size_;
   codec_report report_;
 };
 

@@ -9,10 +9,6 @@
 // outputs' copies after it, and the next call after those copies), so a gradient written on
 // any stream just before the call is what gets compressed, and torch's caching allocator
 // sees every output tensor used on the stream it was allocated for.
-// The owners' CPU compressor (reduce_codec.cuh) has loops over a compile-time probe count
-// that may be 0, which nvcc's front end calls a pointless comparison (#186); g++ and
-// clang++ do not.
-#pragma nv_diag_suppress 186
 
 #include <torch/library.h>
 
@@ -193,10 +189,12 @@ std::unique_ptr<codec_impl> make_cuda_codec(const codec_settings& settings, cons
 }
 
 std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec(const codec_settings& settings,
-                                                          const sidco::comm::reduce_plan& plan, std::size_t rank,
-                                                          const std::string& owner, const at::Device& device) {
+                                                          const std::vector<std::int64_t>& order, std::size_t ranks,
+                                                          std::size_t rank, const std::string& owner,
+                                                          const at::Device& device) {
   return with_device_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<reduce_codec_impl> {
-    return std::make_unique<cuda_reduce_codec<typename decltype(tag)::type>>(settings, plan, rank, owner, device);
+    return std::make_unique<cuda_reduce_codec<typename decltype(tag)::type>>(settings, order, ranks, rank, owner,
+                                                                             device);
   });
 }
 

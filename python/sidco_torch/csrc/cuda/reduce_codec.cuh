@@ -1,9 +1,9 @@
 // The reduce-scatter exchange's codec for a CUDA bucket (cpu/reduce.cpp's, on the device).
 // Compress runs on backend::cuda with the residual in device memory; its selection (about
-// δ N entries) comes to the host, where the blocks are packed, the owner's region reduced
-// and selected, and the global selection read by the host code the CPU codec runs (so the
-// same bits); the device gets the blocks and the selection (which the process group moves),
-// the update's entries and what goes back into the residual, never a dense vector's copy.
+// δ N entries) comes to the host, where the exchange core (sidco/comm/reduce/core.hpp) runs
+// the CPU codec's code on the same bits; the device gets the blocks and the selection (which
+// the process group moves), the update's entries and what goes back into the residual,
+// never a dense vector's copy.
 //
 // Streams: compress runs on the codec's own stream, ordered after torch's current stream;
 // uploads, downloads and the update run on the current stream (after the collectives, which
@@ -39,18 +39,16 @@ namespace sidco_torch {
 
 // H: the CPU codec's value type (the same host code, so the same bits).
 template <class T, class Index = std::uint32_t, class H = sidco::host_value_t<T>>
-class cuda_reduce_codec final
-    : public reduce_codec_base<engine<T, Index, sidco::memory::device>, H, Index> {
+class cuda_reduce_codec final : public reduce_codec_base<engine<T, Index, sidco::memory::device>, H, Index> {
   using memory = sidco::memory::device;
   using base = reduce_codec_base<engine<T, Index, memory>, H, Index>;
-  using base::compress_, base::engine_, base::failed_, base::fields_, base::global_, base::plan_, base::regions_,
-      base::report_, base::settings_;
+  using base::compress_, base::engine_, base::exchange_sent_, base::failed_, base::order_, base::settings_;
   static_assert(sizeof(H) == sizeof(T) && std::is_trivially_copyable_v<H> && std::is_trivially_copyable_v<T>);
 
  public:
-  cuda_reduce_codec(const codec_settings& settings, const sidco::comm::reduce_plan& plan, std::size_t rank,
-                    const std::string& owner, const at::Device& device)
-      : base(settings, plan, rank, owner), device_(device) {
+  cuda_reduce_codec(const codec_settings& settings, const std::vector<std::int64_t>& order, std::size_t ranks,
+                    std::size_t rank, const std::string& owner, const at::Device& device)
+      : base(settings, order, ranks, rank, owner), device_(device) {
     const c10::cuda::CUDAGuard guard(device_);
     SIDCO_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ready_ = std::make_unique<event>();
@@ -60,14 +58,14 @@ class cuda_reduce_codec final
     engine_ = make_engine<T, Index, sidco::backend::cuda>(settings.method, settings.options, settings.layout,
                                                           layer_budget::per_layer,
                                                           [stream] { return sidco::backend::cuda(stream); });
-    const auto bytes = std::int64_t(plan_.format.bytes()), ranks = std::int64_t(plan_.ranks);
+    const auto bytes = std::int64_t(this->block_bytes()), count = std::int64_t(ranks);
     const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
     const auto on_device = at::TensorOptions().dtype(at::kByte).device(device_);
-    host_blocks_ = at::zeros({bytes * ranks}, pinned);
-    host_received_ = at::zeros({bytes * ranks}, pinned);
+    host_blocks_ = at::zeros({bytes * count}, pinned);
+    host_received_ = at::zeros({bytes * count}, pinned);
     host_selection_ = at::zeros({bytes}, pinned);
-    host_selections_ = at::zeros({bytes * ranks}, pinned);
-    blocks_ = at::zeros({bytes * ranks}, on_device);
+    host_selections_ = at::zeros({bytes * count}, pinned);
+    blocks_ = at::zeros({bytes * count}, on_device);
     selection_ = at::zeros({bytes}, on_device);
   }
   cuda_reduce_codec(const cuda_reduce_codec&) = delete;
@@ -85,98 +83,80 @@ class cuda_reduce_codec final
 
   at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
                     const sidco::comm::wire_fields& fields) override {
-    report_ = {};
     compress_ = {};
-    fields_ = fields;
     failed_ = false;
     const c10::cuda::CUDAGuard guard(device_);
     const cudaStream_t current = current_stream();
     SIDCO_CUDA(cudaEventSynchronize(blocks_uploaded_));  // the last upload has left host_blocks_
-    host_sent_.clear(plan_.size);
-    untrimmed_.clear(plan_.size);
-    T* r = nullptr;
-    bool compressed = false;
+    residual_ = nullptr;
+    staged_.clear();
     // What fails here fails on this rank alone: the blocks carry the error to every rank,
-    // and the residual is as it was (compress changes nothing when it throws, and what it
-    // selected goes back).
+    // and the residual is as it was (compress changes nothing when it throws).
     try {
       check(gradient, "bucket");
+      T* r = nullptr;
       if (residual) {
         check(*residual, "residual");
         r = reinterpret_cast<T*>(residual->data_ptr());
       }
       ready_->order(current, stream_);
-      compress_ = engine_->compress({reinterpret_cast<const T*>(gradient.data_ptr()), plan_.size}, settings_.density,
-                                    r ? memory::view<T>{r, plan_.size} : memory::view<T>{}, sent_);
+      compress_ = engine_->compress({reinterpret_cast<const T*>(gradient.data_ptr()), this->size()}, settings_.density,
+                                    r ? memory::view<T>{r, this->size()} : memory::view<T>{}, sent_);
       fetch_selection();
-      compressed = true;
-      untrimmed_ = host_sent_;
-      report_.trimmed = sidco::comm::pack_blocks(host_sent_, regions_, plan_, fields, std::span<H>{},
-                                                 bytes_of(host_blocks_));
-      report_.sent = host_sent_.size();
-      if (r != nullptr && report_.trimmed > 0) {
-        returned_indices_.clear();
-        returned_values_.clear();
-        sidco::comm::detail::return_unselected(untrimmed_, host_sent_.indices(), give_back());
-        put(r, returned_indices_, returned_values_, stream_);
-      }
+      residual_ = r;
     } catch (const std::exception& e) {
       failed_ = true;
-      if (compressed && r != nullptr)
-        put(r, untrimmed_.indices(), untrimmed_.values(), stream_);
-      host_sent_.clear(plan_.size);
-      sidco::comm::pack_failed_blocks<H, Index>(e, plan_, fields, bytes_of(host_blocks_));
+      this->with_core([&](auto& core) { core.pack_failure(e, fields, bytes_of(host_blocks_)); });
+      upload(host_blocks_, blocks_, current, blocks_uploaded_);
+      return blocks_;
     }
+    this->to_exchange(host_sent_);
+    bucket_sink<sidco::comm::staged_residual<H, Index>> sink{order_, staged_};
+    this->with_core([&](auto& core) { failed_ = !core.pack(exchange_sent_, sink, fields, bytes_of(host_blocks_)); });
+    write_staged(stream_);
     upload(host_blocks_, blocks_, current, blocks_uploaded_);
     return blocks_;
   }
 
   at::Tensor encode_failure(const std::string& message, const sidco::comm::wire_fields& fields) override {
-    report_ = {};
     compress_ = {};
-    fields_ = fields;
     failed_ = true;
     const c10::cuda::CUDAGuard guard(device_);
     SIDCO_CUDA(cudaEventSynchronize(blocks_uploaded_));
-    host_sent_.clear(plan_.size);
-    sidco::comm::pack_failed_blocks<H, Index>(sidco::runtime_error(message), plan_, fields, bytes_of(host_blocks_));
+    residual_ = nullptr;
+    this->with_core(
+        [&](auto& core) { core.pack_failure(sidco::runtime_error(message), fields, bytes_of(host_blocks_)); });
     upload(host_blocks_, blocks_, current_stream(), blocks_uploaded_);
     return blocks_;
   }
 
-  at::Tensor select(const at::Tensor& received) override {
+  at::Tensor select(const at::Tensor& received, const at::Tensor& out, const c10::optional<at::Tensor>& residual) override {
     const c10::cuda::CUDAGuard guard(device_);
     check_cuda_tensor("received", received, device_);
-    const std::size_t bytes = plan_.format.bytes();
-    if (received.scalar_type() != at::kByte || std::size_t(received.numel()) != bytes * plan_.ranks)
+    const std::size_t bytes = this->block_bytes(), ranks = this->ranks();
+    if (received.scalar_type() != at::kByte || std::size_t(received.numel()) != bytes * ranks)
       sidco::throw_error("received: ", received.numel(), " ", received.scalar_type(), " values, the exchange takes ",
-                         bytes * plan_.ranks, " bytes");
+                         bytes * ranks, " bytes");
     const cudaStream_t current = current_stream();
     SIDCO_CUDA(cudaEventSynchronize(selection_uploaded_));
-    download(received, host_received_, 0, bytes * plan_.ranks, current);
+    download(received, host_received_, 0, bytes * ranks, current);
     SIDCO_CUDA(cudaStreamSynchronize(current));
     const auto all = bytes_of(host_received_);
     std::vector<std::span<const std::byte>> views;
-    for (std::size_t r = 0; r < plan_.ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
-    this->select_owned(views, bytes_of(host_selection_));
+    for (std::size_t r = 0; r < ranks; ++r) views.push_back(all.subspan(r * bytes, bytes));
+    this->select_or_refuse(views, bytes_of(host_selection_), out, residual);
     upload(host_selection_, selection_, current, selection_uploaded_);
     return selection_;
   }
 
-  void decode(const std::vector<at::Tensor>& selections, const at::Tensor& out,
-              const c10::optional<at::Tensor>& residual) override {
+  // out and the residual (encode's) were checked by select, before round 2.
+  void decode(const std::vector<at::Tensor>& selections, const at::Tensor& out, const c10::optional<at::Tensor>&) override {
     const c10::cuda::CUDAGuard guard(device_);
     const cudaStream_t current = current_stream();
-    T* r = nullptr;
-    if (residual) {
-      check(*residual, "residual");
-      r = reinterpret_cast<T*>(residual->data_ptr());
-    }
-    const std::size_t bytes = plan_.format.bytes();
+    const std::size_t bytes = this->block_bytes(), ranks = this->ranks();
     try {
-      check(out, "out");
-      if (selections.size() != plan_.ranks)
-        sidco::throw_error("selections: ", selections.size(), " tensors, the exchange has ", plan_.ranks, " ranks");
+      if (selections.size() != ranks)
+        sidco::throw_error("selections: ", selections.size(), " tensors, the exchange has ", ranks, " ranks");
       for (const at::Tensor& p : selections) {
         check_cuda_tensor("selection", p, device_);
         if (p.scalar_type() != at::kByte) sidco::throw_error("selection: dtype ", p.scalar_type(), " is not uint8");
@@ -184,8 +164,7 @@ class cuda_reduce_codec final
           sidco::throw_error("selection: ", p.numel(), " bytes, the exchange's format takes ", bytes);
       }
     } catch (...) {
-      // A bad argument on this rank: what it sent still waits in its residual.
-      put(r, host_sent_.indices(), host_sent_.values(), current);
+      this->with_core([](auto& core) { core.abandon(); });  // a caller's mistake: the next step still works
       throw;
     }
     for (std::size_t j = 0; j < selections.size(); ++j)
@@ -193,50 +172,45 @@ class cuda_reduce_codec final
     SIDCO_CUDA(cudaStreamSynchronize(current));
     const auto all = bytes_of(host_selections_);
     std::vector<std::span<const std::byte>> views;
-    for (std::size_t j = 0; j < plan_.ranks; ++j) views.push_back(all.subspan(j * bytes, bytes));
-    this->report_exchange();
-    returned_indices_.clear();
-    returned_values_.clear();
+    for (std::size_t j = 0; j < ranks; ++j) views.push_back(all.subspan(j * bytes, bytes));
+    bucket_sink<sidco::comm::staged_residual<H, Index>> sink{order_, staged_};
     try {
-      sidco::comm::selected_entries<H, Index>(views, regions_, plan_, host_sent_, give_back(), global_, applied_,
-                                              report_);
+      this->with_core([&](auto& core) {
+        core.apply(views, sink);
+        update_indices_.clear();
+        for (const Index i : core.global_selection()) update_indices_.push_back(Index(order_.to_bucket(std::size_t(i))));
+        update_values_.assign(core.updates().begin(), core.updates().end());
+      });
     } catch (...) {
-      // Every rank raises this: every entry this rank sent goes back into its residual.
-      put(r, returned_indices_, returned_values_, current);
+      write_staged(current);  // every rank raises this: every entry this rank sent goes back
       throw;
     }
-    put(r, returned_indices_, returned_values_, current);
-    SIDCO_CUDA(cudaMemsetAsync(out.data_ptr(), 0, plan_.size * sizeof(T), current));
-    put(reinterpret_cast<T*>(out.data_ptr()), global_, applied_, current);
-    this->rebalance();
+    write_staged(current);
+    SIDCO_CUDA(cudaMemsetAsync(out.data_ptr(), 0, this->size() * sizeof(T), current));
+    writer_.write(reinterpret_cast<T*>(out.data_ptr()), update_indices_.data(), update_values_.data(),
+                  update_indices_.size(), current);
   }
 
  private:
   cudaStream_t current_stream() const { return at::cuda::getCurrentCUDAStream(device_.index()).stream(); }
 
-  void check(const at::Tensor& t, const char* what) const {
+  void check(const at::Tensor& t, const char* what) const override {
     check_cuda_tensor(what, t, device_);
     if (t.scalar_type() != settings_.dtype)
       sidco::throw_error(what, ": dtype ", t.scalar_type(), " is not the codec's ", settings_.dtype);
-    if (std::size_t(t.numel()) != plan_.size)
-      sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", plan_.size);
+    if (std::size_t(t.numel()) != this->size())
+      sidco::throw_error(what, ": ", t.numel(), " values, the codec's layers add up to ", this->size());
   }
 
-  // to[indices[j]] = values[j] on the device, complete when it returns.
-  void put(T* to, std::span<const Index> indices, std::span<const H> values, cudaStream_t stream) {
-    writer_.put(to, indices.data(), reinterpret_cast<const T*>(values.data()), indices.size(), stream);
-  }
-
-  // Entries for the residual, collected on the host until they are written in one go.
-  auto give_back() {
-    return [this](Index i, H v) {
-      returned_indices_.push_back(i);
-      returned_values_.push_back(v);
-    };
+  // What the core gave back, into the device residual in one go.
+  void write_staged(cudaStream_t stream) {
+    writer_.write(residual_, staged_.indices.data(), staged_.values.data(), staged_.size(), stream);
+    staged_.clear();
   }
 
   // The compressor's selection to host_sent_ (one host wait).
   void fetch_selection() {
+    host_sent_.clear(this->size());
     host_sent_.resize(sent_.size());
     if (!sent_.empty()) {
       SIDCO_CUDA(cudaMemcpyAsync(host_sent_.index_data(), sent_.indices().data(), sent_.size() * sizeof(Index),
@@ -266,9 +240,11 @@ class cuda_reduce_codec final
   cudaEvent_t blocks_uploaded_ = nullptr, selection_uploaded_ = nullptr;
   std::unique_ptr<event> ready_;
   sidco::sparse_vector<T, Index, memory> sent_;
-  sidco::sparse_vector<H, Index> host_sent_, untrimmed_;  // sent as the blocks hold it, and before trimming
-  std::vector<Index> returned_indices_;
-  std::vector<H> applied_, returned_values_;
+  sidco::sparse_vector<H, Index> host_sent_;        // the compressor's selection, in the bucket's order
+  sidco::comm::staged_residual<H, Index> staged_;  // what goes back into the residual (bucket indices)
+  std::vector<Index> update_indices_;               // the update's entries (bucket indices)
+  std::vector<H> update_values_;
+  T* residual_ = nullptr;  // this step's, given to encode
   entry_writer<T, Index> writer_;
   at::Tensor host_blocks_, host_received_, host_selection_, host_selections_, blocks_, selection_;
 };

@@ -1,0 +1,227 @@
+// The reduce-scatter exchange on one rank, whatever carries it: bytes per rank that do not
+// grow with the number of ranks P. The index space is split into P regions, one owner each
+// (comm/regions.hpp). A step is three calls around two collectives:
+//
+//   pack    this rank's selection split by region into P blocks of capacity c = ceil(slack
+//           k / P) (what does not fit goes back into its residual);
+//           -- an all-to-all moves block j to owner j --
+//   select  this rank's region: the P blocks it received added in rank order, its share of
+//           the global target kept by the owner policy, each kept index's update packed;
+//           -- an all-gather moves every owner's selection to every rank --
+//   apply   every owner's selection is the global selection and its update (the same bits
+//           on every rank); what this rank sent that no owner kept goes back into its
+//           residual. Per rank, bitwise: residual + applied contribution = gradient + old
+//           residual.
+//
+// Every rank sends about 2 (P - 1) c (8 bytes) + 2 (P - 1) x 64-byte headers a step: about
+// 2 slack 8k, whatever P. A step commits only when every rank has agreed it: a problem on any
+// rank in either round (its compress, its arguments, a block an owner finds bad, a buffer
+// this rank finds wrong after round 1, an update beyond the type's range) travels in the
+// payloads, every rank's apply raises the same error, every rank gives back what it sent,
+// and the exchange's state (regions, owner policy) stays as before the step: the next step
+// works. Transports hold only their collectives: comm/reduce_exchange.hpp (MPI),
+// comm/nccl_reduce.cuh (NCCL), the DDP hook's reduce codecs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sidco/comm/options.hpp"
+#include "sidco/comm/owner.hpp"
+#include "sidco/comm/reduce/plan.hpp"
+#include "sidco/comm/reduce/state.hpp"
+#include "sidco/comm/reduce/steps.hpp"
+#include "sidco/comm/regions.hpp"
+#include "sidco/comm/residual_sink.hpp"
+#include "sidco/comm/wire.hpp"
+#include "sidco/core/error.hpp"
+#include "sidco/core/segment.hpp"
+#include "sidco/core/sparse_vector.hpp"
+#include "sidco/core/state_io.hpp"
+
+namespace sidco::comm {
+
+template <class T, class Index, class Policy>
+class reduce_core {
+  static_assert(owner_policy<Policy>,
+                "reduce-scatter exchange: Policy must be an owner policy (comm/owner.hpp): a static name and "
+                "select<A, Index>(indices, values, count, k)");
+
+ public:
+  using value_type = T;
+  using index_type = Index;
+
+  reduce_core() = default;
+  /// The plan for layout at delta among ranks (comm/reduce/plan.hpp), this rank's number,
+  /// and the options every rank shares (tag, reduction, capacity slack).
+  reduce_core(std::span<const segment> layout, double delta, std::size_t ranks, std::size_t rank,
+              exchange_options options = {}, Policy policy = {})
+      : plan_(plan_reduce<T, Index>(layout, delta, options.slack, ranks)),
+        rank_(rank),
+        delta_(delta),
+        options_(options),
+        policy_(std::move(policy)),
+        regions_(regions::even(plan_.size, ranks)) {
+    if (plan_.size > sparse_vector<T, Index>::max_dense_size)
+      sidco::detail::fail("reduce-scatter exchange: ", plan_.size, " values exceed the ", 8 * sizeof(Index),
+                          "-bit index range");
+    if (rank >= ranks) sidco::detail::fail("reduce-scatter exchange: rank ", rank, " is outside [0, ", ranks, ")");
+  }
+
+  const reduce_plan& plan() const { return plan_; }
+  std::size_t block_bytes() const { return plan_.format.bytes(); }
+  /// The regions the next pack splits by (balanced from the last global selection).
+  const regions& current_regions() const { return regions_; }
+  /// The last global selection's indices and updates (ascending; the same on every rank).
+  std::span<const Index> global_selection() const { return global_; }
+  std::span<const T> updates() const { return updates_; }
+  Policy& policy() { return policy_; }
+  const Policy& policy() const { return policy_; }
+  const reduce_report& report() const { return report_; }
+  /// The header fields of a step at the exchange's own tag, density and reduction (a caller
+  /// may pass others: the hook names each bucket and step in its tag and density).
+  wire_fields fields(std::uint64_t step) const { return {options_.tag, step, delta_, options_.op}; }
+
+  /// Round 1: splits sent (ascending, the plan's dense size) by region into blocks
+  /// (plan().ranks x block_bytes()); sent keeps what they hold, what they cannot hold goes to
+  /// sink. A problem with the arguments is packed instead (every rank raises it after round
+  /// 2), and whatever sent held goes to sink. Returns whether it packed sent.
+  template <class Sink>
+  bool pack(sparse_vector<T, Index>& sent, Sink& sink, const wire_fields& fields, std::span<std::byte> blocks) {
+    begin(fields);
+    bool checked = false;
+    try {
+      if (sent.dense_size() != plan_.size)
+        sidco::detail::fail("reduce-scatter exchange: the sparse vector's dense size ", sent.dense_size(),
+                            " is not the exchange's ", plan_.size);
+      checked = true;
+      report_.trimmed = pack_blocks(sent, regions_, plan_, fields_, sink, blocks);
+      report_.sent = sent.size();
+      packed_ = sent;
+      return true;
+    } catch (const std::exception& e) {
+      if (checked) give_back_all<T, Index>(sent.indices(), sent.values(), sink);
+      packed_.clear(plan_.size);
+      pack_failed_blocks<T, Index>(e, plan_, fields_, blocks);
+      return false;
+    }
+  }
+
+  /// Round 1 for a rank whose compress threw: its reason in every block.
+  void pack_failure(const std::exception& reason, const wire_fields& fields, std::span<std::byte> blocks) {
+    begin(fields);
+    pack_failed_blocks<T, Index>(reason, plan_, fields_, blocks);
+  }
+
+  /// Round 2: this rank's region from the blocks it received (one per rank, rank order)
+  /// into selection (block_bytes()). problem: what this rank found wrong since pack (its
+  /// output buffer, say), sent instead of a selection so that every rank raises it.
+  void select(payload_views received, std::span<std::byte> selection, const std::exception* problem = nullptr) {
+    if (!in_step_) sidco::detail::fail("reduce-scatter exchange: select() without pack()");
+    if (problem != nullptr) {
+      comm::pack_failure<T, Index>(*problem, plan_.size, fields_, plan_.format, selection);
+      return;
+    }
+    save_owner();
+    select_region<T, Index>(received, regions_, rank_, plan_, fields_, policy_, selection, report_, scratch_);
+  }
+
+  /// Round 3: every owner's selection (rank order). On agreement, global_selection() and
+  /// updates() hold the update, what this rank sent that no owner kept goes to sink, and the
+  /// step commits (regions balanced for the next step). Otherwise it throws
+  /// sidco::runtime_error (nonfinite_exchange when every failure was non-finite input), the
+  /// same on every rank, having given every entry this rank sent to sink and put the
+  /// exchange's state back as it was before the step.
+  template <class Sink>
+  const reduce_report& apply(payload_views selections, Sink& sink) {
+    if (!in_step_) sidco::detail::fail("reduce-scatter exchange: apply() without pack()");
+    in_step_ = false;
+    report_.ranks = int(plan_.ranks);
+    report_.target = plan_.target;
+    report_.bytes_sent = report_.bytes_received = 2 * (plan_.ranks - 1) * plan_.format.bytes();
+    try {
+      check_selections<T, Index>(selections, regions_, plan_);
+    } catch (...) {
+      report_.returned = give_back_all<T, Index>(packed_.indices(), packed_.values(), sink);
+      restore_owner();
+      global_.clear();
+      updates_.clear();
+      throw;
+    }
+    read_selections<T, Index>(selections, plan_.format, global_, updates_, report_);
+    report_.returned = give_back_unkept<T, Index>(packed_.indices(), packed_.values(), global_, sink);
+    regions_ = regions::balanced<Index>(global_, plan_.size, plan_.ranks);
+    owner_saved_ = false;
+    return report_;
+  }
+
+  /// Ends a step that will not be applied on this rank (its transport is being destroyed
+  /// mid-step, after it sent every rank a failure in round 2): the state as before the step.
+  /// What this rank sent is not given back (its residual may be gone).
+  void abandon() {
+    if (!in_step_) return;
+    in_step_ = false;
+    restore_owner();
+  }
+
+  bool in_step() const { return in_step_; }
+
+  /// The regions and the owner's state (comm/reduce/state.hpp). Not during a step.
+  void save_state(state_writer& out) const {
+    if (in_step_) sidco::detail::fail("reduce-scatter exchange: save_state() during a step (between pack and apply)");
+    save_reduce_state(out, regions_, policy_);
+  }
+  void load_state(state_reader& in) {
+    if (in_step_) sidco::detail::fail("reduce-scatter exchange: load_state() during a step (between pack and apply)");
+    load_reduce_state(in, plan_, regions_, policy_);
+  }
+
+ private:
+  void begin(const wire_fields& fields) {
+    if (in_step_) sidco::detail::fail("reduce-scatter exchange: a new step before the last one was applied");
+    in_step_ = true;
+    fields_ = fields;
+    report_ = {};
+    owner_saved_ = false;
+    packed_.clear(plan_.size);
+  }
+
+  // The owner policy's state before it selects, so that a step that fails can put it back.
+  void save_owner() {
+    if constexpr (stateful<Policy>) {
+      owner_state_.clear();
+      policy_.save_state(owner_state_);
+      owner_saved_ = true;
+    }
+  }
+  void restore_owner() {
+    if constexpr (stateful<Policy>) {
+      if (!owner_saved_) return;
+      owner_saved_ = false;
+      state_reader in(owner_state_.bytes());
+      policy_.load_state(in);
+    }
+  }
+
+  reduce_plan plan_;
+  std::size_t rank_ = 0;
+  double delta_ = 0;
+  exchange_options options_;
+  Policy policy_;
+  regions regions_;
+  owner_scratch<T, Index> scratch_;
+  sparse_vector<T, Index> packed_;  // what this rank's blocks hold, this step
+  std::vector<Index> global_;
+  std::vector<T> updates_;
+  state_writer owner_state_;
+  bool owner_saved_ = false, in_step_ = false;
+  wire_fields fields_;  // this step's
+  reduce_report report_;
+};
+
+}  // namespace sidco::comm

@@ -1,0 +1,107 @@
+"""What every rank must agree on before a collective's sizes depend on it: the State's
+configuration (once), and each bucket's wire format (whenever it changes). A difference is
+the same ExchangeError on every rank, raised before the collective it would have broken."""
+import struct
+import warnings
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from .arguments import _DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _STATE_FORMAT, ExchangeError, _bits
+
+
+class _Agreement:
+    """State's agreement methods (a mixin: State holds the data they read)."""
+
+    def _agree_configuration(self, group, world, device):
+        """Every rank's configuration, compared once (the first hook call of this State in this
+        process): a difference would make the payloads' sizes differ."""
+        verified = self._verified if self._verified is not None else self._step_density
+        fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
+                  ("density", _bits(self._step_density)), ("agreed density", _bits(verified)),
+                  ("capacity_slack", _bits(self.capacity_slack)),
+                  ("feedback", int(self.feedback)), ("start_iter", self.start_iter),
+                  ("min_bucket_elements", self.min_bucket_elements),
+                  ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
+                  ("exchange", _EXCHANGES.index(self.exchange)), ("owner", int(self.owner == "top-k")),
+                  ("nonfinite", _NONFINITE.index(self.nonfinite)),
+                  ("iteration", self.iteration), ("ranks", world)]
+        rank = dist.get_rank(group)
+        loaded = self._loaded_from
+        # Whether this rank loaded a state another rank (or another world) saved: -1 if not.
+        fields.append(("loaded", -1 if loaded is None or loaded == (rank, world) else loaded[0] * 65536 + loaded[1]))
+        # On the buckets' device: NCCL gathers CUDA tensors only.
+        mine = torch.tensor([v for _, v in fields], dtype=torch.int64, device=device)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine, group=group)
+        everyone = [t.cpu() for t in everyone]
+        shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
+                 "agreed density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
+                 "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0]}
+        loaded_at = len(fields) - 1
+        for rank, theirs in enumerate(everyone):
+            if int(theirs[loaded_at]) >= 0:
+                saver, saved_world = divmod(int(theirs[loaded_at]), 65536)
+                raise self._fail(ExchangeError(
+                    f"sidco_torch.State: rank {rank} loaded the state that rank {saver} of {saved_world} saved; the "
+                    "state holds that rank's residuals: each rank saves and loads its own "
+                    "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
+            for j, (name, _) in enumerate(fields[:loaded_at]):
+                if theirs[j] != everyone[0][j]:
+                    if name in ("method", "options", "exchange", "owner", "nonfinite"):
+                        # Hashes and indices on the wire: the values themselves, from every rank
+                        # (each one found this same difference, so each joins this gather).
+                        readable = [None] * world
+                        dist.all_gather_object(readable, {"method": self.method, "options": dict(sorted(
+                            self.options.items())), "exchange": self.exchange, "owner": self.owner,
+                            "nonfinite": self.nonfinite}, group=group)
+                        theirs_shown, first_shown = readable[rank][name], readable[0][name]
+                    else:
+                        show = shown.get(name, lambda v: v)
+                        theirs_shown, first_shown = show(int(theirs[j])), show(int(everyone[0][j]))
+                    raise self._fail(ExchangeError(
+                        f"sidco_torch.State: rank {rank} has {name} {theirs_shown!r}, rank 0 has {first_shown!r}; "
+                        "every rank must make its State alike"))
+        self._agreed = True
+        self._loaded_from = None
+        self._verified = verified
+        if world == 1 and "world" not in self._warned:
+            self._warned.add("world")
+            warnings.warn("sidco_torch: a world of one rank has nothing to exchange; the hook still compresses (error "
+                          "feedback delays part of each update), as it would among several", stacklevel=4)
+
+    def _agree_wire_format(self, group, world, bucket, path, payload_bytes):
+        """What this bucket puts on the wire (path, dtype, values, bytes), compared across ranks
+        whenever it changes (the first steps, DDP's bucket rebuild, the switch at start_iter),
+        before the collective whose sizes it decides: gloo aborts the process on a size
+        mismatch, so a rank whose bucket differs (another dtype under fp16_compress_wrapper,
+        another layout) must be refused before it."""
+        buffer = bucket.buffer()
+        mine = (bucket.index(), _PATHS.index(path), _DTYPE_CODES.get(buffer.dtype, 0), buffer.numel(), payload_bytes)
+        if self._signatures.get(bucket.index()) == mine:
+            return
+        everyone = [torch.empty(len(mine), dtype=torch.int64, device=buffer.device) for _ in range(world)]
+        dist.all_gather(everyone, torch.tensor(mine, dtype=torch.int64, device=buffer.device), group=group)
+        everyone = [tuple(int(v) for v in t.cpu()) for t in everyone]
+        first = everyone[0]
+        for rank, theirs in enumerate(everyone):
+            if theirs == first:
+                continue
+            index, path0, dtype0, numel0, bytes0 = first
+            _, path1, dtype1, numel1, bytes1 = theirs
+            if theirs[0] != index:
+                what = f"is at bucket {theirs[0]}, rank 0 at bucket {index}"
+            elif dtype1 != dtype0:
+                what = (f"sends bucket {index} as {_DTYPE_NAMES.get(dtype1, dtype1)}, rank 0 as "
+                        f"{_DTYPE_NAMES.get(dtype0, dtype0)} (a communication hook wrapper on some ranks only?)")
+            elif numel1 != numel0:
+                what = f"has {numel1} values in bucket {index}, rank 0 has {numel0}"
+            elif path1 != path0:
+                how = ("dense", "by all-gather", "by reduce-scatter")
+                what = f"sends bucket {index} {how[path1]}, rank 0 {how[path0]}"
+            else:
+                what = f"sends bucket {index} in {bytes1}-byte payloads, rank 0 in {bytes0} (another layout)"
+            raise self._fail(ExchangeError(f"sidco_torch.State: rank {rank} {what}; every rank must hand the hook "
+                                           "the same buckets"))
+        self._signatures[bucket.index()] = mine

@@ -1,0 +1,83 @@
+"""What the hook's State takes and raises: argument checks that name the argument and its
+value, the names of its choices, and the one error every rank raises alike."""
+import math
+import numbers
+import struct
+import warnings
+
+import torch
+
+_STATE_FORMAT = 2  # 2: rank and world size added (format 1 states load without that check)
+_COMPRESSED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_EXCHANGES = ("auto", "allgather", "reduce")
+_NONFINITE = ("raise", "skip")
+_PATHS = ("dense", "allgather", "reduce")  # how a bucket goes on the wire
+_DTYPE_CODES = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
+_DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in _DTYPE_CODES.items()}
+
+
+def _shortest(value, dtype):
+    """The shortest decimal that rounds to the same dtype value (float32 0.01 is 0.01)."""
+    exact = torch.tensor(value, dtype=dtype)
+    for digits in range(1, 18):
+        candidate = float(f"{value:.{digits}g}")
+        if torch.tensor(candidate, dtype=dtype) == exact:
+            return candidate
+    return value
+
+
+def _real_scalar(value, what):
+    """A Python, numpy or 0-d tensor real as a float; a 16- or 32-bit float as the shortest
+    decimal that names it (numpy.float32(0.01) is 0.01, not 0.009999999776)."""
+    narrow = None
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"sidco_torch.State: {what} must be a real scalar, got a tensor of shape "
+                            f"{tuple(value.shape)} and dtype {value.dtype}")
+        if value.dtype in (torch.float16, torch.bfloat16, torch.float32):
+            narrow = value.dtype
+        value = value.item()
+    else:
+        dtype = getattr(value, "dtype", None)  # a numpy scalar
+        itemsize = getattr(dtype, "itemsize", 8)
+        if getattr(dtype, "kind", "") == "f" and itemsize < 8:
+            narrow = torch.float32 if itemsize == 4 else torch.float16
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"sidco_torch.State: {what} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    return _shortest(value, narrow) if narrow is not None and math.isfinite(value) else value
+
+
+class ExchangeError(RuntimeError):
+    """Raised alike on every rank when the ranks disagree (configuration, buckets, density) or
+    one of them failed (its error is in the message). DDP's backward() re-raises what a hook
+    raises as a RuntimeError whose message begins with "ExchangeError: " (torch passes no
+    exception type through its reducer); the object itself is state.error."""
+
+
+def _checked_density(value, what):
+    value = _real_scalar(value, what)
+    if not 0 < value <= 1:
+        raise ValueError(f"sidco_torch.State: {what} = {value!r} is outside (0, 1]")
+    return value
+
+
+def _bits(x):
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+# Owners by the method registry's names; the hook's first spelling still works, with a warning.
+_OWNERS = ("sidco-e-exact", "top-k")
+_OWNER_ALIASES = {"sidco-e": "sidco-e-exact"}
+
+
+def _owner_name(owner, where="sidco_torch.State", warn=True):
+    """owner as the registry names it ("sidco-e" is "sidco-e-exact", deprecated)."""
+    if owner in _OWNER_ALIASES:
+        if warn:
+            warnings.warn(f"{where}: owner {owner!r} is now called {_OWNER_ALIASES[owner]!r} (the method registry's "
+                          "name); the old name will be removed", DeprecationWarning, stacklevel=3)
+        return _OWNER_ALIASES[owner]
+    if owner not in _OWNERS:
+        raise ValueError(f"{where}: owner = {owner!r} is not one of {', '.join(map(repr, _OWNERS))}")
+    return owner
+

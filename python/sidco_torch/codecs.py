@@ -1,0 +1,221 @@
+"""The hook's paths for one bucket: its codec and buffers (_Bucket), the all-gather and
+reduce-scatter exchanges around their collectives, and the dense all-reduce. Every
+collective is issued from the hook body; the futures' callbacks do local work only."""
+import re
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .arguments import ExchangeError
+from .ops import _codec, _reduce_codec
+
+
+def _exchange_key(keys):
+    """What names a reduce exchange's state: its parameters' keys, sorted (DDP may order a
+    bucket's parameters otherwise after a reload; the exchange orders them so too)."""
+    return "|".join(sorted(keys))
+
+
+class _Layer:
+    """A parameter's state outside any bucket: from load_state_dict, or between layouts."""
+
+    def __init__(self, size, dtype, residual, compressor):
+        self.size, self.dtype, self.residual, self.compressor = size, dtype, residual, compressor
+
+
+class _Bucket:
+    """One bucket layout's codec, residual and receive buffers. exchange: "allgather" (one
+    all-gather of every rank's payload) or "reduce" (an all-to-all of blocks to the regions'
+    owners, then an all-gather of the owners' selections)."""
+
+    def __init__(self, state, keys, sizes, dtype, device, world, rank, exchange):
+        self.keys = keys
+        self.sizes = sizes
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.dtype = dtype
+        self.device = device
+        self.exchange = exchange
+        # What it compresses at (this step's density) and plans capacity for (the agreed one).
+        self.density, self.capacity_density = state._step_density, state._verified
+        numel = sum(sizes)
+        # On the bucket's device: a CUDA bucket is encoded, gathered (NCCL) and decoded there.
+        self.residual = torch.zeros(numel, dtype=dtype, device=device) if state.feedback else None
+        if exchange == "reduce":
+            # The exchange lays the parameters out sorted by key: the same in every run.
+            order = sorted(range(len(keys)), key=lambda i: keys[i])
+            self.codec = _reduce_codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
+                                       world, rank, state.owner, self.capacity_density, device, order)
+            payload = self.codec.block_bytes()
+            self.received = torch.empty(world * payload, dtype=torch.uint8, device=device)
+        else:
+            self.codec = _codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
+                                self.capacity_density)
+            payload = self.codec.payload_bytes()
+        self.inbox = [torch.empty(payload, dtype=torch.uint8, device=device) for _ in range(world)]
+
+    def payload_bytes(self):
+        return self.codec.block_bytes() if self.exchange == "reduce" else self.codec.payload_bytes()
+
+    def exchange_key(self):
+        return _exchange_key(self.keys)
+
+
+def _decoded(state, b, inbox, buffer, stats, decode):
+    """decode(inbox, buffer, residual, codec): True once decoded (every rank's header said the
+    bucket's density: it is agreed), False when nonfinite="skip" skipped the step (buffer is
+    NaN); any other failure raises an ExchangeError."""
+    try:
+        decode(inbox, buffer, b.residual, b.codec)
+    except RuntimeError as e:
+        if state.nonfinite == "skip" and _nonfinite_only(inbox):
+            state._skipped(stats, buffer)
+            return False
+        raise state._fail(ExchangeError(_named(str(e), b))) from e
+    state._next_verified = b.density
+    return True
+
+
+def _named(message, b):
+    """message with the bucket's flat index ("at index N", as sidco's non-finite check says)
+    named as a parameter and an element of it: the same on every rank (their buckets agree)."""
+    def name(match):
+        index = int(match.group(1))
+        for key, offset, size in zip(b.keys, b.offsets, b.sizes):
+            if offset <= index < offset + size:
+                return f"{match.group(0)} (parameter {key}, element {index - offset})"
+        return match.group(0)
+    return re.sub(r"at index (\d+)", name, message, count=1)
+
+
+def _nonfinite_only(payloads):
+    """Whether the exchange failed only because some rank's values were not finite (read from
+    the payloads' headers, the same on every rank)."""
+    return bool(torch.ops.sidco.nonfinite_only([p.cpu() for p in payloads]))
+
+
+def _fold_residuals(state, bucket):
+    """Adds each of the bucket's parameters' residuals into the bucket and clears it: a
+    parameter all-reduced densely sends its residual too, instead of keeping it unsent."""
+    if not state.feedback:
+        return
+    buffer = bucket.buffer()
+    offset = 0
+    for p in bucket.parameters():
+        key, size = state._key(p), p.numel()
+        owner, pending = state._owner.get(key), state._pending.get(key)
+        if owner is not None and owner[0].residual is not None:
+            b, i = owner
+            residual = b.residual[b.offsets[i]: b.offsets[i] + b.sizes[i]]
+        elif pending is not None and pending.residual is not None:
+            residual = pending.residual
+        else:
+            residual = None
+        if residual is not None and residual.numel() == size:
+            buffer[offset: offset + size].add_(residual.to(device=buffer.device, dtype=buffer.dtype))
+            if state.nonfinite == "skip":
+                state._undo.append(lambda r=residual, saved=residual.clone(): r.copy_(saved))
+            residual.zero_()
+        offset += size
+
+
+def _all_reduce_dense(state, bucket, group, world, reason):
+    buffer = bucket.buffer()
+    _fold_residuals(state, bucket)
+    if reason not in state._warned and not reason.startswith("iteration"):
+        state._warned.add(reason)
+        warnings.warn(f"sidco_torch: bucket {bucket.index()} is all-reduced densely: {reason}", stacklevel=3)
+    stats = {"path": "dense", "reason": reason, "size": buffer.numel(), "selected": buffer.numel(),
+             "candidates": buffer.numel(), "trimmed": 0, "capacity": buffer.numel(), "density": 1.0,
+             "target_density": state._step_density, "threshold": 0.0, "stages": 0, "fallback": False,
+             "compress_seconds": 0.0, "decode_seconds": 0.0, "bytes_sent": buffer.numel() * buffer.element_size(),
+             "failed": False}
+    state._stats[bucket.index()] = stats
+    sent = time.perf_counter()
+    buffer.div_(world)  # first: the sum of averages cannot overflow where the sum could
+
+    def done(future):
+        stats["exchange_seconds"] = time.perf_counter() - sent
+        reduced = future.value()[0]
+        if state.nonfinite == "skip" and not bool(torch.isfinite(reduced).all()):
+            state._skip = state._step_iteration  # the same sum on every rank: every rank skips
+            stats["skipped"] = True
+        return reduced
+
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
+
+
+def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent):
+    """A sparse bucket's statistics from its codec's report (State.stats() lists them)."""
+    return {"path": "sparse", "exchange": exchange, "size": buffer.numel(), "selected": int(report["selected"]),
+            "candidates": int(report["candidates"]), "trimmed": int(report["trimmed"]),
+            "capacity": int(report["capacity"]), "density": report["density"], "target_density": state._step_density,
+            "threshold": report["threshold"], "stages": int(report["stages"]), "fallback": bool(report["fallback"]),
+            "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"])}
+
+
+def _encode(state, bucket, b, iteration, problem, encode, encode_failure):
+    """This rank's payload (or blocks) by encode, or its problem by encode_failure, so that
+    every rank raises it; with nonfinite="skip", what the step will change is kept first."""
+    buffer = bucket.buffer()
+    if state.nonfinite == "skip":
+        state._save_bucket(b)
+    if problem is None:
+        return encode(buffer, b.residual, b.codec, bucket.index(), iteration)
+    return encode_failure(buffer, b.codec, problem, bucket.index(), iteration)
+
+
+def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, more_stats=None):
+    """One asynchronous all-gather of sent into the bucket's inbox, decoded by decode in the
+    future's then() (local work only); more_stats(codec report) adds to the statistics."""
+    inbox = b.inbox
+
+    def done(future):
+        future.value()  # a failed all-gather raises here
+        began = time.perf_counter()
+        stats["exchange_seconds"] = began - encoded
+        if not _decoded(state, b, inbox, buffer, stats, decode):
+            return buffer
+        stats["decode_seconds"] = time.perf_counter() - began
+        if more_stats is not None:
+            stats.update(more_stats(b.codec.report()))
+        return buffer
+
+    return dist.all_gather(inbox, sent, group=group, async_op=True).get_future().then(done)
+
+
+def _reduce(state, bucket, b, group, iteration, problem, started):
+    """The reduce-scatter exchange: blocks to the regions' owners (all_to_all_single, waited
+    for here: the owners' selection needs them), each owner's selection all-gathered
+    asynchronously, and decoded in the future's then() (local work only)."""
+    buffer = bucket.buffer()
+    blocks = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.reduce_encode,
+                     torch.ops.sidco.reduce_encode_failure)
+    encoded = time.perf_counter()
+    dist.all_to_all_single(b.received, blocks, group=group)
+    # The bucket and residual checked here, before the all-gather: a problem travels.
+    selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
+    report = b.codec.report()
+    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, int(report["payload_bytes"]) * len(b.inbox))
+    state._stats[bucket.index()] = stats
+
+    def reduce_stats(done):
+        return dict(union_density=done["union_entries"] / buffer.numel(),
+                    global_density=done["global_selected"] / buffer.numel(), returned=int(done["returned"]),
+                    bytes_received=int(done["bytes_received"]), dropped=done["returned"] / max(1.0, done["selected"]))
+
+    return _gather_and_decode(state, b, buffer, selection, group, encoded, stats, torch.ops.sidco.reduce_decode,
+                              reduce_stats)
+
+
+def _allgather(state, bucket, b, group, iteration, problem, started):
+    """The all-gather exchange: this rank's payload all-gathered asynchronously, every
+    rank's decoded in the future's then() (local work only)."""
+    buffer = bucket.buffer()
+    payload = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.encode, torch.ops.sidco.encode_failure)
+    report = b.codec.report()
+    encoded = time.perf_counter()
+    stats = _sparse_stats(state, buffer, report, "allgather", encoded - started, int(report["payload_bytes"]))
+    state._stats[bucket.index()] = stats
+    return _gather_and_decode(state, b, buffer, payload, group, encoded, stats, torch.ops.sidco.decode)

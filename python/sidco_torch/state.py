@@ -1,0 +1,380 @@
+"""The hook's State: its arguments, the parameters' keys, the statistics, and the bookkeeping
+of each step (the density, a skipped step put back, each bucket's codec)."""
+import math
+import warnings
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from .agreement import _Agreement
+from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _checked_density, _owner_name, _real_scalar)
+from .checkpoint import _Checkpoints
+from .codecs import _Bucket, _Layer
+from .ops import _check_method, _codec, _options_dict
+
+
+class State(_Checkpoints, _Agreement):
+    """What the hook keeps between steps: per parameter, its residual and compressor state;
+    per bucket, its codec; the iteration. One paragraph per argument:
+
+    method: a sidco_torch method (sidco_torch.METHODS), "sidco-e" by default.
+
+    density: the share of each tensor sent, in (0, 1]: any real scalar, or a schedule (a
+    function of the iteration returning one, evaluated once a step, alike on every rank).
+    set_density() changes it during training. Each tensor keeps k = max(1, floor(density n)).
+    With exchange "allgather" every rank applies the union of the ranks' selections (up to P k
+    entries); with "reduce" every rank applies the global selection of about k entries.
+
+    process_group: the group the hook exchanges in; None for the default group.
+
+    start_iter: the first iterations are all-reduced densely (their residual is folded in).
+
+    min_bucket_elements: smaller buckets are all-reduced densely.
+
+    feedback: error feedback (recommended): what is not sent waits in a residual per tensor.
+
+    capacity_slack: each tensor sends at most ceil(slack k) entries (the payloads have a fixed
+    size); what is over goes back into the residual.
+
+    exchange: "allgather" (one all-gather of every rank's selection: (P - 1) slack 8k bytes a
+    rank), "reduce" (an all-to-all of fixed-size blocks to P regions' owners, then an
+    all-gather of each owner's selection of its region's reduced values: about 2 slack 8k
+    bytes a rank whatever P), or "auto" (see exchange_for).
+
+    owner: how a region's owner in the "reduce" exchange selects from the sums it reduced, by
+    the method registry's names: "sidco-e-exact" (SIDCo-E's threshold, trimmed to exactly the
+    region's share; the default) or "top-k" (exact Top-k). "sidco-e", its first name, still
+    works with a DeprecationWarning.
+
+    nonfinite: what a step does when some rank's bucket holds NaN or +-Inf: "raise" (every
+    rank raises the same error naming that rank: a NaN in a float32 run is a bug to see) or
+    "skip" (for mixed precision: every rank's reduced bucket is filled with NaN, so that a
+    GradScaler skips the step on every rank, and at the next step every residual, adaptive
+    state and the iteration count are put back as they were before the skipped one; costs a
+    copy of each bucket's residual and state per step).
+
+    options: passed to the compressor (seed: random-k's shared seed).
+
+    One State serves one model. Register it with sidco_torch.register(ddp_model, state) so
+    that its state_dict() is keyed by parameter name; with ddp_model.register_comm_hook(state,
+    sidco_torch.hook) it is keyed by the order DDP first hands the parameters over, which is
+    the same in every run of the same model. A step that fails on any rank raises the same
+    ExchangeError on every rank, with every rank's sent entries back in its residual and
+    every exchange's regions and owner state as before the step: the next step works."""
+
+    def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
+                 min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
+                 nonfinite="raise", **options):
+        schedule = density if callable(density) else None
+        density = _checked_density(density(0) if schedule else density, "density(0)" if schedule else "density")
+        capacity_slack = _real_scalar(capacity_slack, "capacity_slack")
+        if not 1 <= capacity_slack <= 1000:
+            raise ValueError(f"sidco_torch.State: capacity_slack = {capacity_slack!r} is outside [1, 1000]")
+        if not (isinstance(start_iter, int) and not isinstance(start_iter, bool) and start_iter >= 0):
+            raise ValueError(f"sidco_torch.State: start_iter = {start_iter!r} is not a non-negative integer")
+        if not (isinstance(min_bucket_elements, int) and not isinstance(min_bucket_elements, bool)
+                and min_bucket_elements >= 0):
+            raise ValueError(f"sidco_torch.State: min_bucket_elements = {min_bucket_elements!r} is not a "
+                             "non-negative integer")
+        if exchange not in _EXCHANGES:
+            raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
+        if nonfinite not in _NONFINITE:
+            raise ValueError(f"sidco_torch.State: nonfinite = {nonfinite!r} is not 'raise' or 'skip'")
+        owner = _owner_name(owner)
+        if not isinstance(feedback, bool):
+            raise TypeError(f"sidco_torch.State: feedback must be True or False, got {type(feedback).__name__} "
+                            f"{feedback!r}")
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError("sidco_torch.State: process_group must be a torch.distributed ProcessGroup (from "
+                            f"dist.new_group) or None for the default group, got {type(process_group).__name__} "
+                            f"{process_group!r}")
+        _check_method(method, "sidco_torch.State")
+        _options_dict(options, "sidco_torch.State")
+        _codec(method, options, [1], torch.float32, density, capacity_slack)  # what only the ops know: here
+        self.method = method
+        self.exchange = exchange
+        self.owner = owner
+        self.nonfinite = nonfinite
+        self._density = density    # the density, or the schedule's first value
+        self._schedule = schedule  # the schedule, or None
+        self.process_group = process_group
+        self.start_iter = start_iter
+        self.min_bucket_elements = min_bucket_elements
+        self.feedback = feedback
+        self.capacity_slack = capacity_slack
+        self.options = dict(options)
+        self.iteration = 0
+        self._reset()
+
+    def _reset(self):
+        self._buckets = {}      # parameter keys -> _Bucket
+        self._owner = {}        # parameter key -> (_Bucket, layer index)
+        self._pending = {}      # parameter key -> _Layer, not yet in a bucket
+        self._stats = {}
+        self._keys = {}         # id(parameter) -> (weakref, key)
+        self._keying = None     # "names" (attach) or "order" (DDP's), once known
+        self._module = None
+        self._complete = False  # a whole iteration has been seen: the model's parameters are known
+        self._agreed = False
+        self._signatures = {}   # bucket index -> what every rank agreed its payload is
+        self._pending_exchanges = {}  # _exchange_key(keys) -> a reduce codec's saved regions and owner state
+        self._loaded_from = None  # (rank, world) of a loaded state, checked by the next agreement
+        self._warned = set()
+        self._in_step = False   # a hook call of this iteration has run, its last bucket's not yet
+        self._undo = []         # nonfinite="skip": what puts this step's state back
+        self._skip = None       # nonfinite="skip": the iteration this step started at, once it is skipped
+        self._step_iteration = self.iteration
+        self._step_density = None  # this step's density (the schedule's value at its iteration)
+        self._step_problem = None  # why this rank's schedule gave no density this step
+        # The density every rank last agreed on (at the first call, then through decoded
+        # payloads' headers): capacities and the dense/sparse choice follow it, so a density
+        # changed on one rank only makes the next exchange fail alike on every rank, never
+        # makes the ranks' collectives differ in size.
+        self._verified = None
+        self._next_verified = None
+        self.error = None       # the last ExchangeError the hook raised
+        self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
+
+    @property
+    def density(self):
+        """The density at the current iteration."""
+        return self._density_at(self.iteration)
+
+    def set_density(self, density):
+        """Sends at density from the next step on (replacing a schedule), keeping every
+        residual and adaptive state. Call it alike on every rank: a rank whose density differs
+        makes the next exchange raise the same error on every rank. Capacities follow one
+        step later (the step that changes it still sends at most what the old density's
+        capacity holds; the rest waits in the residual)."""
+        self._density = _checked_density(density, "density")
+        self._schedule = None
+
+    def _density_at(self, iteration):
+        if self._schedule is None:
+            return self._density
+        return _checked_density(self._schedule(iteration), f"density({iteration})")
+
+    def exchange_for(self, world, device_type="cpu"):
+        """The exchange the hook uses among world ranks. "auto" follows the byte model each
+        rank's sent bytes per step give (k = density n entries of 4 + v bytes, slack s):
+        allgather (P - 1) s k (4 + v); reduce 2 (P - 1) (64 + ceil(s k / P) (4 + v)), about
+        2 s k (4 + v): reduce from 3 ranks on, allgather at 2 (the same bytes in one round
+        fewer). The cost model of bench/cost_model.py, with this machine's latency and compute,
+        agrees from 3 ranks on at 1 to 100 Gbit/s and puts the two within 2% at 2
+        (docs/RESULTS.md). On CUDA buckets "auto" keeps the all-gather: the reduce exchange
+        runs there (exchange="reduce") but its time on GPUs is not measured yet."""
+        if self.exchange != "auto":
+            return self.exchange
+        return "reduce" if world >= 3 and device_type == "cpu" else "allgather"
+
+    # ----- registration and parameter keys
+
+    def attach(self, module):
+        """Keys the state by module's parameter names (register() calls this). Attaching the
+        same module again (say, to a new DDP wrapper) keeps every residual."""
+        served = self._module() if self._module is not None else None
+        if served is not None and served is not module:
+            raise ValueError("sidco_torch.State: this State already serves another model "
+                             f"({type(served).__name__}); one State serves one model: give "
+                             f"{type(module).__name__} a State of its own")
+        if self._keying == "order":
+            raise ValueError("sidco_torch.State: this State keys its parameters by DDP's order (the hook ran, "
+                             "or an order-keyed state was loaded, before attach()); attach or register first")
+        named = list(module.named_parameters())
+        for name, p in named:
+            if p.requires_grad and p.dtype not in _COMPRESSED:
+                raise TypeError(f"sidco_torch.State: parameter {name} is {p.dtype}; sidco_torch compresses "
+                                "float32, float64, float16 and bfloat16 buckets")
+        if self._module is None and self._pending:  # a state loaded before: its names must be this model's
+            self._check_names(self._pending, {name for name, _ in named})
+        for name, p in named:
+            self._keys[id(p)] = (weakref.ref(p), name)
+        self._module = weakref.ref(module)
+        self._keying = "names"
+
+    @staticmethod
+    def _check_names(keys, names):
+        unknown = sorted(set(keys) - set(names))
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            raise ValueError(f"sidco_torch.State: the state holds {len(unknown)} parameter(s) this model does not "
+                             f"have ({shown}); it was saved from another model")
+
+    def _key(self, p):
+        entry = self._keys.get(id(p))
+        if entry is not None and entry[0]() is p:
+            return entry[1]
+        if self._keying == "names" or self._complete:
+            if self._keying == "names" and self._module is None:
+                raise ValueError("sidco_torch.State: this State holds a state keyed by parameter names: "
+                                 "register it with sidco_torch.register(ddp_model, state)")
+            raise ValueError("sidco_torch.State: a bucket holds a parameter of another model (shape "
+                             f"{tuple(p.shape)}); one State serves one model: give each model its own State")
+        self._keying = "order"
+        key = f"#{len(self._keys)}"
+        self._keys[id(p)] = (weakref.ref(p), key)
+        return key
+
+    # ----- statistics
+
+    def stats(self):
+        """The last step's statistics, per bucket index: path (sparse or dense, and the reason
+        when dense), size, selected, candidates, trimmed, capacity, density (achieved),
+        target_density, threshold (-1 when per layer), stages, fallback (some tensor's fit
+        degenerated and the radix threshold replaced it), compress_seconds,
+        exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
+        (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
+        its P - 1 blocks and its selection), failed, exchange ("allgather" or "reduce"); with
+        "reduce" also union_density (the owners' reduced entries over the bucket),
+        global_density (the global selection's), returned (entries this rank sent that the
+        owners left out: back in its residual), dropped (their share of what it sent) and
+        bytes_received; with nonfinite="skip", skipped (the bucket came back as NaN because
+        some rank's held non-finite values)."""
+        return {index: dict(s) for index, s in self._stats.items()}
+
+    # ----- the hook's bookkeeping
+
+    def _begin_step(self):
+        """At a step's first hook call: the previous step put back if it was skipped; the
+        density agreed in its payloads adopted; this step's density."""
+        if not self._in_step:
+            self._settle()
+            if self._next_verified is not None:
+                self._verified, self._next_verified = self._next_verified, None
+            self._in_step = True
+            self._step_iteration = self.iteration
+            try:
+                self._step_density, self._step_problem = self._density_at(self.iteration), None
+            except (TypeError, ValueError) as e:  # sent as this rank's failure: every rank raises it
+                self._step_density = self._verified if self._verified is not None else self._density
+                self._step_problem = f"{type(e).__name__}: {e}"
+
+    def _settle(self):
+        """nonfinite="skip": puts back what a skipped step changed (residuals, compressor and
+        exchange state, the iteration count), once all its buckets are decoded."""
+        undo, self._undo = self._undo, []
+        if self._skip is None:
+            return
+        for restore in reversed(undo):
+            restore()
+        self._next_verified = None  # as if the step had not run
+        self.iteration = self._skip
+        self._skip = None
+        self.skipped_steps += 1
+
+    def _save_bucket(self, b):
+        """nonfinite="skip": what encode and decode will change in this bucket, to put back."""
+        residual = None
+        if b.residual is not None:
+            if getattr(b, "saved_residual", None) is None:
+                b.saved_residual = torch.empty_like(b.residual)
+            residual = b.saved_residual.copy_(b.residual)
+        layers = [b.codec.layer_state(i) for i in range(len(b.sizes))]
+        exchange = b.codec.exchange_state() if b.exchange == "reduce" else None
+
+        def restore():
+            if residual is not None:
+                b.residual.copy_(residual)
+            for i, layer in enumerate(layers):
+                b.codec.load_layer_state(i, layer)
+            if exchange is not None:
+                b.codec.load_exchange_state(exchange)
+        self._undo.append(restore)
+
+    def _skipped(self, stats, buffer):
+        """nonfinite="skip": this bucket's exchange failed for non-finite values on some rank
+        (every rank sees the same): the bucket comes back as NaN, the step is undone."""
+        self._skip = self._step_iteration
+        stats["skipped"] = True
+        buffer.fill_(float("nan"))
+
+    def _fail(self, error):
+        self.error = error
+        return error
+
+    def _bucket(self, bucket, world):
+        """The bucket's state, and what went wrong on this rank alone (None: nothing). A
+        problem of one rank must travel in its payload, never be raised before the
+        collective, or the other ranks would wait for it."""
+        params = bucket.parameters()
+        sizes = [p.numel() for p in params]
+        buffer = bucket.buffer()
+        if sum(sizes) != buffer.numel():
+            raise ValueError(f"sidco_torch.State: bucket {bucket.index()} holds {buffer.numel()} values, its "
+                             f"parameters {sum(sizes)}")
+        keys = tuple(self._key(p) for p in params)
+        exchange = self.exchange_for(world, buffer.device.type)
+        b = self._buckets.get(keys)
+        if b is not None and b.dtype == buffer.dtype and b.device == buffer.device and len(b.inbox) == world \
+                and b.exchange == exchange and b.density == self._step_density \
+                and b.capacity_density == self._verified:
+            return b, None
+        # A reduce exchange's regions and owner state carry over to a new codec of the same
+        # parameters (a new density or dtype, or DDP's rebuild ordering them otherwise).
+        previous = next((v for v in self._buckets.values() if v.exchange == "reduce" == exchange
+                         and len(v.inbox) == world and set(v.keys) == set(keys)), None)
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        b = _Bucket(self, keys, sizes, buffer.dtype, buffer.device, world, dist.get_rank(group), exchange)
+        # Each parameter's state follows it: from the bucket that held it, or a loaded state.
+        try:
+            for i, key in enumerate(keys):
+                owner = self._owner.get(key)
+                if owner is not None:
+                    self._import(b, i, _Layer(**self._export(*owner)))
+                elif key in self._pending:
+                    self._import(b, i, self._pending[key])
+        except Exception as e:  # noqa: BLE001 - any of it is this rank's failure to report
+            return b, f"{type(e).__name__}: {e}"
+        problem = None
+        saved = self._pending_exchanges.pop(b.exchange_key(), None)
+        if previous is not None:
+            saved = previous.codec.exchange_state()
+        if saved is not None and exchange == "reduce":
+            try:
+                b.codec.load_exchange_state(saved)
+            except Exception as e:  # noqa: BLE001 - raised on every rank this step; the next starts from even regions
+                problem = f"{type(e).__name__}: the saved reduce exchange state does not apply: {e}"
+        for i, key in enumerate(keys):
+            self._pending.pop(key, None)
+            self._owner[key] = (b, i)
+        self._buckets[keys] = b
+        self._warn_density(bucket.index(), sizes, b.density)
+        owners = {id(owner[0]) for owner in self._owner.values()}
+        for other in [k for k, v in self._buckets.items() if id(v) not in owners]:
+            del self._buckets[other]
+        return b, problem
+
+    def _warn_density(self, index, sizes, density):
+        """Once per bucket and density: each tensor keeps at least one entry (k = max(1,
+        floor(density n))), so tensors under 1 / density values raise what the bucket sends."""
+        kept = sum(max(1, math.floor(density * n)) for n in sizes)
+        wanted = density * sum(sizes)
+        reason = ("density", index, density)
+        if kept > 1.1 * wanted and reason not in self._warned:
+            self._warned.add(reason)
+            small = sum(1 for n in sizes if density * n < 1)
+            warnings.warn(f"sidco_torch: bucket {index} sends {kept / wanted:.3g}x the density asked ({density:g}): "
+                          f"each tensor keeps at least one entry, and {small} of its {len(sizes)} tensors have fewer "
+                          f"than 1/density = {1 / density:.3g} values", stacklevel=4)
+
+    def _why_dense(self, buffer, world, iteration):
+        """Why this bucket goes dense, or None; from the agreed density, so that every rank
+        chooses alike."""
+        density = self._verified
+        if iteration < self.start_iter:
+            return f"iteration {iteration} < start_iter {self.start_iter}"
+        if buffer.numel() < self.min_bucket_elements:
+            return f"{buffer.numel()} values < min_bucket_elements {self.min_bucket_elements}"
+        value = buffer.element_size()
+        if self.exchange_for(world, buffer.device.type) == "reduce":
+            # Two rounds of about slack k entries against a ring all-reduce's 2 (P - 1) / P x the bucket.
+            if density * self.capacity_slack * (4 + value) >= value:
+                return (f"density x capacity_slack = {density * self.capacity_slack:.3g} makes the exchanged "
+                        "entries outweigh a dense all-reduce")
+            return None
+        # The gathered payloads against a ring all-reduce's 2 x the bucket.
+        if world * density * self.capacity_slack * (4 + value) >= 2 * value:
+            return (f"density x ranks x capacity_slack = {density * world * self.capacity_slack:.3g} "
+                    f"makes the gathered entries outweigh a dense all-reduce")
+        return None
