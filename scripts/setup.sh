@@ -4,7 +4,7 @@
 sidco_packages=(meson ninja-build g++ clang cmake pkg-config doctest-dev libboost-math-dev
                 libbenchmark-dev libhwy-dev libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin libtorch-dev
                 python3-torch python3-numpy libopenblas0-pthread nlohmann-json3-dev libcli11-dev iproute2
-                python3-venv python3-pip python3-mesonpy python3-build)
+                python3-venv python3-pip python3-mesonpy python3-build libsimgrid-dev)
 
 sidco_install_missing() {
   local missing=()

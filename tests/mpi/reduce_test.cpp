@@ -291,6 +291,30 @@ TEST_CASE("a state saved among these ranks is refused by an exchange among other
     CHECK(message.empty());
 }
 
+TEST_CASE("blocking collectives (overlap = false) apply the non-blocking ones' update, bit for bit") {
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD);
+  comm::exchange_options blocking;
+  blocking.overlap = false;
+  comm::sparse_reduce_exchange<float> overlapped(MPI_COMM_WORLD, n, 0.01), serial(MPI_COMM_WORLD, n, 0.01, blocking);
+  presets::sidco_e<> compressor;
+  feedback::residual<float> residual(n);
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    const auto g = gradient_for(rank, step, n);
+    sparse_vector<float> sent;
+    compressor.compress(g, 0.01, sent, residual);
+    auto again = sent;
+    std::vector<float> one(n), two(n), r1(residual.values().begin(), residual.values().end()), r2 = r1;
+    overlapped.start(sent, r1, step);
+    overlapped.wait(one);
+    serial.start(again, r2, step);
+    serial.wait(two);
+    REQUIRE(bits_equal(one, two));
+    REQUIRE(bits_equal(r1, r2));
+    std::copy(r1.begin(), r1.end(), residual.values().begin());
+  }
+}
+
 TEST_CASE("ranks whose densities differ are refused by every rank's constructor") {
   const double delta = rank_in(MPI_COMM_WORLD) == size_of(MPI_COMM_WORLD) - 1 ? 0.02 : 0.01;
   std::string message;

@@ -152,8 +152,11 @@ class sparse_exchange {
 
   void send() {
     const int bytes = int(core_.format().bytes());
-    check_mpi(MPI_Iallgather(payload_.data(), bytes, MPI_BYTE, inbox_.data(), bytes, MPI_BYTE, comm_, &request_),
-              "MPI_Iallgather");
+    if (options_.overlap)
+      check_mpi(MPI_Iallgather(payload_.data(), bytes, MPI_BYTE, inbox_.data(), bytes, MPI_BYTE, comm_, &request_),
+                "MPI_Iallgather");
+    else
+      check_mpi(MPI_Allgather(payload_.data(), bytes, MPI_BYTE, inbox_.data(), bytes, MPI_BYTE, comm_), "MPI_Allgather");
     in_flight_ = true;
   }
 

@@ -57,7 +57,7 @@ class sparse_reduce_exchange {
  public:
   sparse_reduce_exchange(MPI_Comm comm, std::vector<segment> layout, double delta, exchange_options options = {},
                          Policy policy = {})
-      : comm_(comm) {
+      : comm_(comm), overlap_(options.overlap) {
     check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     exchange_setup mine{};
@@ -193,12 +193,17 @@ class sparse_reduce_exchange {
 
   void send_blocks() {
     const int bytes = int(core_.block_bytes());
-    check_mpi(MPI_Ialltoall(blocks_.data(), bytes, MPI_BYTE, received_.data(), bytes, MPI_BYTE, comm_, &request_),
-              "MPI_Ialltoall (blocks)");
+    if (overlap_)
+      check_mpi(MPI_Ialltoall(blocks_.data(), bytes, MPI_BYTE, received_.data(), bytes, MPI_BYTE, comm_, &request_),
+                "MPI_Ialltoall (blocks)");
+    else
+      check_mpi(MPI_Alltoall(blocks_.data(), bytes, MPI_BYTE, received_.data(), bytes, MPI_BYTE, comm_),
+                "MPI_Alltoall (blocks)");
     in_flight_ = true;
   }
 
   MPI_Comm comm_;
+  bool overlap_ = true;
   int ranks_ = 1, rank_ = 0;
   reduce_core<T, Index, Policy> core_;
   std::vector<std::byte> blocks_, received_, selection_, selections_;

@@ -1,0 +1,232 @@
+// The MPI exchanges at many ranks, under SimGrid's SMPI (a simulated platform, every rank a
+// thread of one process): a dense MPI_Allreduce, the all-gather (comm/exchange.hpp) and the
+// reduce-scatter exchange (comm/reduce_exchange.hpp), step after step on synthetic
+// gradients, each rank with SIDCo-E (or, --method top-k, exact Top-k, which keeps the
+// exchange's losses apart from the estimate's) and error feedback. Per run it prints one
+// JSON line:
+//
+//   sim_ms        simulated time per step (median over the timed steps of the slowest
+//                 rank's; MPI_Wtime is simulated time), communication only under
+//                 --cfg=smpi/simulate-computation:no, with the ranks' compute otherwise
+//   bytes_per_rank  what each rank hands its collectives per step, counted by wrapping them
+//                 (MPI_Ialltoall, MPI_Allgather, ...: the bytes it sends to the other P - 1
+//                 ranks; an allreduce counts a ring's 2 (P - 1) / P of its buffer), mean
+//                 over ranks and steps; and that over 8k (k = delta N)
+//   applied       entries the step applied (the global selection, the all-gather's union of
+//                 selections, N for dense) over k: p5, median and p95 over the timed steps
+//   identical     whether every rank applied the same update, bit for bit, at every step
+//
+// The exchanges run their blocking collectives (exchange_options::overlap false; --overlap 1
+// for the non-blocking ones, which SMPI runs as P^2 flat messages: a run at 256 ranks did not
+// end in 15 minutes). Gradients (--gradient): iid (heavy-tailed magnitudes, 30% exact zeros, each rank and step
+// its own draw) or hot (iid plus 32 rows of 64 values 50x larger, at rows every rank shares
+// that move every step: an embedding's rows for this batch's tokens).
+//
+//   smpicxx -std=c++20 -O2 -I include bench/smpi_exchange.cpp -o smpi-exchange
+//   smpirun -np 64 -platform bench/smpi/cluster-10gbps.xml -hostfile HOSTS
+//     --cfg=smpi/coll-selector:ompi --cfg=smpi/simulate-computation:no ./smpi-exchange
+//     --mode reduce --n 262144 --density 0.01 --gradient hot        (bench/smpi_exchange.sh runs a sweep)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <sidco/comm/exchange.hpp>
+#include <sidco/comm/reduce_exchange.hpp>
+#include <sidco/sidco.hpp>
+
+// ----- what each rank hands its collectives (globals are per rank under SMPI)
+
+namespace {
+double sent_bytes = 0;
+
+int peers() {
+  int p = 1;
+  PMPI_Comm_size(MPI_COMM_WORLD, &p);
+  return p - 1;
+}
+double type_bytes(MPI_Datatype type) {
+  int size = 0;
+  PMPI_Type_size(type, &size);
+  return double(size);
+}
+}  // namespace
+
+extern "C" {
+int MPI_Ialltoall(const void* send, int count, MPI_Datatype type, void* receive, int receive_count,
+                  MPI_Datatype receive_type, MPI_Comm comm, MPI_Request* request) {
+  sent_bytes += double(count) * type_bytes(type) * peers();
+  return PMPI_Ialltoall(send, count, type, receive, receive_count, receive_type, comm, request);
+}
+int MPI_Alltoall(const void* send, int count, MPI_Datatype type, void* receive, int receive_count,
+                 MPI_Datatype receive_type, MPI_Comm comm) {
+  sent_bytes += double(count) * type_bytes(type) * peers();
+  return PMPI_Alltoall(send, count, type, receive, receive_count, receive_type, comm);
+}
+int MPI_Iallgather(const void* send, int count, MPI_Datatype type, void* receive, int receive_count,
+                   MPI_Datatype receive_type, MPI_Comm comm, MPI_Request* request) {
+  sent_bytes += double(count) * type_bytes(type) * peers();
+  return PMPI_Iallgather(send, count, type, receive, receive_count, receive_type, comm, request);
+}
+int MPI_Allgather(const void* send, int count, MPI_Datatype type, void* receive, int receive_count,
+                  MPI_Datatype receive_type, MPI_Comm comm) {
+  sent_bytes += double(count) * type_bytes(type) * peers();
+  return PMPI_Allgather(send, count, type, receive, receive_count, receive_type, comm);
+}
+int MPI_Allreduce(const void* send, void* receive, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  const int p = peers() + 1;
+  sent_bytes += 2.0 * double(p - 1) / double(p) * double(count) * type_bytes(type);
+  return PMPI_Allreduce(send, receive, count, type, op, comm);
+}
+}
+
+namespace {
+
+struct options {
+  std::string mode = "reduce", gradient = "iid", method = "sidco-e";
+  std::size_t n = std::size_t(1) << 18;
+  double delta = 0.01;
+  int warmup = 2, steps = 5;
+  bool overlap = false;  // SMPI simulates non-blocking collectives as P^2 flat messages: slow past ~128 ranks
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--mode") o.mode = value;
+    else if (flag == "--gradient") o.gradient = value;
+    else if (flag == "--method") o.method = value;
+    else if (flag == "--n") o.n = std::size_t(std::stoull(value));
+    else if (flag == "--density") o.delta = std::stod(value);
+    else if (flag == "--warmup") o.warmup = std::stoi(value);
+    else if (flag == "--steps") o.steps = std::stoi(value);
+    else if (flag == "--overlap") o.overlap = value == "1" || value == "yes";
+    else throw std::invalid_argument("unknown option " + flag);
+  }
+  if (o.mode != "reduce" && o.mode != "allgather" && o.mode != "dense")
+    throw std::invalid_argument("--mode " + o.mode + " is not reduce, allgather or dense");
+  if (o.method != "sidco-e" && o.method != "top-k")
+    throw std::invalid_argument("--method " + o.method + " is not sidco-e or top-k");
+  if (o.gradient != "iid" && o.gradient != "hot")
+    throw std::invalid_argument("--gradient " + o.gradient + " is not iid or hot");
+  if (o.steps < 1 || o.warmup < 0 || o.n < 64) throw std::invalid_argument("--steps, --warmup or --n out of range");
+  return o;
+}
+
+// Rank r's gradient at step t (see the top of this file).
+void gradient_at(std::vector<float>& g, const options& o, int rank, int step) {
+  std::mt19937_64 rng(std::uint64_t(step) * 1000003u + std::uint64_t(rank) + 1);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::normal_distribution<float> spread(0.0f, 1.5f);
+  for (auto& v : g) {
+    const float keep = u(rng);
+    v = keep < 0.3f ? 0.0f : (u(rng) < 0.5f ? -1.0f : 1.0f) * std::exp(spread(rng)) * 1e-3f;
+  }
+  if (o.gradient != "hot") return;
+  constexpr std::size_t rows = 32, width = 64;
+  std::mt19937_64 shared(std::uint64_t(step) * 7919u + 17);  // every rank's batch holds these rows
+  const std::size_t row_count = o.n / width;
+  for (std::size_t j = 0; j < rows; ++j) {
+    const std::size_t row = std::size_t(shared() % row_count);
+    for (std::size_t i = row * width; i < (row + 1) * width; ++i) g[i] = g[i] * 50.0f + 0.05f * (u(rng) - 0.5f);
+  }
+}
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, std::size_t(q * double(v.size() - 1) + 0.5))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int status = 0;
+  try {
+    const options o = parse(argc, argv);
+    const std::size_t n = o.n;
+    const double k = double(sidco::target_count(o.delta, n));
+    std::vector<float> gradient(n), dense(n);
+    sidco::presets::sidco_e<> sidco_e;
+    sidco::presets::top_k<> top_k;
+    sidco::feedback::residual<float> residual(n);
+    sidco::comm::exchange_options options;
+    options.overlap = o.overlap;  // the blocking collectives: the library's algorithm for their size and P
+    // Only the mode's exchange: the all-gather's receive buffer is P payloads a rank (27 GB in
+    // all at 1,024 ranks and 2^18 values).
+    std::optional<sidco::comm::sparse_exchange<float>> gather;
+    std::optional<sidco::comm::sparse_reduce_exchange<float>> reduce;
+    if (o.mode == "allgather") gather.emplace(MPI_COMM_WORLD, n, o.delta, options);
+    if (o.mode == "reduce") reduce.emplace(MPI_COMM_WORLD, n, o.delta, options);
+    std::vector<double> times, applied;
+    double counted = 0;
+    bool identical = true;
+    for (int step = 0; step < o.warmup + o.steps; ++step) {
+      gradient_at(gradient, o, rank, step);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double bytes_before = sent_bytes;
+      const double start = MPI_Wtime();
+      double entries = double(n);
+      if (o.mode == "dense") {
+        MPI_Allreduce(gradient.data(), dense.data(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      } else {
+        sidco::sparse_vector<float> sent;
+        if (o.method == "top-k") top_k.compress(gradient, o.delta, sent, residual);
+        else sidco_e.compress(gradient, o.delta, sent, residual);
+        if (o.mode == "reduce") {
+          reduce->start(sent, residual.values(), std::uint64_t(step));
+          entries = double(reduce->wait(dense).selected);
+        } else {
+          gather->start(sent, residual.values(), std::uint64_t(step));
+          entries = double(gather->wait(dense).distinct);
+        }
+      }
+      const double mine = MPI_Wtime() - start, step_bytes = sent_bytes - bytes_before;
+      double slowest = 0;
+      PMPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);  // not counted
+      // Every rank's update alike: the checksum's bits, their smallest and largest.
+      std::uint64_t sum = 0xcbf29ce484222325ull;
+      for (float v : dense) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        sum = (sum ^ bits) * 0x100000001b3ull;
+      }
+      unsigned long long low = sum, high = sum;
+      PMPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+      PMPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+      identical = identical && low == high;
+      if (step < o.warmup) continue;
+      times.push_back(slowest);
+      applied.push_back(entries / k);
+      double all_bytes = 0;
+      PMPI_Allreduce(&step_bytes, &all_bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      counted += all_bytes / double(ranks);
+    }
+    if (rank == 0) {
+      const double per_rank = counted / double(o.steps);
+      std::printf("{\"mode\": \"%s\", \"gradient\": \"%s\", \"ranks\": %d, \"n\": %zu, \"delta\": %g, \"steps\": %d, "
+                  "\"sim_ms\": %.4f, \"bytes_per_rank\": %.0f, \"bytes_over_8k\": %.3f, \"applied_p5\": %.3f, "
+                  "\"applied_median\": %.3f, \"applied_p95\": %.3f, \"identical\": %s, \"method\": \"%s\"}\n",
+                  o.mode.c_str(), o.gradient.c_str(), ranks, n, o.delta, o.steps, quantile(times, 0.5) * 1e3, per_rank,
+                  per_rank / (8.0 * k), quantile(applied, 0.05), quantile(applied, 0.5), quantile(applied, 0.95),
+                  identical ? "true" : "false", o.method.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    status = 1;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return status;
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The MPI exchanges at many ranks under SimGrid's SMPI (bench/smpi_exchange.cpp): builds the
+# program with smpicxx, then runs each exchange at each rank count on each platform of
+# bench/smpi/ and gradient, communication only (--cfg=smpi/simulate-computation:no), with Open
+# MPI's choice of collective algorithms. One JSON line per run (its platform added) on stdout.
+#   bench/smpi_exchange.sh [OUT_DIR]      (OUT_DIR: where the program is built; default /tmp/sidco-smpi)
+# Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce"), GRADIENTS
+# ("iid hot"), PLATFORMS ("10gbps 100gbps"), N (262144), DENSITY (0.01), STEPS (3), METHOD
+# (top-k: the exchange's losses apart from the estimate's), ALLGATHER_MAX (256: its receive
+# buffer is P payloads a rank, 27 GB in all at 1,024 ranks), EXTRA (more smpirun --cfg flags).
+# Needs libsimgrid-dev (smpicxx, smpirun); 1,024 ranks of 2^18 values take about 2 minutes
+# and 6 GB for the reduce exchange.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-/tmp/sidco-smpi}
+mkdir -p "$out"
+command -v smpicxx > /dev/null || { echo "smpi_exchange.sh: smpicxx not found (Debian: libsimgrid-dev)" >&2; exit 77; }
+smpicxx -std=c++20 -O2 -DNDEBUG -I include bench/smpi_exchange.cpp -o "$out/smpi-exchange"
+for i in $(seq 0 1023); do echo "node-$i"; done > "$out/hosts"
+for platform in ${PLATFORMS:-10gbps 100gbps}; do
+  for gradient in ${GRADIENTS:-iid hot}; do
+    for p in ${RANKS:-16 64 256 1024}; do
+      for mode in ${MODES:-dense allgather reduce}; do
+        [ "$mode" = allgather ] && [ "$p" -gt "${ALLGATHER_MAX:-256}" ] && continue
+        line=$(smpirun -np "$p" -platform "bench/smpi/cluster-$platform.xml" -hostfile "$out/hosts" \
+          --cfg=smpi/coll-selector:ompi --cfg=smpi/simulate-computation:no --log=root.thres:critical ${EXTRA:-} \
+          "$out/smpi-exchange" --mode "$mode" --gradient "$gradient" --n "${N:-262144}" --density "${DENSITY:-0.01}" \
+          --warmup 1 --steps "${STEPS:-3}" --method "${METHOD:-top-k}" | tail -1)
+        echo "${line%\}}, \"platform\": \"$platform\"}"
+      done
+    done
+  done
+done
