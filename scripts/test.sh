@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 sidco_install_missing
+sidco_use_ccache
 
 passed=0 failed=0 skipped=0
 run_suite() {

@@ -3,14 +3,17 @@
 # it, `pip install --no-build-isolation` into a fresh virtual environment that sees the
 # interpreter's torch, then a wheel from `python -m build --no-isolation` into another; each
 # imported from outside the source tree and run (a compress and a 2-rank hook step).
-#   install_test.sh PYTHON SOURCE_ROOT      exit 77 without venv, pip, meson-python or build
+#   install_test.sh PYTHON SOURCE_ROOT [WORK_PARENT]      exit 77 without venv, pip, meson-python or build
+# WORK_PARENT (default $TMPDIR or /tmp) holds its scratch directory: the build directory, so
+# that a compiler cache hashing paths relative to the checkout (scripts/test.sh) serves a
+# second run.
 set -euo pipefail
 python=$1 root=$(cd "$2" && pwd)
 for module in venv pip mesonpy build; do
   "$python" -c "import $module" 2> /dev/null ||
     { echo "install_test: $python cannot import $module (Debian: python3-venv python3-pip python3-mesonpy python3-build)"; exit 77; }
 done
-tmp=$(mktemp -d)
+tmp=$(mktemp -d "${3:-${TMPDIR:-/tmp}}/install-test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 # Tracked and untracked-but-not-ignored files: what a clean clone of this tree would hold.

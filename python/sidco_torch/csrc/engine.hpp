@@ -157,6 +157,14 @@ std::unique_ptr<engine<T, Index, typename Backend::memory>> make_engine(
   });
 }
 
+/// The host engine of T on backend::cpu: defined in cpu/kernels.hpp and instantiated once per
+/// element type (cpu/float32.cpp, ...), so that other files (cpu/reduce.cpp) do not
+/// instantiate every method again.
+template <class T>
+std::unique_ptr<engine<T, std::uint32_t>> make_cpu_engine(const std::string& method,
+                                                          const sidco::methods::options& options,
+                                                          std::vector<sidco::segment> layout, layer_budget budget);
+
 /// The method called name on backend::cpu (default threads).
 template <class T, class Index>
 std::unique_ptr<engine<T, Index>> make_engine(const std::string& method, const sidco::methods::options& options,

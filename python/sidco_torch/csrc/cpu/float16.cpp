@@ -6,6 +6,9 @@ namespace sidco_torch {
 
 template std::unique_ptr<codec_impl> make_cpu_codec_of<sidco::float16>(const codec_settings&, const sidco::comm::wire_format&,
                                                             const sidco::comm::capacity_plan&);
+template std::unique_ptr<engine<sidco::float16, std::uint32_t>> make_cpu_engine<sidco::float16>(const std::string&,
+                                                                          const sidco::methods::options&,
+                                                                          std::vector<sidco::segment>, layer_budget);
 template std::unique_ptr<compressor_impl> make_cpu_compressor_of<sidco::float16>(const std::string&,
                                                                      const sidco::methods::options&);
 

@@ -32,7 +32,7 @@ class cpu_codec final : public codec_impl {
   cpu_codec(const codec_settings& settings, const sidco::comm::wire_format&, const sidco::comm::capacity_plan&)
       : settings_(settings),
         core_(settings.layout, settings.capacity_density, settings.slack),
-        engine_(make_engine<T, index32>(settings.method, settings.options, settings.layout, layer_budget::per_layer)),
+        engine_(make_cpu_engine<T>(settings.method, settings.options, settings.layout, layer_budget::per_layer)),
         payload_(at::zeros({std::int64_t(core_.format().bytes())}, at::kByte)) {}
 
   at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
@@ -143,6 +143,13 @@ class cpu_compressor final : public compressor_impl {
   sidco::sparse_vector<T, index32> out_;
   sidco::compress_report last_;
 };
+
+template <class T>
+std::unique_ptr<engine<T, std::uint32_t>> make_cpu_engine(const std::string& method,
+                                                          const sidco::methods::options& options,
+                                                          std::vector<sidco::segment> layout, layer_budget budget) {
+  return make_engine<T, std::uint32_t>(method, options, std::move(layout), budget);
+}
 
 template <class T>
 std::unique_ptr<codec_impl> make_cpu_codec_of(const codec_settings& settings, const sidco::comm::wire_format& format,

@@ -41,7 +41,7 @@ class reduce_impl final : public reduce_codec_base<engine<T, index32>, T, index3
       : base(settings, order, ranks, rank, owner),
         blocks_(at::zeros({std::int64_t(this->block_bytes() * ranks)}, at::kByte)),
         selection_(at::zeros({std::int64_t(this->block_bytes())}, at::kByte)) {
-    engine_ = make_engine<T, index32>(settings.method, settings.options, settings.layout, layer_budget::per_layer);
+    engine_ = make_cpu_engine<T>(settings.method, settings.options, settings.layout, layer_budget::per_layer);
   }
 
   at::Tensor encode(const at::Tensor& gradient, const c10::optional<at::Tensor>& residual,
