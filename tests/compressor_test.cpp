@@ -50,6 +50,11 @@ void check_selection_exact(std::span<const T> x, const sparse_vector<T, Index>& 
 
 }  // namespace
 
+// sidco_with's defaults make SIDCo-E: the tail fitted with the first stage's model, adaptive
+// stages, the zero-aware fit, the threshold selection, the CPU backend.
+static_assert(std::is_same_v<presets::sidco_with<models::exponential>, presets::sidco_e<>>);
+static_assert(std::is_same_v<presets::sidco_with<models::generalized_pareto>, presets::sidco_gp<>>);
+
 TEST_CASE_TEMPLATE("compress keeps exactly the values above its threshold", T, float, double) {
   const auto g = synthetic_gradient<T>(100003, 0.3, 11);
   for (double delta : {0.5, 0.1, 0.01, 0.001}) {

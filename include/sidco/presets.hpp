@@ -6,9 +6,12 @@
 
 namespace sidco::presets {
 
-/// A SIDCo composition of your own: the models of the first and later stages, the stage
-/// count policy, the fit, the selection and the backend.
-template <class First, class Tail, class Stages, class Fit, class Selection, class Backend = backend::cpu>
+/// A SIDCo composition of your own: the model of the first stage, of the later stages (the
+/// excesses over the last threshold: the same model unless another is given), the stage
+/// count policy, the fit, the selection and the backend. sidco_with<models::exponential> is
+/// SIDCo-E (presets::sidco_e).
+template <class First, class Tail = First, class Stages = stages::adaptive, class Fit = fit::zero_aware,
+          class Selection = select::above_threshold, class Backend = backend::cpu>
 using sidco_with = compressor<estimate::statistical<First, Tail, Stages, Fit>, Selection, Backend>;
 
 /// A published method's estimator with another selection, e.g.

@@ -15,7 +15,13 @@ class _Checkpoints:
     def state_dict(self):
         """Everything a resumed run needs to repeat an uninterrupted one bit for bit: the
         iteration, and per parameter its residual and its compressor's state (adaptive
-        stages, generators), keyed by parameter name (or DDP's order without register())."""
+        stages, generators), keyed by parameter name (or DDP's order without register()).
+        Between steps only: during one (from a wrapping hook, after some buckets' calls) it
+        raises, since part of the step's state has changed and part has not."""
+        if self._in_step and not self._step_failed:
+            raise RuntimeError("sidco_torch.State.state_dict: called during a step (some buckets of this backward "
+                               "pass were exchanged, others not yet): call it between steps, after backward() "
+                               "returns")
         self._settle()
         layers = {key: {"size": layer.size, "dtype": layer.dtype, "residual": layer.residual,
                         "compressor": layer.compressor} for key, layer in self._pending.items()}

@@ -1,4 +1,5 @@
 """Python names over the custom ops (torch.ops.sidco.*) and classes (torch.classes.sidco.*)."""
+import difflib
 import numbers
 
 import torch
@@ -25,13 +26,16 @@ def _check_method(method, where):
     return method
 
 
-def _options_dict(options, where="sidco_torch"):
+def _options_dict(options, where="sidco_torch", arguments=()):
     """The compressor options as the ops take them (name -> double): seed, a whole number the
-    double holds exactly (below 2^53), is the only one."""
+    double holds exactly (below 2^53), is the only one. arguments: the caller's own argument
+    names, suggested for a misspelt option (State(dnsity=0.1): did you mean density?)."""
     parsed = {}
     for name, value in options.items():
         if name != "seed":
-            raise ValueError(f"{where}: option {name!r} is not known (known: seed)")
+            close = difflib.get_close_matches(name, ["seed", *arguments], n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{where}: option {name!r} is not known (known: seed){hint}")
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{where}: seed must be an integer, got {type(value).__name__} {value!r}")
         if not 0 <= int(value) < 2**53:

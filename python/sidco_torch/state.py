@@ -14,6 +14,20 @@ from .codecs import _Bucket, _Layer
 from .ops import _check_method, _codec, _options_dict
 
 
+# State's own arguments (a misspelt one arrives among the compressor's options).
+_ARGUMENTS = ("method", "density", "process_group", "start_iter", "min_bucket_elements", "feedback",
+              "capacity_slack", "exchange", "owner", "nonfinite")
+
+
+def _scheduled(schedule, iteration):
+    """schedule(iteration), with a sentence when it cannot be called so."""
+    try:
+        return schedule(iteration)
+    except TypeError as e:
+        raise TypeError(f"sidco_torch.State: the density schedule, called as density({iteration}) (a schedule takes "
+                        f"the iteration, an int, and returns a density), raised TypeError: {e}") from e
+
+
 class State(_Checkpoints, _Agreement):
     """What the hook keeps between steps: per parameter, its residual and compressor state;
     per bucket, its codec; the iteration. One paragraph per argument:
@@ -67,7 +81,8 @@ class State(_Checkpoints, _Agreement):
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
                  nonfinite="raise", **options):
         schedule = density if callable(density) else None
-        density = _checked_density(density(0) if schedule else density, "density(0)" if schedule else "density")
+        density = _checked_density(_scheduled(schedule, 0) if schedule else density,
+                                   "density(0)" if schedule else "density")
         capacity_slack = _real_scalar(capacity_slack, "capacity_slack")
         if not 1 <= capacity_slack <= 1000:
             raise ValueError(f"sidco_torch.State: capacity_slack = {capacity_slack!r} is outside [1, 1000]")
@@ -90,7 +105,7 @@ class State(_Checkpoints, _Agreement):
                             f"dist.new_group) or None for the default group, got {type(process_group).__name__} "
                             f"{process_group!r}")
         _check_method(method, "sidco_torch.State")
-        _options_dict(options, "sidco_torch.State")
+        _options_dict(options, "sidco_torch.State", _ARGUMENTS)
         _codec(method, options, [1], torch.float32, density, capacity_slack)  # what only the ops know: here
         self.method = method
         self.exchange = exchange
@@ -122,6 +137,7 @@ class State(_Checkpoints, _Agreement):
         self._loaded_from = None  # (rank, world) of a loaded state, checked by the next agreement
         self._warned = set()
         self._in_step = False   # a hook call of this iteration has run, its last bucket's not yet
+        self._step_failed = False  # this step raised an ExchangeError
         self._undo = []         # nonfinite="skip": what puts this step's state back
         self._skip = None       # nonfinite="skip": the iteration this step started at, once it is skipped
         self._step_iteration = self.iteration
@@ -153,7 +169,7 @@ class State(_Checkpoints, _Agreement):
     def _density_at(self, iteration):
         if self._schedule is None:
             return self._density
-        return _checked_density(self._schedule(iteration), f"density({iteration})")
+        return _checked_density(_scheduled(self._schedule, iteration), f"density({iteration})")
 
     def exchange_for(self, world, device_type="cpu"):
         """The exchange the hook uses among world ranks. "auto" follows the byte model each
@@ -243,6 +259,7 @@ class State(_Checkpoints, _Agreement):
             if self._next_verified is not None:
                 self._verified, self._next_verified = self._next_verified, None
             self._in_step = True
+            self._step_failed = False
             self._step_iteration = self.iteration
             try:
                 self._step_density, self._step_problem = self._density_at(self.iteration), None
@@ -291,6 +308,7 @@ class State(_Checkpoints, _Agreement):
 
     def _fail(self, error):
         self.error = error
+        self._step_failed = True  # a step a raise cut short may be checkpointed (state_dict)
         return error
 
     def _bucket(self, bucket, world):

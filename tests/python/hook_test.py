@@ -799,6 +799,29 @@ def scenario_load_among_fewer(rank, world, path):
     return message.split(": ")[-1][:60]
 
 
+def scenario_state_dict_mid_step(rank, world):
+    """state_dict() from a wrapping hook after bucket 0 (part of the step exchanged) is refused
+    with a sentence; after backward() it works."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    refused, calls = [], []
+
+    def hook(s, bucket):
+        future = sidco_torch.hook(s, bucket)
+        calls.append((bucket.index(), bucket.is_last()))
+        if bucket.index() == 0 and not bucket.is_last():
+            try:
+                s.state_dict()
+            except RuntimeError as e:
+                refused.append(str(e))
+        return future
+    model, ddp, optimizer = make(state, rank, hook=hook)
+    train_step(ddp, optimizer, rank, 0)  # DDP's first step has one bucket; it rebuilds them after
+    train_step(ddp, optimizer, rank, 1)
+    assert refused and "called during a step" in refused[0], (refused, calls)
+    assert state.state_dict()["iteration"] == 2
+    return "refused mid-step, given between steps"
+
+
 def run(scenario, world, *args, timeout=120):
     """scenario(rank, world, *args) on world processes; its per-rank results, or an error."""
     port = free_port()
@@ -861,7 +884,13 @@ def check_local():
                                (dict(start_iter=-1), ValueError, "start_iter = -1"),
                                (dict(capacity_slack=0.5), ValueError, "capacity_slack = 0.5 is outside [1, 1000]"),
                                (dict(method="nope"), ValueError, "method 'nope' is not one of"),
-                               (dict(bogus=1), ValueError, "option 'bogus' is not known")]:
+                               (dict(bogus=1), ValueError, "option 'bogus' is not known"),
+                               (dict(dnsity=0.1), ValueError, "option 'dnsity' is not known (known: seed); did you mean "
+                                                              "'density'?"),
+                               (dict(sead=3), ValueError, "did you mean 'seed'?"),
+                               (dict(density=lambda: 0.1), TypeError,
+                                "the density schedule, called as density(0) (a schedule takes the iteration, an int, "
+                                "and returns a density), raised TypeError")]:
         try:
             sidco_torch.State(**bad)
         except kind as e:
@@ -1142,6 +1171,7 @@ def main():
               run(scenario_reduce_sixteen_bit_average, world)[0])
         print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
               run(scenario_reduce_local_error, world)[0])
+    print("state_dict() mid-step:", run(scenario_state_dict_mid_step, 2)[0])
     with tempfile.TemporaryDirectory() as tmp:
         run(scenario_save_for_world, 3, os.path.join(tmp, "state"))
         print("a reduce state saved among 3 ranks, loaded among 2:",
