@@ -1,5 +1,7 @@
-// Google Benchmark suite for the reduce-scatter exchange's owner side (comm/reduce/steps.hpp),
-// against its baseline in the same run: the local compress every rank runs before it.
+// Google Benchmark suite for the exchanges' CPU work: the reduce-scatter exchange's owner side
+// (comm/reduce/steps.hpp) and the all-gather's encode and decode in either entry coding
+// (comm/allgather/core.hpp), against their baseline in the same run: the local compress
+// every rank runs before them.
 // P ranks' gradients come from the bundled real LSTM gradient (3.69M values; see
 // rank_gradient); every rank compresses with SIDCo-E at delta = 0.01 on one thread and packs
 // its blocks for regions balanced on a first step's global selection (as in training).
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
+#include <sidco/comm/allgather/core.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/io/npy.hpp>
 #include <sidco/sidco.hpp>
@@ -150,8 +153,63 @@ void owner_select(benchmark::State& state) {
   state.counters["union_over_k"] = double(union_size) / double(plan.target);
 }
 
+// allgather_codec/C/P: one rank's all-gather encode of its selection plus the decode of P
+// ranks' payloads (the whole exchange's CPU work on one rank, the collective aside), plain
+// (C = 0) or compact (C = 1, comm/compact.hpp), on one thread, against the local compress
+// in the same run:
+//
+//   codec_ms              encode + decode
+//   compress_ms           one rank's local compress (median of 5 calls, same run)
+//   codec_over_compress   the two's ratio (issue 56's goal for compact: <= 0.15)
+//   payload_bytes         the payload's size
+void allgather_codec(benchmark::State& state) {
+  static const auto gradient = io::load_npy<float>(SIDCO_GRADIENTS_DIR "/lstm_it10.npy");
+  const auto coding = state.range(0) == 1 ? comm::entry_coding::compact : comm::entry_coding::plain;
+  const std::size_t ranks = std::size_t(state.range(1)), n = gradient.size();
+  comm::allgather_core<float> core({{0, n}}, delta, 1.25, coding);
+  std::vector<sparse_vector<float>> local(ranks);
+  std::vector<double> compress_seconds;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto g = rank_gradient(gradient, r);
+    local_compressor compressor({}, {}, backend::cpu(1));
+    compressor.compress(std::span<const float>(g), delta, local[r]);  // warm
+    for (int c = 0; c < (r == 0 ? 5 : 0); ++c) {
+      const auto start = std::chrono::steady_clock::now();
+      compressor.compress(std::span<const float>(g), delta, local[r]);
+      compress_seconds.push_back(seconds_since(start));
+    }
+  }
+  std::sort(compress_seconds.begin(), compress_seconds.end());
+  const std::size_t bytes = core.format().bytes();
+  std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(bytes));
+  comm::host_residual<float> none;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    auto copy = local[r];
+    core.encode(copy, none, {}, payloads[r]);
+  }
+  const std::vector<std::span<const std::byte>> views(payloads.begin(), payloads.end());
+  std::vector<float> dense(n);
+  sparse_vector<float> sent(n);
+  double codec_seconds = 0;
+  for (auto _ : state) {
+    sent = local[0];  // outside the timing: encode trims and rounds in place
+    const auto start = std::chrono::steady_clock::now();
+    core.encode(sent, none, {}, payloads[0]);
+    core.decode(views, std::span<float>(dense), none);
+    codec_seconds += seconds_since(start);
+    benchmark::ClobberMemory();
+  }
+  const double codec = codec_seconds / double(state.iterations());
+  const double compress = compress_seconds[compress_seconds.size() / 2];
+  state.counters["codec_ms"] = codec * 1e3;
+  state.counters["compress_ms"] = compress * 1e3;
+  state.counters["codec_over_compress"] = codec / compress;
+  state.counters["payload_bytes"] = double(bytes);
+}
+
 }  // namespace
 
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
+BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}})->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

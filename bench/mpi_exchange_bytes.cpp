@@ -1,7 +1,7 @@
 // Bytes on the wire per rank per step of the MPI exchanges, counted by the kernel: every rank
 // compresses a real gradient (the bundled LSTM gradient, each rank's copy scaled elementwise
 // by its own noise so that the selections differ) with SIDCo-E and error feedback, and
-// exchanges it with the one-round all-gather (comm/exchange.hpp), the reduce-scatter
+// exchanges it with the one-round all-gather (comm/exchange.hpp; plain or compact entries), the reduce-scatter
 // exchange (comm/reduce_exchange.hpp) or a dense MPI_Allreduce. Rank 0 reads the `lo` line
 // of /proc/self/net/dev before and after the timed steps (between barriers): run it alone
 // in a private network namespace with MPI's TCP transport, as scripts/mpi_exchange_bytes.sh
@@ -9,7 +9,8 @@
 //
 //   mpirun -np 8 --mca btl self,tcp sidco-mpi-exchange-bytes --mode reduce
 //
-// Prints one JSON line: mode, ranks, n, k, bytes per rank per step, and that over 8k.
+// Prints one JSON line: mode, ranks, n, k, bytes per rank per step, that over 8k, and bytes
+// per entry sent (all-gather: over P - 1 receivers).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -64,8 +65,8 @@ options parse(int argc, char** argv) {
     else if (flag == "--steps") o.steps = std::stoi(value);
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.mode != "reduce" && o.mode != "allgather" && o.mode != "dense")
-    throw std::invalid_argument("--mode " + o.mode + " is not reduce, allgather or dense");
+  if (o.mode != "reduce" && o.mode != "allgather" && o.mode != "allgather-compact" && o.mode != "dense")
+    throw std::invalid_argument("--mode " + o.mode + " is not reduce, allgather, allgather-compact or dense");
   return o;
 }
 
@@ -75,17 +76,21 @@ struct sender {
   sidco::feedback::residual<float> residual;
 };
 
+// Returns the entries this rank sent (after trimming and, compact, rounding).
 template <class Exchange>
-void run_sparse(Exchange& exchange, sender& me, const std::vector<float>& gradient, double delta, int steps,
-                int first_step) {
+std::size_t run_sparse(Exchange& exchange, sender& me, const std::vector<float>& gradient, double delta, int steps,
+                       int first_step) {
   auto& [compressor, residual] = me;
   std::vector<float> dense(gradient.size());
+  std::size_t entries = 0;
   for (int step = first_step; step < first_step + steps; ++step) {
     sidco::sparse_vector<float> sent;
     compressor.compress(gradient, delta, sent, residual);
     exchange.start(sent, residual.values(), std::uint64_t(step));
     exchange.wait(dense);
+    entries += sent.size();
   }
+  return entries;
 }
 
 }  // namespace
@@ -106,34 +111,47 @@ int main(int argc, char** argv) {
     const std::vector<sidco::segment> layout{{0, n}};
     sender me{{}, sidco::feedback::residual<float>(n)};
     std::uint64_t before = 0, after = 0;
+    std::size_t entries = 0;  // this rank's, in the counted steps
     const auto timed = [&](auto&& step_range) {
       step_range(0, o.warmup);
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 0) before = loopback_bytes();
       MPI_Barrier(MPI_COMM_WORLD);
-      step_range(o.warmup, o.steps);
+      entries = step_range(o.warmup, o.steps);
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 0) after = loopback_bytes();
     };
     if (o.mode == "reduce") {
       sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta);
-      timed([&](int first, int steps) { run_sparse(exchange, me, gradient, o.delta, steps, first); });
-    } else if (o.mode == "allgather") {
-      sidco::comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta);
-      timed([&](int first, int steps) { run_sparse(exchange, me, gradient, o.delta, steps, first); });
+      timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
+    } else if (o.mode == "allgather" || o.mode == "allgather-compact") {
+      sidco::comm::exchange_options options;
+      if (o.mode == "allgather-compact") options.coding = sidco::comm::entry_coding::compact;
+      sidco::comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta, options);
+      timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else {
       std::vector<float> sum(n);
       timed([&](int, int steps) {
         for (int s = 0; s < steps; ++s)
           MPI_Allreduce(gradient.data(), sum.data(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        return std::size_t(0);
       });
     }
+    unsigned long long sent = entries, all_sent = 0;
+    MPI_Reduce(&sent, &all_sent, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) {
       const double per_rank = double(after - before) / double(o.steps) / double(ranks);
       const double k = double(std::size_t(o.delta * double(n)));
+      // The all-gather carries each rank's entries to P - 1 others: bytes per entry sent
+      // and delivered, headers and padding included (the reduce exchange moves owners'
+      // sums too: its figure is per entry a rank sent, not per entry on the wire).
+      const double entries_per_rank = double(all_sent) / double(o.steps) / double(ranks);
+      const double per_entry = entries_per_rank > 0 && ranks > 1
+                                   ? per_rank / (double(ranks - 1) * entries_per_rank) : 0.0;
       std::printf("{\"mode\": \"%s\", \"ranks\": %d, \"n\": %zu, \"k\": %.0f, \"bytes_per_rank\": %.0f, "
-                  "\"over_8k\": %.3f, \"over_4n\": %.4f}\n",
-                  o.mode.c_str(), ranks, n, k, per_rank, per_rank / (8 * k), per_rank / (4.0 * double(n)));
+                  "\"over_8k\": %.3f, \"over_4n\": %.4f, \"entries_per_rank\": %.0f, \"bytes_per_entry\": %.3f}\n",
+                  o.mode.c_str(), ranks, n, k, per_rank, per_rank / (8 * k), per_rank / (4.0 * double(n)),
+                  entries_per_rank, per_entry);
     }
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": " << e.what() << "\n";

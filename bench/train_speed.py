@@ -17,7 +17,8 @@ Methods: compute (every step without communication), ddp-local (DDP with a hook 
 sends nothing: DDP's own cost), none (DDP's dense all-reduce), powersgd (torch's hook, rank
 --powersgd-rank, one bucket and its own process group: gloo aborts it otherwise), or a
 sidco_torch method (sidco-e, top-k, dgc, ...), optionally with the hook's exchange
-(sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"). NAME@previous runs NAME with the package
+(sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"), or with the compact
+wire (sidco-e:compact: the all-gather, bfloat16 values, gap-coded indices). NAME@previous runs NAME with the package
 in --previous (an earlier build's python directory), for before/after comparisons.
 """
 import argparse
@@ -83,7 +84,8 @@ class Job:
         torch.manual_seed(a.seed)
         self.model = wikitext.make_model(spec["kind"], vocab, spec["dim"], spec["layers"])
         name, _, variant = method.partition("@")
-        name, _, exchange = name.partition(":")  # sidco-e:reduce, sidco-e:allgather (default: the hook's auto)
+        # sidco-e:reduce, sidco-e:allgather (default: the hook's auto); sidco-e:compact: wire="compact"
+        name, _, exchange = name.partition(":")
         self.state, self.sidco = None, name not in ("compute", "none", "powersgd", "ddp-local")
         if name == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -103,7 +105,8 @@ class Job:
         if self.sidco:
             import sidco_torch
             self.state = sidco_torch.State(method=name, density=a.density, start_iter=2,
-                                           **({"exchange": exchange} if exchange else {}))
+                                           **({"wire": "compact"} if exchange == "compact" else
+                                              {"exchange": exchange} if exchange else {}))
             if hasattr(sidco_torch, "register"):
                 sidco_torch.register(self.ddp, self.state)
             else:  # an earlier package

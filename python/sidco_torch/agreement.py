@@ -8,7 +8,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .arguments import _DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _STATE_FORMAT, ExchangeError, _bits
+from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _STATE_FORMAT, _WIRES, ExchangeError,
+                        _bits)
 
 
 class _Agreement:
@@ -25,7 +26,7 @@ class _Agreement:
                   ("min_bucket_elements", self.min_bucket_elements),
                   ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
                   ("exchange", _EXCHANGES.index(self.exchange)), ("owner", int(self.owner == "top-k")),
-                  ("nonfinite", _NONFINITE.index(self.nonfinite)),
+                  ("nonfinite", _NONFINITE.index(self.nonfinite)), ("wire", _WIRES.index(self.wire)),
                   ("iteration", self.iteration), ("ranks", world)]
         rank = dist.get_rank(group)
         loaded = self._loaded_from
@@ -49,13 +50,13 @@ class _Agreement:
                     "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
             for j, (name, _) in enumerate(fields[:loaded_at]):
                 if theirs[j] != everyone[0][j]:
-                    if name in ("method", "options", "exchange", "owner", "nonfinite"):
+                    if name in ("method", "options", "exchange", "owner", "nonfinite", "wire"):
                         # Hashes and indices on the wire: the values themselves, from every rank
                         # (each one found this same difference, so each joins this gather).
                         readable = [None] * world
                         dist.all_gather_object(readable, {"method": self.method, "options": dict(sorted(
                             self.options.items())), "exchange": self.exchange, "owner": self.owner,
-                            "nonfinite": self.nonfinite}, group=group)
+                            "nonfinite": self.nonfinite, "wire": self.wire}, group=group)
                         theirs_shown, first_shown = readable[rank][name], readable[0][name]
                     else:
                         show = shown.get(name, lambda v: v)

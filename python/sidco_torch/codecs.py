@@ -51,7 +51,7 @@ class _Bucket:
             self.received = torch.empty(world * payload, dtype=torch.uint8, device=device)
         else:
             self.codec = _codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
-                                self.capacity_density)
+                                self.capacity_density, state.wire)
             payload = self.codec.payload_bytes()
         self.inbox = [torch.empty(payload, dtype=torch.uint8, device=device) for _ in range(world)]
 
@@ -152,7 +152,10 @@ def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent)
             "candidates": int(report["candidates"]), "trimmed": int(report["trimmed"]),
             "capacity": int(report["capacity"]), "density": report["density"], "target_density": state._step_density,
             "threshold": report["threshold"], "stages": int(report["stages"]), "fallback": bool(report["fallback"]),
-            "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"])}
+            "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"]),
+            "wire": state.wire if exchange == "allgather" else "plain",
+            # what this rank's payload costs each entry it carries (headers and slack included)
+            "bytes_per_entry": bytes_sent / max(1, int(report["selected"]))}
 
 
 def _encode(state, bucket, b, iteration, problem, encode, encode_failure):

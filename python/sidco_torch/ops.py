@@ -45,14 +45,14 @@ def _options_dict(options, where="sidco_torch", arguments=()):
     return parsed
 
 
-def _codec(method, options, layer_sizes, dtype, density, slack, capacity_density=None):
+def _codec(method, options, layer_sizes, dtype, density, slack, capacity_density=None, wire="plain"):
     """A bucket's codec: its compressor per layer, capacity (planned for capacity_density,
-    density by default) and payload format."""
+    density by default) and payload format (wire: "plain" or "compact")."""
     if dtype not in _DTYPES:
         raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
     return torch.classes.sidco.Codec(method, _options_dict(options), [int(n) for n in layer_sizes], _DTYPES[dtype],
                                      float(density), float(slack),
-                                     float(density if capacity_density is None else capacity_density))
+                                     float(density if capacity_density is None else capacity_density), str(wire))
 
 
 def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, rank, owner, capacity_density=None,

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .agreement import _Agreement
-from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _checked_density, _owner_name, _real_scalar)
+from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _WIRES, _checked_density, _owner_name, _real_scalar)
 from .checkpoint import _Checkpoints
 from .codecs import _Bucket, _Layer
 from .ops import _check_method, _codec, _options_dict
@@ -16,7 +16,7 @@ from .ops import _check_method, _codec, _options_dict
 
 # State's own arguments (a misspelt one arrives among the compressor's options).
 _ARGUMENTS = ("method", "density", "process_group", "start_iter", "min_bucket_elements", "feedback",
-              "capacity_slack", "exchange", "owner", "nonfinite")
+              "capacity_slack", "exchange", "owner", "nonfinite", "wire")
 
 
 def _scheduled(schedule, iteration):
@@ -61,6 +61,13 @@ class State(_Checkpoints, _Agreement):
     region's share; the default) or "top-k" (exact Top-k). "sidco-e", its first name, still
     works with a DeprecationWarning.
 
+    wire: how the all-gather's entries go on the wire: "plain" (32-bit indices, values in the
+    bucket's dtype: (P - 1) slack 8k bytes a rank for float32) or "compact" (values narrowed
+    to half their width: float32 as bfloat16, float64 as float32, 16-bit as they are; what
+    rounding takes off stays in the residual; indices as variable-length gaps, one or two
+    bytes each): half the bytes. CPU buckets and the all-gather only: with "compact", "auto"
+    picks the all-gather and exchange="reduce" is refused.
+
     nonfinite: what a step does when some rank's bucket holds NaN or +-Inf: "raise" (every
     rank raises the same error naming that rank: a NaN in a float32 run is a bug to see) or
     "skip" (for mixed precision: every rank's reduced bucket is filled with NaN, so that a
@@ -79,7 +86,7 @@ class State(_Checkpoints, _Agreement):
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
-                 nonfinite="raise", **options):
+                 nonfinite="raise", wire="plain", **options):
         schedule = density if callable(density) else None
         density = _checked_density(_scheduled(schedule, 0) if schedule else density,
                                    "density(0)" if schedule else "density")
@@ -94,6 +101,11 @@ class State(_Checkpoints, _Agreement):
                              "non-negative integer")
         if exchange not in _EXCHANGES:
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
+        if wire not in _WIRES:
+            raise ValueError(f"sidco_torch.State: wire = {wire!r} is not one of {', '.join(map(repr, _WIRES))}")
+        if wire == "compact" and exchange == "reduce":
+            raise ValueError("sidco_torch.State: wire = 'compact' codes the all-gather's entries only so far; "
+                             "exchange = 'reduce' sends plain ones (use exchange='allgather' or 'auto')")
         if nonfinite not in _NONFINITE:
             raise ValueError(f"sidco_torch.State: nonfinite = {nonfinite!r} is not 'raise' or 'skip'")
         owner = _owner_name(owner)
@@ -106,8 +118,9 @@ class State(_Checkpoints, _Agreement):
                             f"{process_group!r}")
         _check_method(method, "sidco_torch.State")
         _options_dict(options, "sidco_torch.State", _ARGUMENTS)
-        _codec(method, options, [1], torch.float32, density, capacity_slack)  # what only the ops know: here
+        _codec(method, options, [1], torch.float32, density, capacity_slack, wire=wire)  # what only the ops know
         self.method = method
+        self.wire = wire
         self.exchange = exchange
         self.owner = owner
         self.nonfinite = nonfinite
@@ -179,10 +192,11 @@ class State(_Checkpoints, _Agreement):
         fewer). The cost model of bench/cost_model.py, with this machine's latency and compute,
         agrees from 3 ranks on at 1 to 100 Gbit/s and puts the two within 2% at 2
         (docs/RESULTS.md). On CUDA buckets "auto" keeps the all-gather: the reduce exchange
-        runs there (exchange="reduce") but its time on GPUs is not measured yet."""
+        runs there (exchange="reduce") but its time on GPUs is not measured yet. With
+        wire="compact" "auto" keeps the all-gather, whose entries it codes."""
         if self.exchange != "auto":
             return self.exchange
-        return "reduce" if world >= 3 and device_type == "cpu" else "allgather"
+        return "reduce" if world >= 3 and device_type == "cpu" and self.wire == "plain" else "allgather"
 
     # ----- registration and parameter keys
 
@@ -241,7 +255,8 @@ class State(_Checkpoints, _Agreement):
         degenerated and the radix threshold replaced it), compress_seconds,
         exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
         (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
-        its P - 1 blocks and its selection), failed, exchange ("allgather" or "reduce"); with
+        its P - 1 blocks and its selection), bytes_per_entry (bytes_sent over selected), wire
+        ("plain" or "compact"), failed, exchange ("allgather" or "reduce"); with
         "reduce" also union_density (the owners' reduced entries over the bucket),
         global_density (the global selection's), returned (entries this rank sent that the
         owners left out: back in its residual), dropped (their share of what it sent) and

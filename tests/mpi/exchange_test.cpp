@@ -114,6 +114,43 @@ TEST_CASE("two tensors in flight at once: each the rank-order average, bit for b
   CHECK(trimmed > 0);  // or the trimming above was never tested
 }
 
+TEST_CASE("the compact coding: half the bytes; each rank keeps what rounding took; the rank-order average of what was sent") {
+  const double delta = 0.01;
+  const std::size_t n = layout.back().end();
+  comm::exchange_options options;
+  options.tag = 2;
+  options.coding = comm::entry_coding::compact;
+  comm::sparse_exchange<float> compact(MPI_COMM_WORLD, layout, delta, options);
+  comm::sparse_exchange<float> plain(MPI_COMM_WORLD, layout, delta, {1.25, comm::reduction::average, 3});
+  CHECK(compact.format().bytes() - 64 <= (plain.format().bytes() - 64) / 2 + 8);
+  segmented<presets::sidco_e<>> per_layer(layout);
+  feedback::residual<float> residual(n);
+  for (std::uint64_t step = 0; step < 4; ++step) {
+    const auto g = gradient_for(rank_of() + 11, step, layout);
+    const std::vector<float> before(residual.values().begin(), residual.values().end());
+    sparse_vector<float> sent;
+    per_layer.compress<float>(g, delta, sent, residual);
+    compact.start(sent, residual.values(), step);
+    std::vector<float> dense(n);
+    const auto report = compact.wait(dense);
+    CHECK(report.bytes == compact.format().bytes());
+    // sent now holds the values sent (bfloat16's); residual the rest, exactly.
+    std::vector<float> applied(n, 0.0f);
+    for (std::size_t j = 0; j < sent.size(); ++j) {
+      applied[sent.indices()[j]] = sent.values()[j];
+      REQUIRE(float(bfloat16(sent.values()[j])) == sent.values()[j]);
+    }
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(applied[i] + residual.values()[i] == g[i] + before[i]);
+    CHECK(bits_equal(dense, rank_order_average(sent, n)));
+  }
+  // Ranks that code differently are refused by every rank's constructor.
+  comm::exchange_options mixed = options;
+  mixed.tag = 4;
+  mixed.coding = rank_of() == 1 ? comm::entry_coding::plain : comm::entry_coding::compact;
+  CHECK_THROWS_WITH_AS(comm::sparse_exchange<float>(MPI_COMM_WORLD, layout, delta, mixed),
+                       "sidco: exchange setup (tag 4): rank 1 codes entries plain, rank 0 compact", sidco::runtime_error);
+}
+
 TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing sent is lost") {
   const std::size_t n = layout.back().end();
   comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, 0.01);

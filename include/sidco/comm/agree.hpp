@@ -115,6 +115,8 @@ void agree(payload_views payloads, const wire_format& format) {
       fail(first, "rank ", r, " sends ", int(h.index_bytes), "-byte indices, rank 0 ", int(first.index_bytes));
     if (h.op != first.op)
       fail(first, "rank ", r, " reduces by ", detail::op_name(h.op), ", rank 0 by ", detail::op_name(first.op));
+    if (h.coding != first.coding)
+      fail(first, "rank ", r, " codes its entries ", int(h.coding), ", rank 0 ", int(first.coding));
     if (h.capacity != first.capacity)
       fail(first, "rank ", r, " has capacity ", h.capacity, ", rank 0 has ", first.capacity);
   }
@@ -123,6 +125,9 @@ void agree(payload_views payloads, const wire_format& format) {
     fail(first, "the payloads hold ", detail::value_name(first.value_code), " values, ", int(first.index_bytes),
          "-byte indices and capacity ", first.capacity, "; this rank decodes ", float_traits<T>::name, ", ",
          sizeof(Index), "-byte indices and capacity ", format.capacity);
+  if (first.coding != std::uint8_t(format.coding))
+    fail(first, "the payloads' entries are coded ", int(first.coding), "; this rank decodes coding ",
+         int(format.coding), " (0: plain, 1: compact)");
   if (first.op != std::uint8_t(reduction::sum) && first.op != std::uint8_t(reduction::average))
     fail(first, "rank 0 asks for reduction ", int(first.op), ", neither sum nor average");
   for (std::size_t r = 0; r < ranks; ++r) {

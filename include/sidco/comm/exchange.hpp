@@ -59,7 +59,7 @@ class sparse_exchange {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     exchange_setup mine{};
     try {
-      core_ = allgather_core<T, Index>(layout, delta, options.slack);
+      core_ = allgather_core<T, Index>(layout, delta, options.slack, options.coding);
       if (core_.format().bytes() > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_exchange: a payload of ", core_.format().bytes(), " bytes exceeds MPI's int counts");
       payload_.resize(core_.format().bytes());

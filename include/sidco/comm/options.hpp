@@ -7,6 +7,11 @@
 
 namespace sidco::comm {
 
+/// How entries lie in a payload: plain (32- or 64-bit indices, values in the tensor's type)
+/// or compact (comm/compact.hpp: values narrowed to half their width, what rounding takes
+/// back into the residual; indices as variable-length gaps): about half the bytes.
+enum class entry_coding : std::uint8_t { plain = 0, compact = 1 };
+
 struct exchange_options {
   double slack = 1.25;                 // capacity: ceil(slack k) entries per segment
   reduction op = reduction::average;
@@ -16,6 +21,9 @@ struct exchange_options {
   /// whose algorithm the MPI library chooses by size and rank count (non-blocking ones are
   /// often a flat schedule: SimGrid's SMPI simulates those P^2 messages slowly).
   bool overlap = true;
+  /// The all-gather exchange's payloads: plain, or compact (comm/compact.hpp). Every rank
+  /// must choose alike (the constructors agree on it).
+  entry_coding coding = entry_coding::plain;
 };
 
 }  // namespace sidco::comm

@@ -30,7 +30,7 @@ struct exchange_setup {
   std::uint64_t capacity;
   double delta, slack;
   std::uint32_t tag;
-  std::uint8_t op, value_code, index_bytes, reserved;
+  std::uint8_t op, value_code, index_bytes, coding;
   char reason[184];
 };
 static_assert(sizeof(exchange_setup) == 256, "exchange_setup: 256 bytes on every platform");
@@ -62,6 +62,7 @@ exchange_setup setup_of(std::span<const segment> layout, const wire_format& form
   s.op = std::uint8_t(fields.op);
   s.value_code = float_traits<T>::wire_code;
   s.index_bytes = std::uint8_t(sizeof(Index));
+  s.coding = std::uint8_t(format.coding);
   return s;
 }
 
@@ -104,6 +105,8 @@ inline void check_setups(std::span<const exchange_setup> setups) {
       fail("rank ", r, " sends ", detail::value_name(s.value_code), " values, rank 0 ", detail::value_name(first.value_code));
     if (s.index_bytes != first.index_bytes)
       fail("rank ", r, " sends ", int(s.index_bytes), "-byte indices, rank 0 ", int(first.index_bytes));
+    if (s.coding != first.coding)
+      fail("rank ", r, " codes entries ", s.coding ? "compact" : "plain", ", rank 0 ", first.coding ? "compact" : "plain");
     if (s.op != first.op) fail("rank ", r, " reduces by ", detail::op_name(s.op), ", rank 0 by ", detail::op_name(first.op));
     if (s.capacity != first.capacity || s.payload_bytes != first.payload_bytes)
       fail("rank ", r, " has capacity ", s.capacity, " (", s.payload_bytes, "-byte payloads), rank 0 has ",

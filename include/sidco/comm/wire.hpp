@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "sidco/comm/options.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/float_traits.hpp"
@@ -48,6 +49,10 @@ inline constexpr std::uint32_t wire_magic = 0x57434453;  // "SDCW" in little-end
 // 2: an owner's selection carries each index's update (sum or average), not its sum.
 inline constexpr std::uint8_t wire_version = 2;
 
+/// Bytes of index code a compact payload holds per entry of capacity (a gap below 2^14
+/// takes at most two bytes; most take one).
+inline constexpr std::size_t compact_index_budget = 2;
+
 /// A payload's first 64 bytes, in host byte order (the ranks of one job share it). Every
 /// field but status, error, count and trimmed must be equal on every rank.
 struct wire_header {
@@ -58,7 +63,8 @@ struct wire_header {
   std::uint8_t index_bytes;  // 4 or 8
   std::uint8_t op;           // reduction
   std::uint8_t error;        // error_kind, when failed
-  std::uint16_t reserved;
+  std::uint8_t coding;       // entry_coding
+  std::uint8_t reserved;
   std::uint32_t tag;         // which tensor or bucket: the caller's number
   std::uint64_t dense_size;
   std::uint64_t capacity;
@@ -77,11 +83,14 @@ struct wire_fields {
   reduction op = reduction::average;
 };
 
-/// Where things lie in a payload of `capacity` entries.
+/// Where things lie in a payload of `capacity` entries. Plain: the indices, then the
+/// values. Compact (comm/compact.hpp): value_bytes is the narrowed value's width, and the
+/// body holds capacity x (value_bytes + compact_index_budget) bytes.
 struct wire_format {
   std::size_t capacity = 0;
   std::size_t index_bytes = 4;
   std::size_t value_bytes = 4;
+  entry_coding coding = entry_coding::plain;
 
   static constexpr std::size_t header_bytes = sizeof(wire_header);
   /// Room for a failure's message, whatever the capacity.
@@ -90,6 +99,8 @@ struct wire_format {
   std::size_t indices_offset() const { return header_bytes; }
   std::size_t values_offset() const { return header_bytes + padded(capacity * index_bytes); }
   std::size_t bytes() const {
+    if (coding == entry_coding::compact)
+      return header_bytes + std::max(padded(capacity * (value_bytes + compact_index_budget)), min_message_bytes);
     return std::max(values_offset() + padded(capacity * value_bytes), header_bytes + min_message_bytes);
   }
   std::size_t message_bytes() const { return bytes() - header_bytes; }
@@ -129,6 +140,7 @@ wire_header header_for(const wire_fields& f, std::size_t dense_size, const wire_
   h.status = std::uint8_t(wire_status::ok);
   h.value_code = float_traits<T>::wire_code;
   h.index_bytes = std::uint8_t(sizeof(Index));
+  h.coding = std::uint8_t(format.coding);
   h.op = std::uint8_t(f.op);
   h.tag = f.tag;
   h.dense_size = dense_size;
@@ -182,7 +194,7 @@ template <class T, class Index>
 void pack(std::span<const Index> indices, std::span<const T> values, std::size_t dense_size, std::size_t trimmed,
           const wire_fields& fields, const wire_format& format, std::span<std::byte> payload) {
   detail::check_payload_size(payload, format);
-  if (format.index_bytes != sizeof(Index) || format.value_bytes != sizeof(T))
+  if (format.index_bytes != sizeof(Index) || format.value_bytes != sizeof(T) || format.coding != entry_coding::plain)
     sidco::detail::fail("pack: the format holds ", format.index_bytes, "-byte indices and ", format.value_bytes,
                         "-byte values, the sparse vector ", sizeof(Index), " and ", sizeof(T));
   if (indices.size() != values.size())

@@ -39,6 +39,7 @@ struct codec_settings {
   double density = 0.01;
   double slack = 1.25;
   double capacity_density = 0.01;  // what capacities are planned for (the density every rank last agreed on)
+  sidco::comm::entry_coding coding = sidco::comm::entry_coding::plain;  // the all-gather's payload (wire=)
 };
 
 /// What the last encode and decode did, for State.stats().
@@ -79,8 +80,9 @@ class Codec : public torch::CustomClassHolder {
  public:
   /// capacity_density: the density the payload's capacity is planned for (the one every
   /// rank last agreed on; density itself while it does not change).
+  /// wire: "plain" or "compact" (comm/compact.hpp; CPU buckets).
   Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
-        std::string dtype, double density, double slack, double capacity_density);
+        std::string dtype, double density, double slack, double capacity_density, std::string wire);
 
   const codec_settings& settings() const { return settings_; }
   const sidco::comm::wire_format& format() const { return format_; }

@@ -123,12 +123,16 @@ codec_settings settings_of(std::string method, const c10::Dict<std::string, doub
 }  // namespace
 
 Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
-             std::string dtype, double density, double slack, double capacity_density) {
+             std::string dtype, double density, double slack, double capacity_density, std::string wire) {
   translated([&] {
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     settings_.capacity_density = capacity_density;
+    if (wire != "plain" && wire != "compact") sidco::throw_error("wire = '", wire, "' is neither 'plain' nor 'compact'");
+    settings_.coding = wire == "compact" ? sidco::comm::entry_coding::compact : sidco::comm::entry_coding::plain;
     plan_ = sidco::comm::plan_capacity(settings_.layout, capacity_density, slack);
-    format_ = {plan_.total, sizeof(std::uint32_t), std::size_t(c10::elementSize(settings_.dtype))};
+    const std::size_t value_bytes = std::size_t(c10::elementSize(settings_.dtype));
+    format_ = {plan_.total, sizeof(std::uint32_t),
+               wire == "compact" ? sidco::comm::compact_value_bytes(value_bytes) : value_bytes, settings_.coding};
     // Fails here, not at the first step, for an unknown method.
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
     return 0;
@@ -151,7 +155,12 @@ void register_cuda_codec(cuda_codec_factory factory) { cuda_codecs = factory; }
 codec_impl& Codec::on(const at::Device& device) const {
   std::unique_ptr<codec_impl>& slot = per_device(
       device, "bucket", cuda_codecs != nullptr, cpu_, cuda_, [&] { return make_cpu_codec(settings_, format_, plan_); },
-      [&](const at::Device& on) { return cuda_codecs(settings_, format_, plan_, on); });
+      [&](const at::Device& on) {
+        if (settings_.coding != sidco::comm::entry_coding::plain)
+          sidco::throw_error("bucket on ", on, ": wire = 'compact' codes CPU buckets only so far (the CUDA codec packs "
+                             "plain entries on the device); use wire='plain'");
+        return cuda_codecs(settings_, format_, plan_, on);
+      });
   // The compressors' state follows the bucket from the device it was last on (or loaded into).
   if (current_ && current_ != slot.get())
     for (std::size_t i = 0; i < settings_.layout.size(); ++i) slot->load_layer(i, current_->save_layer(i));
@@ -182,6 +191,7 @@ c10::Dict<std::string, double> Codec::report() const {
   d.insert("zeros", double(r.compress.zeros));
   d.insert("capacity", double(format_.capacity));
   d.insert("payload_bytes", double(format_.bytes()));
+  d.insert("compact", settings_.coding == sidco::comm::entry_coding::compact ? 1.0 : 0.0);
   d.insert("density", r.compress.density);
   d.insert("target_density", settings_.density);
   d.insert("threshold", r.compress.threshold);
@@ -433,7 +443,7 @@ TORCH_LIBRARY(sidco, m) {
       .def("method", &Compressor::method);
   m.class_<Codec>("Codec")
       .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
-                       double, double>())
+                       double, double, std::string>())
       .def("payload_bytes", &Codec::payload_bytes)
       .def("capacity", &Codec::capacity)
       .def("layer_capacities", &Codec::layer_capacities)

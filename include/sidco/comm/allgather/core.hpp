@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <exception>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "sidco/comm/agree.hpp"
 #include "sidco/comm/capacity.hpp"
+#include "sidco/comm/compact.hpp"
 #include "sidco/comm/report.hpp"
 #include "sidco/comm/residual_sink.hpp"
 #include "sidco/comm/sum.hpp"
@@ -99,13 +101,11 @@ exchange_report decode_entries(payload_views payloads, const wire_format& format
   return detail::sum_agreed<T, Index>(payloads, format, update);
 }
 
-/// dense (overwritten) = 0, and at every index some rank sent, the ranks' values combined
-/// as decode_entries says. Every rank gets the same bits. On a problem agree() finds it
-/// throws having written nothing; on a result beyond T's range it throws
-/// nonfinite_exchange leaving dense all zero. dense must have the exchange's dense size.
+namespace detail {
+
+/// decode() after agree().
 template <class T, class Index>
-exchange_report decode(payload_views payloads, const wire_format& format, std::span<T> dense) {
-  agree<T, Index>(payloads, format);
+exchange_report decode_agreed(payload_views payloads, const wire_format& format, std::span<T> dense) {
   const std::uint64_t size = detail::read_header(payloads[0]).dense_size;
   if (dense.size() != size)
     sidco::detail::fail("decode: dense: size ", dense.size(), " does not match the exchange's dense size ", size);
@@ -118,6 +118,18 @@ exchange_report decode(payload_views payloads, const wire_format& format, std::s
   }
 }
 
+}  // namespace detail
+
+/// dense (overwritten) = 0, and at every index some rank sent, the ranks' values combined
+/// as decode_entries says. Every rank gets the same bits. On a problem agree() finds it
+/// throws having written nothing; on a result beyond T's range it throws
+/// nonfinite_exchange leaving dense all zero. dense must have the exchange's dense size.
+template <class T, class Index>
+exchange_report decode(payload_views payloads, const wire_format& format, std::span<T> dense) {
+  agree<T, Index>(payloads, format);
+  return detail::decode_agreed<T, Index>(payloads, format, dense);
+}
+
 /// One tensor's (or one buffer of tensors') all-gather exchange on one rank: its capacity
 /// plan and payload format, and what this rank sent in the step under way (to give back
 /// when the step fails). Transports call encode (or encode_failure), move the payloads,
@@ -126,36 +138,54 @@ template <class T, class Index = std::uint32_t>
 class allgather_core {
  public:
   allgather_core() = default;
-  /// Plans the capacity: ceil(slack k_s) entries per segment (comm/capacity.hpp).
-  allgather_core(std::vector<segment> layout, double delta, double slack)
+  /// Plans the capacity: ceil(slack k_s) entries per segment (comm/capacity.hpp); payloads
+  /// in the given entry coding (comm/compact.hpp).
+  allgather_core(std::vector<segment> layout, double delta, double slack, entry_coding coding = entry_coding::plain)
       : layout_(std::move(layout)), plan_(plan_capacity(layout_, delta, slack)), size_(layout_.back().end()) {
     if (size_ > sparse_vector<T, Index>::max_dense_size)
       sidco::detail::fail("exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
-    format_ = format_for<T, Index>(plan_.total);
+    if (coding != entry_coding::plain && coding != entry_coding::compact)
+      sidco::detail::fail("exchange: entry coding ", int(coding), " is neither plain (0) nor compact (1)");
+    format_ = format_for<T, Index>(plan_.total, coding);
+    plain_ = format_for<T, Index>(plan_.total);
   }
 
+  /// The payload's format on the wire.
   const wire_format& format() const { return format_; }
+  /// The plain format of the same capacity, which compact payloads are expanded into.
+  const wire_format& plain_format() const { return plain_; }
   const capacity_plan& capacities() const { return plan_; }
   const std::vector<segment>& layout() const { return layout_; }
   std::size_t size() const { return size_; }
 
   /// Trims sent to each segment's capacity (what it removes goes to sink: nothing is lost)
-  /// and packs it into payload. A problem with the arguments is packed instead (every
-  /// rank's decode raises it), and what sent held goes back to sink. Returns what it trimmed.
+  /// and packs it into payload; in the compact coding it also gives back what narrowing
+  /// rounds off (sent then holds the values sent). A problem with the arguments is packed
+  /// instead (every rank's decode raises it), and what sent held goes back to sink.
+  /// Returns how many entries it gave back whole.
   template <class Sink>
   std::size_t encode(sparse_vector<T, Index>& sent, Sink& sink, const wire_fields& fields, std::span<std::byte> payload) {
     packed_.clear(size_);
-    bool checked = false;
+    bool checked = false, rounded = false;
     try {
       if (sent.dense_size() != size_)
         sidco::detail::fail("exchange: the sparse vector's dense size ", sent.dense_size(), " is not the exchange's ", size_);
       checked = true;
-      const std::size_t trimmed = trim_to_capacity(sent, layout_, plan_, sink);
-      pack(sent, trimmed, fields, format_, payload);
-      packed_ = sent;
+      std::size_t trimmed = trim_to_capacity(sent, layout_, plan_, sink);
+      if (format_.coding == entry_coding::compact) {
+        trimmed += fit_compact_body(sent, format_, sink);
+        packed_ = sent;  // the values before rounding: what a failed step gives back
+        rounded = true;
+        trimmed += round_for_compact(sent, sink);
+        pack_compact<T, Index>(sent.indices(), sent.values(), size_, trimmed, fields, format_, payload);
+      } else {
+        pack(sent, trimmed, fields, format_, payload);
+        packed_ = sent;
+      }
       return trimmed;
     } catch (const std::exception& e) {
-      if (checked) give_back_all<T, Index>(sent.indices(), sent.values(), sink);
+      if (rounded) give_back_sent(sink);
+      else if (checked) give_back_all<T, Index>(sent.indices(), sent.values(), sink);
       pack_failure<T, Index>(e, size_, fields, format_, payload);
       return 0;
     }
@@ -181,7 +211,10 @@ class allgather_core {
   template <class Sink>
   exchange_report decode(payload_views payloads, std::span<T> dense, Sink& sink) {
     try {
-      return comm::decode<T, Index>(payloads, format_, dense);
+      if (format_.coding == entry_coding::plain) return comm::decode<T, Index>(payloads, format_, dense);
+      exchange_report report = detail::decode_agreed<T, Index>(expanded(payloads), plain_, dense);
+      report.bytes = format_.bytes();
+      return report;
     } catch (const runtime_error&) {
       give_back_sent(sink);
       throw;
@@ -192,7 +225,10 @@ class allgather_core {
   template <class Update, class Sink>
   exchange_report decode_entries(payload_views payloads, Update&& update, Sink& sink) {
     try {
-      return comm::decode_entries<T, Index>(payloads, format_, update);
+      if (format_.coding == entry_coding::plain) return comm::decode_entries<T, Index>(payloads, format_, update);
+      exchange_report report = detail::sum_agreed<T, Index>(expanded(payloads), plain_, update);
+      report.bytes = format_.bytes();
+      return report;
     } catch (const runtime_error&) {
       give_back_sent(sink);
       throw;
@@ -200,9 +236,31 @@ class allgather_core {
   }
 
  private:
+  /// Compact payloads as plain ones (comm/compact.hpp), checked by agree() (the caller
+  /// decodes them as agreed): a failure or disagreement anywhere comes first, then the first
+  /// payload that did not decode.
+  payload_views expanded(payload_views payloads) {
+    for (const auto& p : payloads) detail::check_payload_size(p, format_);
+    const std::size_t bytes = plain_.bytes();
+    expansion_.resize(bytes * payloads.size());
+    expanded_views_.resize(payloads.size());
+    std::string damage;
+    for (std::size_t r = 0; r < payloads.size(); ++r) {
+      const std::span<std::byte> plain = std::span<std::byte>(expansion_).subspan(r * bytes, bytes);
+      std::string problem = expand_compact<T, Index>(payloads[r], format_, r, plain_, plain);
+      if (damage.empty()) damage = std::move(problem);
+      expanded_views_[r] = plain;
+    }
+    agree<T, Index>(expanded_views_, plain_);
+    if (!damage.empty()) throw runtime_error(damage);
+    return expanded_views_;
+  }
+
   std::vector<segment> layout_;
   capacity_plan plan_;
-  wire_format format_;
+  wire_format format_, plain_;
+  std::vector<std::byte> expansion_;  // compact payloads expanded, one plain payload per rank
+  std::vector<std::span<const std::byte>> expanded_views_;
   std::size_t size_ = 0;
   sparse_vector<T, Index> packed_;  // what this rank's payload holds, this step
 };

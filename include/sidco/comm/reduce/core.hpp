@@ -67,6 +67,9 @@ class reduce_core {
         options_(options),
         policy_(std::move(policy)),
         regions_(regions::even(plan_.size, ranks)) {
+    if (options.coding != entry_coding::plain)
+      sidco::detail::fail("reduce-scatter exchange: options.coding = compact: the compact entry coding is the "
+                          "all-gather exchange's only, so far (sparse_exchange, the hook's exchange=\"allgather\")");
     if (plan_.size > sparse_vector<T, Index>::max_dense_size)
       sidco::detail::fail("reduce-scatter exchange: ", plan_.size, " values exceed the ", 8 * sizeof(Index),
                           "-bit index range");

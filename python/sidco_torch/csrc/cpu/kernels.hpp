@@ -31,7 +31,7 @@ class cpu_codec final : public codec_impl {
  public:
   cpu_codec(const codec_settings& settings, const sidco::comm::wire_format&, const sidco::comm::capacity_plan&)
       : settings_(settings),
-        core_(settings.layout, settings.capacity_density, settings.slack),
+        core_(settings.layout, settings.capacity_density, settings.slack, settings.coding),
         engine_(make_cpu_engine<T>(settings.method, settings.options, settings.layout, layer_budget::per_layer)),
         payload_(at::zeros({std::int64_t(core_.format().bytes())}, at::kByte)) {}
 

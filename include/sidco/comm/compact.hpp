@@ -1,0 +1,271 @@
+// The compact entry coding of an exchange's payload: values narrowed to half their width
+// (float32 as bfloat16, float64 as float32; 16-bit values stay as they are) and indices as
+// the gaps between ascending indices in a variable-length code (LEB128: 7 bits a byte, one
+// byte for a gap below 128, the common case at densities above 1%). What narrowing rounds
+// off goes back into the sender's residual, so a rank's residual plus what it sent is still
+// exactly its gradient plus its old residual.
+//
+// Payloads keep a fixed size (the collectives move equal sizes): a 64-byte header, then
+// count narrowed values, then the index gaps, in a body of capacity x (value bytes +
+// compact_index_budget) bytes. A selection whose gaps would overflow the body gives its
+// smallest entries back to the residual until it fits (it never happens at δ >= 1/128 per
+// segment; it may on a very sparse segment). A receiver expands each compact payload into
+// the plain format (comm/wire.hpp) and checks and sums it as any other.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "sidco/backend/host/keep_top_k.hpp"
+#include "sidco/comm/wire.hpp"
+#include "sidco/core/error.hpp"
+#include "sidco/core/float_traits.hpp"
+#include "sidco/core/half.hpp"
+#include "sidco/core/sparse_vector.hpp"
+
+namespace sidco::comm {
+
+/// What the compact coding sends a T value as.
+template <class T>
+struct compact_value {
+  using type = T;  // 16-bit values: as they are
+};
+template <>
+struct compact_value<float> {
+  using type = bfloat16;  // float's exponent range: no value overflows
+};
+template <>
+struct compact_value<double> {
+  using type = float;
+};
+template <class T>
+using compact_value_t = typename compact_value<T>::type;
+
+/// compact_value_t<T>'s width for a T of value_bytes (for code that knows T at run time).
+inline constexpr std::size_t compact_value_bytes(std::size_t value_bytes) {
+  return value_bytes == 2 ? 2 : value_bytes / 2;
+}
+static_assert(compact_value_bytes(sizeof(float)) == sizeof(compact_value_t<float>) &&
+              compact_value_bytes(sizeof(double)) == sizeof(compact_value_t<double>) &&
+              compact_value_bytes(sizeof(float16)) == sizeof(compact_value_t<float16>));
+
+/// The compact format of capacity entries of T values.
+template <class T, class Index>
+wire_format compact_format_for(std::size_t capacity) {
+  wire_format f{capacity, sizeof(Index), sizeof(compact_value_t<T>)};
+  f.coding = entry_coding::compact;
+  return f;
+}
+
+/// The format of capacity entries in the given coding.
+template <class T, class Index>
+wire_format format_for(std::size_t capacity, entry_coding coding) {
+  return coding == entry_coding::compact ? compact_format_for<T, Index>(capacity) : format_for<T, Index>(capacity);
+}
+
+namespace detail {
+
+inline std::size_t varint_bytes(std::uint64_t v) {
+  std::size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+/// Bytes of the gap code of ascending indices (the first index, then each gap less one).
+template <class Index>
+std::size_t gap_code_bytes(std::span<const Index> indices) {
+  std::size_t bytes = 0;
+  std::uint64_t next = 0;  // the smallest index the next one may be
+  for (const Index i : indices) {
+    bytes += varint_bytes(std::uint64_t(i) - next);
+    next = std::uint64_t(i) + 1;
+  }
+  return bytes;
+}
+
+inline std::byte* put_varint(std::uint64_t v, std::byte* at) {
+  while (v >= 0x80) {
+    *at++ = std::byte((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  *at++ = std::byte(v);
+  return at;
+}
+
+/// The values a body of format's size has room for after count narrowed values.
+inline std::size_t gap_room(const wire_format& format, std::size_t count) {
+  return format.message_bytes() - (count * format.value_bytes + 7) / 8 * 8;
+}
+
+}  // namespace detail
+
+/// Gives sent's smallest entries back to sink (whole: the compressor left +0 there) until
+/// its gap code fits format's body. Returns how many it gave back.
+template <class T, class Index, class Sink>
+std::size_t fit_compact_body(sparse_vector<T, Index>& sent, const wire_format& format, Sink& sink) {
+  std::size_t removed = 0;
+  for (;;) {
+    const std::size_t n = sent.size();
+    const std::size_t need = detail::gap_code_bytes<Index>(sent.indices());
+    if (n == 0 || need <= detail::gap_room(format, n)) return removed;
+    // Shrink in proportion (at least by one), then measure again: fewer entries, wider gaps.
+    const std::size_t keep = std::min(n - 1, std::size_t(double(n) * double(detail::gap_room(format, n)) / double(need)));
+    const std::size_t kept = backend::host::keep_top_k(sent.index_data(), sent.value_data(), n, keep,
+                                                       [&](Index i, T v) { sink.give_back(i, v); });
+    removed += n - kept;
+    sent.truncate(kept);
+  }
+}
+
+/// Rounds each value of sent to what the compact coding sends (compact_value_t<T>, to
+/// nearest) and gives the difference back to sink, exactly: value - rounded is a T. An entry
+/// that rounds to zero or beyond the narrow type's range goes back whole and is not sent.
+/// Returns how many entries it gave back whole.
+template <class T, class Index, class Sink>
+std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink) {
+  using N = compact_value_t<T>;
+  if constexpr (std::is_same_v<N, T>) {
+    return 0;
+  } else {
+    Index* indices = sent.index_data();
+    T* values = sent.value_data();
+    std::size_t write = 0;
+    for (std::size_t j = 0; j < sent.size(); ++j) {
+      const T v = values[j];
+      const T rounded = T(N(v));
+      if (!std::isfinite(double(v))) {  // sent as it is: every rank refuses it (agree())
+        indices[write] = indices[j];
+        values[write++] = v;
+        continue;
+      }
+      if (rounded == T(0) || !std::isfinite(double(rounded))) {
+        sink.give_back(indices[j], v);
+        continue;
+      }
+      sink.give_back(indices[j], T(v - rounded));  // exact (Sterbenz): rounded lies within a factor 2 of v
+      indices[write] = indices[j];
+      values[write] = rounded;
+      ++write;
+    }
+    const std::size_t dropped = sent.size() - write;
+    sent.truncate(write);
+    return dropped;
+  }
+}
+
+/// Writes the entries (ascending indices; values that compact_value_t<T> holds exactly, as
+/// round_for_compact leaves them; a gap code that fits: fit_compact_body) into a compact
+/// payload of format.bytes(); the unused bytes are zeroed.
+template <class T, class Index>
+void pack_compact(std::span<const Index> indices, std::span<const T> values, std::size_t dense_size,
+                  std::size_t trimmed, const wire_fields& fields, const wire_format& format, std::span<std::byte> payload) {
+  using N = compact_value_t<T>;
+  detail::check_payload_size(payload, format);
+  if (format.coding != entry_coding::compact || format.value_bytes != sizeof(N) || format.index_bytes != sizeof(Index))
+    sidco::detail::fail("pack_compact: the format is not the compact one of ", float_traits<T>::name, " values");
+  if (indices.size() != values.size())
+    sidco::detail::fail("pack_compact: ", indices.size(), " indices and ", values.size(), " values");
+  const std::size_t n = indices.size();
+  if (n > format.capacity)
+    sidco::detail::fail("pack_compact: ", n, " entries exceed the capacity ", format.capacity, " (trim first)");
+  if (detail::gap_code_bytes(indices) > detail::gap_room(format, n))
+    sidco::detail::fail("pack_compact: the indices' gap code exceeds the payload (fit_compact_body first)");
+  wire_header h = detail::header_for<T, Index>(fields, dense_size, format);
+  h.count = n;
+  h.trimmed = trimmed;
+  std::memset(payload.data() + sizeof h, 0, format.message_bytes());
+  std::byte* const body = payload.data() + sizeof h;
+  for (std::size_t j = 0; j < n; ++j) {
+    const N narrow(values[j]);
+    std::memcpy(body + j * sizeof(N), &narrow, sizeof narrow);
+  }
+  std::byte* at = body + (n * sizeof(N) + 7) / 8 * 8;
+  std::uint64_t next = 0;
+  for (const Index i : indices) {
+    at = detail::put_varint(std::uint64_t(i) - next, at);
+    next = std::uint64_t(i) + 1;
+  }
+  detail::write_header(h, payload);
+}
+
+/// Writes compact payload r (of compact's format) into plain (of plain_format, the format
+/// of the same capacity, T and Index), for agree() and the sums: a failure's header and
+/// message as they are; entries widened and their indices decoded. A body that cannot be
+/// decoded (damaged, or coded otherwise) leaves plain holding its header and no entries,
+/// and returns the error every rank raises for it (an empty string when it decoded).
+template <class T, class Index>
+std::string expand_compact(std::span<const std::byte> compact, const wire_format& compact_format, std::size_t r,
+                           const wire_format& plain_format, std::span<std::byte> plain) {
+  using N = compact_value_t<T>;
+  detail::check_payload_size(compact, compact_format);
+  detail::check_payload_size(plain, plain_format);
+  std::memset(plain.data(), 0, plain.size());
+  wire_header h = detail::read_header(compact);
+  const std::size_t body_bytes = compact_format.message_bytes();
+  if (h.magic != wire_magic || h.version != wire_version || h.status != std::uint8_t(wire_status::ok)) {
+    // agree() reads it: a failure's message (it fits: a plain body is never smaller).
+    std::memcpy(plain.data(), compact.data(), sizeof h + std::min(body_bytes, plain_format.message_bytes()));
+    return {};
+  }
+  auto damaged = [&](const auto&... parts) {
+    wire_header empty = h;
+    empty.count = 0;
+    empty.coding = std::uint8_t(entry_coding::plain);
+    std::memset(plain.data(), 0, plain.size());  // no entries: agree() finds nothing else wrong in it
+    detail::write_header(empty, plain);
+    return sidco::detail::message("exchange (tag ", h.tag, ", step ", h.sequence, "): rank ", r, " sent ", parts...);
+  };
+  if (h.coding != std::uint8_t(entry_coding::compact))
+    return damaged("a payload coded ", int(h.coding), " where the ranks agreed on the compact coding (",
+                   int(entry_coding::compact), ")");
+  if (h.capacity != compact_format.capacity || h.count > compact_format.capacity)
+    return damaged(h.count, " entries of capacity ", h.capacity, ", this rank's capacity is ", compact_format.capacity);
+  const std::size_t n = std::size_t(h.count);
+  const std::byte* const body = compact.data() + sizeof h;
+  const std::byte* const end = body + body_bytes;
+  std::byte* const indices = plain.data() + plain_format.indices_offset();
+  std::byte* const values = plain.data() + plain_format.values_offset();
+  for (std::size_t j = 0; j < n; ++j) {
+    N narrow;
+    std::memcpy(&narrow, body + j * sizeof(N), sizeof narrow);
+    const T wide = T(narrow);
+    std::memcpy(values + j * sizeof(T), &wide, sizeof wide);
+  }
+  const std::byte* at = body + (n * sizeof(N) + 7) / 8 * 8;
+  std::uint64_t next = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    std::uint64_t gap = 0;
+    if (at < end && std::uint8_t(*at) < 0x80) {  // one byte: most gaps
+      gap = std::uint8_t(*at++);
+    } else {
+      for (unsigned shift = 0;; shift += 7) {
+        if (at == end) return damaged("an index code that runs past its payload at entry ", j, " (damaged in transit?)");
+        if (shift > 63) return damaged("an index code over 64 bits at entry ", j, " (damaged in transit?)");
+        const auto byte = std::uint64_t(*at++);
+        gap |= (byte & 0x7f) << shift;
+        if (!(byte & 0x80)) break;
+      }
+    }
+    if (gap >= h.dense_size || next + gap >= h.dense_size)
+      return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
+    const Index index = Index(next + gap);
+    std::memcpy(indices + j * sizeof(Index), &index, sizeof index);
+    next = next + gap + 1;
+  }
+  for (; at < end; ++at)
+    if (*at != std::byte{0}) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
+  h.coding = std::uint8_t(entry_coding::plain);  // it is plain now
+  detail::write_header(h, plain);
+  return {};
+}
+
+}  // namespace sidco::comm

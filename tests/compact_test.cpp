@@ -1,0 +1,353 @@
+// The compact entry coding (comm/compact.hpp) through the all-gather core, without a
+// network: ranks simulated in one process, their payloads routed as an all-gather routes
+// them. What narrowing rounds off stays in each rank's residual, bit for bit; a compact
+// exchange gives the bits a plain one gives for the values it sent; damage is refused alike.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <sidco/comm/allgather/core.hpp>
+#include <sidco/comm/compact.hpp>
+#include <sidco/comm/reduce_scatter.hpp>
+#include <sidco/comm/setup.hpp>
+#include <sidco/sidco.hpp>
+
+#include "support.hpp"
+
+using namespace sidco;
+
+namespace {
+
+using views = std::vector<std::span<const std::byte>>;
+
+views views_of(const std::vector<std::vector<std::byte>>& payloads) { return {payloads.begin(), payloads.end()}; }
+
+// A residual kept as a map, for dense spaces too large to hold.
+template <class T>
+struct map_residual {
+  std::map<std::uint64_t, T> values;
+  template <class Index>
+  void give_back(Index index, T value) {
+    values[std::uint64_t(index)] = value;
+  }
+};
+
+// One rank's step: its gradient and old residual, the residual after compress and encode,
+// what it sent (as encoded: rounded), its payload.
+template <class T>
+struct rank_step {
+  std::vector<T> gradient, old_residual;
+  feedback::residual<T> residual;
+  sparse_vector<T> sent;
+  std::vector<std::byte> payload;
+};
+
+// Each rank compresses a real gradient (rank r: file r, scaled by its own noise) with
+// SIDCo-E and error feedback and encodes it with core.
+template <class T>
+std::vector<rank_step<T>> encode_ranks(std::size_t ranks, comm::allgather_core<T>& core, double delta,
+                                       std::size_t size) {
+  std::vector<rank_step<T>> steps;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto file = test::gradient_files()[r % test::gradient_files().size()];
+    const auto g = test::load_gradient<float>(file);
+    rank_step<T> s{{}, {}, feedback::residual<T>(size), sparse_vector<T>(size), {}};
+    std::mt19937_64 rng(40 + r);
+    std::normal_distribution<float> noise(1.0f, 0.3f), small(0.0f, 1e-4f);
+    for (std::size_t i = 0; i < size; ++i) {
+      s.gradient.push_back(T(g[i % g.size()] * noise(rng)));
+      s.old_residual.push_back(T(small(rng)));
+      s.residual.values()[i] = s.old_residual.back();
+    }
+    presets::sidco_e<> compressor;
+    compressor.compress(std::span<const T>(s.gradient), delta, s.sent, s.residual);
+    s.payload.resize(core.format().bytes());
+    comm::host_residual<T> sink{s.residual.values()};
+    core.encode(s.sent, sink, {2, 9, delta, comm::reduction::average}, s.payload);
+    steps.push_back(std::move(s));
+  }
+  return steps;
+}
+
+template <class T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("compact: each rank keeps what rounding took, bit for bit; the sum is the plain one of what it sent",
+                   T, float, double) {
+  constexpr std::size_t size = 200000;
+  for (const double delta : {0.01, 0.1}) {
+    for (const std::size_t ranks : {std::size_t(1), std::size_t(3), std::size_t(6)}) {
+      CAPTURE(delta);
+      CAPTURE(ranks);
+      const std::vector<segment> layout{{0, size}};
+      comm::allgather_core<T> compact(layout, delta, 1.25, comm::entry_coding::compact);
+      comm::allgather_core<T> plain(layout, delta, 1.25);
+      REQUIRE(compact.format().coding == comm::entry_coding::compact);
+      auto steps = encode_ranks<T>(ranks, compact, delta, size);
+      // Conservation: residual + sent = gradient + old residual, exactly, at every index.
+      std::size_t sent = 0, index_code = 0;
+      for (const auto& s : steps) {
+        std::vector<T> applied(size, T(0));
+        for (std::size_t j = 0; j < s.sent.size(); ++j) {
+          applied[s.sent.indices()[j]] = s.sent.values()[j];
+          // What went on the wire is a value of the narrow type: widening it loses nothing.
+          using N = comm::compact_value_t<T>;
+          REQUIRE(same_bits(T(N(s.sent.values()[j])), s.sent.values()[j]));
+        }
+        for (std::size_t i = 0; i < size; ++i)
+          REQUIRE(same_bits(T(s.residual.values()[i] + applied[i]), T(s.gradient[i] + s.old_residual[i])));
+        sent += s.sent.size();
+        index_code += comm::detail::gap_code_bytes<std::uint32_t>(s.sent.indices());
+        REQUIRE(s.sent.size() > 0);
+      }
+      // On real gradients the gaps take at most 1.5 bytes an entry at 1%, 1.1 at 10%.
+      const double per_entry = double(index_code) / double(sent);
+      MESSAGE("delta ", delta, ": index code ", per_entry, " bytes per entry");
+      CHECK(per_entry <= (delta < 0.05 ? 1.5 : 1.1));
+      // Half the plain payload's bytes (+ the header, which both carry).
+      CHECK(compact.format().bytes() - 64 <= (plain.format().bytes() - 64) / 2 + 8);
+      // The compact decode gives the bits the plain one gives for the same (rounded) entries.
+      std::vector<std::vector<std::byte>> compact_payloads, plain_payloads;
+      for (auto& s : steps) {
+        compact_payloads.push_back(s.payload);
+        plain_payloads.emplace_back(plain.format().bytes());
+        comm::pack(s.sent, 0, {2, 9, delta, comm::reduction::average}, plain.format(), plain_payloads.back());
+      }
+      std::vector<T> from_compact(size, T(-1)), from_plain(size, T(-2));
+      comm::host_residual<T> none;
+      const auto report = compact.decode(views_of(compact_payloads), std::span<T>(from_compact), none);
+      comm::decode<T, std::uint32_t>(views_of(plain_payloads), plain.format(), std::span<T>(from_plain));
+      CHECK(report.entries == sent);
+      CHECK(report.bytes == compact.format().bytes());
+      REQUIRE(std::memcmp(from_compact.data(), from_plain.data(), size * sizeof(T)) == 0);
+    }
+  }
+}
+
+TEST_CASE("compact: a failed step gives back the values before rounding; every rank raises the same error") {
+  constexpr std::size_t size = 50000;
+  const double delta = 0.01;
+  comm::allgather_core<float> core({{0, size}}, delta, 1.25, comm::entry_coding::compact);
+  auto steps = encode_ranks<float>(3, core, delta, size);
+  // Rank 1 failed (its compress threw): the others' payloads are fine.
+  core.encode_failure(sidco::error("compress: the gradient is on fire"), {2, 9, delta, comm::reduction::average},
+                      steps[1].payload);
+  std::vector<std::vector<std::byte>> payloads;
+  for (const auto& s : steps) payloads.push_back(s.payload);
+  // Each rank decodes with its own core (rank 0's and 2's sent entries are in theirs).
+  for (const std::size_t r : {std::size_t(0), std::size_t(2)}) {
+    comm::allgather_core<float> own({{0, size}}, delta, 1.25, comm::entry_coding::compact);
+    auto again = encode_ranks<float>(r + 1, own, delta, size);  // this core's packed_ is rank r's
+    auto& mine = again[r];
+    std::vector<float> dense(size, 7.0f);
+    comm::host_residual<float> sink{mine.residual.values()};
+    std::string error;
+    try {
+      own.decode(views_of(payloads), std::span<float>(dense), sink);
+    } catch (const sidco::runtime_error& e) {
+      error = e.what();
+    }
+    CHECK(error == "sidco: exchange (tag 2, step 9): rank 1 failed: compress: the gradient is on fire");
+    // Given back whole: residual = gradient + old residual, bit for bit (no rounding left).
+    for (std::size_t i = 0; i < size; ++i)
+      REQUIRE(same_bits(mine.residual.values()[i], float(mine.gradient[i] + mine.old_residual[i])));
+    CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 7.0f; }));
+  }
+}
+
+TEST_CASE_TEMPLATE("compact: damage to a payload is refused alike, naming the rank and what is wrong", T, float,
+                   float16) {
+  constexpr std::size_t dense = 100000, count = 300;
+  const double delta = 0.004;
+  comm::allgather_core<T> core({{0, dense}}, delta, 1.25, comm::entry_coding::compact);
+  std::vector<std::vector<std::byte>> clean(3, std::vector<std::byte>(core.format().bytes()));
+  std::vector<std::uint32_t> last(3);
+  for (std::size_t r = 0; r < 3; ++r) {
+    sparse_vector<T, std::uint32_t> sent(dense);
+    for (std::size_t j = 0; j < count; ++j) sent.push_back(std::uint32_t(5 + 331 * j + r), T(float(j) - 149.5f));
+    last[r] = sent.indices()[count - 1];
+    map_residual<T> sink;
+    core.encode(sent, sink, {4, 1, delta, comm::reduction::sum}, clean[r]);
+    REQUIRE(comm::header_of(clean[r]).count == count);
+  }
+  const auto error_of = [&](const std::vector<std::vector<std::byte>>& payloads) {
+    std::vector<T> out(dense);
+    map_residual<T> sink;
+    try {
+      core.decode(views_of(payloads), std::span<T>(out), sink);
+    } catch (const sidco::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  REQUIRE(error_of(clean).empty());
+  const auto expect = [&](const std::vector<std::vector<std::byte>>& payloads, const std::string& wanted) {
+    const std::string error = error_of(payloads);
+    CHECK_MESSAGE(error.find(wanted) != std::string::npos, error, " (wanted: ", wanted, ")");
+  };
+  const std::size_t values_at = 64, codes_at = 64 + (count * sizeof(comm::compact_value_t<T>) + 7) / 8 * 8;
+  // A non-finite value, first, middle and last.
+  for (const std::size_t j : {std::size_t(0), count / 2, count - 1}) {
+    auto payloads = clean;
+    const auto v = comm::compact_value_t<T>(std::numeric_limits<float>::quiet_NaN());
+    std::memcpy(payloads[2].data() + values_at + j * sizeof v, &v, sizeof v);
+    expect(payloads, "rank 2 sent a non-finite value at position " + std::to_string(j));
+  }
+  {  // The first gap beyond the dense size.
+    auto payloads = clean;
+    payloads[1][codes_at] = std::byte{0xff};
+    payloads[1][codes_at + 1] = std::byte{0xff};
+    payloads[1][codes_at + 2] = std::byte{0x7f};
+    expect(payloads, "rank 1 sent ");
+  }
+  {  // A code that never ends.
+    auto payloads = clean;
+    std::fill(payloads[0].begin() + std::ptrdiff_t(codes_at), payloads[0].end(), std::byte{0x80});
+    expect(payloads, "rank 0 sent an index code over 64 bits at entry 0");
+  }
+  {  // A byte past the count (a count lowered in transit shows so too).
+    auto payloads = clean;
+    payloads[2].back() = std::byte{1};
+    expect(payloads, "rank 2 sent a payload with bytes past its 300 entries");
+    auto lowered = clean;
+    const std::uint64_t fewer = count - 1;
+    std::memcpy(lowered[2].data() + 32, &fewer, sizeof fewer);
+    CHECK(!error_of(lowered).empty());
+  }
+  {  // A rank's failure outranks another's damage: it explains it.
+    auto payloads = clean;
+    payloads[2].back() = std::byte{1};
+    core.encode_failure(sidco::error("out of memory"), {4, 1, delta, comm::reduction::sum}, payloads[1]);
+    expect(payloads, "rank 1 failed: out of memory");
+  }
+  {  // A plain payload among compact ones, or a compact one read as plain.
+    auto payloads = clean;
+    payloads[1][10] = std::byte{0};
+    expect(payloads, "rank 1 sent a payload coded 0 where the ranks agreed on the compact coding");
+    comm::allgather_core<T> plain({{0, dense}}, delta, 1.25);
+    std::vector<std::vector<std::byte>> as_plain(3, std::vector<std::byte>(plain.format().bytes()));
+    for (std::size_t r = 0; r < 3; ++r) std::copy(clean[r].begin(), clean[r].end(), as_plain[r].begin());
+    std::string error;
+    try {
+      std::vector<T> out(dense);
+      comm::decode<T, std::uint32_t>(views_of(as_plain), plain.format(), std::span<T>(out));
+    } catch (const sidco::runtime_error& e) {
+      error = e.what();
+    }
+    CHECK(error.find("the payloads' entries are coded 1; this rank decodes coding 0") != std::string::npos);
+  }
+}
+
+TEST_CASE("compact: gaps that overflow the body give back the smallest entries whole; what is kept decodes exactly") {
+  // 64 entries 20,000 apart (3 bytes of code each: 192) in a body with room for 128 bytes of
+  // code: the smallest go back until the rest fits.
+  const auto format = comm::compact_format_for<float, std::uint32_t>(64);
+  REQUIRE(format.bytes() == 64 + 256);
+  constexpr std::size_t dense = 64 * 20000;
+  sparse_vector<float> sent(dense);
+  for (std::size_t j = 0; j < 64; ++j) sent.push_back(std::uint32_t(j * 20000), float((j * 37) % 64) + 0.5f);
+  map_residual<float> sink;
+  const std::size_t removed = comm::fit_compact_body(sent, format, sink);
+  CHECK(removed == sink.values.size());
+  CHECK(removed + sent.size() == 64);
+  CHECK(comm::detail::gap_code_bytes<std::uint32_t>(sent.indices()) <= 256 - (sent.size() * 2 + 7) / 8 * 8);
+  CHECK(sent.size() >= 40);  // it stops once the code fits
+  const float smallest_kept = *std::min_element(sent.values().begin(), sent.values().end());
+  for (const auto& [index, value] : sink.values) {
+    CHECK(value < smallest_kept);
+    CHECK(value == float((index / 20000 * 37) % 64) + 0.5f);  // given back whole
+  }
+  std::vector<std::byte> payload(format.bytes()), plain(comm::format_for<float, std::uint32_t>(64).bytes());
+  comm::pack_compact<float, std::uint32_t>(sent.indices(), sent.values(), dense, removed, {}, format, payload);
+  REQUIRE(comm::expand_compact<float, std::uint32_t>(payload, format, 0, comm::format_for<float, std::uint32_t>(64),
+                                                      plain)
+              .empty());
+  const auto plain_format = comm::format_for<float, std::uint32_t>(64);
+  for (std::size_t j = 0; j < sent.size(); ++j) {
+    std::uint32_t i;
+    float v;
+    std::memcpy(&i, plain.data() + plain_format.indices_offset() + 4 * j, 4);
+    std::memcpy(&v, plain.data() + plain_format.values_offset() + 4 * j, 4);
+    CHECK(i == sent.indices()[j]);
+    CHECK(v == sent.values()[j]);  // these values are bfloat16's already
+  }
+}
+
+TEST_CASE_TEMPLATE("compact: rounding keeps non-finite input to be refused, gives back what no narrow value holds",
+                   T, float, double) {
+  using N = comm::compact_value_t<T>;
+  constexpr std::size_t dense = 100;
+  const T huge = std::is_same_v<T, double> ? T(1e300) : std::numeric_limits<T>::max();  // rounds past N's range
+  const T tiny = std::numeric_limits<T>::denorm_min();                                   // rounds to 0 in N
+  sparse_vector<T> sent(dense);
+  sent.push_back(1, T(0.3));
+  sent.push_back(2, huge);
+  sent.push_back(3, tiny);
+  sent.push_back(4, -std::numeric_limits<T>::infinity());
+  sent.push_back(5, T(-1.7));
+  map_residual<T> sink;
+  CHECK(comm::round_for_compact(sent, sink) == 2);
+  REQUIRE(sent.size() == 3);
+  CHECK(sent.indices()[0] == 1);
+  CHECK(sent.indices()[1] == 4);
+  CHECK(std::isinf(double(sent.values()[1])));  // sent on: every rank's agree() refuses it
+  CHECK(sent.indices()[2] == 5);
+  CHECK(same_bits(sink.values.at(2), huge));
+  CHECK(same_bits(sink.values.at(3), tiny));
+  CHECK(same_bits(T(sink.values.at(1) + sent.values()[0]), T(0.3)));
+  CHECK(same_bits(T(sink.values.at(5) + sent.values()[2]), T(-1.7)));
+  CHECK(same_bits(T(N(T(0.3))), sent.values()[0]));
+}
+
+TEST_CASE_TEMPLATE("compact: an average whose sum overflows is finite, divided first, as in the plain coding", T, float,
+                   float16, bfloat16) {
+  const double big = std::is_same_v<T, float16> ? 30000.0 : 2e38;
+  constexpr std::size_t dense = 2000;
+  for (const std::size_t ranks : {std::size_t(2), std::size_t(5)}) {
+    comm::allgather_core<T> core({{0, dense}}, 0.02, 1.25, comm::entry_coding::compact);
+    std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(core.format().bytes()));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      sparse_vector<T, std::uint32_t> sent(dense);
+      sent.push_back(std::uint32_t(3), T(big * (1.0 - 0.01 * double(r))));
+      sent.push_back(std::uint32_t(100 + r), T(1.0));
+      map_residual<T> sink;
+      core.encode(sent, sink, {0, 1, 0.02, comm::reduction::average}, payloads[r]);
+    }
+    std::vector<T> out(dense);
+    map_residual<T> none;
+    core.decode(views_of(payloads), std::span<T>(out), none);
+    REQUIRE(std::isfinite(double(to_accumulator(out[3]))));
+    CHECK(double(to_accumulator(out[3])) > 0.9 * big);
+  }
+}
+
+TEST_CASE("setup records: ranks that code their entries differently are refused, naming both") {
+  const std::vector<segment> layout{{0, 1000}};
+  const auto plan = comm::plan_capacity(layout, 0.01, 1.25);
+  const auto plain = comm::setup_of<float, std::uint32_t>(layout, comm::format_for<float, std::uint32_t>(plan.total),
+                                                          {1, 0, 0.01, comm::reduction::average}, 1.25);
+  const auto compact = comm::setup_of<float, std::uint32_t>(
+      layout, comm::compact_format_for<float, std::uint32_t>(plan.total), {1, 0, 0.01, comm::reduction::average}, 1.25);
+  const std::vector<comm::exchange_setup> records{plain, compact};
+  CHECK_THROWS_WITH_AS(comm::check_setups(records),
+                       "sidco: exchange setup (tag 1): rank 1 codes entries compact, rank 0 plain", sidco::runtime_error);
+}
+
+TEST_CASE("compact: the reduce-scatter exchange refuses the compact coding with a sentence") {
+  comm::exchange_options options;
+  options.coding = comm::entry_coding::compact;
+  const std::vector<segment> layout{{0, 1000}};
+  CHECK_THROWS_WITH_AS((comm::reduce_core<float, std::uint32_t, comm::owner_top_k>(layout, 0.01, 2, 0, options)),
+                       doctest::Contains("the compact entry coding is the all-gather exchange's only"), sidco::error);
+}
