@@ -1,7 +1,8 @@
 // Bytes on the wire per rank per step of the MPI exchanges, counted by the kernel: every rank
 // compresses a real gradient (the bundled LSTM gradient, each rank's copy scaled elementwise
 // by its own noise so that the selections differ) with SIDCo-E and error feedback, and
-// exchanges it with the one-round all-gather (comm/exchange.hpp; plain or compact entries), the reduce-scatter
+// exchanges it with the one-round all-gather (comm/exchange.hpp; plain or compact entries,
+// allgather-exact: compact payloads at their exact size), the reduce-scatter
 // exchange (comm/reduce_exchange.hpp) or a dense MPI_Allreduce. Rank 0 reads the `lo` line
 // of /proc/self/net/dev before and after the timed steps (between barriers): run it alone
 // in a private network namespace with MPI's TCP transport, as scripts/mpi_exchange_bytes.sh
@@ -65,8 +66,9 @@ options parse(int argc, char** argv) {
     else if (flag == "--steps") o.steps = std::stoi(value);
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.mode != "reduce" && o.mode != "allgather" && o.mode != "allgather-compact" && o.mode != "dense")
-    throw std::invalid_argument("--mode " + o.mode + " is not reduce, allgather, allgather-compact or dense");
+  if (o.mode != "reduce" && o.mode != "allgather" && o.mode != "allgather-compact" && o.mode != "allgather-exact" &&
+      o.mode != "dense")
+    throw std::invalid_argument("--mode " + o.mode + " is not reduce, allgather, allgather-compact, allgather-exact or dense");
   return o;
 }
 
@@ -124,9 +126,10 @@ int main(int argc, char** argv) {
     if (o.mode == "reduce") {
       sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta);
       timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
-    } else if (o.mode == "allgather" || o.mode == "allgather-compact") {
+    } else if (o.mode.starts_with("allgather")) {
       sidco::comm::exchange_options options;
-      if (o.mode == "allgather-compact") options.coding = sidco::comm::entry_coding::compact;
+      if (o.mode != "allgather") options.coding = sidco::comm::entry_coding::compact;
+      options.exact_sizes = o.mode == "allgather-exact";
       sidco::comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta, options);
       timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else {

@@ -271,6 +271,68 @@ TEST_CASE("an exchange destroyed with its all-gather in flight completes it: no 
   CHECK(moved.wait(dense).entries == sent.size() * std::size_t(size_of()));
 }
 
+TEST_CASE("compact payloads at their exact size: the same bits; fewer bytes; a rank destroyed mid-step fails the step alike") {
+  const double delta = 0.01;
+  const std::size_t n = layout.back().end();
+  comm::exchange_options fixed;
+  fixed.tag = 6;
+  fixed.coding = comm::entry_coding::compact;
+  comm::exchange_options exact = fixed;
+  exact.tag = 7;
+  exact.exact_sizes = true;
+  comm::sparse_exchange<float> a(MPI_COMM_WORLD, layout, delta, fixed), b(MPI_COMM_WORLD, layout, delta, exact);
+  segmented<presets::sidco_e<>> first(layout), second(layout);
+  feedback::residual<float> ra(n), rb(n);
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    const auto g = gradient_for(rank_of() + 20, step, layout);
+    sparse_vector<float> sa, sb;
+    first.compress<float>(g, delta, sa, ra);
+    second.compress<float>(g, delta, sb, rb);
+    a.start(sa, ra.values(), step);
+    b.start(sb, rb.values(), step);
+    std::vector<float> da(n), db(n);
+    const auto fixed_report = a.wait(da);
+    const auto exact_report = b.wait(db);
+    CHECK(bits_equal(da, db));
+    CHECK(bits_equal(std::vector<float>(ra.values().begin(), ra.values().end()),
+                     std::vector<float>(rb.values().begin(), rb.values().end())));
+    CHECK(fixed_report.bytes == a.format().bytes());
+    // 64 + 2 bytes a value (to 8) + the gap code (to 8), well under the fixed size.
+    CHECK(exact_report.bytes < a.format().bytes());
+    CHECK(exact_report.bytes >= 64 + 3 * sb.size());
+  }
+  // The last rank throws between start() and wait(): its destructor joins the payloads'
+  // all-gather with its failure, and every other rank's wait() raises it.
+  const auto g = gradient_for(rank_of() + 30, 9, layout);
+  sparse_vector<float> sent;
+  if (rank_of() == size_of() - 1) {
+    try {
+      comm::sparse_exchange<float> doomed(MPI_COMM_WORLD, layout, delta, [&] { auto o = exact; o.tag = 8; return o; }());
+      first.compress<float>(g, delta, sent, ra);
+      doomed.start(sent, ra.values(), 9);
+      throw std::runtime_error("between start and wait");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "between start and wait");
+    }
+  } else {
+    comm::sparse_exchange<float> peer(MPI_COMM_WORLD, layout, delta, [&] { auto o = exact; o.tag = 8; return o; }());
+    const std::vector<float> old(ra.values().begin(), ra.values().end());
+    first.compress<float>(g, delta, sent, ra);
+    peer.start(sent, ra.values(), 9);
+    std::vector<float> dense(n);
+    const std::string wanted =
+        "rank " + std::to_string(size_of() - 1) + " failed: sparse_exchange: destroyed between start() and wait()";
+    CHECK_THROWS_WITH_AS(peer.wait(dense), doctest::Contains(wanted.c_str()), sidco::runtime_error);
+    // Its sent entries are back, whole (the values before rounding): nothing was applied.
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(ra.values()[i] == g[i] + old[i]);
+  }
+  // exact_sizes without the compact coding is refused, on every rank alike.
+  comm::exchange_options plain_exact;
+  plain_exact.exact_sizes = true;
+  CHECK_THROWS_WITH_AS(comm::sparse_exchange<float>(MPI_COMM_WORLD, layout, delta, plain_exact),
+                       doctest::Contains("exact_sizes needs the compact coding"), sidco::runtime_error);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   doctest::Context context(argc, argv);

@@ -164,9 +164,10 @@ std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink) {
 
 /// Writes the entries (ascending indices; values that compact_value_t<T> holds exactly, as
 /// round_for_compact leaves them; a gap code that fits: fit_compact_body) into a compact
-/// payload of format.bytes(); the unused bytes are zeroed.
+/// payload of format.bytes(); the unused bytes are zeroed. Returns the bytes it uses (a
+/// multiple of 8): a receiver that zeroes the rest reads the same payload.
 template <class T, class Index>
-void pack_compact(std::span<const Index> indices, std::span<const T> values, std::size_t dense_size,
+std::size_t pack_compact(std::span<const Index> indices, std::span<const T> values, std::size_t dense_size,
                   std::size_t trimmed, const wire_fields& fields, const wire_format& format, std::span<std::byte> payload) {
   using N = compact_value_t<T>;
   detail::check_payload_size(payload, format);
@@ -195,6 +196,7 @@ void pack_compact(std::span<const Index> indices, std::span<const T> values, std
     next = std::uint64_t(i) + 1;
   }
   detail::write_header(h, payload);
+  return std::min(format.bytes(), std::size_t(at - payload.data() + 7) / 8 * 8);
 }
 
 /// Writes compact payload r (of compact's format) into plain (of plain_format, the format

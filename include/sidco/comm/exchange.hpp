@@ -4,8 +4,10 @@
 // The PyTorch hook speaks the same format over torch.distributed. Needs MPI.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <span>
@@ -62,9 +64,17 @@ class sparse_exchange {
       core_ = allgather_core<T, Index>(layout, delta, options.slack, options.coding);
       if (core_.format().bytes() > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_exchange: a payload of ", core_.format().bytes(), " bytes exceeds MPI's int counts");
+      if (options.exact_sizes && options.coding != entry_coding::compact)
+        sidco::detail::fail("sparse_exchange: exact_sizes needs the compact coding (a plain payload's values lie "
+                            "at a fixed offset: it uses every byte)");
+      if (options.exact_sizes && core_.format().bytes() * std::size_t(ranks_) > std::size_t(std::numeric_limits<int>::max()))
+        sidco::detail::fail("sparse_exchange: ", ranks_, " payloads of ", core_.format().bytes(),
+                            " bytes exceed MPI_Allgatherv's int displacements");
       payload_.resize(core_.format().bytes());
       inbox_.resize(core_.format().bytes() * std::size_t(ranks_));
+      sizes_.resize(std::size_t(ranks_));
       mine = setup_of<T, Index>(layout, core_.format(), fields(0), options.slack);
+      mine.exact_sizes = options.exact_sizes;
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
@@ -77,16 +87,30 @@ class sparse_exchange {
   sparse_exchange(sparse_exchange&& other) noexcept
       : comm_(other.comm_), ranks_(other.ranks_), rank_(other.rank_), delta_(other.delta_), options_(other.options_),
         core_(std::move(other.core_)), payload_(std::move(other.payload_)), inbox_(std::move(other.inbox_)),
-        residual_(other.residual_), request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
-        in_flight_(std::exchange(other.in_flight_, false)) {}
+        sizes_(std::move(other.sizes_)), used_(other.used_), residual_(other.residual_),
+        request_(std::exchange(other.request_, MPI_REQUEST_NULL)), in_flight_(std::exchange(other.in_flight_, false)) {}
   sparse_exchange& operator=(sparse_exchange&&) = delete;
 
   /// Completes an all-gather still in flight (a throw between start() and wait()), so that
-  /// MPI never writes into freed buffers; the other ranks' wait() is not disturbed. What
-  /// this rank sent is not returned to its residual (it may be gone by now): call wait()
-  /// to keep it.
+  /// MPI never writes into freed buffers; the other ranks' wait() is not disturbed (with
+  /// exact_sizes it joins their payloads' all-gather with a payload saying it was destroyed:
+  /// their wait() raises that). What this rank sent is not returned to its residual (it may
+  /// be gone by now): call wait() to keep it.
   ~sparse_exchange() {
-    if (in_flight_) mpi::complete(&request_, 1);
+    if (!in_flight_) return;
+    mpi::complete(&request_, 1);
+    if (!options_.exact_sizes) return;
+    const std::uint64_t step = header_of(payload_).sequence;
+    core_.encode_failure(sidco::runtime_error("sparse_exchange: destroyed between start() and wait() (a throw on "
+                                              "that rank?)"), fields(step), std::span<std::byte>(payload_));
+    // The size this rank announced is what its peers receive: the message cut to fit it.
+    wire_header h = header_of(payload_);
+    h.count = std::min<std::uint64_t>(h.count, used_ - sizeof(wire_header));
+    std::memcpy(payload_.data(), &h, sizeof h);
+    try {
+      gather_payloads(used_);
+    } catch (...) {  // a destructor does not throw; the peers raise what they received
+    }
   }
 
   /// One tensor of size values.
@@ -135,10 +159,21 @@ class sparse_exchange {
     in_flight_ = false;
     check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
     const std::size_t bytes = core_.format().bytes();
+    if (options_.exact_sizes) {
+      try {
+        gather_payloads(used_);
+      } catch (const runtime_error&) {
+        host_residual<T> sink{residual_};
+        core_.give_back_sent(sink);
+        throw;
+      }
+    }
     std::vector<std::span<const std::byte>> views(static_cast<std::size_t>(ranks_));
     for (std::size_t r = 0; r < views.size(); ++r) views[r] = std::span<const std::byte>(inbox_).subspan(r * bytes, bytes);
     host_residual<T> sink{residual_};
-    return core_.decode(views, dense, sink);
+    exchange_report report = core_.decode(views, dense, sink);
+    if (options_.exact_sizes) report.bytes = std::size_t(used_);
+    return report;
   }
 
  private:
@@ -152,6 +187,16 @@ class sparse_exchange {
 
   void send() {
     const int bytes = int(core_.format().bytes());
+    used_ = core_.used_bytes();
+    if (options_.exact_sizes) {  // the sizes now; the payloads in wait()
+      if (options_.overlap)
+        check_mpi(MPI_Iallgather(&used_, 1, MPI_UINT64_T, sizes_.data(), 1, MPI_UINT64_T, comm_, &request_),
+                  "MPI_Iallgather");
+      else
+        check_mpi(MPI_Allgather(&used_, 1, MPI_UINT64_T, sizes_.data(), 1, MPI_UINT64_T, comm_), "MPI_Allgather");
+      in_flight_ = true;
+      return;
+    }
     if (options_.overlap)
       check_mpi(MPI_Iallgather(payload_.data(), bytes, MPI_BYTE, inbox_.data(), bytes, MPI_BYTE, comm_, &request_),
                 "MPI_Iallgather");
@@ -160,12 +205,36 @@ class sparse_exchange {
     in_flight_ = true;
   }
 
+  /// exact_sizes: every rank's payload at the size it said (sizes_), this rank's being mine
+  /// bytes, into its slot of the inbox; the rest of each slot zeroed (what pack left zero).
+  /// Every rank reads the same sizes, so all call the collective or none.
+  void gather_payloads(std::uint64_t mine) {
+    const std::size_t bytes = core_.format().bytes();
+    std::vector<int> counts(sizes_.size()), offsets(sizes_.size());
+    for (std::size_t r = 0; r < sizes_.size(); ++r) {
+      if (sizes_[r] < sizeof(wire_header) || sizes_[r] > bytes)
+        throw runtime_error(sidco::detail::message("sparse_exchange (tag ", options_.tag, "): rank ", r,
+                                                   " announced a payload of ", sizes_[r], " bytes, outside [",
+                                                   sizeof(wire_header), ", ", bytes, "] (mixed sidco versions?)"));
+      counts[r] = int(sizes_[r]);
+      offsets[r] = int(r * bytes);
+    }
+    check_mpi(MPI_Allgatherv(payload_.data(), int(mine), MPI_BYTE, inbox_.data(), counts.data(), offsets.data(),
+                             MPI_BYTE, comm_),
+              "MPI_Allgatherv");
+    for (std::size_t r = 0; r < sizes_.size(); ++r)
+      std::fill(inbox_.begin() + std::ptrdiff_t(r * bytes + sizes_[r]), inbox_.begin() + std::ptrdiff_t((r + 1) * bytes),
+                std::byte{0});
+  }
+
   MPI_Comm comm_;
   int ranks_ = 1, rank_ = 0;
   double delta_;
   exchange_options options_;
   allgather_core<T, Index> core_;
   std::vector<std::byte> payload_, inbox_;
+  std::vector<std::uint64_t> sizes_;  // exact_sizes: every rank's payload size this step
+  std::uint64_t used_ = 0;            // this rank's, this step
   std::span<T> residual_;
   MPI_Request request_ = MPI_REQUEST_NULL;
   bool in_flight_ = false;

@@ -31,7 +31,8 @@ struct exchange_setup {
   double delta, slack;
   std::uint32_t tag;
   std::uint8_t op, value_code, index_bytes, coding;
-  char reason[184];
+  std::uint64_t exact_sizes;    // 1: payloads travel at the size they use (exchange_options)
+  char reason[176];
 };
 static_assert(sizeof(exchange_setup) == 256, "exchange_setup: 256 bytes on every platform");
 
@@ -105,6 +106,9 @@ inline void check_setups(std::span<const exchange_setup> setups) {
       fail("rank ", r, " sends ", detail::value_name(s.value_code), " values, rank 0 ", detail::value_name(first.value_code));
     if (s.index_bytes != first.index_bytes)
       fail("rank ", r, " sends ", int(s.index_bytes), "-byte indices, rank 0 ", int(first.index_bytes));
+    if (s.exact_sizes != first.exact_sizes)
+      fail("rank ", r, s.exact_sizes ? " sends" : " does not send", " payloads at their exact size, rank 0",
+           first.exact_sizes ? " does" : " does not", " (exchange_options::exact_sizes)");
     if (s.coding != first.coding)
       fail("rank ", r, " codes entries ", s.coding ? "compact" : "plain", ", rank 0 ", first.coding ? "compact" : "plain");
     if (s.op != first.op) fail("rank ", r, " reduces by ", detail::op_name(s.op), ", rank 0 by ", detail::op_name(first.op));

@@ -154,6 +154,9 @@ class allgather_core {
   const wire_format& format() const { return format_; }
   /// The plain format of the same capacity, which compact payloads are expanded into.
   const wire_format& plain_format() const { return plain_; }
+  /// The bytes of the last payload encoded that a receiver needs (compact entries: their
+  /// end; the rest are zeros it can fill in itself); format().bytes() otherwise.
+  std::size_t used_bytes() const { return used_; }
   const capacity_plan& capacities() const { return plan_; }
   const std::vector<segment>& layout() const { return layout_; }
   std::size_t size() const { return size_; }
@@ -166,6 +169,7 @@ class allgather_core {
   template <class Sink>
   std::size_t encode(sparse_vector<T, Index>& sent, Sink& sink, const wire_fields& fields, std::span<std::byte> payload) {
     packed_.clear(size_);
+    used_ = format_.bytes();
     bool checked = false, rounded = false;
     try {
       if (sent.dense_size() != size_)
@@ -177,7 +181,7 @@ class allgather_core {
         packed_ = sent;  // the values before rounding: what a failed step gives back
         rounded = true;
         trimmed += round_for_compact(sent, sink);
-        pack_compact<T, Index>(sent.indices(), sent.values(), size_, trimmed, fields, format_, payload);
+        used_ = pack_compact<T, Index>(sent.indices(), sent.values(), size_, trimmed, fields, format_, payload);
       } else {
         pack(sent, trimmed, fields, format_, payload);
         packed_ = sent;
@@ -194,6 +198,7 @@ class allgather_core {
   /// For a rank whose compress threw: its reason in the payload, for every rank to raise.
   void encode_failure(const std::exception& reason, const wire_fields& fields, std::span<std::byte> payload) {
     packed_.clear(size_);
+    used_ = format_.bytes();
     pack_failure<T, Index>(reason, size_, fields, format_, payload);
   }
 
@@ -262,6 +267,7 @@ class allgather_core {
   std::vector<std::byte> expansion_;  // compact payloads expanded, one plain payload per rank
   std::vector<std::span<const std::byte>> expanded_views_;
   std::size_t size_ = 0;
+  std::size_t used_ = 0;
   sparse_vector<T, Index> packed_;  // what this rank's payload holds, this step
 };
 
