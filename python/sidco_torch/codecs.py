@@ -169,9 +169,10 @@ def _encode(state, bucket, b, iteration, problem, encode, encode_failure):
     return encode_failure(buffer, b.codec, problem, bucket.index(), iteration)
 
 
-def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, more_stats=None):
-    """One asynchronous all-gather of sent into the bucket's inbox, decoded by decode in the
-    future's then() (local work only); more_stats(codec report) adds to the statistics."""
+def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, more_stats=None, into=None):
+    """One asynchronous all-gather of sent into the bucket's inbox (or into, views of its
+    heads), decoded by decode in the future's then() (local work only); more_stats(codec
+    report) adds to the statistics."""
     inbox = b.inbox
 
     def done(future):
@@ -185,7 +186,7 @@ def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, mo
             stats.update(more_stats(b.codec.report()))
         return buffer
 
-    return dist.all_gather(inbox, sent, group=group, async_op=True).get_future().then(done)
+    return dist.all_gather(into or inbox, sent, group=group, async_op=True).get_future().then(done)
 
 
 def _reduce(state, bucket, b, group, iteration, problem, started):
@@ -218,7 +219,18 @@ def _allgather(state, bucket, b, group, iteration, problem, started):
     buffer = bucket.buffer()
     payload = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.encode, torch.ops.sidco.encode_failure)
     report = b.codec.report()
+    sent, into = payload, None
+    if state.wire == "compact":
+        # Compact payloads end early (zeros after): every rank sends the head the longest one
+        # needs, and the inbox's tails are zeroed, so the decode reads the whole payloads.
+        used = torch.tensor([int(report["used_bytes"])], dtype=torch.int64, device=payload.device)
+        sizes = [torch.empty_like(used) for _ in b.inbox]
+        dist.all_gather(sizes, used, group=group)
+        head = min(payload.numel(), max(int(s) for s in sizes))
+        sent, into = payload[:head], [p[:head] for p in b.inbox]
+        for p in b.inbox:
+            p[head:].zero_()
     encoded = time.perf_counter()
-    stats = _sparse_stats(state, buffer, report, "allgather", encoded - started, int(report["payload_bytes"]))
+    stats = _sparse_stats(state, buffer, report, "allgather", encoded - started, sent.numel())
     state._stats[bucket.index()] = stats
-    return _gather_and_decode(state, b, buffer, payload, group, encoded, stats, torch.ops.sidco.decode)
+    return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.decode, into=into)

@@ -47,6 +47,7 @@ struct codec_report {
   sidco::compress_report compress;  // of the whole bucket (threshold: -1 when per layer)
   std::size_t trimmed = 0;          // entries over capacity, returned to the residual
   bool failed = false;              // the compress threw (the payload carries its message)
+  std::size_t used_bytes = 0;       // the payload's bytes a receiver needs (0: all of them)
   sidco::comm::exchange_report exchange;
 };
 

@@ -192,6 +192,7 @@ c10::Dict<std::string, double> Codec::report() const {
   d.insert("capacity", double(format_.capacity));
   d.insert("payload_bytes", double(format_.bytes()));
   d.insert("compact", settings_.coding == sidco::comm::entry_coding::compact ? 1.0 : 0.0);
+  d.insert("used_bytes", double(r.used_bytes ? r.used_bytes : format_.bytes()));
   d.insert("density", r.compress.density);
   d.insert("target_density", settings_.density);
   d.insert("threshold", r.compress.threshold);

@@ -55,6 +55,7 @@ class cpu_codec final : public codec_impl {
       return payload_;
     }
     report_.trimmed = core_.encode(sent_, residual_, fields, bytes_of(payload_));
+    report_.used_bytes = core_.used_bytes();
     report_.failed = sidco::comm::header_of(bytes_of(payload_)).status != std::uint8_t(sidco::comm::wire_status::ok);
     report_.compress.selected = sent_.size();
     report_.compress.density = double(sent_.size()) / double(core_.size());
