@@ -9,11 +9,18 @@ ramps down (a schedule), each rank checkpointing its own sidco state, and a resu
 With --device cuda (NCCL where there are as many GPUs as ranks, else gloo on one) it trains
 in mixed precision: torch.autocast float16 and a GradScaler, with the State's
 nonfinite="skip", so that a step whose gradients overflow on any rank is skipped on all.
+
+Each step's batch is drawn from a generator seeded by the rank and the global step, so that a
+resumed run sees the batches an uninterrupted one would: rank 0 prints a CRC-32 of the
+parameters, equal for 100 steps straight and for 50 saved + 50 resumed (the test checks it).
+--wire compact sends the hook's compact entries (docs/PYTORCH.md); --seed sets the initial
+model (the same on every rank).
 """
 import argparse
 import os
 import socket
 import sys
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -43,13 +50,14 @@ def train(rank, world, port, args):
     x, y = load_digits()
     test_x, test_y = x[-297:], y[-297:]          # the last 297 for testing
     x, y = x[:-297][rank::world], y[:-297][rank::world]  # each rank its shard of the rest
-    torch.manual_seed(0)                         # the same initial model on every rank
+    torch.manual_seed(args.seed)                 # the same initial model on every rank
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     model = model.to(device or "cpu")
     ddp = DDP(model, device_ids=[device.index] if device else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     amp = device is not None  # mixed precision on CUDA: an overflowing step is skipped on every rank
-    state = sidco_torch.State(method="sidco-e", density=density, start_iter=2, nonfinite="skip" if amp else "raise")
+    state = sidco_torch.State(method="sidco-e", density=density, start_iter=2, nonfinite="skip" if amp else "raise",
+                              wire=args.wire, exchange=args.exchange)
     sidco_torch.register(ddp, state)
     scaler = torch.cuda.amp.GradScaler(enabled=amp)
     if args.resume:  # each rank its own file: the state holds this rank's residuals
@@ -58,8 +66,11 @@ def train(rank, world, port, args):
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
         state.load_state_dict(checkpoint["sidco"])
-    generator = torch.Generator().manual_seed(1000 + rank + 7919 * state.iteration)
-    for _ in range(args.steps):
+    first = state.iteration  # the global step this run starts at (0, or where the checkpoint was)
+    selected = size = 0      # entries sent and offered, over this run's sparse steps
+    losses = []
+    for step in range(first, first + args.steps):
+        generator = torch.Generator().manual_seed(1000 + rank + 7919 * step)  # by global step: resumes alike
         batch = torch.randint(0, len(x), (64,), generator=generator)
         optimizer.zero_grad()
         with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
@@ -73,16 +84,21 @@ def train(rank, world, port, args):
             raise
         scaler.step(optimizer)  # optimizer.step(), unless the gradients overflowed (under AMP)
         scaler.update()
-    stats = state.stats()
-    sent = sum(s["selected"] for s in stats.values()) / sum(s["size"] for s in stats.values())
+        losses.append(loss.item())
+        for s in state.stats().values():
+            if s["path"] == "sparse":
+                selected, size = selected + s["selected"], size + s["size"]
+    digest = zlib.crc32(torch.cat([p.detach().cpu().flatten() for p in model.parameters()]).numpy().tobytes())
     with torch.no_grad():
         accuracy = (model(test_x.to(model[0].weight.device)).argmax(1).cpu() == test_y).float().mean().item()
     if args.save:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                     "sidco": state.state_dict()}, f"{args.save}.{rank}")
     if rank == 0:
-        print(f"step {state.iteration}: loss {loss.item():.3f}, test accuracy {accuracy:.3f}, "
-              f"density sent {sent:.4f} (asked {state.density})"
+        last = losses[-20:]
+        print(f"step {state.iteration}: loss {sum(last) / len(last):.4g} (mean of the last {len(last)} steps), "
+              f"test accuracy {accuracy:.3f}, density sent {selected / max(1, size):.4f} over this run's sparse steps "
+              f"(asked {state.density} now), parameters crc32 {digest:08x}"
               + (f", {state.skipped_steps} overflowing steps skipped" if amp else ""))
     dist.barrier()  # every rank done with the group before any tears it down
     dist.destroy_process_group()
@@ -98,6 +114,9 @@ def main():
     parser.add_argument("--save", help="checkpoint prefix (one file per rank: PREFIX.RANK)")
     parser.add_argument("--resume", help="checkpoint prefix to resume from")
     parser.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this test accuracy")
+    parser.add_argument("--wire", choices=("plain", "compact"), default="plain", help="the hook's entry coding")
+    parser.add_argument("--seed", type=int, default=0, help="the initial model's seed")
+    parser.add_argument("--exchange", choices=("auto", "allgather", "reduce"), default="auto")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

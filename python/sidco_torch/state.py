@@ -393,9 +393,10 @@ class State(_Checkpoints, _Agreement):
                           f"than 1/density = {1 / density:.3g} values", stacklevel=4)
 
     def _why_dense(self, buffer, world, iteration):
-        """Why this bucket goes dense, or None; from the agreed density, so that every rank
-        chooses alike."""
-        density = self._verified
+        """Why this bucket goes dense, or None; from this step's density (the schedule's value:
+        the agreed one may be a dense step's, never re-agreed while every step goes dense).
+        Ranks whose densities differ choose differently: _agree_wire_format names them."""
+        density = self._step_density
         if iteration < self.start_iter:
             return f"iteration {iteration} < start_iter {self.start_iter}"
         if buffer.numel() < self.min_bucket_elements:

@@ -529,6 +529,22 @@ def scenario_dense_switch(rank, world):
     return "reported once"
 
 
+def scenario_dense_then_sparse(rank, world):
+    """A schedule that starts dense-worthy (0.5 at 2 ranks) goes sparse once it drops: the
+    switch follows each step's density, not the last one the payloads agreed."""
+    state = sidco_torch.State(method="sidco-e", density=lambda i: 0.5 if i < 2 else 0.05, start_iter=0,
+                              exchange="allgather")
+    model, ddp, optimizer = make(state, rank)
+    paths = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(4):
+            train_step(ddp, optimizer, rank, step)
+            paths.append(sorted({s["path"] for s in state.stats().values()}))
+    assert paths == [["dense"], ["dense"], ["sparse"], ["sparse"]], paths
+    return "dense, dense, sparse, sparse"
+
+
 def scenario_dtype_mismatch(rank, world):
     """Rank 1 alone wraps the hook in fp16_compress_wrapper: its buckets are float16, rank 0's
     float32, so its payloads (and dense all-reduces) would be half as long. Every rank
@@ -1248,6 +1264,7 @@ def main():
     print("different methods:", run(scenario_method_mismatch, 2)[0])
     print("two models:", run(scenario_two_models, 1)[0])
     print("dense switch:", run(scenario_dense_switch, 2)[0])
+    print("a schedule from dense to sparse:", run(scenario_dense_then_sparse, 2)[0])
     print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])
     print("exchanges that differ (all-gather on rank 1 of 3):", run(scenario_path_mismatch, 3)[0])
     print("rank 0's checkpoint on every rank:", run(scenario_foreign_checkpoint, 2)[0])
