@@ -4,11 +4,11 @@
 // every rank runs before them.
 // P ranks' gradients come from the bundled real LSTM gradient (3.69M values; see
 // rank_gradient); every rank compresses with SIDCo-E at delta = 0.01 on one thread and packs
-// its blocks for regions balanced on a first step's global selection (as in training).
-// owner_select/P times every owner's select_region over the blocks it received (checks,
+// its blocks by owner (comm/ownership.hpp).
+// owner_select/P times every owner's select_owned over the blocks it received (checks,
 // reduction in rank order, the default owner policy: SIDCo-E with exact_k), on one thread:
 //
-//   per_owner_ms          one owner's selection of its region
+//   per_owner_ms          one owner's selection of the indices it owns
 //   compress_ms           one rank's local compress (median of 5 calls, same run)
 //   owner_over_compress   the two's ratio (issue 36's goal: <= 0.10)
 //   received_over_k, union_over_k   entries the owners received, and their distinct
@@ -63,15 +63,14 @@ struct step_blocks {
   std::vector<std::vector<std::span<const std::byte>>> received;  // per owner: P blocks in rank order
 };
 
-step_blocks pack_all(std::vector<sparse_vector<float>> selections, const comm::regions& owners,
-                     const comm::reduce_plan& plan) {
+step_blocks pack_all(std::vector<sparse_vector<float>> selections, const comm::reduce_plan& plan) {
   const std::size_t ranks = plan.ranks, bytes = plan.format.bytes();
   step_blocks s;
   s.sent.resize(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
     s.sent[r].resize(bytes * ranks);
     comm::host_residual<float> none;
-    comm::pack_blocks(selections[r], owners, plan, comm::wire_fields{}, none, std::span<std::byte>(s.sent[r]));
+    comm::pack_blocks(selections[r], plan, comm::wire_fields{}, none, std::span<std::byte>(s.sent[r]));
   }
   s.received.assign(ranks, std::vector<std::span<const std::byte>>(ranks));
   for (std::size_t o = 0; o < ranks; ++o)
@@ -107,11 +106,11 @@ void owner_select(benchmark::State& state) {
   std::vector<std::span<const std::byte>> selection_views(ranks);
   for (std::size_t o = 0; o < ranks; ++o) selection_views[o] = std::span<const std::byte>(selections).subspan(o * bytes, bytes);
   // Every owner selects from the blocks it received; returns how many entries they received.
-  const auto select_all = [&](const step_blocks& blocks, const comm::regions& owners) {
+  const auto select_all = [&](const step_blocks& blocks) {
     std::size_t received = 0;
     for (std::size_t o = 0; o < ranks; ++o) {
       comm::reduce_report mine;
-      comm::select_region<float, std::uint32_t>(blocks.received[o], owners, o, plan, comm::wire_fields{}, policies[o],
+      comm::select_owned<float, std::uint32_t>(blocks.received[o], o, plan, comm::wire_fields{}, policies[o],
                                                 std::span<std::byte>(selections).subspan(o * bytes, bytes), mine,
                                                 workspaces[o]);
       received += mine.received;
@@ -119,31 +118,26 @@ void owner_select(benchmark::State& state) {
     return received;
   };
   // A rank's decode of the owners' selections: the global selection's indices and the report.
-  const auto apply_all = [&](const comm::regions& owners, std::vector<std::uint32_t>& global) {
+  const auto apply_all = [&](std::vector<std::uint32_t>& global) {
     comm::reduce_report report;
     std::vector<float> updates;
-    comm::check_selections<float, std::uint32_t>(selection_views, owners, plan);
-    comm::read_selections<float, std::uint32_t>(selection_views, plan.format, global, updates, report);
+    comm::check_selections<float, std::uint32_t>(selection_views, plan);
+    comm::read_selections<float, std::uint32_t>(selection_views, plan, global, updates, report);
     return report;
   };
 
-  // A first step on even regions gives the global selection the balanced regions follow.
-  comm::regions owners = comm::regions::even(n, ranks);
   std::vector<std::uint32_t> global;
-  select_all(pack_all(local, owners, plan), owners);
-  apply_all(owners, global);
-  owners = comm::regions::balanced<std::uint32_t>(global, n, ranks);
-  const auto blocks = pack_all(local, owners, plan);
+  const auto blocks = pack_all(local, plan);
 
   double owner_seconds = 0;
   std::size_t received = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    received = select_all(blocks, owners);
+    received = select_all(blocks);
     owner_seconds += seconds_since(start);
     benchmark::ClobberMemory();
   }
-  const std::size_t union_size = apply_all(owners, global).union_size;
+  const std::size_t union_size = apply_all(global).union_size;
   const double per_owner = owner_seconds / double(state.iterations()) / double(ranks);
   const double compress = compress_seconds[compress_seconds.size() / 2];
   state.counters["per_owner_ms"] = per_owner * 1e3;

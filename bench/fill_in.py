@@ -14,7 +14,7 @@ shard of the text), each shard's gradient compressed locally by SIDCo-E at --den
 
 With --timing, the same P gradients also go through both of the hook's exchanges in this one
 process (the ranks' codecs, the all-to-all's blocks routed by hand): per rank the local
-compress (encode), per owner its selection of the region's reduced values, per rank the
+compress (encode), per owner its selection of its reduced values, per rank the
 decode, and the all-gather exchange's decode of P payloads, each the median of --repeat
 steps, on one thread. The owners' selection against the local compress is issue 36's goal
 (<= 10%), and bench/cost_model.py reads these per-entry costs.
@@ -62,7 +62,7 @@ def timed(work):
 def exchange_timing(sidco_torch, gradients, sizes, density, method, repeat, slack=1.25):
     """Both exchanges of the hook on these P gradients, rank by rank in this process, for
     repeat steps (each rank's codec encodes, the owners select, every rank decodes, so the
-    codecs' regions move on as in training; residuals are zeroed before each step so that
+    codecs' owner states move on as in training; residuals are zeroed before each step so that
     every step compresses the same values): the median over steps of each part's seconds per
     rank or owner, and the density of the update the reduce exchange applied."""
     ops = torch.ops.sidco

@@ -22,7 +22,6 @@ int main(int argc, char** argv) {
   const auto g0 = io::load_npy<float>(argv[1]);
   const std::size_t n = g0.size(), ranks = 8;
   const auto plan = comm::plan_reduce<float, std::uint32_t>(std::vector<segment>{{0, n}}, 0.01, 1.25, ranks);
-  const auto owners = comm::regions::even(n, ranks);
   std::vector<sparse_vector<float>> sent(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
     std::vector<float> g(n);
@@ -39,7 +38,7 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     for (std::size_t r = 0; r < ranks; ++r) {
       comm::host_residual<float> sink{std::span<float>(residual)};
-      comm::pack_blocks(copy[r], owners, plan, comm::wire_fields{}, sink, std::span<std::byte>(blocks[r]));
+      comm::pack_blocks(copy[r], plan, comm::wire_fields{}, sink, std::span<std::byte>(blocks[r]));
     }
     auto t1 = std::chrono::steady_clock::now();
     pack_t.push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -50,7 +49,7 @@ int main(int argc, char** argv) {
       comm::owner_top_k p;
       comm::reduce_report rep2;
       comm::owner_scratch<float, std::uint32_t> scratch;
-      comm::select_region<float, std::uint32_t>(rec, owners, j, plan, comm::wire_fields{}, p, sel[j], rep2, scratch);
+      comm::select_owned<float, std::uint32_t>(rec, j, plan, comm::wire_fields{}, p, sel[j], rep2, scratch);
     }
     std::vector<std::span<const std::byte>> views(sel.begin(), sel.end());
     std::vector<std::uint32_t> global;
@@ -58,8 +57,8 @@ int main(int argc, char** argv) {
     comm::reduce_report report;
     auto t2 = std::chrono::steady_clock::now();
     // Round 3 as the MPI transport runs it: the check, the update, what goes back.
-    comm::check_selections<float, std::uint32_t>(views, owners, plan);
-    comm::read_selections<float, std::uint32_t>(views, plan.format, global, updates, report);
+    comm::check_selections<float, std::uint32_t>(views, plan);
+    comm::read_selections<float, std::uint32_t>(views, plan, global, updates, report);
     comm::host_residual<float> sink{std::span<float>(residual)};
     comm::give_back_unkept<float, std::uint32_t>(copy[0].indices(), copy[0].values(), global, sink);
     std::fill(dense.begin(), dense.end(), 0.0f);

@@ -118,7 +118,7 @@ struct simulated_reduce {
   std::vector<std::span<const std::byte>> selection_views() const { return {selections.begin(), selections.end()}; }
 };
 
-// Every byte of a core's state (regions and owner), for "as before the step" checks.
+// Every byte of a core's state (its owner policy's), for "as before the step" checks.
 template <class Core>
 std::vector<std::byte> state_of(const Core& core) {
   state_writer out;
@@ -405,10 +405,15 @@ TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed; every 
     REQUIRE(sim.cores[r].pack(s.sent, sink, fields, sim.blocks[r]));
   }
   const std::size_t bytes = sim.cores[0].block_bytes();
-  // Rank 1's block to owner 2 names an index below owner 2's region (ascending still).
-  std::uint32_t zero = 0;
+  // Rank 1's block to owner 2 names, first, an index owner 0 owns (ascending still).
   REQUIRE(comm::header_of(std::span<const std::byte>(sim.blocks[1]).subspan(2 * bytes, bytes)).count > 0);
-  std::memcpy(sim.blocks[1].data() + 2 * bytes + sim.cores[0].plan().format.indices_offset(), &zero, sizeof zero);
+  std::byte* first = sim.blocks[1].data() + 2 * bytes + sim.cores[0].plan().format.indices_offset();
+  std::uint32_t foreign = 0;
+  while (comm::owner_of(foreign, ranks) != 0) ++foreign;
+  std::uint32_t was;
+  std::memcpy(&was, first, sizeof was);
+  REQUIRE(foreign < was);
+  std::memcpy(first, &foreign, sizeof foreign);
   sim.select_all();
   CHECK(comm::header_of(sim.selections[2]).status == std::uint8_t(comm::wire_status::relayed));
   CHECK(comm::header_of(sim.selections[0]).status == std::uint8_t(comm::wire_status::ok));
@@ -423,13 +428,12 @@ TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed; every 
       messages.insert(e.what());
     }
     for (std::size_t i = 0; i < n; ++i) REQUIRE(s.residual[i] == s.gradient[i] + s.old[i]);
-    CHECK(state_of(sim.cores[r]) == before[r]);  // regions and the owner's adaptive state
+    CHECK(state_of(sim.cores[r]) == before[r]);  // the owner's adaptive state
     CHECK_FALSE(sim.cores[r].in_step());
   }
   REQUIRE(messages.size() == 1);
-  CHECK_MESSAGE(messages.begin()->find("exchange (tag 5, step 2): rank 1 sent index 0, outside its region [1334, 2000)") !=
-                    std::string::npos,
-                *messages.begin());
+  const std::string owned = "exchange (tag 5, step 2): rank 1 sent index " + std::to_string(foreign) + ", owned by rank 0, not 2";
+  CHECK_MESSAGE(messages.begin()->find(owned) != std::string::npos, *messages.begin());
 }
 
 TEST_CASE("reduce-scatter: a rank's own problem after round 1 fails the step on every rank alike; the next step works") {
@@ -610,8 +614,9 @@ TEST_CASE("reduce-scatter: a sum beyond the type's range fails the step as non-f
         sim.cores[r].pack(sent[r], sink, sim.cores[r].fields(2), sim.blocks[r]);
       }
       sim.select_all();
-      CHECK(comm::header_of(sim.selections[0]).error == std::uint8_t(comm::error_kind::nonfinite));
-      CHECK(comm::header_of(sim.selections[1]).status == std::uint8_t(comm::wire_status::ok));
+      const std::size_t owner = comm::owner_of(3, ranks);  // index 3's
+      CHECK(comm::header_of(sim.selections[owner]).error == std::uint8_t(comm::error_kind::nonfinite));
+      CHECK(comm::header_of(sim.selections[1 - owner]).status == std::uint8_t(comm::wire_status::ok));
       std::set<std::string> messages;
       for (std::size_t r = 0; r < ranks; ++r) {
         comm::host_residual<float> sink{std::span<float>(residuals[r])};
@@ -716,9 +721,8 @@ TEST_CASE_TEMPLATE("the device path's decode (entries written into zeros) gives 
 
 TEST_CASE_TEMPLATE("reduce-scatter: the update is the rule applied to the owners' rank-order sums; nothing lost per rank",
                    T, float, double, float16, bfloat16) {
-  // A real gradient split among 1, 2, 3 and 5 ranks, summed and averaged, over three steps
-  // (later ones on regions balanced from the last selection): every rank applies the same
-  // bits, the global selection's update at each index is comm/sum.hpp's rule over what the
+  // A real gradient split among 1, 2, 3 and 5 ranks, summed and averaged, over three steps:
+  // every rank applies the same bits, the global selection's update at each index is comm/sum.hpp's rule over what the
   // ranks' blocks held there (computed here from the blocks' own entries), and per rank,
   // bitwise, residual + applied contribution = gradient + old residual.
   using A = typename float_traits<T>::accumulator;
@@ -776,21 +780,78 @@ TEST_CASE_TEMPLATE("reduce-scatter: the update is the rule applied to the owners
           }
           REQUIRE(unconserved == 0);
         }
-        CHECK(sim.cores[0].current_regions() ==
-              comm::regions::balanced<std::uint32_t>(global, size, ranks));  // committed
+        // Ascending, each index once, every block's entries where they belong.
+        REQUIRE(std::adjacent_find(global.begin(), global.end(), std::greater_equal<>()) == global.end());
+        for (std::size_t r = 0; r < ranks; ++r)
+          for (std::size_t j = 0; j < ranks; ++j) {
+            const auto block = std::span<const std::byte>(sim.blocks[r]).subspan(j * sim.cores[0].block_bytes(),
+                                                                                   sim.cores[0].block_bytes());
+            const auto count = std::size_t(comm::header_of(block).count);
+            for (std::size_t e = 0; e < count; ++e)
+              REQUIRE(comm::owner_of(comm::detail::index_at<std::uint32_t>(
+                                         block.data() + sim.cores[0].plan().format.indices_offset() + 4 * e),
+                                     ranks) == j);
+          }
       }
     }
   }
 }
 
+TEST_CASE("reduce-scatter: moving hot rows keep the applied density at 16 and 64 ranks") {
+  // Heavy-tailed values (log-normal), 30% zeros, plus 32 rows of 64 values 50x larger that every rank
+  // shares and that move every step (an embedding's rows for this batch): whatever indices
+  // they fall on, each owner's blocks hold about k/P entries, so the global selection keeps
+  // its target. Contiguous regions rebalanced from the last step applied 0.94 of it at 16
+  // ranks and 0.85 at 64 (bench/smpi_exchange.cpp, same gradients). Exact Top-k with error
+  // feedback on every rank, N = 2^18, delta = 0.01, 8 steps; tolerance: every step >= 0.95.
+  constexpr std::size_t n = std::size_t(1) << 18, width = 64, rows = 32;
+  constexpr double delta = 0.01;
+  const double k = double(target_count(delta, n));
+  for (const std::size_t ranks : {std::size_t(16), std::size_t(64)}) {
+    simulated_reduce<float, comm::owner_top_k> sim(ranks, {{0, n}}, delta);
+    std::vector<std::vector<float>> residuals(ranks, std::vector<float>(n, 0.0f));
+    // One draw of the values, each rank's and step's a rotation of it by a random offset.
+    std::mt19937_64 rng(1);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    std::normal_distribution<float> spread(0.0f, 1.5f);
+    std::vector<float> values(n), g(n);
+    for (auto& v : values) v = u(rng) < 0.3f ? 0.0f : (u(rng) < 0.5f ? -1.0f : 1.0f) * std::exp(spread(rng)) * 1e-3f;
+    double lowest = 2;
+    for (std::uint64_t step = 0; step < 8; ++step) {
+      std::mt19937_64 shared(step * 7919u + 17);
+      std::vector<std::size_t> hot;
+      for (std::size_t j = 0; j < rows; ++j) hot.push_back(std::size_t(shared() % (n / width)));
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const std::size_t offset = std::size_t(rng() % n);
+        for (std::size_t i = 0; i < n; ++i) g[i] = values[(i + offset) % n];
+        for (const std::size_t row : hot)
+          for (std::size_t i = row * width; i < (row + 1) * width; ++i) g[i] *= 50.0f;
+        feedback::residual<float> state{std::span<float>(residuals[r])};
+        sparse_vector<float, std::uint32_t> sent;
+        presets::top_k<> compressor;
+        compressor.compress(std::span<const float>(g), delta, sent, state);
+        comm::host_residual<float> sink{std::span<float>(residuals[r])};
+        REQUIRE(sim.cores[r].pack(sent, sink, sim.cores[r].fields(step), sim.blocks[r]));
+      }
+      sim.select_all();
+      for (std::size_t r = 0; r < ranks; ++r) {
+        comm::host_residual<float> sink{std::span<float>(residuals[r])};
+        sim.cores[r].apply(sim.selection_views(), sink);
+      }
+      lowest = std::min(lowest, double(sim.cores[0].global_selection().size()) / k);
+    }
+    INFO(ranks, " ranks: lowest applied density / target ", lowest);
+    CHECK(lowest >= 0.95);
+  }
+}
+
 TEST_CASE("residual sinks: entries staged for a device residual are what a host residual receives") {
-  // Slack 1 at 5 ranks with even regions: the real gradient's selection overflows some
-  // blocks, so entries are trimmed; a transport whose residual is in device memory stages
+  // Slack 1 at 5 ranks: about half the blocks receive more than their k/P share of the real
+  // gradient's selection, so entries are trimmed; a transport whose residual is in device memory stages
   // them and writes them in one go: the same writes.
   const auto gradient = test::load_gradient<float>("cnn_it200.npy");
   const std::size_t size = gradient.size(), ranks = 5;
   const auto plan = comm::plan_reduce<float, std::uint32_t>(std::vector<segment>{{0, size}}, 0.01, 1.0, ranks);
-  const auto owners = comm::regions::even(size, ranks);
   std::vector<float> residual(size, 0.f);
   feedback::residual<float> state{std::span<float>(residual)};
   sparse_vector<float, std::uint32_t> sent;
@@ -800,9 +861,9 @@ TEST_CASE("residual sinks: entries staged for a device residual are what a host 
   std::vector<float> staged_target = residual;
   std::vector<std::byte> blocks(plan.format.bytes() * ranks), staged_blocks(blocks.size());
   comm::host_residual<float> host{std::span<float>(residual)};
-  const std::size_t trimmed = comm::pack_blocks(sent, owners, plan, comm::wire_fields{}, host, std::span<std::byte>(blocks));
+  const std::size_t trimmed = comm::pack_blocks(sent, plan, comm::wire_fields{}, host, std::span<std::byte>(blocks));
   comm::staged_residual<float, std::uint32_t> staged;
-  CHECK(comm::pack_blocks(staged_sent, owners, plan, comm::wire_fields{}, staged, std::span<std::byte>(staged_blocks)) ==
+  CHECK(comm::pack_blocks(staged_sent, plan, comm::wire_fields{}, staged, std::span<std::byte>(staged_blocks)) ==
         trimmed);
   REQUIRE(trimmed > 0);
   CHECK(staged.size() == trimmed);
@@ -811,15 +872,12 @@ TEST_CASE("residual sinks: entries staged for a device residual are what a host 
   CHECK(blocks == staged_blocks);
 }
 
-TEST_CASE("reduce-scatter checkpoints: one versioned format; the two older ones load; what cannot apply is refused") {
+TEST_CASE("reduce-scatter checkpoints: one versioned format; the older ones load; what cannot apply is refused") {
   const std::vector<segment> layout{{0, 5000}};
   comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> core(layout, 0.01, 3, 0);
-  // Regions as a few steps leave them, and an owner whose adaptive state moved.
-  std::vector<std::uint32_t> global;
-  for (std::uint32_t i = 0; i < 5000; i += 7) global.push_back(i * i % 4999);
-  std::sort(global.begin(), global.end());
-  global.erase(std::unique(global.begin(), global.end()), global.end());
-  const auto regions = comm::regions::balanced<std::uint32_t>(global, 5000, 3);
+  // The region bounds the older formats held (read and dropped now), and an owner whose
+  // adaptive state moved.
+  const std::vector<std::size_t> bounds{0, 1410, 3377, 5000};
   comm::owner_sidco_e owner;
   std::vector<float> values(3000);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(std::sin(double(i)) * double(i % 97));
@@ -828,22 +886,30 @@ TEST_CASE("reduce-scatter checkpoints: one versioned format; the two older ones 
   owner.select(indices.data(), values.data(), values.size(), 20);
   state_writer owner_bytes;
   owner.save_state(owner_bytes);
-  // The older formats, as the MPI/NCCL exchanges and the hook wrote them.
-  for (const char* tag : {"sparse_reduce_exchange", "reduce_codec"}) {
+  // The older formats, as the MPI/NCCL exchanges and the hook wrote them, and version 2.
+  for (const char* tag : {"sparse_reduce_exchange", "reduce_codec", "version 2"}) {
     state_writer legacy;
-    legacy.name(tag);
-    legacy.word(regions.bounds().size());
-    for (std::size_t b : regions.bounds()) legacy.word(b);
+    const bool v2 = std::string(tag) == "version 2";
+    if (v2) {
+      legacy.name(comm::reduce_state_name);
+      legacy.word(2);
+      legacy.word(3);
+      legacy.word(5000);
+    } else {
+      legacy.name(tag);
+      legacy.word(bounds.size());
+    }
+    for (std::size_t b : bounds) legacy.word(b);
+    if (v2) legacy.name("sidco-e-exact");
     auto bytes = legacy.take();
     bytes.insert(bytes.end(), owner_bytes.bytes().begin(), owner_bytes.bytes().end());
     const auto info = comm::read_reduce_state_info(bytes);
-    CHECK(info.version == 1);
+    CHECK(info.version == (v2 ? 2 : 1));
     CHECK(info.ranks == 3);
     CHECK(info.size == 5000);
     state_reader in(bytes);
     core.load_state(in);
     in.finish();
-    CHECK(core.current_regions() == regions);
     state_writer loaded_owner;
     core.policy().save_state(loaded_owner);
     CHECK(loaded_owner.bytes() == owner_bytes.bytes());
@@ -852,8 +918,7 @@ TEST_CASE("reduce-scatter checkpoints: one versioned format; the two older ones 
     state_reader again(bytes);
     if (std::string(tag) == "reduce_codec") {
       top_k.load_state(again);
-      again.finish();
-      CHECK(top_k.current_regions() == regions);
+      again.finish();  // read to the end: the owner state skipped
     }
   }
   // Today's format round-trips, says what it is, and is refused where it cannot apply.

@@ -19,7 +19,7 @@ struct owner_method : owner_compressor<methods::compressor_of<Method, backend::c
 };
 
 /// The default owner: SIDCo-E's threshold on the reduced sums, trimmed to exactly the
-/// region's share (sidco-e-exact): the global selection holds what the ranks' own
+/// owner's share (sidco-e-exact): the global selection holds what the ranks' own
 /// compressors aimed at, on average, whatever the reduced values' distribution.
 struct owner_sidco_e : owner_method<methods::sidco_e_exact> {
   using owner_method::owner_method;

@@ -27,7 +27,7 @@ class _Checkpoints:
                         "compressor": layer.compressor} for key, layer in self._pending.items()}
         for key, (bucket, i) in self._owner.items():
             layers[key] = self._export(bucket, i)
-        # The reduce exchange's regions and owner state, per set of parameters (DDP may order
+        # The reduce exchange's owner state, per set of parameters (DDP may order
         # a bucket's parameters otherwise after a reload; the exchange orders them by key).
         exchanges = dict(self._pending_exchanges)
         for keys, b in self._buckets.items():
@@ -121,9 +121,9 @@ class _Checkpoints:
         except RuntimeError as e:
             raise ValueError(f"{where} is damaged: {e}") from e
         if world is not None and ranks != world:
-            raise ValueError(f"{where} was saved among {ranks} ranks; this process group has {world}. The regions "
-                             "of the reduce exchange are its ranks': resume among as many ranks, or drop "
-                             "state_dict['exchanges'] (the exchange then starts from even regions)")
+            raise ValueError(f"{where} was saved among {ranks} ranks; this process group has {world}. The reduce "
+                             "exchange's owner state is its ranks': resume among as many ranks, or drop "
+                             "state_dict['exchanges'] (the owners then start afresh)")
         names = key.split("|")
         if all(name in layers for name in names):
             values = sum(layers[name].size for name in names)

@@ -27,7 +27,7 @@ class _Layer:
 
 class _Bucket:
     """One bucket layout's codec, residual and receive buffers. exchange: "allgather" (one
-    all-gather of every rank's payload) or "reduce" (an all-to-all of blocks to the regions'
+    all-gather of every rank's payload) or "reduce" (an all-to-all of blocks to the indices'
     owners, then an all-gather of the owners' selections)."""
 
     def __init__(self, state, keys, sizes, dtype, device, world, rank, exchange):
@@ -190,7 +190,7 @@ def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, mo
 
 
 def _reduce(state, bucket, b, group, iteration, problem, started):
-    """The reduce-scatter exchange: blocks to the regions' owners (all_to_all_single, waited
+    """The reduce-scatter exchange: blocks to the indices' owners (all_to_all_single, waited
     for here: the owners' selection needs them), each owner's selection all-gathered
     asynchronously, and decoded in the future's then() (local work only)."""
     buffer = bucket.buffer()

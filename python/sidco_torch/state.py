@@ -52,13 +52,13 @@ class State(_Checkpoints, _Agreement):
     size); what is over goes back into the residual.
 
     exchange: "allgather" (one all-gather of every rank's selection: (P - 1) slack 8k bytes a
-    rank), "reduce" (an all-to-all of fixed-size blocks to P regions' owners, then an
-    all-gather of each owner's selection of its region's reduced values: about 2 slack 8k
-    bytes a rank whatever P), or "auto" (see exchange_for).
+    rank), "reduce" (an all-to-all of fixed-size blocks to P owners, each index owned by one
+    rank by a hash of it, then an all-gather of each owner's selection of its reduced
+    values: about 2 slack 8k bytes a rank whatever P), or "auto" (see exchange_for).
 
-    owner: how a region's owner in the "reduce" exchange selects from the sums it reduced, by
-    the method registry's names: "sidco-e-exact" (SIDCo-E's threshold, trimmed to exactly the
-    region's share; the default) or "top-k" (exact Top-k). "sidco-e", its first name, still
+    owner: how an owner in the "reduce" exchange selects from the sums it reduced, by the
+    method registry's names: "sidco-e-exact" (SIDCo-E's threshold, trimmed to exactly the
+    owner's share; the default) or "top-k" (exact Top-k). "sidco-e", its first name, still
     works with a DeprecationWarning.
 
     wire: how the all-gather's entries go on the wire: "plain" (32-bit indices, values in the
@@ -83,7 +83,7 @@ class State(_Checkpoints, _Agreement):
     sidco_torch.hook) it is keyed by the order DDP first hands the parameters over, which is
     the same in every run of the same model. A step that fails on any rank raises the same
     ExchangeError on every rank, with every rank's sent entries back in its residual and
-    every exchange's regions and owner state as before the step: the next step works."""
+    every exchange's owner state as before the step: the next step works."""
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
@@ -147,7 +147,7 @@ class State(_Checkpoints, _Agreement):
         self._complete = False  # a whole iteration has been seen: the model's parameters are known
         self._agreed = False
         self._signatures = {}   # bucket index -> what every rank agreed its payload is
-        self._pending_exchanges = {}  # _exchange_key(keys) -> a reduce codec's saved regions and owner state
+        self._pending_exchanges = {}  # _exchange_key(keys) -> a reduce codec's saved owner state
         self._loaded_from = None  # (rank, world) of a loaded state, checked by the next agreement
         self._warned = set()
         self._in_step = False   # a hook call of this iteration has run, its last bucket's not yet
@@ -344,7 +344,7 @@ class State(_Checkpoints, _Agreement):
                 and b.exchange == exchange and b.density == self._step_density \
                 and b.capacity_density == self._verified:
             return b, None
-        # A reduce exchange's regions and owner state carry over to a new codec of the same
+        # A reduce exchange's owner state carries over to a new codec of the same
         # parameters (a new density or dtype, or DDP's rebuild ordering them otherwise).
         previous = next((v for v in self._buckets.values() if v.exchange == "reduce" == exchange
                          and len(v.inbox) == world and set(v.keys) == set(keys)), None)
@@ -367,7 +367,7 @@ class State(_Checkpoints, _Agreement):
         if saved is not None and exchange == "reduce":
             try:
                 b.codec.load_exchange_state(saved)
-            except Exception as e:  # noqa: BLE001 - raised on every rank this step; the next starts from even regions
+            except Exception as e:  # noqa: BLE001 - raised on every rank this step; the next starts afresh
                 problem = f"{type(e).__name__}: the saved reduce exchange state does not apply: {e}"
         for i, key in enumerate(keys):
             self._pending.pop(key, None)

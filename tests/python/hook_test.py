@@ -695,7 +695,7 @@ def scenario_reduce_exact(rank, world, owner):
 
 
 def scenario_reduce_resume(rank, world):
-    """The reduce exchange resumed from state_dict() (regions and owner state included) on
+    """The reduce exchange resumed from state_dict() (its owner's state included) on
     the same bucket layout: bit-identical to the uninterrupted run. Its result depends on
     which tensors share a bucket, so the resumed DDP must bucket as the saved one did: torch
     1.13 puts every parameter in one bucket for a new DDP's first iteration unless
@@ -724,7 +724,7 @@ def scenario_reduce_resume(rank, world):
         train_step(ddp, optimizer, rank, step)
     saved = io.BytesIO()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sidco": state.state_dict()}, saved)
-    assert state.state_dict()["exchanges"], "no regions saved"
+    assert state.state_dict()["exchanges"], "no exchange state saved"
     saved.seek(0)
     checkpoint = torch.load(saved)
     state = fresh()
@@ -758,7 +758,7 @@ class Tiny(nn.Module):
 def scenario_reduce_resume_reordered(rank, world):
     """exchange="reduce" resumed from state_dict() where the resumed DDP's first bucket lists
     the same parameters in another order than the saved run's (its rebuilt one): the
-    exchange orders them by key, so its saved regions and owner state apply, bit-identical."""
+    exchange orders them by key, so its saved owner state applies, bit-identical."""
     steps, split = 7, 3
     seen = {}
 

@@ -116,7 +116,6 @@ class nccl_reduce_exchange {
   int ranks() const { return link_.ranks(); }
   int rank() const { return link_.rank(); }
   const reduce_plan& plan() const { return core_.plan(); }
-  const regions& current_regions() const { return core_.current_regions(); }
   /// The last global selection's indices, ascending (the same on every rank).
   std::span<const Index> global_selection() const { return core_.global_selection(); }
   Policy& policy() { return core_.policy(); }
@@ -158,7 +157,7 @@ class nccl_reduce_exchange {
     sidco::detail::fail("nccl_reduce_exchange: rank ", rank(), " failed: ", reason.what());  // not reached
   }
 
-  /// What a checkpoint needs to resume bit for bit: the regions and the owner policy's
+  /// What a checkpoint needs to resume bit for bit: the owner policy's
   /// state (comm/reduce/state.hpp; the local compressor and residual are the caller's).
   void save_state(state_writer& out) const { core_.save_state(out); }
   void load_state(state_reader& in) { core_.load_state(in); }

@@ -1,4 +1,4 @@
-// How a region's owner in the reduce-scatter exchange chooses, from the sums it reduced, the
+// How an owner in the reduce-scatter exchange chooses, from the sums it reduced, the
 // entries it sends on: an owner policy. Policies take their compressor type from the caller;
 // nothing here knows the method registry (the default, owner_sidco_e, is defined with the
 // registry in <sidco/owners.hpp>, which <sidco/sidco.hpp> includes).
@@ -140,7 +140,7 @@ struct owner_compressor {
 };
 
 /// The default owner: SIDCo-E's threshold on the reduced sums, trimmed to exactly the
-/// region's share (the registry's sidco-e-exact on the CPU backend). Defined in
+/// owner's share (the registry's sidco-e-exact on the CPU backend). Defined in
 /// <sidco/owners.hpp>.
 struct owner_sidco_e;
 

@@ -1,5 +1,5 @@
 // The reduce-scatter exchange over MPI (comm/reduce/core.hpp): one MPI_Ialltoall of
-// fixed-size blocks to the regions' owners, each owner's selection of its region, one
+// fixed-size blocks to the indices' owners (a hash of the index), each owner's selection, one
 // MPI_Allgather of the owners' selections. Bytes per rank about 2 slack 8k per step whatever
 // the number of ranks, where the all-gather (comm/exchange.hpp) moves (P - 1) slack 8k.
 // Needs MPI. The default owner policy (owner_sidco_e) is in <sidco/owners.hpp>, which
@@ -108,13 +108,11 @@ class sparse_reduce_exchange {
   int ranks() const { return ranks_; }
   int rank() const { return rank_; }
   const reduce_plan& plan() const { return core_.plan(); }
-  /// The regions the next start() splits by (balanced from the last global selection).
-  const regions& current_regions() const { return core_.current_regions(); }
   /// The last global selection's indices, ascending (the same on every rank).
   std::span<const Index> global_selection() const { return core_.global_selection(); }
   Policy& policy() { return core_.policy(); }
 
-  /// Splits sent by region into blocks of the plan's capacity (what does not fit goes back
+  /// Splits sent by owner into blocks of the plan's capacity (what does not fit goes back
   /// into residual, when given) and starts the all-to-all. A problem with the arguments on
   /// this rank is sent instead, for every rank's wait() to raise.
   void start(sparse_vector<T, Index>& sent, std::span<T> residual, std::uint64_t step) {
@@ -143,7 +141,7 @@ class sparse_reduce_exchange {
     send_blocks();
   }
 
-  /// Completes the step: this rank's region selected from the blocks it received, every
+  /// Completes the step: the indices this rank owns selected from the blocks it received, every
   /// owner's selection all-gathered, dense (overwritten) = the global selection's updates,
   /// the same bits on every rank. On any rank's failure (a dense of the wrong size on this
   /// one included) it throws sidco::runtime_error, the same on every rank, having written
@@ -172,7 +170,7 @@ class sparse_reduce_exchange {
     return report;
   }
 
-  /// What a checkpoint needs to resume bit for bit: the regions and the owner policy's
+  /// What a checkpoint needs to resume bit for bit: the owner policy's
   /// state (comm/reduce/state.hpp; the local compressor and residual are the caller's).
   void save_state(state_writer& out) const { core_.save_state(out); }
   void load_state(state_reader& in) { core_.load_state(in); }

@@ -4,9 +4,9 @@
 #pragma once
 
 #include "sidco/comm/owner.hpp"
+#include "sidco/comm/ownership.hpp"
 #include "sidco/comm/reduce/core.hpp"
 #include "sidco/comm/reduce/plan.hpp"
 #include "sidco/comm/reduce/state.hpp"
 #include "sidco/comm/reduce/steps.hpp"
-#include "sidco/comm/regions.hpp"
 #include "sidco/comm/residual_sink.hpp"

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
@@ -62,17 +63,19 @@ struct sum_rule {
 /// Indices per window of sum_runs: its sums and bitmap stay in L1.
 inline constexpr std::size_t sum_window = 4096;
 
-/// emit(index, sum) for every index in [begin, end) some run holds, ascending, where sum is
-/// A(0) plus the runs' values at that index added in run order, in T's accumulator type A.
+namespace detail {
+
+/// emit(index, slot) for every index in [begin, end) some run holds, ascending, where slot
+/// is Slot{} folded with the runs' values at that index in run order (fold(slot, value)).
 /// Every run must be ascending and inside [begin, end). The range is walked in windows of
-/// sum_window indices: each run's entries in the window (its cursor only moves forward) are
-/// added into a window-sized array, a bitmap marks the indices seen, and the bitmap walked in
-/// order emits them; O(entries + runs x range / window), windows no entry fell in skipped.
+/// sum_window indices, each starting at the lowest index a run holds next (windows no entry
+/// falls in are never visited): each run's entries in the window (its cursor only moves
+/// forward) are folded into a window-sized array, a bitmap marks the indices seen, and the
+/// bitmap walked in order emits them; O(entries + runs x windows holding an entry).
 /// emit is taken and returned by value, so that what it writes through and counts stays in
 /// registers (a callable held by reference kept its counter in memory: 25% slower).
-template <class T, class Index, class Emit>
-Emit sum_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Emit emit) {
-  using A = typename float_traits<T>::accumulator;
+template <class T, class Index, class Slot, class Fold, class Emit>
+Emit fold_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Fold fold, Emit emit) {
   constexpr std::size_t words = sum_window / 64;
   static_assert(words <= 64, "one summary word marks the window's nonzero bitmap words");
   struct cursor {
@@ -88,11 +91,21 @@ Emit sum_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std:
     cursors = many.get();
   }
   for (std::size_t r = 0; r < runs.size(); ++r) cursors[r] = {runs[r].indices, runs[r].values, runs[r].count, 0};
-  // Zero between uses (the emit loop restores each sum it reads), so that every entry adds
-  // without asking whether its index was seen: A(0) + v first, as the run order asks.
-  std::array<A, sum_window> sums{};
+  // Slot{} between uses (the emit loop restores each slot it reads), so that every entry
+  // folds without asking whether its index was seen.
+  std::array<Slot, sum_window> slots{};
   std::array<std::uint64_t, words> seen{};
-  for (std::size_t window = begin; window < end; window += sum_window) {
+  const auto next_index = [&] {
+    std::size_t next = end;
+    for (std::size_t r = 0; r < runs.size(); ++r)
+      if (cursors[r].at < cursors[r].count) {
+        Index stored;
+        std::memcpy(&stored, cursors[r].indices + cursors[r].at * sizeof(Index), sizeof stored);
+        next = std::min(next, std::size_t(stored));
+      }
+    return next;
+  };
+  for (std::size_t window = std::max(begin, next_index()), next = end; window < end; window = next, next = end) {
     const std::size_t window_end = std::min(end, window + sum_window);
     std::uint64_t touched = 0;  // bit w: seen[w] has a bit set (most are empty at a few %)
     for (std::size_t r = 0; r < runs.size(); ++r) {
@@ -105,11 +118,14 @@ Emit sum_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std:
         Index stored;
         std::memcpy(&stored, indices + e * sizeof(Index), sizeof stored);
         const std::uint64_t index = std::uint64_t(stored);
-        if (index >= window_end) break;
+        if (index >= window_end) {
+          next = std::min(next, std::size_t(index));  // the next window starts at the lowest
+          break;
+        }
         const std::size_t at = std::size_t(index) - window;
         T v;
         std::memcpy(&v, values + e * sizeof(T), sizeof v);
-        sums[at] = A(sums[at] + to_accumulator(v));
+        fold(slots[at], v);
         seen[at / 64] |= std::uint64_t(1) << (at % 64);
         touched |= std::uint64_t(1) << (at / 64);
       }
@@ -119,14 +135,34 @@ Emit sum_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std:
       const std::size_t w = std::size_t(std::countr_zero(touched));
       for (std::uint64_t bits = seen[w]; bits != 0; bits &= bits - 1) {
         const std::size_t at = w * 64 + std::size_t(std::countr_zero(bits));
-        const A sum = sums[at];
-        sums[at] = A(0);
-        emit(std::uint64_t(window + at), sum);
+        const Slot slot = slots[at];
+        slots[at] = Slot{};
+        emit(std::uint64_t(window + at), slot);
       }
       seen[w] = 0;
     }
   }
   return emit;
+}
+
+}  // namespace detail
+
+/// emit(index, sum) for every index in [begin, end) some run holds, ascending, where sum is
+/// A(0) plus the runs' values at that index added in run order, in T's accumulator type A
+/// (detail::fold_runs: O(entries + runs x windows holding an entry)). Every run must be
+/// ascending and inside [begin, end).
+template <class T, class Index, class Emit>
+Emit sum_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Emit emit) {
+  using A = typename float_traits<T>::accumulator;
+  return detail::fold_runs<T, Index, A>(
+      runs, begin, end, [](A& sum, T v) { sum = A(sum + to_accumulator(v)); }, std::move(emit));
+}
+
+/// emit(index, value) for every entry of runs whose indices are disjoint (each index in one
+/// run at most), ascending: their merge, each value's bits as the run held them.
+template <class T, class Index, class Emit>
+Emit merge_disjoint_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Emit emit) {
+  return detail::fold_runs<T, Index, T>(runs, begin, end, [](T& slot, T v) { slot = v; }, std::move(emit));
 }
 
 /// The sum of the runs' values at index each divided by ranks first, in run order, from

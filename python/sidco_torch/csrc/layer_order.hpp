@@ -1,7 +1,7 @@
 // A bucket's layers in two orders: as DDP lays them out in the bucket (which changes when DDP
 // rebuilds its buckets, and between a run and its resumption), and as the reduce-scatter
 // exchange lays them out (sorted by parameter key: the same in every run and on every rank),
-// so that its regions, owners and checkpoint do not depend on DDP's order.
+// so that its owners and checkpoint do not depend on DDP's order.
 #pragma once
 
 #include <algorithm>

@@ -336,11 +336,6 @@ std::size_t ReduceCodec::layer_index(std::int64_t layer) const {
   return std::size_t(layer);
 }
 
-std::vector<std::int64_t> ReduceCodec::bounds() const {
-  const auto hold = lock();
-  return impl_->bounds();
-}
-
 c10::Dict<std::string, double> ReduceCodec::report() const {
   const auto hold = lock();
   const auto& r = impl_->report();
@@ -458,7 +453,6 @@ TORCH_LIBRARY(sidco, m) {
       .def("block_bytes", &ReduceCodec::block_bytes)
       .def("capacity", &ReduceCodec::capacity)
       .def("target", &ReduceCodec::target)
-      .def("bounds", &ReduceCodec::bounds)
       .def("report", &ReduceCodec::report)
       .def("layer_state", &ReduceCodec::layer_state)
       .def("load_layer_state", &ReduceCodec::load_layer_state)

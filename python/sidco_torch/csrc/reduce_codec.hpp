@@ -1,6 +1,6 @@
 // sidco_torch.ReduceCodec: one bucket's side of the reduce-scatter exchange
-// (sidco/comm/reduce/core.hpp): its compressors per layer and the exchange core (regions,
-// owner policy, blocks, selection), on the bucket's device. The hook calls its three ops
+// (sidco/comm/reduce/core.hpp): its compressors per layer and the exchange core (owner
+// policy, blocks, selection), on the bucket's device. The hook calls its three ops
 // around its two collectives; the work is in cpu/reduce.cpp and, for CUDA buckets,
 // cuda/reduce_codec.cuh. Every entry point holds the codec's lock, as Codec's do.
 #pragma once
@@ -43,7 +43,6 @@ class reduce_codec_impl {
   virtual void load_layer(std::size_t i, std::span<const std::byte> bytes) = 0;
   virtual std::vector<std::byte> save_exchange() const = 0;
   virtual void load_exchange(std::span<const std::byte> bytes) = 0;
-  virtual std::vector<std::int64_t> bounds() const = 0;
   virtual const sidco::comm::reduce_report& report() const = 0;
   virtual const sidco::compress_report& compress_report() const = 0;
   virtual bool failed() const = 0;
@@ -87,10 +86,6 @@ class reduce_codec_base : public reduce_codec_impl {
           in.finish();
         },
         core_);
-  }
-  std::vector<std::int64_t> bounds() const override {
-    const auto& b = std::visit([](const auto& core) -> const auto& { return core.current_regions().bounds(); }, core_);
-    return {b.begin(), b.end()};
   }
   const sidco::comm::reduce_report& report() const override {
     return std::visit([](const auto& core) -> const auto& { return core.report(); }, core_);
@@ -168,7 +163,6 @@ class ReduceCodec : public torch::CustomClassHolder {
   std::int64_t block_bytes() const { return std::int64_t(plan_.format.bytes()); }
   std::int64_t capacity() const { return std::int64_t(plan_.capacity); }
   std::int64_t target() const { return std::int64_t(plan_.target); }
-  std::vector<std::int64_t> bounds() const;
   c10::Dict<std::string, double> report() const;
   at::Tensor layer_state(std::int64_t layer) const;
   void load_layer_state(std::int64_t layer, const at::Tensor& state);

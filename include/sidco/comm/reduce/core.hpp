@@ -1,12 +1,12 @@
 // The reduce-scatter exchange on one rank, whatever carries it: bytes per rank that do not
-// grow with the number of ranks P. The index space is split into P regions, one owner each
-// (comm/regions.hpp). A step is three calls around two collectives:
+// grow with the number of ranks P. Each index has one owner, by a hash of the index
+// (comm/ownership.hpp). A step is three calls around two collectives:
 //
-//   pack    this rank's selection split by region into P blocks of capacity c = ceil(slack
+//   pack    this rank's selection split by owner into P blocks of capacity c = ceil(slack
 //           k / P) (what does not fit goes back into its residual);
 //           -- an all-to-all moves block j to owner j --
-//   select  this rank's region: the P blocks it received added in rank order, its share of
-//           the global target kept by the owner policy, each kept index's update packed;
+//   select  the indices this rank owns: the P blocks it received added in rank order, its
+//           share of the global target kept by the owner policy, each kept index's update packed;
 //           -- an all-gather moves every owner's selection to every rank --
 //   apply   every owner's selection is the global selection and its update (the same bits
 //           on every rank); what this rank sent that no owner kept goes back into its
@@ -18,7 +18,7 @@
 // rank in either round (its compress, its arguments, a block an owner finds bad, a buffer
 // this rank finds wrong after round 1, an update beyond the type's range) travels in the
 // payloads, every rank's apply raises the same error, every rank gives back what it sent,
-// and the exchange's state (regions, owner policy) stays as before the step: the next step
+// and the exchange's state (its owner policy's) stays as before the step: the next step
 // works. Transports hold only their collectives: comm/reduce_exchange.hpp (MPI),
 // comm/nccl_reduce.cuh (NCCL), the DDP hook's reduce codecs.
 #pragma once
@@ -36,7 +36,6 @@
 #include "sidco/comm/reduce/plan.hpp"
 #include "sidco/comm/reduce/state.hpp"
 #include "sidco/comm/reduce/steps.hpp"
-#include "sidco/comm/regions.hpp"
 #include "sidco/comm/residual_sink.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
@@ -65,8 +64,7 @@ class reduce_core {
         rank_(rank),
         delta_(delta),
         options_(options),
-        policy_(std::move(policy)),
-        regions_(regions::even(plan_.size, ranks)) {
+        policy_(std::move(policy)) {
     if (options.coding != entry_coding::plain)
       sidco::detail::fail("reduce-scatter exchange: options.coding = compact: the compact entry coding is the "
                           "all-gather exchange's only, so far (sparse_exchange, the hook's exchange=\"allgather\")");
@@ -78,8 +76,6 @@ class reduce_core {
 
   const reduce_plan& plan() const { return plan_; }
   std::size_t block_bytes() const { return plan_.format.bytes(); }
-  /// The regions the next pack splits by (balanced from the last global selection).
-  const regions& current_regions() const { return regions_; }
   /// The last global selection's indices and updates (ascending; the same on every rank).
   std::span<const Index> global_selection() const { return global_; }
   std::span<const T> updates() const { return updates_; }
@@ -90,7 +86,7 @@ class reduce_core {
   /// may pass others: the hook names each bucket and step in its tag and density).
   wire_fields fields(std::uint64_t step) const { return {options_.tag, step, delta_, options_.op}; }
 
-  /// Round 1: splits sent (ascending, the plan's dense size) by region into blocks
+  /// Round 1: splits sent (ascending, the plan's dense size) by owner into blocks
   /// (plan().ranks x block_bytes()); sent keeps what they hold, what they cannot hold goes to
   /// sink. A problem with the arguments is packed instead (every rank raises it after round
   /// 2), and whatever sent held goes to sink. Returns whether it packed sent.
@@ -103,7 +99,7 @@ class reduce_core {
         sidco::detail::fail("reduce-scatter exchange: the sparse vector's dense size ", sent.dense_size(),
                             " is not the exchange's ", plan_.size);
       checked = true;
-      report_.trimmed = pack_blocks(sent, regions_, plan_, fields_, sink, blocks);
+      report_.trimmed = pack_blocks(sent, plan_, fields_, sink, blocks);
       report_.sent = sent.size();
       packed_ = sent;
       return true;
@@ -121,7 +117,7 @@ class reduce_core {
     pack_failed_blocks<T, Index>(reason, plan_, fields_, blocks);
   }
 
-  /// Round 2: this rank's region from the blocks it received (one per rank, rank order)
+  /// Round 2: the indices this rank owns, from the blocks it received (one per rank, rank order)
   /// into selection (block_bytes()). problem: what this rank found wrong since pack (its
   /// output buffer, say), sent instead of a selection so that every rank raises it.
   void select(payload_views received, std::span<std::byte> selection, const std::exception* problem = nullptr) {
@@ -131,12 +127,12 @@ class reduce_core {
       return;
     }
     save_owner();
-    select_region<T, Index>(received, regions_, rank_, plan_, fields_, policy_, selection, report_, scratch_);
+    select_owned<T, Index>(received, rank_, plan_, fields_, policy_, selection, report_, scratch_);
   }
 
   /// Round 3: every owner's selection (rank order). On agreement, global_selection() and
   /// updates() hold the update, what this rank sent that no owner kept goes to sink, and the
-  /// step commits (regions balanced for the next step). Otherwise it throws
+  /// step commits. Otherwise it throws
   /// sidco::runtime_error (nonfinite_exchange when every failure was non-finite input), the
   /// same on every rank, having given every entry this rank sent to sink and put the
   /// exchange's state back as it was before the step.
@@ -148,7 +144,7 @@ class reduce_core {
     report_.target = plan_.target;
     report_.bytes_sent = report_.bytes_received = 2 * (plan_.ranks - 1) * plan_.format.bytes();
     try {
-      check_selections<T, Index>(selections, regions_, plan_);
+      check_selections<T, Index>(selections, plan_);
     } catch (...) {
       report_.returned = give_back_all<T, Index>(packed_.indices(), packed_.values(), sink);
       restore_owner();
@@ -156,9 +152,8 @@ class reduce_core {
       updates_.clear();
       throw;
     }
-    read_selections<T, Index>(selections, plan_.format, global_, updates_, report_);
+    read_selections<T, Index>(selections, plan_, global_, updates_, report_);
     report_.returned = give_back_unkept<T, Index>(packed_.indices(), packed_.values(), global_, sink);
-    regions_ = regions::balanced<Index>(global_, plan_.size, plan_.ranks);
     owner_saved_ = false;
     return report_;
   }
@@ -174,14 +169,14 @@ class reduce_core {
 
   bool in_step() const { return in_step_; }
 
-  /// The regions and the owner's state (comm/reduce/state.hpp). Not during a step.
+  /// The owner policy's state (comm/reduce/state.hpp). Not during a step.
   void save_state(state_writer& out) const {
     if (in_step_) sidco::detail::fail("reduce-scatter exchange: save_state() during a step (between pack and apply)");
-    save_reduce_state(out, regions_, policy_);
+    save_reduce_state(out, plan_, policy_);
   }
   void load_state(state_reader& in) {
     if (in_step_) sidco::detail::fail("reduce-scatter exchange: load_state() during a step (between pack and apply)");
-    load_reduce_state(in, plan_, regions_, policy_);
+    load_reduce_state(in, plan_, policy_);
   }
 
  private:
@@ -216,7 +211,6 @@ class reduce_core {
   double delta_ = 0;
   exchange_options options_;
   Policy policy_;
-  regions regions_;
   owner_scratch<T, Index> scratch_;
   sparse_vector<T, Index> packed_;  // what this rank's blocks hold, this step
   std::vector<Index> global_;

@@ -1,10 +1,12 @@
 // What a reduce-scatter exchange checkpoints to resume bit for bit, whatever carries it: its
-// regions and its owner policy's state (the local compressor and residual are the caller's).
-// One versioned format for every transport; the two older ones (tags "sparse_reduce_exchange"
-// of the MPI and NCCL exchanges, "reduce_codec" of the DDP hook) still load.
+// owner policy's state (the local compressor and residual are the caller's; ownership is a
+// hash, nothing to save). One versioned format for every transport; the older ones (version
+// 2, and tags "sparse_reduce_exchange" of the MPI and NCCL exchanges and "reduce_codec" of
+// the DDP hook) still load: their region bounds, from when indices were owned by contiguous
+// regions, are read and dropped.
 //
-//   name "reduce_exchange_state", version, ranks, dense size, ranks + 1 region bounds,
-//   the owner's name, the owner's state (a stateful owner's save_state)
+//   name "reduce_exchange_state", version 3, ranks, dense size, the owner's name, the
+//   owner's state (a stateful owner's save_state)
 #pragma once
 
 #include <cstddef>
@@ -17,30 +19,28 @@
 
 #include "sidco/comm/owner.hpp"
 #include "sidco/comm/reduce/plan.hpp"
-#include "sidco/comm/regions.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/state_io.hpp"
 
 namespace sidco::comm {
 
 inline constexpr std::string_view reduce_state_name = "reduce_exchange_state";
-inline constexpr std::uint64_t reduce_state_version = 2;
+inline constexpr std::uint64_t reduce_state_version = 3;
 
-/// Writes the regions and the owner policy's state in the format above.
+/// Writes the plan's sizes and the owner policy's state in the format above.
 template <class Policy>
-void save_reduce_state(state_writer& out, const regions& owners, const Policy& policy) {
+void save_reduce_state(state_writer& out, const reduce_plan& plan, const Policy& policy) {
   out.name(reduce_state_name);
   out.word(reduce_state_version);
-  out.word(owners.owners());
-  out.word(owners.size());
-  for (std::size_t b : owners.bounds()) out.word(b);
+  out.word(plan.ranks);
+  out.word(plan.size);
   out.name(Policy::name);
   if constexpr (stateful<Policy>) policy.save_state(out);
 }
 
 /// What a saved exchange state says of itself, read without loading it: the format's
-/// version (1: an older tag), the rank count, the dense size (0 where version 1 did not
-/// say it) and the owner's name ("" where version 1 did not say it).
+/// version (1: an older tag), the rank count, the dense size and the owner's name ("" where
+/// version 1 did not say it).
 struct reduce_state_info {
   std::uint64_t version = 0, ranks = 0, size = 0;
   std::string owner;
@@ -49,15 +49,17 @@ struct reduce_state_info {
 
 namespace detail {
 
-/// Reads the fields before the owner's state; in is left at the owner's state.
-inline reduce_state_info read_reduce_state_head(state_reader& in, std::vector<std::size_t>& bounds) {
+/// Reads the fields before the owner's state (an older version's region bounds read and
+/// dropped); in is left at the owner's state.
+inline reduce_state_info read_reduce_state_head(state_reader& in) {
   reduce_state_info info;
   const std::string_view tag = in.read_name();
   info.tag = std::string(tag);
   if (tag == reduce_state_name) {
     info.version = in.word("reduce exchange state: version");
-    if (info.version != reduce_state_version)
-      sidco::detail::fail("reduce exchange state: version ", info.version, "; this sidco reads versions 1 and ", reduce_state_version);
+    if (info.version != 2 && info.version != reduce_state_version)
+      sidco::detail::fail("reduce exchange state: version ", info.version, "; this sidco reads versions 1 to ",
+                          reduce_state_version);
     info.ranks = in.word("reduce exchange state: ranks");
     info.size = in.word("reduce exchange state: dense size");
   } else if (tag == "sparse_reduce_exchange" || tag == "reduce_codec") {
@@ -69,13 +71,13 @@ inline reduce_state_info read_reduce_state_head(state_reader& in, std::vector<st
     sidco::detail::fail("state: holds '", tag, "' where a reduce exchange's state was expected");
   }
   if (info.ranks > (std::uint64_t(1) << 32)) sidco::detail::fail("reduce exchange state: ", info.ranks, " ranks");
-  bounds.resize(std::size_t(info.ranks) + 1);
-  for (auto& b : bounds) b = std::size_t(in.word("reduce exchange state: region bound"));
-  if (info.version == 1) {
-    info.size = bounds.back();
-  } else {
-    info.owner = std::string(in.read_name());
+  if (info.version < 3) {
+    // Versions 1 and 2: ranks + 1 region bounds (version 1 counted them above).
+    std::uint64_t bound = 0;
+    for (std::uint64_t b = 0; b <= info.ranks; ++b) bound = in.word("reduce exchange state: region bound");
+    if (info.version == 1) info.size = bound;
   }
+  if (info.version != 1) info.owner = std::string(in.read_name());
   return info;
 }
 
@@ -85,22 +87,19 @@ inline reduce_state_info read_reduce_state_head(state_reader& in, std::vector<st
 /// bytes that are not such a state.
 inline reduce_state_info read_reduce_state_info(std::span<const std::byte> bytes) {
   state_reader in(bytes);
-  std::vector<std::size_t> bounds;
-  return detail::read_reduce_state_head(in, bounds);
+  return detail::read_reduce_state_head(in);
 }
 
-/// Loads a saved state into owners and policy, which change only when all of it reads and
-/// fits the plan: a state saved for another rank count, dense size or owner is refused with
-/// a sidco::error saying so. Reads what save_reduce_state wrote (a hook's version 1 state
-/// with an owner state this owner has no use for: to the end).
+/// Loads a saved state into policy, which changes only when all of it reads and fits the
+/// plan: a state saved for another rank count, dense size or owner is refused with a
+/// sidco::error saying so. Reads what save_reduce_state wrote (a hook's version 1 state with
+/// an owner state this owner has no use for: to the end).
 template <class Policy>
-void load_reduce_state(state_reader& in, const reduce_plan& plan, regions& owners, Policy& policy) {
-  std::vector<std::size_t> bounds;
-  const reduce_state_info info = detail::read_reduce_state_head(in, bounds);
+void load_reduce_state(state_reader& in, const reduce_plan& plan, Policy& policy) {
+  const reduce_state_info info = detail::read_reduce_state_head(in);
   if (info.ranks != plan.ranks || info.size != plan.size)
     sidco::detail::fail("reduce exchange state: saved for ", info.ranks, " ranks and ", info.size,
                         " values; this exchange has ", plan.ranks, " ranks and ", plan.size, " values");
-  regions loaded = regions::from_bounds(std::move(bounds), plan.size);
   Policy loaded_policy = policy;
   // Version 1 did not name the owner; the hook's ("reduce_codec") always held SIDCo-E's state.
   const bool owner_state_follows = info.version != 1                 ? info.owner == Policy::name
@@ -113,7 +112,6 @@ void load_reduce_state(state_reader& in, const reduce_plan& plan, regions& owner
     if (owner_state_follows) loaded_policy.load_state(in);
   }
   if (info.version == 1 && !owner_state_follows) in.skip_rest();
-  owners = std::move(loaded);
   policy = std::move(loaded_policy);
 }
 

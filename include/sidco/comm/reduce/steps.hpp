@@ -1,10 +1,10 @@
 // The reduce-scatter exchange's steps as functions over host bytes, whatever carries them
 // (no MPI, NCCL or torch here; reduce/core.hpp strings them together):
 //
-//   1. pack_blocks (each sender): its selection split by region into P blocks of capacity c
-//      (what does not fit, the smallest, goes back into its residual);
-//   2. select_region (each owner): the P blocks it received added in rank order and its
-//      region's share of the global target kept by the owner policy; the selection payload
+//   1. pack_blocks (each sender): its selection split by owner (comm/ownership.hpp) into P
+//      blocks of capacity c (what does not fit, the smallest, goes back into its residual);
+//   2. select_owned (each owner): the P blocks it received added in rank order and its
+//      share of the global target kept by the owner policy; the selection payload
 //      holds each kept index's update (comm/sum.hpp's rule: the average, or the sum);
 //   3. read_selections (every rank): every owner's selection is the global selection and
 //      its update; what a rank sent that no owner kept goes back into its residual.
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <span>
 #include <utility>
@@ -26,8 +27,8 @@
 #include "sidco/backend/host/keep_top_k.hpp"
 #include "sidco/comm/agree.hpp"
 #include "sidco/comm/owner.hpp"
+#include "sidco/comm/ownership.hpp"
 #include "sidco/comm/reduce/plan.hpp"
-#include "sidco/comm/regions.hpp"
 #include "sidco/comm/residual_sink.hpp"
 #include "sidco/comm/sum.hpp"
 #include "sidco/comm/wire.hpp"
@@ -37,50 +38,74 @@
 
 namespace sidco::comm {
 
-/// Round 1 on the sender: splits sent (ascending, dense size plan.size) by region into
-/// plan.ranks blocks of plan.format, each trimmed to its largest plan.capacity entries
-/// (what it removes goes to sink; sent keeps what the blocks hold), and packs block j into
-/// blocks[j * format.bytes(), ...). Returns how many entries it trimmed.
+/// Round 1 on the sender: splits sent (ascending, dense size plan.size) by owner (owner_of)
+/// into plan.ranks blocks of plan.format, each trimmed to its largest plan.capacity entries
+/// (what it removes goes to sink; sent keeps what the blocks hold, ascending), and packs
+/// block j into blocks[j * format.bytes(), ...). Returns how many entries it trimmed.
 template <class T, class Index, class Sink>
-std::size_t pack_blocks(sparse_vector<T, Index>& sent, const regions& owners, const reduce_plan& plan,
-                        const wire_fields& fields, Sink& sink, std::span<std::byte> blocks) {
+std::size_t pack_blocks(sparse_vector<T, Index>& sent, const reduce_plan& plan, const wire_fields& fields, Sink& sink,
+                        std::span<std::byte> blocks) {
   const std::size_t bytes = plan.format.bytes();
   if (blocks.size() != bytes * plan.ranks)
     sidco::detail::fail("reduce-scatter exchange: blocks: ", blocks.size(), " bytes, the plan takes ", bytes * plan.ranks);
-  if (owners.owners() != plan.ranks || owners.size() != plan.size)
-    sidco::detail::fail("reduce-scatter exchange: ", owners.owners(), " regions over ", owners.size(), " values, the plan has ",
-                        plan.ranks, " ranks and ", plan.size, " values");
   if (sent.dense_size() != plan.size)
     sidco::detail::fail("reduce-scatter exchange: the sparse vector's dense size ", sent.dense_size(), " is not ", plan.size);
-  // Region by region (regions may be empty): each run of sent trimmed to the capacity in
-  // place, then packed as that owner's block.
-  Index* index = sent.index_data();
-  T* value = sent.value_data();
+  const Index* index = sent.index_data();
+  const T* value = sent.value_data();
   const std::size_t count = sent.size();
-  std::vector<std::size_t> runs(plan.ranks + 1, 0);  // block j: [runs[j], runs[j + 1]) after compaction
-  std::size_t read = 0, write = 0, trimmed = 0;
-  for (std::size_t j = 0; j < plan.ranks; ++j) {
-    std::size_t n = 0;
-    while (read + n < count && std::size_t(index[read + n]) < owners.end(j)) ++n;
-    if (write != read) {
-      std::move(index + read, index + read + n, index + write);
-      std::move(value + read, value + read + n, value + write);
-    }
-    std::size_t kept = n;
-    if (n > plan.capacity) {
-      kept = backend::host::keep_top_k(index + write, value + write, n, plan.capacity,
-                                       [&](Index i, T v) { sink.give_back(i, v); });
-      trimmed += n - kept;
-    }
-    read += n;
-    write += kept;
-    runs[j + 1] = write;
+  // A stable counting sort by owner: each block's entries stay ascending.
+  std::vector<std::uint32_t> owner(count);
+  std::vector<std::size_t> runs(plan.ranks + 1, 0);  // block j: [runs[j], runs[j + 1])
+  for (std::size_t e = 0; e < count; ++e) {
+    owner[e] = std::uint32_t(owner_of(std::uint64_t(index[e]), plan.ranks));
+    ++runs[owner[e] + 1];
   }
-  sent.truncate(write);
+  for (std::size_t j = 0; j < plan.ranks; ++j) runs[j + 1] += runs[j];
+  std::vector<Index> by_owner(count);
+  std::vector<T> values(count);
+  {
+    std::vector<std::size_t> at(runs.begin(), runs.end() - 1);
+    for (std::size_t e = 0; e < count; ++e) {
+      const std::size_t to = at[owner[e]]++;
+      by_owner[to] = index[e];
+      values[to] = value[e];
+    }
+  }
+  std::size_t trimmed = 0;
+  std::vector<Index> removed;  // ascending once sorted: what sent no longer holds
+  std::vector<std::size_t> kept(plan.ranks);
+  for (std::size_t j = 0; j < plan.ranks; ++j) {
+    const std::size_t n = runs[j + 1] - runs[j];
+    kept[j] = n;
+    if (n <= plan.capacity) continue;
+    kept[j] = backend::host::keep_top_k(by_owner.data() + runs[j], values.data() + runs[j], n, plan.capacity,
+                                        [&](Index i, T v) {
+                                          sink.give_back(i, v);
+                                          removed.push_back(i);
+                                        });
+    trimmed += n - kept[j];
+  }
   for (std::size_t j = 0; j < plan.ranks; ++j)
-    pack<T, Index>(std::span<const Index>(index + runs[j], runs[j + 1] - runs[j]),
-                   std::span<const T>(value + runs[j], runs[j + 1] - runs[j]), plan.size, trimmed, fields, plan.format,
+    pack<T, Index>(std::span<const Index>(by_owner.data() + runs[j], kept[j]),
+                   std::span<const T>(values.data() + runs[j], kept[j]), plan.size, trimmed, fields, plan.format,
                    blocks.subspan(j * bytes, bytes));
+  if (!removed.empty()) {
+    std::sort(removed.begin(), removed.end());
+    Index* keep_index = sent.index_data();
+    T* keep_value = sent.value_data();
+    std::size_t write = 0;
+    auto next_removed = removed.begin();
+    for (std::size_t e = 0; e < count; ++e) {
+      if (next_removed != removed.end() && *next_removed == keep_index[e]) {
+        ++next_removed;
+        continue;
+      }
+      keep_index[write] = keep_index[e];
+      keep_value[write] = keep_value[e];
+      ++write;
+    }
+    sent.truncate(write);
+  }
   return trimmed;
 }
 
@@ -95,18 +120,18 @@ void pack_failed_blocks(const std::exception& reason, const reduce_plan& plan, c
 
 namespace detail {
 
-/// Throws unless every index of an ok payload lies in [begin, end).
+/// Throws unless every index of an ok payload is owned by `owner` among ranks.
 template <class Index>
-void check_region(std::span<const std::byte> payload, const wire_format& format, std::size_t begin, std::size_t end,
-                  const char* whose, std::size_t rank) {
+void check_owned(std::span<const std::byte> payload, const wire_format& format, std::size_t owner, std::size_t ranks,
+                 const char* whose, std::size_t rank) {
   const wire_header h = read_header(payload);
-  if (h.status != std::uint8_t(wire_status::ok) || h.count == 0) return;
-  // Ascending indices (agree checked): the first and the last bound the rest.
+  if (h.status != std::uint8_t(wire_status::ok)) return;
   const std::byte* indices = payload.data() + format.indices_offset();
-  const std::uint64_t first = index_at<Index>(indices), last = index_at<Index>(indices + (h.count - 1) * sizeof(Index));
-  if (first < begin || last >= end)
-    disagree(h, whose, " ", rank, " sent index ", first < begin ? first : last, ", outside its region [", begin, ", ",
-             end, ")");
+  for (std::size_t e = 0; e < std::size_t(h.count); ++e) {
+    const std::uint64_t index = index_at<Index>(indices + e * sizeof(Index));
+    if (owner_of(index, ranks) != owner)
+      disagree(h, whose, " ", rank, " sent index ", index, ", owned by rank ", owner_of(index, ranks), ", not ", owner);
+  }
 }
 
 }  // namespace detail
@@ -122,13 +147,14 @@ struct owner_scratch {
 };
 
 /// Round 2 on owner `me`: checks the blocks it received (one per rank, in rank order; every
-/// check of agree() plus the region), adds them in rank order (comm/sum.hpp) and keeps the
-/// region's share of the global target, ceil(received / P) entries (at most the capacity),
+/// check of agree() plus ownership), adds them in rank order (comm/sum.hpp) and keeps its
+/// share of the global target, received / P entries (rounded by a threshold that differs
+/// between owners and steps, so that the shares add up; at most the capacity),
 /// chosen by policy on the sums, and packs each kept index's update (the one rule: the
 /// average, or the sum, rounded once to T) into its selection payload. A problem in the
 /// blocks is relayed in the payload instead, for every rank to raise.
 template <class T, class Index, class Policy>
-void select_region(payload_views blocks, const regions& owners, std::size_t me, const reduce_plan& plan,
+void select_owned(payload_views blocks, std::size_t me, const reduce_plan& plan,
                    const wire_fields& fields, Policy& policy, std::span<std::byte> selection, reduce_report& report,
                    owner_scratch<T, Index>& scratch) {
   using A = typename float_traits<T>::accumulator;
@@ -139,7 +165,7 @@ void select_region(payload_views blocks, const regions& owners, std::size_t me, 
     std::vector<entry_run<T, Index>> runs(blocks.size());
     std::size_t received = 0;
     for (std::size_t r = 0; r < blocks.size(); ++r) {
-      detail::check_region<Index>(blocks[r], plan.format, owners.begin(me), owners.end(me), "rank", r);
+      detail::check_owned<Index>(blocks[r], plan.format, me, plan.ranks, "rank", r);
       runs[r] = {blocks[r].data() + plan.format.indices_offset(), blocks[r].data() + plan.format.values_offset(),
                  std::size_t(detail::read_header(blocks[r]).count)};
       received += runs[r].count;
@@ -159,8 +185,7 @@ void select_region(payload_views blocks, const regions& owners, std::size_t me, 
         ++count;
       }
     };
-    const auto written = sum_runs<T, Index>(runs, owners.begin(me), owners.end(me),
-                                            into_workspace{reduced.indices(), reduced.values(), 0});
+    const auto written = sum_runs<T, Index>(runs, 0, plan.size, into_workspace{reduced.indices(), reduced.values(), 0});
     const std::size_t emitted = written.count;
     // Finite values whose sum overflows: an average divides each first; a sum cannot be sent.
     A* const sums = reduced.values();
@@ -175,9 +200,17 @@ void select_region(payload_views blocks, const regions& owners, std::size_t me, 
       }
     reduced.set_size(emitted);
     const std::size_t union_size = emitted;
-    const std::size_t share = std::min(plan.capacity, (received + plan.ranks - 1) / plan.ranks);
+    // received / P, rounded up or down by a threshold that differs between owners and moves
+    // with the step, so that the owners' shares add up to about the ranks' average count
+    // (rounding up overshot k by 17% at 1,024 ranks, where a share is 2 or 3 entries).
+    const double exact = double(received) / double(plan.ranks);
+    const double threshold =
+        std::fmod((double(me) + 0.5) / double(plan.ranks) + 0.6180339887498949 * double(fields.sequence % 1000003), 1.0);
+    const std::size_t share =
+        std::min(plan.capacity, std::size_t(exact) + (exact - std::floor(exact) > threshold ? 1 : 0));
     std::size_t kept = union_size;
-    if (union_size > share) kept = policy.template select<A, Index>(reduced.indices(), reduced.values(), union_size, share);
+    if (share == 0) kept = 0;
+    else if (union_size > share) kept = policy.template select<A, Index>(reduced.indices(), reduced.values(), union_size, share);
     if (kept > plan.capacity) kept = backend::host::keep_top_k(reduced.indices(), reduced.values(), kept, plan.capacity);
     reduced.set_size(kept);
     // Each kept index's update (comm/sum.hpp's rule); an overflowed one's entry holds its
@@ -201,38 +234,48 @@ void select_region(payload_views blocks, const regions& owners, std::size_t me, 
   }
 }
 
-/// Every owner's selection agrees (agree()) and holds indices of its own region only.
-/// Throws the same sidco::runtime_error on every rank otherwise.
+/// Every owner's selection agrees (agree()) and holds indices it owns only. Throws the same
+/// sidco::runtime_error on every rank otherwise.
 template <class T, class Index>
-void check_selections(payload_views selections, const regions& owners, const reduce_plan& plan) {
+void check_selections(payload_views selections, const reduce_plan& plan) {
   if (selections.size() != plan.ranks)
     sidco::detail::fail("reduce-scatter exchange: ", selections.size(), " selections received, ", plan.ranks, " ranks");
   agree<T, Index>(selections, plan.format);
   for (std::size_t j = 0; j < selections.size(); ++j)
-    detail::check_region<Index>(selections[j], plan.format, owners.begin(j), owners.end(j), "owner", j);
+    detail::check_owned<Index>(selections[j], plan.format, j, plan.ranks, "owner", j);
 }
 
-/// Round 3 on every rank, after check_selections: global = the global selection's indices
-/// (ascending: owners' regions ascend) and updates = each one's update, as the owners sent
-/// them (the same bits on every rank); the report's selected and union counts.
+/// Round 3 on every rank, after check_selections: global = the global selection's indices,
+/// ascending (every owner's, merged: owners hold disjoint sets), and updates = each one's
+/// update as its owner sent it (the same bits on every rank); the report's selected and
+/// union counts.
 template <class T, class Index>
-void read_selections(payload_views selections, const wire_format& format, std::vector<Index>& global,
+void read_selections(payload_views selections, const reduce_plan& plan, std::vector<Index>& global,
                      std::vector<T>& updates, reduce_report& report) {
-  global.clear();
-  updates.clear();
   report.selected = report.union_size = 0;
+  std::vector<entry_run<T, Index>> runs;
+  runs.reserve(selections.size());
   for (const auto& s : selections) {
     const wire_header h = detail::read_header(s);
     const std::size_t count = std::size_t(h.count);
     report.selected += count;
     report.union_size += count + std::size_t(h.trimmed);
-    const std::size_t at = global.size();
-    global.resize(at + count);
-    updates.resize(at + count);
-    if (count == 0) continue;
-    std::memcpy(global.data() + at, s.data() + format.indices_offset(), count * sizeof(Index));
-    std::memcpy(updates.data() + at, s.data() + format.values_offset(), count * sizeof(T));
+    runs.push_back({s.data() + plan.format.indices_offset(), s.data() + plan.format.values_offset(), count});
   }
+  global.resize(report.selected);
+  updates.resize(report.selected);
+  struct into_selection {
+    Index* index_out;
+    T* update_out;
+    std::size_t count;
+    void operator()(std::uint64_t index, T update) {
+      index_out[count] = Index(index);
+      update_out[count] = update;
+      ++count;
+    }
+  };
+  merge_disjoint_runs<T, Index>(std::span<const entry_run<T, Index>>(runs), 0, plan.size,
+                                into_selection{global.data(), updates.data(), 0});
 }
 
 }  // namespace sidco::comm

@@ -1,9 +1,9 @@
 // The hook's reduce-scatter exchange (sidco/comm/reduce/core.hpp) for CPU buckets: a
 // ReduceCodec's CPU side, the exchange core's three steps with the bucket's compress before:
-//   reduce_encode   compress the bucket per tensor, split by region into P blocks;
-//   reduce_select   this rank's region: the blocks it received, reduced and selected;
+//   reduce_encode   compress the bucket per tensor, split by owner into P blocks;
+//   reduce_select   the indices this rank owns: the blocks it received, reduced and selected;
 //   reduce_decode   every owner's selection into the bucket, what was not kept back into
-//                   the residual, the regions balanced for the next step.
+//                   the residual.
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
