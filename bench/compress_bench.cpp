@@ -29,9 +29,7 @@
 
 #include "summary.hpp"
 
-#ifndef SIDCO_GRADIENTS_DIR
-#error "SIDCO_GRADIENTS_DIR is set by bench/meson.build"
-#endif
+#include "bundled_gradients.hpp"
 
 namespace {
 std::atomic<std::size_t> allocated_bytes{0};
@@ -120,7 +118,7 @@ const bucket& input(int kind, int log2n) {
     b = transformer_bucket();
   } else {
     const bool lm = kind >= 5;
-    const std::string dir = lm ? std::string(lm_directory() ? lm_directory() : "") : SIDCO_GRADIENTS_DIR;
+    const std::string dir = lm ? std::string(lm_directory() ? lm_directory() : "") : sidco::bundled::gradients_dir();
     const std::string file = kind == 2 ? "lstm_it10.npy" : kind == 3 ? "cnn_it200.npy" : kind == 5 ? "gpt_it200.npy" : "gpt_ef_it100.npy";
     b.values = sidco::io::load_npy<float>(dir + "/" + file);
     b.layout = sidco::io::load_manifest(dir + "/manifest.json").at(file);

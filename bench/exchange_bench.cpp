@@ -28,9 +28,7 @@
 #include <sidco/io/npy.hpp>
 #include <sidco/sidco.hpp>
 
-#ifndef SIDCO_GRADIENTS_DIR
-#error "SIDCO_GRADIENTS_DIR is set by bench/meson.build"
-#endif
+#include "bundled_gradients.hpp"
 
 namespace {
 
@@ -79,7 +77,7 @@ step_blocks pack_all(std::vector<sparse_vector<float>> selections, const comm::r
 }
 
 void owner_select(benchmark::State& state) {
-  static const auto gradient = io::load_npy<float>(SIDCO_GRADIENTS_DIR "/lstm_it10.npy");
+  static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
   const std::size_t ranks = std::size_t(state.range(0)), n = gradient.size();
   const std::vector<segment> layout{{0, n}};
   const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
@@ -157,7 +155,7 @@ void owner_select(benchmark::State& state) {
 //   codec_over_compress   the two's ratio (issue 56's goal for compact: <= 0.15)
 //   payload_bytes         the payload's size
 void allgather_codec(benchmark::State& state) {
-  static const auto gradient = io::load_npy<float>(SIDCO_GRADIENTS_DIR "/lstm_it10.npy");
+  static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
   const auto coding = state.range(0) == 1 ? comm::entry_coding::compact : comm::entry_coding::plain;
   const std::size_t ranks = std::size_t(state.range(1)), n = gradient.size();
   comm::allgather_core<float> core({{0, n}}, delta, 1.25, coding);

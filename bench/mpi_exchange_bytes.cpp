@@ -28,6 +28,8 @@
 #include <sidco/io/npy.hpp>
 #include <sidco/sidco.hpp>
 
+#include "bundled_gradients.hpp"
+
 namespace {
 
 // Bytes the loopback transmitted, as the kernel counts them for this namespace (each byte a
@@ -49,7 +51,7 @@ std::uint64_t loopback_bytes() {
 
 struct options {
   std::string mode = "reduce";
-  std::string gradient = SIDCO_GRADIENTS_DIR "/lstm_it10.npy";
+  std::string gradient = std::string(sidco::bundled::gradients_dir()) + "/lstm_it10.npy";
   double delta = 0.01;
   int warmup = 3;
   int steps = 5;

@@ -10,9 +10,7 @@
 
 #include <sidco/io/npy.hpp>
 
-#ifndef SIDCO_GRADIENTS_DIR
-#error "tests need SIDCO_GRADIENTS_DIR (set by tests/meson.build)"
-#endif
+#include "bundled_gradients.hpp"
 
 namespace sidco::test {
 
@@ -25,10 +23,10 @@ inline const std::vector<std::string>& gradient_files() {
 }
 
 /// The folder the gradients are read from: SIDCO_GRADIENTS_DIR in the environment (binaries
-/// moved to another machine, scripts/gpu_check.sh) or the source tree's, compiled in.
+/// moved to another machine, scripts/gpu_check.sh) or the source tree's.
 inline std::string gradients_dir() {
   const char* moved = std::getenv("SIDCO_GRADIENTS_DIR");
-  return moved && *moved ? moved : SIDCO_GRADIENTS_DIR;
+  return moved && *moved ? moved : bundled::gradients_dir();
 }
 
 template <class T = float>

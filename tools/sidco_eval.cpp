@@ -19,9 +19,7 @@
 
 #include <sidco/io/manifest.hpp>
 
-#ifndef SIDCO_GRADIENTS_DIR
-#define SIDCO_GRADIENTS_DIR "examples/data/gradients"
-#endif
+#include "bundled_gradients.hpp"
 
 namespace {
 
@@ -190,7 +188,7 @@ int run(int argc, char** argv) {
       "call on a fresh compressor; time is the median of warm calls doing the same work\n"
       "(buffers reused, as across training steps).",
       "sidco-eval");
-  app.add_option("--input", inputs, "a .npy gradient (repeatable; default: every one in " SIDCO_GRADIENTS_DIR ")")
+  app.add_option("--input", inputs, std::string("a .npy gradient (repeatable; default: every one in ") + sidco::bundled::gradients_dir() + ")")
       ->type_name("FILE.npy");
   std::vector<std::string> names;
   for (const auto& m : methods) names.push_back(m.name);
@@ -226,11 +224,11 @@ int run(int argc, char** argv) {
   if (densities.empty()) densities = {0.1, 0.01, 0.001};
   if (inputs.empty()) {
     std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(SIDCO_GRADIENTS_DIR, ec))
+    for (const auto& entry : std::filesystem::directory_iterator(sidco::bundled::gradients_dir(), ec))
       if (entry.path().extension() == ".npy") inputs.push_back(entry.path().string());
-    if (ec) usage_error(std::string("cannot read ") + SIDCO_GRADIENTS_DIR + ": " + ec.message());
+    if (ec) usage_error(std::string("cannot read ") + sidco::bundled::gradients_dir() + ": " + ec.message());
     std::sort(inputs.begin(), inputs.end());
-    if (inputs.empty()) usage_error(std::string("no .npy files in ") + SIDCO_GRADIENTS_DIR);
+    if (inputs.empty()) usage_error(std::string("no .npy files in ") + sidco::bundled::gradients_dir());
   }
   std::vector<const method*> run;
   if (chosen.empty())
