@@ -23,7 +23,7 @@
 #include <sidco/sidco.hpp>
 
 #ifndef SIDCO_DIGITS_CSV
-#define SIDCO_DIGITS_CSV "examples/data/digits/digits.csv"
+#define SIDCO_DIGITS_CSV "examples/data/digits/digits.csv"  // from the source tree's root, as the docs run it
 #endif
 
 namespace {

@@ -2,13 +2,15 @@
 # A short data-parallel run on 2 ranks with fixed seeds: SIDCo-E with error feedback at
 # delta = 0.01 must reach a test accuracy within 2 points of the uncompressed run.
 set -euo pipefail
+# Arguments: train-digits, mpirun, the digits CSV, [epochs].
 train=$1
 mpirun=$2
-epochs=${3:-15}
+data=$3
+epochs=${4:-15}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$mpirun" -np 2 "$train" --method none --epochs "$epochs" --csv "$tmp/none.csv"
-"$mpirun" -np 2 "$train" --method sidco-e --density 0.01 --epochs "$epochs" --csv "$tmp/sidco.csv"
+"$mpirun" -np 2 "$train" --data "$data" --method none --epochs "$epochs" --csv "$tmp/none.csv"
+"$mpirun" -np 2 "$train" --data "$data" --method sidco-e --density 0.01 --epochs "$epochs" --csv "$tmp/sidco.csv"
 final() { tail -1 "$1" | cut -d, -f6; }
 dense=$(final "$tmp/none.csv")
 sidco=$(final "$tmp/sidco.csv")
