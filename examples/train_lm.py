@@ -62,7 +62,8 @@ def worker(rank, a, port):
         ddp.register_comm_hook(hook_state, powersgd.powerSGD_hook)
     elif a.method != "none":
         import sidco_torch
-        hook_state = sidco_torch.State(method=a.method, density=a.density, start_iter=2, exchange=a.exchange)
+        hook_state = sidco_torch.State(method=a.method, density=a.density, start_iter=2, exchange=a.exchange,
+                                       wire=a.wire)
         sidco_torch.register(ddp, hook_state)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
     writer = None
@@ -126,6 +127,8 @@ def main():
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--exchange", default="auto", choices=("auto", "allgather", "reduce"),
                     help="sidco_torch's exchange (auto: reduce from 3 ranks on)")
+    ap.add_argument("--wire", default="plain", choices=("plain", "compact"),
+                    help="sidco_torch's entry coding (compact: the all-gather only)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=20)
