@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""What the hook's default exchange gives a new user, in loss (issue "A thousand workers"):
+a 2-layer LSTM language model on synthetic tokens (a Zipf-like unigram draw with a fixed
+successor table, so there is something to learn), P gloo ranks on 127.0.0.1, SGD with
+momentum, sidco_torch.State(method="sidco-e", density=0.01) with exchange="auto" (the
+default: the reduce-scatter exchange from 3 ranks on) against exchange="allgather" and plain
+DDP (dense all-reduce), the same steps and seeds. Each rank draws its own batches; the
+model's embedding rows of this batch's tokens are the large, moving part of the gradient.
+Prints one line per run and, at the end, the final train loss (the mean of the last 20
+steps) of each run over the all-gather's.
+
+  PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 bench/default_exchange_loss.py \\
+      --ranks 4 --steps 200 --seeds 1 2
+"""
+import argparse
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class LM(nn.Module):
+    def __init__(self, vocabulary, dim):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, dim)
+        self.lstm = nn.LSTM(dim, dim, num_layers=2, batch_first=True)
+        self.out = nn.Linear(dim, vocabulary)
+
+    def forward(self, x):
+        return self.out(self.lstm(self.embed(x))[0])
+
+
+def batch(generator, a):
+    """A batch of sequences: token t+1 is t's fixed successor with probability 0.7, else a
+    Zipf-like draw."""
+    weights = 1.0 / torch.arange(1, a.vocabulary + 1, dtype=torch.float64)
+    successor = torch.randperm(a.vocabulary, generator=torch.Generator().manual_seed(99))
+    tokens = torch.empty(a.batch, a.bptt + 1, dtype=torch.long)
+    tokens[:, 0] = torch.multinomial(weights, a.batch, replacement=True, generator=generator)
+    for t in range(1, a.bptt + 1):
+        follow = torch.rand(a.batch, generator=generator) < 0.7
+        fresh = torch.multinomial(weights, a.batch, replacement=True, generator=generator)
+        tokens[:, t] = torch.where(follow, successor[tokens[:, t - 1]], fresh)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def worker(rank, a, exchange, seed, port, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    torch.manual_seed(seed)
+    model = LM(a.vocabulary, a.dim)
+    ddp = DDP(model)
+    if exchange != "dense":
+        import sidco_torch
+        state = sidco_torch.State(method="sidco-e", density=a.density, start_iter=2, exchange=exchange)
+        sidco_torch.register(ddp, state)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+    generator = torch.Generator().manual_seed(1000 * seed + rank)
+    losses = []
+    for _ in range(a.steps):
+        x, y = batch(generator, a)
+        loss = nn.functional.cross_entropy(ddp(x).reshape(-1, a.vocabulary), y.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / a.ranks)
+    used = state.exchange_for(a.ranks) if exchange != "dense" else "dense"
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(f"{used} {sum(losses[-20:]) / 20:.4f}\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--vocabulary", type=int, default=2000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--bptt", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--exchanges", nargs="+", default=["auto", "allgather", "dense"])
+    a = ap.parse_args()
+    import tempfile
+    finals = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in a.seeds:
+            for exchange in a.exchanges:
+                out = os.path.join(tmp, f"{exchange}-{seed}")
+                mp.spawn(worker, args=(a, exchange, seed, free_port(), out), nprocs=a.ranks, join=True)
+                used, final = open(out).read().split()
+                finals[(exchange, seed)] = float(final)
+                print(f"seed {seed}, exchange={exchange} ({used}): final train loss {final}", flush=True)
+    if "allgather" in a.exchanges:
+        for (exchange, seed), final in finals.items():
+            print(f"seed {seed}, {exchange}: {final / finals[('allgather', seed)]:.3f}x the all-gather's loss")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
