@@ -101,9 +101,15 @@ inline std::byte* put_varint(std::uint64_t v, std::byte* at) {
   return at;
 }
 
-/// The values a body of format's size has room for after count narrowed values.
+/// Where a body's gap codes start: after count narrowed values of value_bytes each, padded
+/// to 8 bytes.
+constexpr std::size_t codes_offset(std::size_t count, std::size_t value_bytes) {
+  return (count * value_bytes + 7) / 8 * 8;
+}
+
+/// The bytes a body of format's size has room for after count narrowed values.
 inline std::size_t gap_room(const wire_format& format, std::size_t count) {
-  return format.message_bytes() - (count * format.value_bytes + 7) / 8 * 8;
+  return format.message_bytes() - codes_offset(count, format.value_bytes);
 }
 
 }  // namespace detail
@@ -189,7 +195,7 @@ std::size_t pack_compact(std::span<const Index> indices, std::span<const T> valu
     const N narrow(values[j]);
     std::memcpy(body + j * sizeof(N), &narrow, sizeof narrow);
   }
-  std::byte* at = body + (n * sizeof(N) + 7) / 8 * 8;
+  std::byte* at = body + detail::codes_offset(n, sizeof(N));
   std::uint64_t next = 0;
   for (const Index i : indices) {
     at = detail::put_varint(std::uint64_t(i) - next, at);
@@ -242,7 +248,7 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
     const T wide = T(narrow);
     std::memcpy(values + j * sizeof(T), &wide, sizeof wide);
   }
-  const std::byte* at = body + (n * sizeof(N) + 7) / 8 * 8;
+  const std::byte* at = body + detail::codes_offset(n, sizeof(N));
   std::uint64_t next = 0;
   for (std::size_t j = 0; j < n; ++j) {
     std::uint64_t gap = 0;
