@@ -120,6 +120,20 @@ void pack_failed_blocks(const std::exception& reason, const reduce_plan& plan, c
 
 namespace detail {
 
+/// What sum_runs and merge_disjoint_runs emit, written to two arrays in order (held by value
+/// in the walk, so that its pointers and count stay in registers).
+template <class Index, class V>
+struct entry_writer {
+  Index* index_out;
+  V* value_out;
+  std::size_t count;
+  void operator()(std::uint64_t index, V value) {
+    index_out[count] = Index(index);
+    value_out[count] = value;
+    ++count;
+  }
+};
+
 /// Throws unless every index of an ok payload is owned by `owner` among ranks.
 template <class Index>
 void check_owned(std::span<const std::byte> payload, const wire_format& format, std::size_t owner, std::size_t ranks,
@@ -175,17 +189,8 @@ void select_owned(payload_views blocks, std::size_t me, const reduce_plan& plan,
     reduced.reserve(received);  // the union is at most what was received
     scratch.overflowed.clear();
     // Each index's sum into the workspace; a sum that overflows is handled out of line.
-    struct into_workspace {
-      Index* index_out;
-      A* sum_out;
-      std::size_t count;
-      void operator()(std::uint64_t index, A sum) {
-        index_out[count] = Index(index);
-        sum_out[count] = sum;
-        ++count;
-      }
-    };
-    const auto written = sum_runs<T, Index>(runs, 0, plan.size, into_workspace{reduced.indices(), reduced.values(), 0});
+    const auto written =
+        sum_runs<T, Index>(runs, 0, plan.size, detail::entry_writer<Index, A>{reduced.indices(), reduced.values(), 0});
     const std::size_t emitted = written.count;
     // Finite values whose sum overflows: an average divides each first; a sum cannot be sent.
     A* const sums = reduced.values();
@@ -264,18 +269,8 @@ void read_selections(payload_views selections, const reduce_plan& plan, std::vec
   }
   global.resize(report.selected);
   updates.resize(report.selected);
-  struct into_selection {
-    Index* index_out;
-    T* update_out;
-    std::size_t count;
-    void operator()(std::uint64_t index, T update) {
-      index_out[count] = Index(index);
-      update_out[count] = update;
-      ++count;
-    }
-  };
   merge_disjoint_runs<T, Index>(std::span<const entry_run<T, Index>>(runs), 0, plan.size,
-                                into_selection{global.data(), updates.data(), 0});
+                                detail::entry_writer<Index, T>{global.data(), updates.data(), 0});
 }
 
 }  // namespace sidco::comm
