@@ -6,8 +6,9 @@ momentum, sidco_torch.State(method="sidco-e", density=0.01) with exchange="auto"
 default: the reduce-scatter exchange from 3 ranks on) against exchange="allgather" and plain
 DDP (dense all-reduce), the same steps and seeds. Each rank draws its own batches; the
 model's embedding rows of this batch's tokens are the large, moving part of the gradient.
-Prints one line per run and, at the end, the final train loss (the mean of the last 20
-steps) of each run over the all-gather's.
+Prints one line per run (with the reduce exchange, also the density its update applied
+over the target, p5 / median / p95 over steps 10 on) and, at the end, the final train loss
+(the mean of the last 20 steps) of each run over the all-gather's.
 
   PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 bench/default_exchange_loss.py \\
       --ranks 4 --steps 200 --seeds 1 2
@@ -63,8 +64,8 @@ def worker(rank, a, exchange, seed, port, out):
         sidco_torch.register(ddp, state)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
     generator = torch.Generator().manual_seed(1000 * seed + rank)
-    losses = []
-    for _ in range(a.steps):
+    losses, applied = [], []
+    for step in range(a.steps):
         x, y = batch(generator, a)
         loss = nn.functional.cross_entropy(ddp(x).reshape(-1, a.vocabulary), y.reshape(-1))
         optimizer.zero_grad()
@@ -74,10 +75,18 @@ def worker(rank, a, exchange, seed, port, out):
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses.append(mean.item() / a.ranks)
+        stats = state.stats().values() if exchange != "dense" else []
+        sparse = [s for s in stats if s.get("exchange") == "reduce" and s["path"] == "sparse"]
+        if step >= 10 and sparse:
+            applied.append(sum(s["global_density"] * s["size"] for s in sparse) /
+                           sum(s["target_density"] * s["size"] for s in sparse))
     used = state.exchange_for(a.ranks) if exchange != "dense" else "dense"
     if rank == 0:
+        applied.sort()
+        spread = (f"{applied[len(applied) // 20]:.3f}/{applied[len(applied) // 2]:.3f}/"
+                  f"{applied[len(applied) * 19 // 20]:.3f}" if applied else "-")
         with open(out, "w") as f:
-            f.write(f"{used} {sum(losses[-20:]) / 20:.4f}\n")
+            f.write(f"{used} {sum(losses[-20:]) / 20:.4f} {spread}\n")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -108,9 +117,10 @@ def main():
             for exchange in a.exchanges:
                 out = os.path.join(tmp, f"{exchange}-{seed}")
                 mp.spawn(worker, args=(a, exchange, seed, free_port(), out), nprocs=a.ranks, join=True)
-                used, final = open(out).read().split()
+                used, final, spread = open(out).read().split()
                 finals[(exchange, seed)] = float(final)
-                print(f"seed {seed}, exchange={exchange} ({used}): final train loss {final}", flush=True)
+                density = f", applied density / target p5/p50/p95 {spread}" if spread != "-" else ""
+                print(f"seed {seed}, exchange={exchange} ({used}): final train loss {final}{density}", flush=True)
     if "allgather" in a.exchanges:
         for (exchange, seed), final in finals.items():
             print(f"seed {seed}, {exchange}: {final / finals[('allgather', seed)]:.3f}x the all-gather's loss")
