@@ -4,7 +4,7 @@
 usage: scripts/plot_lm.py RUN_DIR OUT_DIR
 Writes OUT_DIR/lm_perplexity.png (test perplexity against step and against wall time),
 OUT_DIR/lm_density.png (achieved / target density over the steps: the SIDCo paper's
-estimation figure) and prints the README's table (markdown)."""
+estimation figure) and prints the table of docs/RESULTS.md (markdown)."""
 import csv
 import glob
 import os

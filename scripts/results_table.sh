@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the README's tables from sidco-eval --csv: achieved/target density (first call,
+# Regenerates docs/RESULTS.md's density tables from sidco-eval --csv: achieved/target density (first call,
 # no adaptation) and, in parentheses, the speed-up over std::nth_element Top-k measured in
 # the same run. Usage: scripts/results_table.sh [sidco-eval binary] [extra sidco-eval args]
 set -euo pipefail
