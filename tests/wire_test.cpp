@@ -179,10 +179,11 @@ TEST_CASE("an unknown status is named; a non-finite value from a peer is refused
         std::string::npos);
   payloads[1] = sides[1].payload;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::memcpy(payloads[1].data() + format.values_offset() + 3 * sizeof(float), &nan, sizeof nan);
+  const std::size_t count = std::size_t(comm::header_of(payloads[1]).count);
+  std::memcpy(payloads[1].data() + format.values_offset(count) + 3 * sizeof(float), &nan, sizeof nan);
   CHECK(decode_all(payloads, format).error.find("rank 1 sent a non-finite value at position 3") != std::string::npos);
   const float inf = std::numeric_limits<float>::infinity();
-  std::memcpy(payloads[1].data() + format.values_offset(), &inf, sizeof inf);
+  std::memcpy(payloads[1].data() + format.values_offset(count), &inf, sizeof inf);
   CHECK(decode_all(payloads, format).error.find("rank 1 sent a non-finite value at position 0") != std::string::npos);
 }
 
@@ -239,13 +240,13 @@ TEST_CASE_TEMPLATE("every damaged entry is refused, naming it: a repeated, falli
                              -std::numeric_limits<double>::infinity()}) {
       payloads = clean;
       const T v = T(bad);
-      std::memcpy(payloads[2].data() + format.values_offset() + j * sizeof(T), &v, sizeof v);
+      std::memcpy(payloads[2].data() + format.values_offset(count) + j * sizeof(T), &v, sizeof v);
       expect(payloads, "rank 2 sent a non-finite value at position " + std::to_string(j));
     }
   }
   // A byte past the count, in the indices' slots and in the values' (a count lowered in transit).
-  for (const std::size_t offset : {format.indices_offset() + count * sizeof(std::uint32_t), format.values_offset() - 1,
-                                   format.values_offset() + count * sizeof(T), format.bytes() - 1}) {
+  for (const std::size_t offset : {format.indices_offset() + count * sizeof(std::uint32_t), format.values_offset(count) - 1,
+                                   format.values_offset(count) + count * sizeof(T), format.bytes() - 1}) {
     auto payloads = clean;
     payloads[0][offset] = std::byte{1};
     expect(payloads, "rank 0 sent a payload with entries past its count 37");

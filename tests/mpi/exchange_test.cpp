@@ -271,7 +271,7 @@ TEST_CASE("an exchange destroyed with its all-gather in flight completes it: no 
   CHECK(moved.wait(dense).entries == sent.size() * std::size_t(size_of()));
 }
 
-TEST_CASE("compact payloads at their exact size: the same bits; fewer bytes; a rank destroyed mid-step fails the step alike") {
+TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer bytes; a rank destroyed mid-step fails the step alike") {
   const double delta = 0.01;
   const std::size_t n = layout.back().end();
   comm::exchange_options fixed;
@@ -326,11 +326,29 @@ TEST_CASE("compact payloads at their exact size: the same bits; fewer bytes; a r
     // Its sent entries are back, whole (the values before rounding): nothing was applied.
     for (std::size_t i = 0; i < n; ++i) REQUIRE(ra.values()[i] == g[i] + old[i]);
   }
-  // exact_sizes without the compact coding is refused, on every rank alike.
-  comm::exchange_options plain_exact;
+  // Plain payloads at their exact size too: the same bits as the fixed size, in 64 + 8 bytes
+  // an entry (to 8), where the fixed size carries the slack.
+  comm::exchange_options plain_fixed, plain_exact;
+  plain_fixed.tag = 9;
+  plain_exact.tag = 10;
   plain_exact.exact_sizes = true;
-  CHECK_THROWS_WITH_AS(comm::sparse_exchange<float>(MPI_COMM_WORLD, layout, delta, plain_exact),
-                       doctest::Contains("exact_sizes needs the compact coding"), sidco::runtime_error);
+  comm::sparse_exchange<float> c(MPI_COMM_WORLD, layout, delta, plain_fixed), d(MPI_COMM_WORLD, layout, delta, plain_exact);
+  feedback::residual<float> rc(n), rd(n);
+  segmented<presets::sidco_e<>> third(layout), fourth(layout);
+  for (std::uint64_t step = 0; step < 2; ++step) {
+    const auto g2 = gradient_for(rank_of() + 40, step, layout);
+    sparse_vector<float> sc, sd;
+    third.compress<float>(g2, delta, sc, rc);
+    fourth.compress<float>(g2, delta, sd, rd);
+    c.start(sc, rc.values(), step);
+    d.start(sd, rd.values(), step);
+    std::vector<float> dc(n), dd(n);
+    CHECK(c.wait(dc).bytes == c.format().bytes());
+    const auto plain_report = d.wait(dd);
+    CHECK(bits_equal(dc, dd));
+    CHECK(plain_report.bytes == 64 + (sd.size() * 4 + 7) / 8 * 8 + sd.size() * 4);
+    CHECK(plain_report.bytes < d.format().bytes());
+  }
 }
 
 int main(int argc, char** argv) {

@@ -50,12 +50,12 @@ def read_payload(payload, dtype):
     raw = payload.numpy().tobytes()
     (magic, version, status, value_code, index_bytes, op, error, _, tag, dense_size, capacity, count, sequence,
      trimmed, delta) = HEADER.unpack_from(raw)
-    assert magic == 0x57434453 and version == 2 and index_bytes == 4, (magic, version, index_bytes)
+    assert magic == 0x57434453 and version == 3 and index_bytes == 4, (magic, version, index_bytes)
     header = dict(status=status, tag=tag, dense_size=dense_size, capacity=capacity, count=count,
                   sequence=sequence, trimmed=trimmed, delta=delta)
     if status != 0:
         return header, None, None
-    values_at = 64 + (capacity * 4 + 7) // 8 * 8
+    values_at = 64 + (count * 4 + 7) // 8 * 8  # the values follow the count indices
     indices = torch.frombuffer(bytearray(raw[64: 64 + 4 * count]), dtype=torch.int32).long()
     size = torch.tensor([], dtype=dtype).element_size()
     assert value_code == {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}[dtype], value_code
@@ -71,7 +71,7 @@ def read_compact_payload(payload, dtype):
     raw = payload.numpy().tobytes()
     (magic, version, status, value_code, index_bytes, op, error, coding, tag, dense_size, capacity, count, sequence,
      trimmed, delta) = HEADER.unpack_from(raw)
-    assert magic == 0x57434453 and version == 2 and index_bytes == 4 and (coding & 0xff) == 1, (magic, coding)
+    assert magic == 0x57434453 and version == 3 and index_bytes == 4 and (coding & 0xff) == 1, (magic, coding)
     header = dict(status=status, tag=tag, dense_size=dense_size, capacity=capacity, count=count,
                   sequence=sequence, trimmed=trimmed, delta=delta)
     if status != 0:

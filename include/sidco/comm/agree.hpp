@@ -134,7 +134,7 @@ void agree(payload_views payloads, const wire_format& format) {
     const wire_header h = detail::read_header(payloads[r]);
     if (h.count > h.capacity) fail(first, "rank ", r, " sent ", h.count, " entries, over the capacity ", h.capacity);
     const std::byte* at = payloads[r].data() + format.indices_offset();
-    const std::byte* values = payloads[r].data() + format.values_offset();
+    const std::byte* values = payloads[r].data() + format.values_offset(std::size_t(h.count));
     // One branch-free pass finds whether anything is wrong; the loops below say what.
     if (detail::entries_ok<T, Index>(at, values, std::size_t(h.count), h.dense_size) &&
         detail::all_zero(at + h.count * sizeof(Index), values) &&

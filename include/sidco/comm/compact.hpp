@@ -241,7 +241,7 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
   const std::byte* const body = compact.data() + sizeof h;
   const std::byte* const end = body + body_bytes;
   std::byte* const indices = plain.data() + plain_format.indices_offset();
-  std::byte* const values = plain.data() + plain_format.values_offset();
+  std::byte* const values = plain.data() + plain_format.values_offset(n);
   for (std::size_t j = 0; j < n; ++j) {
     N narrow;
     std::memcpy(&narrow, body + j * sizeof(N), sizeof narrow);

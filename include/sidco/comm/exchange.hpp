@@ -64,9 +64,6 @@ class sparse_exchange {
       core_ = allgather_core<T, Index>(layout, delta, options.slack, options.coding);
       if (core_.format().bytes() > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_exchange: a payload of ", core_.format().bytes(), " bytes exceeds MPI's int counts");
-      if (options.exact_sizes && options.coding != entry_coding::compact)
-        sidco::detail::fail("sparse_exchange: exact_sizes needs the compact coding (a plain payload's values lie "
-                            "at a fixed offset: it uses every byte)");
       if (options.exact_sizes && core_.format().bytes() * std::size_t(ranks_) > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_exchange: ", ranks_, " payloads of ", core_.format().bytes(),
                             " bytes exceed MPI_Allgatherv's int displacements");

@@ -1,9 +1,10 @@
 // The exchanges' payload: what a rank puts on the wire for one tensor in one collective,
 // whatever carries it (MPI, torch.distributed, NCCL): the all-gather's payload, the
 // reduce-scatter's blocks and owners' selections. Every payload of a collective has the
-// same size: a 64-byte header, then `capacity` indices (32-bit below 2^32 values), then
-// `capacity` values in the tensor's own type; a rank that failed sends its error message in
-// their place. Every rank checks the same payloads (comm/agree.hpp), so every rank reaches
+// same size: a 64-byte header, then its `count` indices (32-bit below 2^32 values, padded to
+// 8 bytes), then `count` values in the tensor's own type, then zeros up to the capacity's
+// size; a rank that failed sends its error message in their place. What a payload uses is
+// a prefix (used_bytes), so a transport that exchanges sizes first sends only that. Every rank checks the same payloads (comm/agree.hpp), so every rank reaches
 // the same verdict: the same result, bit for bit, or the same error.
 #pragma once
 
@@ -47,7 +48,8 @@ class nonfinite_exchange : public runtime_error {
 
 inline constexpr std::uint32_t wire_magic = 0x57434453;  // "SDCW" in little-endian bytes
 // 2: an owner's selection carries each index's update (sum or average), not its sum.
-inline constexpr std::uint8_t wire_version = 2;
+// 3: a plain payload's values follow its count indices (used bytes are a prefix).
+inline constexpr std::uint8_t wire_version = 3;
 
 /// Bytes of index code a compact payload holds per entry of capacity (a gap below 2^14
 /// takes at most two bytes; most take one).
@@ -83,8 +85,8 @@ struct wire_fields {
   reduction op = reduction::average;
 };
 
-/// Where things lie in a payload of `capacity` entries. Plain: the indices, then the
-/// values. Compact (comm/compact.hpp): value_bytes is the narrowed value's width, and the
+/// Where things lie in a payload of `capacity` entries. Plain: the count indices, then the
+/// count values, then zeros. Compact (comm/compact.hpp): value_bytes is the narrowed value's width, and the
 /// body holds capacity x (value_bytes + compact_index_budget) bytes.
 struct wire_format {
   std::size_t capacity = 0;
@@ -97,12 +99,16 @@ struct wire_format {
   static constexpr std::size_t min_message_bytes = 256;
 
   std::size_t indices_offset() const { return header_bytes; }
-  std::size_t values_offset() const { return header_bytes + padded(capacity * index_bytes); }
+  /// Plain: where the values of a payload of count entries begin.
+  std::size_t values_offset(std::size_t count) const { return header_bytes + padded(count * index_bytes); }
+  /// A payload's size: what its capacity (or a failure's message) may take.
   std::size_t bytes() const {
     if (coding == entry_coding::compact)
       return header_bytes + std::max(padded(capacity * (value_bytes + compact_index_budget)), min_message_bytes);
-    return std::max(values_offset() + padded(capacity * value_bytes), header_bytes + min_message_bytes);
+    return std::max(padded(plain_bytes(capacity)), header_bytes + min_message_bytes);
   }
+  /// Plain: the bytes a payload of count entries uses (the rest of bytes() is zero).
+  std::size_t plain_bytes(std::size_t count) const { return values_offset(count) + count * value_bytes; }
   std::size_t message_bytes() const { return bytes() - header_bytes; }
 
  private:
@@ -206,11 +212,12 @@ void pack(std::span<const Index> indices, std::span<const T> values, std::size_t
   h.count = n;
   h.trimmed = trimmed;
   std::byte* const base = payload.data();
+  const std::size_t values_at = format.values_offset(n), used = format.plain_bytes(n);
   // An empty vector may hold no buffer at all: memcpy from null is undefined even for 0 bytes.
   if (n > 0) std::memcpy(base + format.indices_offset(), indices.data(), n * sizeof(Index));
-  std::memset(base + format.indices_offset() + n * sizeof(Index), 0, format.values_offset() - format.indices_offset() - n * sizeof(Index));
-  if (n > 0) std::memcpy(base + format.values_offset(), values.data(), n * sizeof(T));
-  std::memset(base + format.values_offset() + n * sizeof(T), 0, format.bytes() - format.values_offset() - n * sizeof(T));
+  std::memset(base + format.indices_offset() + n * sizeof(Index), 0, values_at - format.indices_offset() - n * sizeof(Index));
+  if (n > 0) std::memcpy(base + values_at, values.data(), n * sizeof(T));
+  std::memset(base + used, 0, format.bytes() - used);
   detail::write_header(h, payload);
 }
 
@@ -264,6 +271,18 @@ inline bool failed_for_nonfinite_input(payload_views payloads) {
 inline wire_header header_of(std::span<const std::byte> payload) {
   if (payload.size() < sizeof(wire_header)) sidco::detail::fail("payload: ", payload.size(), " bytes, shorter than a header");
   return detail::read_header(payload);
+}
+
+/// The bytes a plain payload (or a failure's) uses, as pack() and pack_failure() wrote it:
+/// a prefix, past which it is zero. A receiver that zeroes the rest reads the same payload.
+/// A header it cannot read (damaged, another version) counts whole: agree() explains it.
+inline std::size_t used_bytes(std::span<const std::byte> payload, const wire_format& format) {
+  const wire_header h = header_of(payload);
+  if (h.magic != wire_magic || h.version != wire_version || format.coding != entry_coding::plain) return payload.size();
+  if (h.status != std::uint8_t(wire_status::ok))
+    return std::min(payload.size(), sizeof h + std::size_t(std::min<std::uint64_t>(h.count, format.message_bytes())));
+  if (h.count > format.capacity) return payload.size();
+  return std::min(payload.size(), format.plain_bytes(std::size_t(h.count)));
 }
 
 }  // namespace sidco::comm

@@ -41,9 +41,10 @@ namespace detail {
 template <class T, class Index>
 std::vector<entry_run<T, Index>> runs_of(payload_views payloads, const wire_format& format) {
   std::vector<entry_run<T, Index>> runs(payloads.size());
-  for (std::size_t r = 0; r < payloads.size(); ++r)
-    runs[r] = {payloads[r].data() + format.indices_offset(), payloads[r].data() + format.values_offset(),
-               std::size_t(read_header(payloads[r]).count)};
+  for (std::size_t r = 0; r < payloads.size(); ++r) {
+    const std::size_t count = std::size_t(read_header(payloads[r]).count);
+    runs[r] = {payloads[r].data() + format.indices_offset(), payloads[r].data() + format.values_offset(count), count};
+  }
   return runs;
 }
 
@@ -184,6 +185,7 @@ class allgather_core {
         used_ = pack_compact<T, Index>(sent.indices(), sent.values(), size_, trimmed, fields, format_, payload);
       } else {
         pack(sent, trimmed, fields, format_, payload);
+        used_ = format_.plain_bytes(sent.size());
         packed_ = sent;
       }
       return trimmed;

@@ -180,8 +180,9 @@ void select_owned(payload_views blocks, std::size_t me, const reduce_plan& plan,
     std::size_t received = 0;
     for (std::size_t r = 0; r < blocks.size(); ++r) {
       detail::check_owned<Index>(blocks[r], plan.format, me, plan.ranks, "rank", r);
-      runs[r] = {blocks[r].data() + plan.format.indices_offset(), blocks[r].data() + plan.format.values_offset(),
-                 std::size_t(detail::read_header(blocks[r]).count)};
+      const std::size_t count = std::size_t(detail::read_header(blocks[r]).count);
+      runs[r] = {blocks[r].data() + plan.format.indices_offset(), blocks[r].data() + plan.format.values_offset(count),
+                 count};
       received += runs[r].count;
     }
     const sum_rule rule{reduction(fields.op), plan.ranks};
@@ -265,7 +266,7 @@ void read_selections(payload_views selections, const reduce_plan& plan, std::vec
     const std::size_t count = std::size_t(h.count);
     report.selected += count;
     report.union_size += count + std::size_t(h.trimmed);
-    runs.push_back({s.data() + plan.format.indices_offset(), s.data() + plan.format.values_offset(), count});
+    runs.push_back({s.data() + plan.format.indices_offset(), s.data() + plan.format.values_offset(count), count});
   }
   global.resize(report.selected);
   updates.resize(report.selected);
