@@ -3,7 +3,8 @@
 // by its own noise so that the selections differ) with SIDCo-E and error feedback, and
 // exchanges it with the one-round all-gather (comm/exchange.hpp; plain or compact entries,
 // allgather-exact: compact payloads at their exact size), the reduce-scatter
-// exchange (comm/reduce_exchange.hpp) or a dense MPI_Allreduce. Rank 0 reads the `lo` line
+// exchange (comm/reduce_exchange.hpp; reduce-exact: at the head the longest block uses) or a
+// dense MPI_Allreduce. Rank 0 reads the `lo` line
 // of /proc/self/net/dev before and after the timed steps (between barriers): run it alone
 // in a private network namespace with MPI's TCP transport, as scripts/mpi_exchange_bytes.sh
 // does, so that the loopback carries these ranks' traffic and nothing else.
@@ -68,9 +69,10 @@ options parse(int argc, char** argv) {
     else if (flag == "--steps") o.steps = std::stoi(value);
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.mode != "reduce" && o.mode != "allgather" && o.mode != "allgather-compact" && o.mode != "allgather-exact" &&
-      o.mode != "dense")
-    throw std::invalid_argument("--mode " + o.mode + " is not reduce, allgather, allgather-compact, allgather-exact or dense");
+  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "allgather" && o.mode != "allgather-compact" &&
+      o.mode != "allgather-exact" && o.mode != "dense")
+    throw std::invalid_argument("--mode " + o.mode +
+                                " is not reduce, reduce-exact, allgather, allgather-compact, allgather-exact or dense");
   return o;
 }
 
@@ -125,8 +127,10 @@ int main(int argc, char** argv) {
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 0) after = loopback_bytes();
     };
-    if (o.mode == "reduce") {
-      sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta);
+    if (o.mode.starts_with("reduce")) {
+      sidco::comm::exchange_options options;
+      options.exact_sizes = o.mode == "reduce-exact";
+      sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta, options);
       timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else if (o.mode.starts_with("allgather")) {
       sidco::comm::exchange_options options;

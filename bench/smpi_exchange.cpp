@@ -1,6 +1,7 @@
 // The MPI exchanges at many ranks, under SimGrid's SMPI (a simulated platform, every rank a
 // thread of one process): a dense MPI_Allreduce, the all-gather (comm/exchange.hpp) and the
-// reduce-scatter exchange (comm/reduce_exchange.hpp), step after step on synthetic
+// reduce-scatter exchange (comm/reduce_exchange.hpp; --mode reduce-exact: at the head the
+// longest block uses, exchange_options::exact_sizes), step after step on synthetic
 // gradients, each rank with SIDCo-E (or, --method top-k, exact Top-k, which keeps the
 // exchange's losses apart from the estimate's) and error feedback. Per run it prints one
 // JSON line:
@@ -111,8 +112,8 @@ options parse(int argc, char** argv) {
     else if (flag == "--overlap") o.overlap = value == "1" || value == "yes";
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.mode != "reduce" && o.mode != "allgather" && o.mode != "dense")
-    throw std::invalid_argument("--mode " + o.mode + " is not reduce, allgather or dense");
+  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "allgather" && o.mode != "dense")
+    throw std::invalid_argument("--mode " + o.mode + " is not reduce, reduce-exact, allgather or dense");
   if (o.method != "sidco-e" && o.method != "top-k")
     throw std::invalid_argument("--method " + o.method + " is not sidco-e or top-k");
   if (o.gradient != "iid" && o.gradient != "hot")
@@ -163,12 +164,15 @@ int main(int argc, char** argv) {
     sidco::feedback::residual<float> residual(n);
     sidco::comm::exchange_options options;
     options.overlap = o.overlap;  // the blocking collectives: the library's algorithm for their size and P
+    // reduce-exact: blocks and selections at the head the longest one uses (exchange_options::exact_sizes)
+    const bool reducing = o.mode == "reduce" || o.mode == "reduce-exact";
+    options.exact_sizes = o.mode == "reduce-exact";
     // Only the mode's exchange: the all-gather's receive buffer is P payloads a rank (27 GB in
     // all at 1,024 ranks and 2^18 values).
     std::optional<sidco::comm::sparse_exchange<float>> gather;
     std::optional<sidco::comm::sparse_reduce_exchange<float>> reduce;
     if (o.mode == "allgather") gather.emplace(MPI_COMM_WORLD, n, o.delta, options);
-    if (o.mode == "reduce") reduce.emplace(MPI_COMM_WORLD, n, o.delta, options);
+    if (reducing) reduce.emplace(MPI_COMM_WORLD, n, o.delta, options);
     std::vector<double> times, applied;
     double counted = 0;
     bool identical = true;
@@ -184,7 +188,7 @@ int main(int argc, char** argv) {
         sidco::sparse_vector<float> sent;
         if (o.method == "top-k") top_k.compress(gradient, o.delta, sent, residual);
         else sidco_e.compress(gradient, o.delta, sent, residual);
-        if (o.mode == "reduce") {
+        if (reducing) {
           reduce->start(sent, residual.values(), std::uint64_t(step));
           entries = double(reduce->wait(dense).selected);
         } else {

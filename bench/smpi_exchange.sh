@@ -4,7 +4,7 @@
 # bench/smpi/ and gradient, communication only (--cfg=smpi/simulate-computation:no), with Open
 # MPI's choice of collective algorithms. One JSON line per run (its platform added) on stdout.
 #   bench/smpi_exchange.sh [OUT_DIR]      (OUT_DIR: where the program is built; default /tmp/sidco-smpi)
-# Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce"), GRADIENTS
+# Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce"; also reduce-exact), GRADIENTS
 # ("iid hot"), PLATFORMS ("10gbps 100gbps"), N (262144), DENSITY (0.01), STEPS (3), METHOD
 # (top-k: the exchange's losses apart from the estimate's), ALLGATHER_MAX (256: its receive
 # buffer is P payloads a rank, 27 GB in all at 1,024 ranks), EXTRA (more smpirun --cfg flags).

@@ -20,7 +20,7 @@ export OMP_NUM_THREADS=1
 for gradient in ${GRADIENTS:-lstm_it10}; do
   for density in ${DENSITIES:-0.01}; do
     for p in "${ranks[@]}"; do
-      for mode in ${MODES:-dense allgather allgather-compact allgather-exact reduce}; do
+      for mode in ${MODES:-dense allgather allgather-compact allgather-exact reduce reduce-exact}; do
         unshare -n -- bash -c 'ip link set lo up && exec "$@"' _ \
           mpirun --allow-run-as-root --oversubscribe -np "$p" --mca btl self,tcp --mca pml ob1 \
             --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$binary" --mode "$mode" --density "$density" \

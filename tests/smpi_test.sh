@@ -2,9 +2,9 @@
 # The MPI exchanges under SimGrid's SMPI at 16 simulated ranks (bench/smpi_exchange.cpp, small
 # N): every rank applies the same update; the bytes each rank hands its collectives are what
 # the formats say (dense: a ring's 2 (P - 1) / P of 4N; all-gather: P - 1 payloads; reduce:
-# 2 (P - 1) blocks) and the reduce exchange's stay under the all-gather's; the reduce
-# exchange applies its target (within 5%) on iid gradients; simulated time is positive; both
-# platforms of bench/smpi/ load.
+# 2 (P - 1) blocks; at exact sizes no more) and the reduce exchange's stay under the
+# all-gather's; the reduce exchange applies its target (within 5%) on iid gradients; simulated
+# time is positive; both platforms of bench/smpi/ load.
 #   smpi_test.sh SMPIRUN PROGRAM SOURCE_ROOT
 set -euo pipefail
 smpirun=$1 program=$2 root=$3
@@ -12,7 +12,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 0 15); do echo "node-$i"; done > "$work/hosts"
 for platform in 10gbps 100gbps; do
-  for mode in dense allgather reduce; do
+  for mode in dense allgather reduce reduce-exact; do
     "$smpirun" -np 16 -platform "$root/bench/smpi/cluster-$platform.xml" -hostfile "$work/hosts" \
       --cfg=smpi/coll-selector:ompi --cfg=smpi/simulate-computation:no --log=root.thres:critical \
       "$program" --mode "$mode" --gradient iid --n 16384 --density 0.01 --warmup 1 --steps 3 --method top-k \
@@ -23,7 +23,7 @@ cat "$work/runs.jsonl"
 /usr/bin/python3 - "$work/runs.jsonl" <<'PY'
 import json, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
-assert len(runs) == 6, runs
+assert len(runs) == 8, runs
 def fail(why):
     sys.exit(f"smpi_test: {why}")
 for r in runs:
@@ -39,12 +39,17 @@ block = max(64 + (capacity * 4 + 7) // 8 * 8 * 2, 64 + 256)
 payload = max(64 + (int(-(-1.25 * k // 1)) * 4 + 7) // 8 * 8 * 2, 64 + 256)
 expected = {"dense": 2 * (p - 1) / p * 4 * n, "allgather": (p - 1) * payload, "reduce": 2 * (p - 1) * block}
 for (mode, platform), r in by.items():
-    if abs(r["bytes_per_rank"] - expected[mode]) > 1:
+    if mode in expected and abs(r["bytes_per_rank"] - expected[mode]) > 1:
         fail(f"{mode} on {platform}: {r['bytes_per_rank']} bytes per rank, the format says {expected[mode]}")
 for platform in ("10gbps", "100gbps"):
     if not by["reduce", platform]["bytes_per_rank"] < by["allgather", platform]["bytes_per_rank"]:
         fail(f"reduce sends no less than the all-gather at {p} ranks on {platform}")
     if not 0.95 <= by["reduce", platform]["applied_p5"] <= 1.05:
         fail(f"reduce applied {by['reduce', platform]['applied_p5']} of its target on iid gradients")
-print("smpi_test: 6 runs as the formats say")
+    exact, fixed = by["reduce-exact", platform], by["reduce", platform]
+    if not exact["bytes_per_rank"] < fixed["bytes_per_rank"]:
+        fail(f"reduce at exact sizes sends {exact['bytes_per_rank']} bytes per rank, at the fixed size {fixed['bytes_per_rank']}")
+    if exact["applied_median"] != fixed["applied_median"]:
+        fail(f"reduce at exact sizes applied {exact['applied_median']} of its target, at the fixed size {fixed['applied_median']}")
+print("smpi_test: 8 runs as the formats say")
 PY

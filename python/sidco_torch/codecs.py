@@ -189,28 +189,55 @@ def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, mo
     return dist.all_gather(into or inbox, sent, group=group, async_op=True).get_future().then(done)
 
 
+def _agreed_head(used, size, group, device):
+    """The head every rank sends of each of its payloads (of size bytes): the longest any
+    rank's uses (used: this rank's longest), by one all-reduce of an integer; the payloads
+    are zero past what they use, so the receivers read the same bytes."""
+    longest = torch.tensor([int(used)], dtype=torch.int64, device=device)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+    return min(size, max(64, int(longest.item())))
+
+
 def _reduce(state, bucket, b, group, iteration, problem, started):
     """The reduce-scatter exchange: blocks to the indices' owners (all_to_all_single, waited
     for here: the owners' selection needs them), each owner's selection all-gathered
-    asynchronously, and decoded in the future's then() (local work only)."""
+    asynchronously, and decoded in the future's then() (local work only). Blocks and
+    selections travel at the head the longest one uses (an all-reduce agrees it before each),
+    not at the capacity's fixed size: the slack and the minimum size stay home."""
     buffer = bucket.buffer()
     blocks = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.reduce_encode,
                      torch.ops.sidco.reduce_encode_failure)
     encoded = time.perf_counter()
-    dist.all_to_all_single(b.received, blocks, group=group)
+    world, size = len(b.inbox), b.payload_bytes()
+    head = _agreed_head(b.codec.report()["longest_block"], size, group, blocks.device)
+    if head < size:
+        received = torch.empty(world * head, dtype=torch.uint8, device=blocks.device)
+        dist.all_to_all_single(received, blocks.view(world, size)[:, :head].contiguous().view(-1), group=group)
+        slots = b.received.view(world, size)
+        slots[:, :head].copy_(received.view(world, head))
+        slots[:, head:].zero_()
+    else:
+        dist.all_to_all_single(b.received, blocks, group=group)
     # The bucket and residual checked here, before the all-gather: a problem travels.
     selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
     report = b.codec.report()
-    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, int(report["payload_bytes"]) * len(b.inbox))
+    chosen = _agreed_head(report["selection_bytes"], size, group, selection.device)
+    sent, into = selection, None
+    if chosen < size:
+        sent, into = selection[:chosen], [p[:chosen] for p in b.inbox]
+        for p in b.inbox:
+            p[chosen:].zero_()
+    # What this rank hands the collectives: its P - 1 blocks and its selection, at the heads.
+    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, (world - 1) * head + chosen)
     state._stats[bucket.index()] = stats
 
     def reduce_stats(done):
         return dict(union_density=done["union_entries"] / buffer.numel(),
                     global_density=done["global_selected"] / buffer.numel(), returned=int(done["returned"]),
-                    bytes_received=int(done["bytes_received"]), dropped=done["returned"] / max(1.0, done["selected"]))
+                    bytes_received=(world - 1) * (head + chosen), dropped=done["returned"] / max(1.0, done["selected"]))
 
-    return _gather_and_decode(state, b, buffer, selection, group, encoded, stats, torch.ops.sidco.reduce_decode,
-                              reduce_stats)
+    return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
+                              reduce_stats, into=into)
 
 
 def _allgather(state, bucket, b, group, iteration, problem, started):

@@ -16,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <sidco/comm/reduce_exchange.hpp>
@@ -64,9 +65,12 @@ std::vector<float> gather_all(const std::vector<float>& v, MPI_Comm comm) {
 // skewed: the mass in a quarter of the tensor, and every rank compressing at 3 delta, so
 // that blocks overflow. Returns the densities the global selection achieved.
 template <class Policy>
-std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, int steps, bool skewed, Policy policy = {}) {
+std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, int steps, bool skewed,
+                                  bool exact_sizes = false, Policy policy = {}) {
   const int rank = rank_in(comm), ranks = size_of(comm);
-  comm::sparse_reduce_exchange<float, std::uint32_t, Policy> exchange(comm, std::vector<segment>{{0, n}}, delta, {},
+  comm::exchange_options options;
+  options.exact_sizes = exact_sizes;
+  comm::sparse_reduce_exchange<float, std::uint32_t, Policy> exchange(comm, std::vector<segment>{{0, n}}, delta, options,
                                                                       policy);
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
@@ -114,7 +118,27 @@ std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, in
       REQUIRE(residual.values()[i] + applied == g[i] + old[i]);
     }
     densities.push_back(double(global.size()) / double(n));
-    CHECK(report.bytes_sent == 2 * std::size_t(ranks - 1) * exchange.plan().format.bytes());
+    // On the wire: whole blocks and selections; or (exact sizes) every block and selection
+    // at the size the longest block of any rank uses (64 + padded indices + values), and the
+    // selections again at the longest one's if that is longer. Nothing to this rank.
+    const comm::wire_format& format = exchange.plan().format;
+    if (!exact_sizes) {
+      CHECK(report.bytes_sent == 2 * std::size_t(ranks - 1) * format.bytes());
+      continue;
+    }
+    std::size_t longest_block = 0;
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<std::size_t> entries(std::size_t(ranks), 0);
+      for (std::size_t i = 0; i < n; ++i)
+        if (!std::isnan(contributions[std::size_t(r) * n + i])) ++entries[comm::owner_of(i, std::size_t(ranks))];
+      for (const std::size_t e : entries) longest_block = std::max(longest_block, format.plain_bytes(e));
+    }
+    std::vector<std::size_t> owned(std::size_t(ranks), 0);
+    for (const auto i : global) ++owned[comm::owner_of(i, std::size_t(ranks))];
+    const std::size_t longest_selection = format.plain_bytes(*std::max_element(owned.begin(), owned.end()));
+    const std::size_t selections = longest_selection <= longest_block ? longest_block : longest_block + longest_selection;
+    CHECK(report.bytes_sent == std::size_t(ranks - 1) * (longest_block + selections));
+    CHECK(report.bytes_sent <= 2 * std::size_t(ranks - 1) * format.bytes());
   }
   if (skewed && ranks > 1) CHECK(trimmed > 0);  // or the overflow path went untested
   (void)returned;
@@ -125,6 +149,8 @@ std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, in
 
 TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing lost per rank (SIDCo owners)") {
   const auto densities = run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false);
+  // At exact sizes (heads agreed by an all-reduce): the same selections, step by step.
+  CHECK(run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, true) == densities);
   // The global selection aims at k = 400 (a few steps to adapt).
   std::vector<double> sorted(densities.begin() + 2, densities.end());
   std::sort(sorted.begin(), sorted.end());
@@ -135,18 +161,29 @@ TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing l
 
 TEST_CASE("exact Top-k owners; ranks selecting 3x the agreed density: blocks over capacity go back to the senders") {
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true);
+  run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, true);
 }
 
 TEST_CASE("one rank alone, and tensors smaller than the rank count") {
   if (rank_in(MPI_COMM_WORLD) == 0) run_and_check<comm::owner_top_k>(MPI_COMM_SELF, 5000, 0.01, 3, false);
   run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 2, 0.5, 3, false);
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 1, 1.0, 2, false);
+  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 2, 0.5, 3, false, true);
 }
 
-TEST_CASE("a rank whose compress fails: every rank throws naming it; every rank's sent entries go back") {
+comm::exchange_options at_exact_sizes(bool exact) {
+  comm::exchange_options options;
+  options.exact_sizes = exact;
+  return options;
+}
+
+// At exact sizes the failure's selections outgrow the blocks' head (the relayed message is
+// longer than the failed rank's reason): the second all-gather carries them whole.
+TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; every rank's sent entries go back", Exact,
+                   std::false_type, std::true_type) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
-  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, at_exact_sizes(Exact::value));
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
   auto g = gradient_for(rank, 0, n);
@@ -177,10 +214,14 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it; every rank'
   CHECK(exchange.wait(dense).selected > 0);
 }
 
-TEST_CASE("a dense of the wrong size on one rank's wait(): every rank raises it; the next steps work on every rank") {
+// At exact sizes and a density whose blocks are shorter than the error message, the failed
+// selection outgrows the blocks' head: the message arrives whole by the second all-gather.
+TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank raises it; the next steps work on every "
+                   "rank", Exact, std::false_type, std::true_type) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
-  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
+  const double delta = Exact::value ? 0.0005 : 0.01;
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, delta, at_exact_sizes(Exact::value));
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
   state_writer before;
@@ -188,7 +229,7 @@ TEST_CASE("a dense of the wrong size on one rank's wait(): every rank raises it;
   const auto g = gradient_for(rank, 0, n);
   const std::vector<float> old(residual.values().begin(), residual.values().end());
   sparse_vector<float> sent;
-  compressor.compress(g, 0.01, sent, residual);
+  compressor.compress(g, delta, sent, residual);
   exchange.start(sent, residual.values(), 0);
   std::vector<float> dense(rank == ranks - 1 ? n - 1 : n, 5.0f);
   std::string message;
@@ -214,7 +255,7 @@ TEST_CASE("a dense of the wrong size on one rank's wait(): every rank raises it;
   dense.assign(n, 0.0f);
   for (std::uint64_t step = 1; step <= 3; ++step) {
     const auto next = gradient_for(rank, step, n);
-    compressor.compress(next, 0.01, sent, residual);
+    compressor.compress(next, delta, sent, residual);
     exchange.start(sent, residual.values(), step);
     const auto report = exchange.wait(dense);
     CHECK(report.selected > 0);
@@ -224,7 +265,8 @@ TEST_CASE("a dense of the wrong size on one rank's wait(): every rank raises it;
   }
 }
 
-TEST_CASE("an exchange destroyed between start() and wait() on one rank: every other rank's wait() raises, none hangs") {
+TEST_CASE_TEMPLATE("an exchange destroyed between start() and wait() on one rank: every other rank's wait() raises, "
+                   "none hangs", Exact, std::false_type, std::true_type) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
   presets::sidco_e<> compressor;
@@ -232,7 +274,7 @@ TEST_CASE("an exchange destroyed between start() and wait() on one rank: every o
   const auto g = gradient_for(rank, 0, n);
   std::string message;
   try {
-    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
+    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, at_exact_sizes(Exact::value));
     sparse_vector<float> sent;
     compressor.compress(g, 0.01, sent, residual);
     exchange.start(sent, residual.values(), 0);

@@ -676,10 +676,17 @@ def scenario_reduce_exact(rank, world, owner):
                 assert torch.equal(other, r["out"]), "ranks hold different buckets"
             # The global selection: every owner's entries (the all-gathered selections).
             kept = torch.zeros(total.numel(), dtype=torch.bool)
+            longest = 64
             for p in r["inbox"]:
                 header, indices, _ = read_payload(p, total.dtype)
                 assert header["status"] == 0, header
                 kept[indices] = True
+                longest = max(longest, 64 + (4 * header["count"] + 7) // 8 * 8 + total.element_size() * header["count"])
+            # Selections travel at the head the longest uses (64 bytes, its indices to 8, its
+            # values), the blocks at theirs: less than the fixed size of either.
+            fixed = r["inbox"][0].numel()
+            blocks = r["stats"]["bytes_sent"] - longest
+            assert longest < fixed and blocks % (world - 1) == 0 and 64 <= blocks // (world - 1) < fixed, (longest, r["stats"])
             # Per rank: outside the global selection the residual holds gradient + old residual.
             assert torch.equal(r["new"][~kept], total[~kept]), "an unkept entry left the residual"
             expected = torch.zeros_like(total)

@@ -1,7 +1,12 @@
-// The reduce-scatter exchange over MPI (comm/reduce/core.hpp): one MPI_Ialltoall of
-// fixed-size blocks to the indices' owners (a hash of the index), each owner's selection, one
-// MPI_Allgather of the owners' selections. Bytes per rank about 2 slack 8k per step whatever
-// the number of ranks, where the all-gather (comm/exchange.hpp) moves (P - 1) slack 8k.
+// The reduce-scatter exchange over MPI (comm/reduce/core.hpp): the blocks to the indices'
+// owners (a hash of the index) by one MPI_Ialltoall, each owner's selection, the selections
+// by one MPI_Allgather: about 2 slack 8k bytes per rank a step whatever the number of ranks
+// P, plus a 64-byte header a peer each way (and at least 320 bytes a block), where the
+// all-gather (comm/exchange.hpp) moves (P - 1) slack 8k. With exchange_options::exact_sizes,
+// both travel at the head the longest one uses (a prefix of the fixed-size payload:
+// comm/wire.hpp), agreed by a one-integer MPI_Allreduce before the blocks (the selections
+// take the blocks' head, and a second all-gather in the rare step where one is longer): fewer
+// bytes where blocks are mostly slack or padding (many ranks), a latency more a step.
 // Needs MPI. The default owner policy (owner_sidco_e) is in <sidco/owners.hpp>, which
 // <sidco/sidco.hpp> includes.
 #pragma once
@@ -57,7 +62,7 @@ class sparse_reduce_exchange {
  public:
   sparse_reduce_exchange(MPI_Comm comm, std::vector<segment> layout, double delta, exchange_options options = {},
                          Policy policy = {})
-      : comm_(comm), overlap_(options.overlap) {
+      : comm_(comm), overlap_(options.overlap), exact_sizes_(options.exact_sizes) {
     check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     exchange_setup mine{};
@@ -72,6 +77,7 @@ class sparse_reduce_exchange {
       selection_.resize(core_.block_bytes());
       selections_.resize(blocks_.size());
       mine = setup_of<T, Index>(layout, core_.plan().format, core_.fields(0), options.slack);
+      mine.exact_sizes = options.exact_sizes;
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
@@ -97,11 +103,11 @@ class sparse_reduce_exchange {
     const sidco::runtime_error reason(sidco::detail::message(
         "sparse_reduce_exchange: rank ", rank_, "'s exchange was destroyed between start() and wait()"));
     try {
+      unpack_blocks();
       core_.select(received_views(), std::span<std::byte>(selection_), &reason);
-    } catch (...) {
+      gather_selections();
+    } catch (...) {  // a destructor does not throw; the peers raise what they received
     }
-    const int bytes = int(core_.block_bytes());
-    MPI_Allgather(selection_.data(), bytes, MPI_BYTE, selections_.data(), bytes, MPI_BYTE, comm_);
     core_.abandon();
   }
 
@@ -151,18 +157,20 @@ class sparse_reduce_exchange {
     if (!in_flight_) sidco::detail::fail("sparse_reduce_exchange: wait() without start()");
     in_flight_ = false;
     check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait (blocks)");
-    const std::size_t size = core_.plan().size;
+    const std::size_t size = core_.plan().size, bytes = core_.block_bytes();
     const sidco::error wrong_dense(sidco::detail::message("sparse_reduce_exchange: rank ", rank_, "'s dense: size ",
                                                           dense.size(), " is not the exchange's ", size));
+    unpack_blocks();
     core_.select(received_views(), std::span<std::byte>(selection_), dense.size() == size ? nullptr : &wrong_dense);
-    const int bytes = int(core_.block_bytes());
-    check_mpi(MPI_Allgather(selection_.data(), bytes, MPI_BYTE, selections_.data(), bytes, MPI_BYTE, comm_),
-              "MPI_Allgather (selections)");
+    gather_selections();
     std::vector<std::span<const std::byte>> views(static_cast<std::size_t>(ranks_));
     for (std::size_t r = 0; r < views.size(); ++r)
-      views[r] = std::span<const std::byte>(selections_).subspan(r * std::size_t(bytes), std::size_t(bytes));
+      views[r] = std::span<const std::byte>(selections_).subspan(r * bytes, bytes);
     host_residual<T> sink{residual_};
-    const reduce_report& report = core_.apply(views, sink);
+    reduce_report report = core_.apply(views, sink);
+    // What this rank handed its collectives for the other ranks: a block to each and its
+    // selection to each, at the agreed heads (the heads' all-reduces add 8 bytes or so).
+    report.bytes_sent = report.bytes_received = (block_head_ + selection_head_) * std::size_t(ranks_ - 1);
     std::fill(dense.begin(), dense.end(), T(0));
     const auto global = core_.global_selection();
     const auto updates = core_.updates();
@@ -189,22 +197,94 @@ class sparse_reduce_exchange {
     return views;
   }
 
+  // exact_sizes: the longest block any rank has (mine: this rank's longest), by one
+  // MPI_Allreduce; every rank then sends that head of each block (zeros past what it uses),
+  // so the collective keeps a fixed size and the algorithms MPI chooses for it (Bruck: log P
+  // rounds, where MPI_Alltoallv's pairwise schedule took 3.9x the time at 256 ranks under
+  // SMPI). The same head on every rank. Otherwise: the whole block, no extra round.
+  std::size_t agreed_head(std::size_t mine) {
+    const std::size_t bytes = core_.block_bytes();
+    if (!exact_sizes_) return bytes;
+    const int longest = int(std::min(mine, bytes));
+    int head = 0;
+    check_mpi(MPI_Allreduce(&longest, &head, 1, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce (payload heads)");
+    return std::clamp<std::size_t>(std::size_t(std::max(head, 0)), sizeof(wire_header), bytes);
+  }
+
+  // payloads' heads (P slots of block_bytes()), packed one after another into packed.
+  void pack_heads(std::span<const std::byte> payloads, std::size_t head, std::vector<std::byte>& packed) const {
+    const std::size_t bytes = core_.block_bytes(), ranks = std::size_t(ranks_);
+    packed.resize(head * ranks);
+    for (std::size_t r = 0; r < ranks; ++r) std::copy_n(payloads.data() + r * bytes, head, packed.data() + r * head);
+  }
+
+  // The heads received back into their slots, the rest of each slot zero (what pack left).
+  void unpack_heads(const std::vector<std::byte>& packed, std::size_t head, std::span<std::byte> payloads) const {
+    const std::size_t bytes = core_.block_bytes();
+    for (std::size_t r = 0; r < std::size_t(ranks_); ++r) {
+      std::byte* slot = payloads.data() + r * bytes;
+      std::copy_n(packed.data() + r * head, head, slot);
+      std::fill(slot + head, slot + bytes, std::byte{0});
+    }
+  }
+
+  // Round 1: the blocks' agreed head, then the blocks at that size to their owners.
   void send_blocks() {
-    const int bytes = int(core_.block_bytes());
+    block_head_ = agreed_head(core_.report().longest_block);
+    const int head = int(block_head_);
+    const bool whole = block_head_ == core_.block_bytes();  // nothing to pack
+    if (!whole) {
+      pack_heads(std::span<const std::byte>(blocks_), block_head_, blocks_packed_);
+      received_packed_.resize(block_head_ * std::size_t(ranks_));
+    }
+    const std::byte* from = whole ? blocks_.data() : blocks_packed_.data();
+    std::byte* into = whole ? received_.data() : received_packed_.data();
     if (overlap_)
-      check_mpi(MPI_Ialltoall(blocks_.data(), bytes, MPI_BYTE, received_.data(), bytes, MPI_BYTE, comm_, &request_),
-                "MPI_Ialltoall (blocks)");
+      check_mpi(MPI_Ialltoall(from, head, MPI_BYTE, into, head, MPI_BYTE, comm_, &request_), "MPI_Ialltoall (blocks)");
     else
-      check_mpi(MPI_Alltoall(blocks_.data(), bytes, MPI_BYTE, received_.data(), bytes, MPI_BYTE, comm_),
-                "MPI_Alltoall (blocks)");
+      check_mpi(MPI_Alltoall(from, head, MPI_BYTE, into, head, MPI_BYTE, comm_), "MPI_Alltoall (blocks)");
     in_flight_ = true;
   }
 
+  void unpack_blocks() {
+    if (block_head_ != core_.block_bytes()) unpack_heads(received_packed_, block_head_, std::span<std::byte>(received_));
+  }
+
+  // Round 2: every owner's selection. At exact sizes, first at the blocks' head (an owner
+  // keeps about what one block holds: its share of what it received, received / P), then,
+  // when some selection is longer (its header says so, the same on every rank), again at
+  // that one's size; selection_head_ adds up what each rank sent.
+  void gather_selections() {
+    const std::size_t bytes = core_.block_bytes();
+    std::size_t head = exact_sizes_ ? block_head_ : bytes;
+    allgather_heads(head);
+    selection_head_ = head;
+    if (!exact_sizes_) return;
+    std::size_t longest = sizeof(wire_header);
+    for (std::size_t r = 0; r < std::size_t(ranks_); ++r)
+      longest = std::max(longest, used_bytes(std::span<const std::byte>(selections_).subspan(r * bytes, bytes),
+                                             core_.plan().format));
+    if (longest <= head) return;
+    allgather_heads(longest);
+    selection_head_ += longest;
+  }
+
+  void allgather_heads(std::size_t head) {
+    const bool whole = head == core_.block_bytes();
+    if (!whole) selections_packed_.resize(head * std::size_t(ranks_));
+    check_mpi(MPI_Allgather(selection_.data(), int(head), MPI_BYTE, whole ? selections_.data() : selections_packed_.data(),
+                            int(head), MPI_BYTE, comm_),
+              "MPI_Allgather (selections)");
+    if (!whole) unpack_heads(selections_packed_, head, std::span<std::byte>(selections_));
+  }
+
   MPI_Comm comm_;
-  bool overlap_ = true;
+  bool overlap_ = true, exact_sizes_ = false;
   int ranks_ = 1, rank_ = 0;
   reduce_core<T, Index, Policy> core_;
   std::vector<std::byte> blocks_, received_, selection_, selections_;
+  std::vector<std::byte> blocks_packed_, received_packed_, selections_packed_;  // heads, one after another
+  std::size_t block_head_ = 0, selection_head_ = 0;                          // this step's
   std::span<T> residual_;
   MPI_Request request_ = MPI_REQUEST_NULL;
   bool in_flight_ = false;

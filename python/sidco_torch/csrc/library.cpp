@@ -361,6 +361,8 @@ c10::Dict<std::string, double> ReduceCodec::report() const {
   d.insert("target", double(r.target));
   d.insert("bytes_sent", double(r.bytes_sent));
   d.insert("bytes_received", double(r.bytes_received));
+  d.insert("longest_block", double(r.longest_block));      // the bytes its longest block uses
+  d.insert("selection_bytes", double(r.selection_bytes));  // the bytes its selection uses
   return d;
 }
 

@@ -23,6 +23,7 @@
 // comm/nccl_reduce.cuh (NCCL), the DDP hook's reduce codecs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -102,11 +103,13 @@ class reduce_core {
       report_.trimmed = pack_blocks(sent, plan_, fields_, sink, blocks);
       report_.sent = sent.size();
       packed_ = sent;
+      report_.longest_block = longest_block(blocks);
       return true;
     } catch (const std::exception& e) {
       if (checked) give_back_all<T, Index>(sent.indices(), sent.values(), sink);
       packed_.clear(plan_.size);
       pack_failed_blocks<T, Index>(e, plan_, fields_, blocks);
+      report_.longest_block = longest_block(blocks);
       return false;
     }
   }
@@ -115,6 +118,7 @@ class reduce_core {
   void pack_failure(const std::exception& reason, const wire_fields& fields, std::span<std::byte> blocks) {
     begin(fields);
     pack_failed_blocks<T, Index>(reason, plan_, fields_, blocks);
+    report_.longest_block = longest_block(blocks);
   }
 
   /// Round 2: the indices this rank owns, from the blocks it received (one per rank, rank order)
@@ -124,10 +128,11 @@ class reduce_core {
     if (!in_step_) sidco::detail::fail("reduce-scatter exchange: select() without pack()");
     if (problem != nullptr) {
       comm::pack_failure<T, Index>(*problem, plan_.size, fields_, plan_.format, selection);
-      return;
+    } else {
+      save_owner();
+      select_owned<T, Index>(received, rank_, plan_, fields_, policy_, selection, report_, scratch_);
     }
-    save_owner();
-    select_owned<T, Index>(received, rank_, plan_, fields_, policy_, selection, report_, scratch_);
+    report_.selection_bytes = used_bytes(selection, plan_.format);
   }
 
   /// Round 3: every owner's selection (rank order). On agreement, global_selection() and
@@ -187,6 +192,15 @@ class reduce_core {
     report_ = {};
     owner_saved_ = false;
     packed_.clear(plan_.size);
+  }
+
+  // What a transport that sends only the used heads of the blocks needs (the longest one).
+  std::size_t longest_block(std::span<const std::byte> blocks) const {
+    const std::size_t bytes = plan_.format.bytes();
+    std::size_t longest = 0;
+    for (std::size_t r = 0; r < plan_.ranks; ++r)
+      longest = std::max(longest, used_bytes(blocks.subspan(r * bytes, bytes), plan_.format));
+    return longest;
   }
 
   // The owner policy's state before it selects, so that a step that fails can put it back.

@@ -57,6 +57,8 @@ struct reduce_report {
   std::size_t received = 0;    // entries in the blocks this rank's region received
   std::size_t union_size = 0;  // distinct indices over every owner (sum of their unions)
   std::size_t selected = 0;    // the global selection's entries (every owner's)
+  std::size_t longest_block = 0;    // bytes the longest of this rank's blocks uses (comm/wire.hpp's used_bytes)
+  std::size_t selection_bytes = 0;  // bytes this owner's selection uses
   std::size_t bytes_sent = 0;  // payload bytes this rank put on the wire (P - 1 blocks and its selection P - 1 times)
   std::size_t bytes_received = 0;
   std::size_t target = 0;      // k
