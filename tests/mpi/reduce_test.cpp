@@ -214,6 +214,37 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
   CHECK(exchange.wait(dense).selected > 0);
 }
 
+TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the step on every rank, loudly") {
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD);
+  comm::exchange_options options;
+  options.trim_limit = 0.1;
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options);
+  presets::sidco_e<> compressor;
+  feedback::residual<float> residual(n);
+  const auto g = gradient_for(rank, 0, n);
+  sparse_vector<float> sent;
+  compressor.compress(g, rank == 1 ? 0.05 : 0.01, sent, residual);  // rank 1 at 5x the agreed density
+  exchange.start(sent, residual.values(), 0);
+  std::vector<float> dense(n, 5.0f);
+  std::string message;
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(message.find("rank 1 failed: exchange: ") != std::string::npos, message);
+  CHECK_MESSAGE(message.find("exceed the capacity, over exchange_options::trim_limit 0.1: compress at the exchange's "
+                             "density 0.01, or raise exchange_options::slack") != std::string::npos,
+                message);
+  CHECK(dense == std::vector<float>(n, 5.0f));
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i]);  // every entry back
+  comm::exchange_options bad;
+  bad.trim_limit = 1.5;
+  CHECK_THROWS_WITH_AS(comm::sparse_reduce_exchange<float>(MPI_COMM_WORLD, n, 0.01, bad),
+                       doctest::Contains("exchange_options::trim_limit = 1.5 is outside [0, 1]"), runtime_error);
+}
+
 // At exact sizes and a density whose blocks are shorter than the error message, the failed
 // selection outgrows the blocks' head: the message arrives whole by the second all-gather.
 TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank raises it; the next steps work on every "

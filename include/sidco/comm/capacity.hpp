@@ -29,6 +29,22 @@ inline void check_slack(double slack) {
   if (!(slack >= 1 && slack <= 1000)) sidco::detail::fail("capacity slack = ", slack, " is outside [1, 1000]");
 }
 
+inline void check_trim_limit(double limit) {
+  if (!(limit >= 0 && limit <= 1)) sidco::detail::fail("exchange_options::trim_limit = ", limit, " is outside [0, 1]");
+}
+
+/// exchange_options::trim_limit: fails (sidco::error, which the exchange sends every rank)
+/// when this rank trimmed more than limit of the entries it handed the exchange for want of
+/// capacity, so that a rank compressing far above the agreed density is told, not cut
+/// silently. A limit of 1 never fails.
+inline void check_trimmed(std::size_t trimmed, std::size_t handed, double limit, double delta) {
+  if (limit >= 1 || double(trimmed) <= limit * double(handed)) return;
+  sidco::detail::fail("exchange: ", trimmed, " of the ", handed, " entries this rank sent (",
+                      std::round(1000.0 * double(trimmed) / double(handed)) / 10.0,
+                      "%) exceed the capacity, over exchange_options::trim_limit ", limit,
+                      ": compress at the exchange's density ", delta, ", or raise exchange_options::slack");
+}
+
 /// Segment s may send ceil(slack k_s) entries, k_s = max(1, floor(delta n_s)) (the count its
 /// estimate aims at), and never more than its n_s values. Per segment rather than per
 /// buffer, so that a tensor's capacity and trimming do not depend on which tensors share

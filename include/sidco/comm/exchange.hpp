@@ -61,7 +61,7 @@ class sparse_exchange {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     exchange_setup mine{};
     try {
-      core_ = allgather_core<T, Index>(layout, delta, options.slack, options.coding);
+      core_ = allgather_core<T, Index>(layout, delta, options.slack, options.coding, options.trim_limit);
       if (core_.format().bytes() > std::size_t(std::numeric_limits<int>::max()))
         sidco::detail::fail("sparse_exchange: a payload of ", core_.format().bytes(), " bytes exceeds MPI's int counts");
       if (options.exact_sizes && core_.format().bytes() * std::size_t(ranks_) > std::size_t(std::numeric_limits<int>::max()))

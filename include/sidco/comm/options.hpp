@@ -24,15 +24,21 @@ struct exchange_options {
   /// The all-gather exchange's payloads: plain, or compact (comm/compact.hpp). Every rank
   /// must choose alike (the constructors agree on it).
   entry_coding coding = entry_coding::plain;
-  /// The MPI reduce-scatter exchange: blocks and selections travel at the head the longest
-  /// block uses, agreed by a one-integer all-reduce (a latency more a step; fewer bytes where
-  /// blocks are mostly slack or the 320-byte minimum: many ranks).
-  /// The MPI all-gather exchange: each rank sends only the bytes its payload uses (compact:
-  /// about 3.2 an entry at 1%, where the fixed size takes 5; plain: 8, not the slack's 10),
-  /// at the price of a
-  /// round: start() all-gathers the sizes, wait() the payloads (MPI_Allgatherv), so the
-  /// payloads no longer travel while the caller works. Every rank must choose alike.
+  /// Payloads at the size they use, not the capacity's. The MPI all-gather exchange: each
+  /// rank sends only its payload's bytes (compact: about 3.2 an entry at 1%, where the fixed
+  /// size takes 5; plain: 8, not the slack's 10), at the price of a round: start()
+  /// all-gathers the sizes, wait() the payloads (MPI_Allgatherv), so the payloads no longer
+  /// travel while the caller works. The MPI reduce-scatter exchange: blocks and selections
+  /// travel at the head the longest block uses, agreed by a one-integer all-reduce (a latency
+  /// more a step; fewer bytes where blocks are mostly slack or the 320-byte minimum: many
+  /// ranks). Every rank must choose alike.
   bool exact_sizes = false;
+  /// The share of the entries a rank hands start() that it may trim for want of capacity
+  /// (what does not fit goes back into its residual; reports count it as trimmed). Beyond
+  /// it the step fails on every rank, naming the rank and the share, with every entry back in
+  /// its residual: a rank compressing well above the agreed density is told, not cut
+  /// silently. 1: trim whatever does not fit. A rank's own choice (not agreed).
+  double trim_limit = 1.0;
 };
 
 }  // namespace sidco::comm

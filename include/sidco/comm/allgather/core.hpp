@@ -141,8 +141,15 @@ class allgather_core {
   allgather_core() = default;
   /// Plans the capacity: ceil(slack k_s) entries per segment (comm/capacity.hpp); payloads
   /// in the given entry coding (comm/compact.hpp).
-  allgather_core(std::vector<segment> layout, double delta, double slack, entry_coding coding = entry_coding::plain)
-      : layout_(std::move(layout)), plan_(plan_capacity(layout_, delta, slack)), size_(layout_.back().end()) {
+  /// trim_limit: exchange_options::trim_limit.
+  allgather_core(std::vector<segment> layout, double delta, double slack, entry_coding coding = entry_coding::plain,
+                 double trim_limit = 1.0)
+      : layout_(std::move(layout)),
+        plan_(plan_capacity(layout_, delta, slack)),
+        size_(layout_.back().end()),
+        delta_(delta),
+        trim_limit_(trim_limit) {
+    check_trim_limit(trim_limit);
     if (size_ > sparse_vector<T, Index>::max_dense_size)
       sidco::detail::fail("exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
     if (coding != entry_coding::plain && coding != entry_coding::compact)
@@ -177,6 +184,7 @@ class allgather_core {
         sidco::detail::fail("exchange: the sparse vector's dense size ", sent.dense_size(), " is not the exchange's ", size_);
       checked = true;
       std::size_t trimmed = trim_to_capacity(sent, layout_, plan_, sink);
+      check_trimmed(trimmed, sent.size() + trimmed, trim_limit_, delta_);
       if (format_.coding == entry_coding::compact) {
         trimmed += fit_compact_body(sent, format_, sink);
         packed_ = sent;  // the values before rounding: what a failed step gives back
@@ -270,6 +278,7 @@ class allgather_core {
   std::vector<std::span<const std::byte>> expanded_views_;
   std::size_t size_ = 0;
   std::size_t used_ = 0;
+  double delta_ = 0, trim_limit_ = 1.0;
   sparse_vector<T, Index> packed_;  // what this rank's payload holds, this step
 };
 

@@ -66,6 +66,7 @@ class reduce_core {
         delta_(delta),
         options_(options),
         policy_(std::move(policy)) {
+    check_trim_limit(options.trim_limit);
     if (options.coding != entry_coding::plain)
       sidco::detail::fail("reduce-scatter exchange: options.coding = compact: the compact entry coding is the "
                           "all-gather exchange's only, so far (sparse_exchange, the hook's exchange=\"allgather\")");
@@ -101,6 +102,7 @@ class reduce_core {
                             " is not the exchange's ", plan_.size);
       checked = true;
       report_.trimmed = pack_blocks(sent, plan_, fields_, sink, blocks);
+      check_trimmed(report_.trimmed, sent.size() + report_.trimmed, options_.trim_limit, delta_);
       report_.sent = sent.size();
       packed_ = sent;
       report_.longest_block = longest_block(blocks);
