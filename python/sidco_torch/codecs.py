@@ -130,7 +130,7 @@ def _all_reduce_dense(state, bucket, group, world, reason):
              "candidates": buffer.numel(), "trimmed": 0, "capacity": buffer.numel(), "density": 1.0,
              "target_density": state._step_density, "threshold": 0.0, "stages": 0, "fallback": False,
              "compress_seconds": 0.0, "decode_seconds": 0.0, "bytes_sent": buffer.numel() * buffer.element_size(),
-             "failed": False}
+             "element_size": buffer.element_size(), "failed": False}
     state._stats[bucket.index()] = stats
     sent = time.perf_counter()
     buffer.div_(world)  # first: the sum of averages cannot overflow where the sum could
@@ -146,6 +146,38 @@ def _all_reduce_dense(state, bucket, group, world, reason):
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
 
 
+def _all_reduce_slices(b, buffer, slices, group, world):
+    """State(dense_parameters=...): the bucket's slices that hold them leave it before it is
+    compressed (zeros stay, which the compressor passes over; a residual they held from before
+    goes with them) and are averaged by one asynchronous all_reduce of their own."""
+    parts = []
+    for offset, size in slices:
+        part = buffer[offset: offset + size]
+        if b.residual is not None:
+            held = b.residual[offset: offset + size]
+            part.add_(held.to(part.dtype))
+            held.zero_()
+        parts.append(part.clone())
+        part.zero_()
+    values = torch.cat(parts).div_(world)  # first: the sum of averages cannot overflow where the sum could
+    return dist.all_reduce(values, group=group, async_op=True).get_future()
+
+
+def _with_slices(future, reduced, slices):
+    """The bucket's future with the densely averaged slices written back in (local work)."""
+    def merged(both):
+        sparse, dense = both.value()
+        out = sparse.value()  # a failed exchange raises here
+        values = dense.value()[0]
+        at = 0
+        for offset, size in slices:
+            out[offset: offset + size].copy_(values[at: at + size])
+            at += size
+        return out
+
+    return torch.futures.collect_all([future, reduced]).then(merged)
+
+
 def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent):
     """A sparse bucket's statistics from its codec's report (State.stats() lists them)."""
     return {"path": "sparse", "exchange": exchange, "size": buffer.numel(), "selected": int(report["selected"]),
@@ -153,6 +185,7 @@ def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent)
             "capacity": int(report["capacity"]), "density": report["density"], "target_density": state._step_density,
             "threshold": report["threshold"], "stages": int(report["stages"]), "fallback": bool(report["fallback"]),
             "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"]),
+            "element_size": buffer.element_size(),
             "wire": state.wire if exchange == "allgather" else "plain",
             # what this rank's payload costs each entry it carries (headers and slack included)
             "bytes_per_entry": bytes_sent / max(1, int(report["selected"]))}
@@ -202,8 +235,8 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     """The reduce-scatter exchange: blocks to the indices' owners (all_to_all_single, waited
     for here: the owners' selection needs them), each owner's selection all-gathered
     asynchronously, and decoded in the future's then() (local work only). Blocks and
-    selections travel at the head the longest one uses (an all-reduce agrees it before each),
-    not at the capacity's fixed size: the slack and the minimum size stay home."""
+    selections travel at the head the longest block uses (one all-reduce agrees it), not at
+    the capacity's fixed size: the slack and the minimum size stay home."""
     buffer = bucket.buffer()
     blocks = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.reduce_encode,
                      torch.ops.sidco.reduce_encode_failure)
@@ -221,7 +254,10 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     # The bucket and residual checked here, before the all-gather: a problem travels.
     selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
     report = b.codec.report()
-    chosen = _agreed_head(report["selection_bytes"], size, group, selection.device)
+    # The selections' head without another round: an owner keeps at most its share of what it
+    # received, received / P entries rounded (comm/reduce/steps.hpp), so at most what the
+    # longest block holds; a failure's message takes at most 64 + 256 bytes.
+    chosen = min(size, max(head, 64 + 256))
     sent, into = selection, None
     if chosen < size:
         sent, into = selection[:chosen], [p[:chosen] for p in b.inbox]

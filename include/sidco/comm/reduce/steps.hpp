@@ -163,10 +163,11 @@ struct owner_scratch {
 /// Round 2 on owner `me`: checks the blocks it received (one per rank, in rank order; every
 /// check of agree() plus ownership), adds them in rank order (comm/sum.hpp) and keeps its
 /// share of the global target, received / P entries (rounded by a threshold that differs
-/// between owners and steps, so that the shares add up; at most the capacity),
-/// chosen by policy on the sums, and packs each kept index's update (the one rule: the
-/// average, or the sum, rounded once to T) into its selection payload. A problem in the
-/// blocks is relayed in the payload instead, for every rank to raise.
+/// between owners and steps, so that the shares add up; at most the capacity), chosen by
+/// policy on the sums (what a policy keeps beyond the share, the smallest, is left out), and
+/// packs each kept index's update (the one rule: the average, or the sum, rounded once to T)
+/// into its selection payload. A problem in the blocks is relayed in the payload instead,
+/// for every rank to raise.
 template <class T, class Index, class Policy>
 void select_owned(payload_views blocks, std::size_t me, const reduce_plan& plan,
                    const wire_fields& fields, Policy& policy, std::span<std::byte> selection, reduce_report& report,
@@ -217,7 +218,10 @@ void select_owned(payload_views blocks, std::size_t me, const reduce_plan& plan,
     std::size_t kept = union_size;
     if (share == 0) kept = 0;
     else if (union_size > share) kept = policy.template select<A, Index>(reduced.indices(), reduced.values(), union_size, share);
-    if (kept > plan.capacity) kept = backend::host::keep_top_k(reduced.indices(), reduced.values(), kept, plan.capacity);
+    // At most the share, whatever the policy: a selection then never holds more entries than
+    // the longest block any rank sent (share <= received / P rounded), which transports that
+    // send heads rely on.
+    if (kept > share) kept = backend::host::keep_top_k(reduced.indices(), reduced.values(), kept, share);
     reduced.set_size(kept);
     // Each kept index's update (comm/sum.hpp's rule); an overflowed one's entry holds its
     // divided-first average already: that value rounded is its update.
