@@ -72,14 +72,15 @@ class _Agreement:
             warnings.warn("sidco_torch: a world of one rank has nothing to exchange; the hook still compresses (error "
                           "feedback delays part of each update), as it would among several", stacklevel=4)
 
-    def _agree_wire_format(self, group, world, bucket, path, payload_bytes):
+    def _agree_wire_format(self, group, world, bucket, path, payload_bytes, dense_values=0):
         """What this bucket puts on the wire (path, dtype, values, bytes), compared across ranks
         whenever it changes (the first steps, DDP's bucket rebuild, the switch at start_iter),
         before the collective whose sizes it decides: gloo aborts the process on a size
         mismatch, so a rank whose bucket differs (another dtype under fp16_compress_wrapper,
         another layout) must be refused before it."""
         buffer = bucket.buffer()
-        mine = (bucket.index(), _PATHS.index(path), _DTYPE_CODES.get(buffer.dtype, 0), buffer.numel(), payload_bytes)
+        mine = (bucket.index(), _PATHS.index(path), _DTYPE_CODES.get(buffer.dtype, 0), buffer.numel(), payload_bytes,
+                dense_values)
         if self._signatures.get(bucket.index()) == mine:
             return
         everyone = [torch.empty(len(mine), dtype=torch.int64, device=buffer.device) for _ in range(world)]
@@ -89,8 +90,8 @@ class _Agreement:
         for rank, theirs in enumerate(everyone):
             if theirs == first:
                 continue
-            index, path0, dtype0, numel0, bytes0 = first
-            _, path1, dtype1, numel1, bytes1 = theirs
+            index, path0, dtype0, numel0, bytes0, dense0 = first
+            _, path1, dtype1, numel1, bytes1, dense1 = theirs
             if theirs[0] != index:
                 what = f"is at bucket {theirs[0]}, rank 0 at bucket {index}"
             elif dtype1 != dtype0:
@@ -101,6 +102,9 @@ class _Agreement:
             elif path1 != path0:
                 how = ("dense", "by all-gather", "by reduce-scatter")
                 what = f"sends bucket {index} {how[path1]}, rank 0 {how[path0]}"
+            elif dense1 != dense0:
+                what = (f"all-reduces {dense1} values of bucket {index} densely (dense_parameters), rank 0 {dense0}; "
+                        "give every rank the same dense_parameters")
             else:
                 what = f"sends bucket {index} in {bytes1}-byte payloads, rank 0 in {bytes0} (another layout)"
             raise self._fail(ExchangeError(f"sidco_torch.State: rank {rank} {what}; every rank must hand the hook "

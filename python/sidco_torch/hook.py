@@ -26,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .codecs import _all_reduce_dense, _allgather, _reduce
+from .codecs import _all_reduce_dense, _all_reduce_slices, _allgather, _reduce, _with_slices
 from .state import State
 
 
@@ -67,8 +67,15 @@ def hook(state, bucket):
     started = time.perf_counter()
     b, problem = state._bucket(bucket, world)
     problem = problem or state._step_problem
-    state._agree_wire_format(group, world, bucket, b.exchange, b.payload_bytes())
-    if b.exchange == "reduce":
-        return _reduce(state, bucket, b, group, iteration, problem, started)
-    return _allgather(state, bucket, b, group, iteration, problem, started)
+    slices = state._dense_slices(bucket)
+    state._agree_wire_format(group, world, bucket, b.exchange, b.payload_bytes(), sum(n for _, n in slices))
+    reduced = _all_reduce_slices(b, buffer, slices, group, world) if slices else None
+    path = _reduce if b.exchange == "reduce" else _allgather
+    future = path(state, bucket, b, group, iteration, problem, started)
+    if reduced is None:
+        return future
+    stats = state._stats[bucket.index()]
+    stats["dense_values"] = sum(n for _, n in slices)
+    stats["bytes_sent"] += stats["dense_values"] * buffer.element_size()
+    return _with_slices(future, reduced, slices)
 

@@ -1,5 +1,6 @@
 """The hook's State: its arguments, the parameters' keys, the statistics, and the bookkeeping
 of each step (the density, a skipped step put back, each bucket's codec)."""
+import difflib
 import math
 import warnings
 import weakref
@@ -16,7 +17,7 @@ from .ops import _check_method, _codec, _options_dict
 
 # State's own arguments (a misspelt one arrives among the compressor's options).
 _ARGUMENTS = ("method", "density", "process_group", "start_iter", "min_bucket_elements", "feedback",
-              "capacity_slack", "exchange", "owner", "nonfinite", "wire")
+              "capacity_slack", "exchange", "owner", "nonfinite", "wire", "dense_parameters")
 
 
 def _scheduled(schedule, iteration):
@@ -26,6 +27,30 @@ def _scheduled(schedule, iteration):
     except TypeError as e:
         raise TypeError(f"sidco_torch.State: the density schedule, called as density({iteration}) (a schedule takes "
                         f"the iteration, an int, and returns a density), raised TypeError: {e}") from e
+
+
+def _summed(stats):
+    """One step's statistics (State.stats()'s values) summed over its buckets."""
+    out = dict(values=0, sent=0, bytes_sent=0, dense_bytes=0, compress_ms=0.0, exchange_ms=0.0, decode_ms=0.0,
+               sparse_buckets=0, dense_buckets=0)
+    for s in stats:
+        dense = s["path"] == "dense"
+        out["values"] += s["size"]
+        out["sent"] += s["size"] if dense else s["selected"] + s.get("dense_values", 0)
+        out["bytes_sent"] += s["bytes_sent"]
+        out["dense_bytes"] += s["size"] * s.get("element_size", 4)
+        out["compress_ms"] += 1e3 * s.get("compress_seconds", 0.0)
+        out["exchange_ms"] += 1e3 * s.get("exchange_seconds", 0.0)
+        out["decode_ms"] += 1e3 * s.get("decode_seconds", 0.0)
+        out["dense_buckets" if dense else "sparse_buckets"] += 1
+    return out
+
+
+def _with_ratios(sums):
+    out = dict(sums)
+    out["density"] = sums["sent"] / sums["values"] if sums["values"] else 0.0
+    out["bytes_ratio"] = sums["bytes_sent"] / sums["dense_bytes"] if sums["dense_bytes"] else 0.0
+    return out
 
 
 class State(_Checkpoints, _Agreement):
@@ -45,6 +70,13 @@ class State(_Checkpoints, _Agreement):
     start_iter: the first iterations are all-reduced densely (their residual is folded in).
 
     min_bucket_elements: smaller buckets are all-reduced densely.
+
+    dense_parameters: parameters never compressed (say, normalization layers or a small
+    output layer whose every update matters): their names (as model.named_parameters() gives
+    them; needs sidco_torch.register) or a function (name, parameter) -> bool. Their values
+    leave the bucket before it is compressed and are averaged by one all_reduce of their own,
+    issued beside the bucket's sparse exchange; every rank must name the same ones (the hook
+    compares the counts per bucket before the collectives).
 
     feedback: error feedback (recommended): what is not sent waits in a residual per tensor.
 
@@ -87,7 +119,7 @@ class State(_Checkpoints, _Agreement):
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
-                 nonfinite="raise", wire="plain", **options):
+                 nonfinite="raise", wire="plain", dense_parameters=None, **options):
         schedule = density if callable(density) else None
         density = _checked_density(_scheduled(schedule, 0) if schedule else density,
                                    "density(0)" if schedule else "density")
@@ -117,6 +149,11 @@ class State(_Checkpoints, _Agreement):
             raise TypeError("sidco_torch.State: process_group must be a torch.distributed ProcessGroup (from "
                             f"dist.new_group) or None for the default group, got {type(process_group).__name__} "
                             f"{process_group!r}")
+        if dense_parameters is not None and not callable(dense_parameters):
+            if isinstance(dense_parameters, str) or not all(isinstance(n, str) for n in dense_parameters):
+                raise TypeError("sidco_torch.State: dense_parameters must be parameter names (a list of str) or a "
+                                f"function (name, parameter) -> bool, got {dense_parameters!r}")
+            dense_parameters = frozenset(dense_parameters)
         _check_method(method, "sidco_torch.State")
         _options_dict(options, "sidco_torch.State", _ARGUMENTS)
         _codec(method, options, [1], torch.float32, density, capacity_slack, wire=wire)  # what only the ops know
@@ -130,6 +167,7 @@ class State(_Checkpoints, _Agreement):
         self.process_group = process_group
         self.start_iter = start_iter
         self.min_bucket_elements = min_bucket_elements
+        self.dense_parameters = dense_parameters
         self.feedback = feedback
         self.capacity_slack = capacity_slack
         self.options = dict(options)
@@ -141,6 +179,7 @@ class State(_Checkpoints, _Agreement):
         self._owner = {}        # parameter key -> (_Bucket, layer index)
         self._pending = {}      # parameter key -> _Layer, not yet in a bucket
         self._stats = {}
+        self._totals = {}  # summary()'s sums over the steps before the last
         self._keys = {}         # id(parameter) -> (weakref, key)
         self._keying = None     # "names" (attach) or "order" (DDP's), once known
         self._module = None
@@ -220,6 +259,13 @@ class State(_Checkpoints, _Agreement):
                                 "float32, float64, float16 and bfloat16 buckets")
         if self._module is None and self._pending:  # a state loaded before: its names must be this model's
             self._check_names(self._pending, {name for name, _ in named})
+        if isinstance(self.dense_parameters, frozenset):
+            names = [name for name, _ in named]
+            for name in sorted(self.dense_parameters - set(names)):
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"sidco_torch.State: dense_parameters names {name!r}, which is not a parameter of "
+                                 f"{type(module).__name__}{hint}")
         for name, p in named:
             self._keys[id(p)] = (weakref.ref(p), name)
         self._module = weakref.ref(module)
@@ -248,6 +294,25 @@ class State(_Checkpoints, _Agreement):
         self._keys[id(p)] = (weakref.ref(p), key)
         return key
 
+    def _dense_slices(self, bucket):
+        """The bucket's (offset, size) slices that hold dense_parameters."""
+        if self.dense_parameters is None:
+            return []
+        slices, offset = [], 0
+        for p in bucket.parameters():
+            key = self._key(p)
+            if callable(self.dense_parameters):
+                dense = bool(self.dense_parameters(key, p))
+            else:
+                if self._keying != "names":
+                    raise ValueError("sidco_torch.State: dense_parameters names parameters, which needs "
+                                     "sidco_torch.register(ddp_model, state) (the hook knows them by name only then)")
+                dense = key in self.dense_parameters
+            if dense:
+                slices.append((offset, p.numel()))
+            offset += p.numel()
+        return slices
+
     # ----- statistics
 
     def stats(self):
@@ -258,13 +323,34 @@ class State(_Checkpoints, _Agreement):
         exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
         (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
         its P - 1 blocks and its selection, at the heads the ranks agreed), bytes_per_entry (bytes_sent over selected), wire
-        ("plain" or "compact"), failed, exchange ("allgather" or "reduce"); with
+        ("plain" or "compact"), element_size (a value's bytes), failed, exchange ("allgather" or
+        "reduce"), dense_values (with dense_parameters: the values all-reduced densely beside the
+        exchange, their bytes in bytes_sent); with
         "reduce" also union_density (the owners' reduced entries over the bucket),
         global_density (the global selection's), returned (entries this rank sent that the
         owners left out: back in its residual), dropped (their share of what it sent) and
         bytes_received; with nonfinite="skip", skipped (the bucket came back as NaN because
         some rank's held non-finite values)."""
         return {index: dict(s) for index, s in self._stats.items()}
+
+    def summary(self):
+        """What to log each step: {"step": the last step's totals over its buckets, "total": the
+        same summed over every step this State ran (since it was made; a loaded state_dict
+        does not carry them)}. Each holds density (entries sent over the values, dense
+        buckets counting every value), bytes_sent (what this rank handed the collectives),
+        dense_bytes (what DDP's all-reduce would have been handed: every bucket whole),
+        bytes_ratio (their ratio), compress_ms, exchange_ms, decode_ms, sparse_buckets,
+        dense_buckets; "total" adds steps and skipped_steps. For example, with TensorBoard:
+
+            s = state.summary()
+            writer.add_scalar("sidco/density", s["step"]["density"], step)
+            writer.add_scalar("sidco/bytes_vs_dense", s["total"]["bytes_ratio"], step)
+        """
+        step = _summed(self._stats.values())
+        total = {key: self._totals.get(key, 0) + value for key, value in step.items()}
+        total["steps"] = self._totals.get("steps", 0) + (1 if self._stats else 0)
+        total["skipped_steps"] = self.skipped_steps
+        return {"step": _with_ratios(step), "total": _with_ratios(total)}
 
     # ----- the hook's bookkeeping
 
@@ -273,6 +359,11 @@ class State(_Checkpoints, _Agreement):
         density agreed in its payloads adopted; this step's density."""
         if not self._in_step:
             self._settle()
+            if self._stats:  # the last step's statistics join the totals (summary())
+                for key, value in _summed(self._stats.values()).items():
+                    self._totals[key] = self._totals.get(key, 0) + value
+                self._totals["steps"] = self._totals.get("steps", 0) + 1
+                self._stats = {}
             if self._next_verified is not None:
                 self._verified, self._next_verified = self._next_verified, None
             self._in_step = True

@@ -529,6 +529,92 @@ def scenario_dense_switch(rank, world):
     return "reported once"
 
 
+def scenario_summary(rank, world):
+    """state.summary(): the last step's totals over its buckets and the sums over every step,
+    equal to what stats() held after each step; a dense warm-up step counts every value."""
+    state = sidco_torch.State(method="sidco-e", density=0.02, start_iter=1)
+    model, ddp, optimizer = make(state, rank)
+    seen = []
+    for step in range(4):
+        train_step(ddp, optimizer, rank, step)
+        seen.append(list(state.stats().values()))
+        summary = state.summary()
+        last = summary["step"]
+        assert last["values"] == sum(s["size"] for s in seen[-1]), last
+        assert last["bytes_sent"] == sum(s["bytes_sent"] for s in seen[-1]), last
+        assert abs(last["compress_ms"] - 1e3 * sum(s["compress_seconds"] for s in seen[-1])) < 1e-9, last
+    total = summary["total"]
+    assert total["steps"] == 4 and total["skipped_steps"] == 0, total
+    every = [s for step in seen for s in step]
+    assert total["bytes_sent"] == sum(s["bytes_sent"] for s in every), total
+    assert total["dense_bytes"] == sum(4 * s["size"] for s in every), total
+    assert total["sent"] == sum(s["size"] if s["path"] == "dense" else s["selected"] for s in every), total
+    assert seen[0] and all(s["path"] == "dense" for s in seen[0]), seen[0]  # start_iter 1
+    assert summary["step"]["sparse_buckets"] > 0 and summary["step"]["dense_buckets"] == 0, summary["step"]
+    assert 0.5 * 0.02 <= summary["step"]["density"] <= 2 * 0.02, summary["step"]
+    assert summary["step"]["bytes_ratio"] < 0.2 < total["bytes_ratio"] < 1, (summary, total)
+    return f"density {summary['step']['density']:.4f}, bytes {total['bytes_ratio']:.3f} of dense over 4 steps"
+
+
+def scenario_dense_parameters(rank, world, exchange):
+    """State(dense_parameters=...): the named parameters' gradients are the ranks' dense
+    average (each divided by P, then summed: bit for bit at 2 ranks, the same bits on every
+    rank at 3); their residual stays empty; the
+    rest of their buckets still goes sparse; a misspelt name is answered with a sentence."""
+    names = {"last.bias", "middle.bias"}
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange=exchange,
+                              dense_parameters=sorted(names))
+    model, ddp, optimizer = make(state, rank)
+    reference = Shuffled()
+    for step in range(3):
+        reference.load_state_dict(model.state_dict())
+        reference.zero_grad()
+        x, y = batch(rank, step)
+        nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        params = dict(model.named_parameters())
+        for name, p in reference.named_parameters():
+            if name not in names:
+                continue
+            everyone = [torch.empty_like(p.grad) for _ in range(world)]
+            dist.all_gather(everyone, p.grad)
+            expected = everyone[0] / world
+            for g in everyone[1:]:
+                expected = expected + g / world
+            # Two ranks: the sum's order cannot matter; more: gloo's ring picks it, the same on every rank.
+            got = params[name].grad
+            assert torch.equal(got, expected) if world == 2 else torch.allclose(got, expected, rtol=1e-6, atol=1e-9), \
+                f"step {step}: {name} is not the dense average"
+            copies = [torch.empty_like(got) for _ in range(world)]
+            dist.all_gather(copies, got)
+            assert all(torch.equal(c, got) for c in copies), f"step {step}: ranks hold different {name}"
+            b, i = state._owner[name]
+            assert not b.residual[b.offsets[i]: b.offsets[i] + b.sizes[i]].any(), f"{name} kept a residual"
+        optimizer.step()
+        stats = list(state.stats().values())
+        assert all(s["path"] == "sparse" for s in stats), stats
+        assert sum(s.get("dense_values", 0) for s in stats) == 10 + 256, stats
+    try:
+        misspelt = sidco_torch.State(dense_parameters=["last.bais"])
+        sidco_torch.register(DDP(Shuffled()), misspelt)
+    except ValueError as e:
+        assert "dense_parameters names 'last.bais', which is not a parameter of Shuffled (did you mean " \
+               "'last.bias'?)" in str(e), str(e)
+    else:
+        raise AssertionError("a misspelt dense parameter was accepted")
+    return "the dense average beside the sparse exchange"
+
+
+def scenario_dense_parameters_differ(rank, world):
+    """Ranks that name different dense_parameters are refused before the collectives."""
+    names = ["last.bias"] if rank == 0 else ["last.bias", "middle.bias"]
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, dense_parameters=names)
+    model, ddp, optimizer = make(state, rank)
+    return refused_on_first_step(ddp, optimizer, rank, "densely (dense_parameters), rank 0",
+                                 "different dense_parameters")
+
+
 def scenario_dense_then_sparse(rank, world):
     """A schedule that starts dense-worthy (0.5 at 2 ranks) goes sparse once it drops: the
     switch follows each step's density, not the last one the payloads agreed."""
@@ -682,11 +768,12 @@ def scenario_reduce_exact(rank, world, owner):
                 assert header["status"] == 0, header
                 kept[indices] = True
                 longest = max(longest, 64 + (4 * header["count"] + 7) // 8 * 8 + total.element_size() * header["count"])
-            # Selections travel at the head the longest uses (64 bytes, its indices to 8, its
-            # values), the blocks at theirs: less than the fixed size of either.
-            fixed = r["inbox"][0].numel()
-            blocks = r["stats"]["bytes_sent"] - longest
-            assert longest < fixed and blocks % (world - 1) == 0 and 64 <= blocks // (world - 1) < fixed, (longest, r["stats"])
+            # Blocks travel at the head the longest one uses, selections at that head or at least
+            # 320 bytes (a failure's message): P - 1 blocks and one selection sent, less than the
+            # fixed size; no selection is longer than its head (64 bytes, indices to 8, values).
+            fixed, sent = r["inbox"][0].numel(), r["stats"]["bytes_sent"]
+            head = sent // world if sent % world == 0 and sent // world >= 320 else (sent - 320) / (world - 1)
+            assert head == int(head) and 64 <= head < fixed and longest <= max(head, 320), (longest, r["stats"])
             # Per rank: outside the global selection the residual holds gradient + old residual.
             assert torch.equal(r["new"][~kept], total[~kept]), "an unkept entry left the residual"
             expected = torch.zeros_like(total)
@@ -1271,6 +1358,10 @@ def main():
     print("different methods:", run(scenario_method_mismatch, 2)[0])
     print("two models:", run(scenario_two_models, 1)[0])
     print("dense switch:", run(scenario_dense_switch, 2)[0])
+    print("summary:", run(scenario_summary, 2)[0])
+    for exchange, world in (("allgather", 2), ("reduce", 3)):
+        print(f"dense parameters ({exchange}, {world} ranks):", run(scenario_dense_parameters, world, exchange)[0])
+    print("dense parameters that differ:", run(scenario_dense_parameters_differ, 2)[0])
     print("a schedule from dense to sparse:", run(scenario_dense_then_sparse, 2)[0])
     print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])
     print("exchanges that differ (all-gather on rank 1 of 3):", run(scenario_path_mismatch, 3)[0])
