@@ -59,9 +59,14 @@ add_executable(app main.cpp)
 target_link_libraries(app PRIVATE sidco::sidco)
 CMAKE
 cmake -S "$tmp/cmake" -B "$tmp/cmake/build" -DCMAKE_PREFIX_PATH="$tmp/stage$prefix" -DCMAKE_BUILD_TYPE=Release \
-  > "$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; exit 1; }
+  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON > "$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; exit 1; }
 cmake --build "$tmp/cmake/build" > "$tmp/cmake-build.log" 2>&1 || { cat "$tmp/cmake-build.log"; exit 1; }
 "$tmp/cmake/build/app"
+# With Highway, the consumer compiles as pkg-config's users do: -DHWY_SHARED_DEFINE too.
+if grep -q "SIDCO_HIGHWAY=1" "$tmp/cmake/build/compile_commands.json"; then
+  grep -q "HWY_SHARED_DEFINE" "$tmp/cmake/build/compile_commands.json" ||
+    { echo "sidco::sidco compiles with Highway but without HWY_SHARED_DEFINE"; exit 1; }
+fi
 echo "the CMake consumer builds and runs against $(dirname "$config")"
 
 echo "== as CMake source, through add_subdirectory (what FetchContent_MakeAvailable does)"
