@@ -1,17 +1,20 @@
 // sidco-bench's last screen: every method at one configuration against the two baselines of
 // the same run (bench/report.py --summary-only prints the same table from a JSON file).
-// Runs are named NAME/INPUT/LOG2N/INVERSE; per method: time, time over the streaming read,
+// Runs are named NAME/INPUT/LOG2N/INVERSE; per method: time (the fastest repetition, and
+// how much slower their median is), time over the streaming read,
 // time over our Top-k and achieved / target density, with densities outside [0.8, 1.25]
 // flagged (a method that keeps far fewer entries than asked is not faster, it does less
 // work). Methods appear in the suite's order, not ranked.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -58,15 +61,23 @@ class summary_reporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
-      // With repetitions, the median stands for the benchmark (as in bench/report.py).
-      if (run.run_type == Run::RT_Aggregate ? run.aggregate_name != "median" : run.repetitions > 1) continue;
       if (run.error_occurred) continue;
       const auto split = split_run_name(run.run_name.str());
       if (!split || split->first.starts_with("layers/")) continue;
       const auto& [name, config] = *split;
+      timing& t = times_[{name, config}];
+      const double seconds = run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit);
       const auto ratio = run.counters.find("density_ratio");
-      times_[{name, config}] = {run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit),
-                                ratio == run.counters.end() ? -1.0 : double(ratio->second)};
+      if (ratio != run.counters.end() && t.density_ratio < 0) t.density_ratio = double(ratio->second);
+      // Repetitions: each one's time, or (with --benchmark_report_aggregates_only) the median
+      // and standard deviation Google Benchmark computed from them.
+      t.repetitions = std::max<std::size_t>(1, std::size_t(run.repetitions));
+      if (run.run_type == Run::RT_Aggregate) {
+        if (run.aggregate_name == "median") t.median = seconds;
+        if (run.aggregate_name == "stddev") t.stddev = seconds;
+      } else {
+        t.samples.push_back(seconds);
+      }
       if (name != "streaming_read" && name != "nth_element_top_k" && seen_.insert(name).second)
         methods_.push_back(name);
     }
@@ -82,36 +93,83 @@ class summary_reporter : public benchmark::ConsoleReporter {
     std::fprintf(out, "\nSummary: %s (input %d), N = %zu, delta = %g (--summary=INPUT/LOG2N/INVERSE picks another)\n",
                  input_name_(input).c_str(), input, size_of_(*config), 1.0 / inverse);
     std::fprintf(out, "time over the streaming read and over our Top-k, from this run; achieved / target\n"
-                      "density of the call timed; ! outside [0.8, 1.25]: not comparable. Not ranked.\n\n");
-    std::fprintf(out, "%-32s %10s %14s %8s %16s\n", "method", "ms", "/ streaming", "/ top_k", "achieved/target");
+                      "density of the call timed; ! outside [0.8, 1.25]: not comparable. Not ranked.\n");
+    const std::size_t repetitions = find("streaming_read", *config) ? find("streaming_read", *config)->count() : 1;
+    if (repetitions > 1)
+      std::fprintf(out, "ms: the fastest of %zu repetitions (load only adds time); +: how much slower their median\n"
+                        "is (with only the aggregates reported: their median, +: standard deviation over it).\n",
+                   repetitions);
+    else
+      std::fprintf(out, "ms: one repetition (--benchmark_repetitions=5 gives a median and its spread).\n");
+    warn_if_loaded(out);
+    std::fprintf(out, "A \"Library was built as DEBUG\" warning above is about Debian's libbenchmark itself (its\n"
+                      "timing loop), not the code measured, which this build compiles optimized.\n\n");
+    std::fprintf(out, "%-32s %10s %7s %14s %8s %16s\n", "method", "ms", "+", "/ streaming", "/ top_k",
+                 "achieved/target");
     const auto read = find("streaming_read", *config), top = find("top_k", *config);
     std::vector<std::string> rows = {"streaming_read", "nth_element_top_k"};
     rows.insert(rows.end(), methods_.begin(), methods_.end());
     for (const std::string& name : rows) {
       const auto run = find(name, *config);
       if (!run) continue;
-      char over_read[32] = "-", over_top[32] = "-", density[32] = "", flag[4] = "";
-      if (read) std::snprintf(over_read, sizeof over_read, "%.2f", run->seconds / read->seconds);
-      if (top) std::snprintf(over_top, sizeof over_top, "%.2f", run->seconds / top->seconds);
+      const double seconds = run->seconds();
+      char spread[32] = "-", over_read[32] = "-", over_top[32] = "-", density[32] = "", flag[4] = "";
+      if (run->spread() >= 0) std::snprintf(spread, sizeof spread, "%.0f%%", 100 * run->spread());
+      if (read) std::snprintf(over_read, sizeof over_read, "%.2f", seconds / read->seconds());
+      if (top) std::snprintf(over_top, sizeof over_top, "%.2f", seconds / top->seconds());
       if (run->density_ratio >= 0) {
         std::snprintf(density, sizeof density, "%.2f", run->density_ratio);
         if (run->density_ratio < 0.8 || run->density_ratio > 1.25) std::snprintf(flag, sizeof flag, " !");
       }
-      std::fprintf(out, "%-32s %10.3f %14s %8s %16s%s\n", name.c_str(), run->seconds * 1e3, over_read, over_top,
-                   density, flag);
+      std::fprintf(out, "%-32s %10.3f %7s %14s %8s %16s%s\n", name.c_str(), seconds * 1e3, spread, over_read,
+                   over_top, density, flag);
     }
     std::fflush(out);
   }
 
  private:
   struct timing {
-    double seconds;
-    double density_ratio;  // -1: no counter (the baselines)
+    std::vector<double> samples;  // each repetition's seconds
+    double median = -1, stddev = -1;  // Google Benchmark's aggregates, when only they are reported
+    double density_ratio = -1;        // -1: no counter (the baselines)
+    std::size_t repetitions = 1;
+
+    std::size_t count() const { return repetitions; }
+    /// The fastest repetition (a busy machine only adds time), or Google Benchmark's median
+    /// when only the aggregates were reported.
+    double seconds() const {
+      return samples.empty() ? median : *std::min_element(samples.begin(), samples.end());
+    }
+    /// How far the repetitions spread: (median - fastest) / fastest, or the standard deviation
+    /// over the median from the aggregates; -1 for one run.
+    double spread() const {
+      if (samples.size() >= 2) {
+        std::vector<double> sorted = samples;
+        std::sort(sorted.begin(), sorted.end());
+        const std::size_t n = sorted.size();
+        const double middle = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+        return (middle - sorted.front()) / sorted.front();
+      }
+      return samples.empty() && stddev >= 0 && median > 0 ? stddev / median : -1;
+    }
   };
+
+  // Timings taken while more runnable threads than cores compete are inflated, and unevenly.
+  static void warn_if_loaded(std::FILE* out) {
+    double load = 0;
+    if (std::FILE* in = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(in, "%lf", &load) != 1) load = 0;
+      std::fclose(in);
+    }
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (cores > 0 && load > double(cores))
+      std::fprintf(out, "warning: load average %.1f over %u cores while this ran: times are inflated, unevenly;\n"
+                        "rerun on a quiet machine, or with repetitions, before citing them.\n", load, cores);
+  }
 
   std::optional<timing> find(const std::string& name, const configuration& config) const {
     const auto at = times_.find({name, config});
-    if (at == times_.end()) return std::nullopt;
+    if (at == times_.end() || (at->second.samples.empty() && at->second.median < 0)) return std::nullopt;
     return at->second;
   }
 
