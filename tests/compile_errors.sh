@@ -189,5 +189,21 @@ expect_short_error stages_as_tail "a stages policy was given as a distribution m
   "$(policy_call 'sidco::compressor<sidco::estimate::statistical<sidco::models::exponential, sidco::stages::fixed<3>>>')" "$@"
 expect_short_error model_as_estimator "a distribution model was given as the Estimator; wrap it in an estimator" \
   "$(policy_call 'sidco::compressor<sidco::models::gamma>')" "$@"
+# A model of one's own with a misspelt member, called: its sentence first, naming the model,
+# and not the calls into it (20 lines: the concept's notes under clang's include chain).
+SHORT_ERROR_LINES=20 expect_short_error model_typo_called "sidco distribution model: missing double upper_quantile(double rho) const" '
+#include <vector>
+struct mine {
+  static constexpr const char* name = "mine";
+  static constexpr bool needs_log = false;
+  static mine fit(const sidco::moments&) { return {}; }
+  double upper_quntile(double) const { return 1; }
+};
+int main() {
+  std::vector<float> g(100);
+  sidco::presets::sidco_with<mine> c;
+  sidco::sparse_vector<float> out;
+  c.compress(g, 0.1, out);
+}' "$@"
 
 exit $failed

@@ -32,7 +32,7 @@ expect_error() {
   fi
 }
 
-# As expect_error, and the compiler says it first, in at most 15 lines besides clang's
+# As expect_error, and the compiler says it first, in at most SHORT_ERROR_LINES (15) lines besides clang's
 # "In file included from" chain: a wrong call reads as one sentence, not a list of candidates.
 expect_short_error() {
   local name=$1 sentence=$2
@@ -41,8 +41,9 @@ expect_short_error() {
   local lines first
   lines=$(grep -v "^In file included from" "$tmp/$name.log" | grep -c .)
   first=$(grep -m1 "error" "$tmp/$name.log")
-  if [ "$lines" -gt 15 ]; then
-    echo "FAIL $name: $lines lines of errors (at most 15):"
+  local most=${SHORT_ERROR_LINES:-15}
+  if [ "$lines" -gt "$most" ]; then
+    echo "FAIL $name: $lines lines of errors (at most $most):"
     head -20 "$tmp/$name.log"
     failed=1
   elif [[ "$first" != *"$sentence"* ]]; then

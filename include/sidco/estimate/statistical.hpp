@@ -63,6 +63,14 @@ class statistical {
     else
       return models::diagnose<First>() && models::diagnose<Tail>();
   }());
+  // Whether the models keep their contract: when not, estimate() compiles to nothing, so that
+  // the sentence above is the whole error, not the first of the calls into a broken model.
+  static constexpr bool models_usable = [] {
+    if constexpr (stages_as_model)
+      return false;
+    else
+      return models::distribution_model<First> && models::distribution_model<Tail>;
+  }();
   template <class M>
   static constexpr bool needs_log_of() {
     if constexpr (models::contract::named<M>)
@@ -105,7 +113,9 @@ class statistical {
   template <class Pass>
   threshold_estimate estimate(const moments& all, std::span<const moments> probes, double delta,
                               Pass& pass) {
-    if constexpr (std::is_same_v<Fit, fit::paper>)
+    if constexpr (!models_usable)
+      return {};
+    else if constexpr (std::is_same_v<Fit, fit::paper>)
       return estimate_paper(all.with_zeros_as_sample(), delta, pass);
     else
       return estimate_zero_aware(all, probes, delta, pass);

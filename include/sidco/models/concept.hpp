@@ -41,6 +41,10 @@ concept has_quantile = requires(const M& model) {
 template <class M>
 concept model_like = contract::fits<M> || contract::has_quantile<M>;
 
+/// Every requirement above.
+template <class M>
+concept distribution_model = contract::named<M> && contract::fits<M> && contract::has_quantile<M>;
+
 /// Every requirement above, each with its sentence; true when all hold.
 template <class M>
 constexpr bool diagnose() {
