@@ -200,7 +200,7 @@ class sparse_reduce_exchange {
   // exact_sizes: the longest block any rank has (mine: this rank's longest), by one
   // MPI_Allreduce; every rank then sends that head of each block (zeros past what it uses),
   // so the collective keeps a fixed size and the algorithms MPI chooses for it (Bruck: log P
-  // rounds, where MPI_Alltoallv's pairwise schedule took 3.9x the time at 256 ranks under
+  // rounds, where MPI_Alltoallv's pairwise schedule took 5.4x the time at 256 ranks under
   // SMPI). The same head on every rank. Otherwise: the whole block, no extra round.
   std::size_t agreed_head(std::size_t mine) {
     const std::size_t bytes = core_.block_bytes();
@@ -251,9 +251,9 @@ class sparse_reduce_exchange {
   }
 
   // Round 2: every owner's selection. At exact sizes, first at the blocks' head (an owner
-  // keeps about what one block holds: its share of what it received, received / P), then,
-  // when some selection is longer (its header says so, the same on every rank), again at
-  // that one's size; selection_head_ adds up what each rank sent.
+  // keeps at most its share, received / P rounded: never more than the longest block), then,
+  // when some selection is longer (a failure's message: its header says so, the same on
+  // every rank), again at that one's size; selection_head_ adds up what each rank sent.
   void gather_selections() {
     const std::size_t bytes = core_.block_bytes();
     std::size_t head = exact_sizes_ ? block_head_ : bytes;
