@@ -146,16 +146,19 @@ def _all_reduce_dense(state, bucket, group, world, reason):
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
 
 
-def _all_reduce_slices(b, buffer, slices, group, world):
+def _all_reduce_slices(state, b, buffer, slices, group, world):
     """State(dense_parameters=...): the bucket's slices that hold them leave it before it is
     compressed (zeros stay, which the compressor passes over; a residual they held from before
-    goes with them) and are averaged by one asynchronous all_reduce of their own."""
+    goes with them, put back if nonfinite="skip" skips the step) and are averaged by one
+    asynchronous all_reduce of their own."""
     parts = []
     for offset, size in slices:
         part = buffer[offset: offset + size]
         if b.residual is not None:
             held = b.residual[offset: offset + size]
             part.add_(held.to(part.dtype))
+            if state.nonfinite == "skip":
+                state._undo.append(lambda r=held, saved=held.clone(): r.copy_(saved))
             held.zero_()
         parts.append(part.clone())
         part.zero_()

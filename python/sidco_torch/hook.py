@@ -69,7 +69,7 @@ def hook(state, bucket):
     problem = problem or state._step_problem
     slices = state._dense_slices(bucket)
     state._agree_wire_format(group, world, bucket, b.exchange, b.payload_bytes(), sum(n for _, n in slices))
-    reduced = _all_reduce_slices(b, buffer, slices, group, world) if slices else None
+    reduced = _all_reduce_slices(state, b, buffer, slices, group, world) if slices else None
     path = _reduce if b.exchange == "reduce" else _allgather
     future = path(state, bucket, b, group, iteration, problem, started)
     if reduced is None:

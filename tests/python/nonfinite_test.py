@@ -38,10 +38,16 @@ def rule_step(ddp, optimizer, rank, step, overflow_rank=None, where="first"):
     return not finite
 
 
-def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements):
+def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements, dense_from=None):
+    """dense_from: from that iteration on, last.bias is one of dense_parameters (its residual,
+    held from the sparse steps before, goes with it; a skipped step must put it back)."""
     def fresh():
-        return sidco_torch.State(method="sidco-e", density=0.05, start_iter=start_iter, exchange=exchange,
-                                 nonfinite="skip", min_bucket_elements=min_bucket_elements)
+        holder = []
+        dense = None if dense_from is None else (lambda name, p: name == "last.bias" and holder[0].iteration >= dense_from)
+        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start_iter, exchange=exchange,
+                                  nonfinite="skip", min_bucket_elements=min_bucket_elements, dense_parameters=dense)
+        holder.append(state)
+        return state
     # Run A: the overflow at skipped_step on rank 1; run B: that step never taken.
     state_a = fresh()
     model_a, ddp_a, opt_a = make(state_a, rank)
@@ -112,6 +118,8 @@ def main():
         out = run(scenario_skip, world, exchange, step, where, start_iter, smallest, timeout=240)
         print(f"skip ({exchange}, {world} ranks, overflow in '{where}' at step {step}, start_iter {start_iter}, "
               f"min_bucket_elements {smallest}):", out[0])
+    out = run(scenario_skip, 2, "allgather", 2, "first", 1, 3000, 2, timeout=240)
+    print("skip with last.bias going dense at that step (its residual put back):", out[0])
     return 0
 
 
