@@ -234,6 +234,15 @@ def _agreed_head(used, size, group, device):
     return min(size, max(64, int(longest.item())))
 
 
+def _heads(payload, inbox, head):
+    """What an all-gather at an agreed head sends and receives into: payload's head and
+    each inbox slot's, whose tails are zeroed (what pack left), so the decode reads whole
+    payloads."""
+    for p in inbox:
+        p[head:].zero_()
+    return payload[:head], [p[:head] for p in inbox]
+
+
 def _reduce(state, bucket, b, group, iteration, problem, started):
     """The reduce-scatter exchange: blocks to the indices' owners (all_to_all_single, waited
     for here: the owners' selection needs them), each owner's selection all-gathered
@@ -261,11 +270,7 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     # received, received / P entries rounded (comm/reduce/steps.hpp), so at most what the
     # longest block holds; a failure's message takes at most 64 + 256 bytes.
     chosen = min(size, max(head, 64 + 256))
-    sent, into = selection, None
-    if chosen < size:
-        sent, into = selection[:chosen], [p[:chosen] for p in b.inbox]
-        for p in b.inbox:
-            p[chosen:].zero_()
+    sent, into = _heads(selection, b.inbox, chosen) if chosen < size else (selection, None)
     # What this rank hands the collectives: its P - 1 blocks and its selection, at the heads.
     stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, (world - 1) * head + chosen)
     state._stats[bucket.index()] = stats
@@ -289,13 +294,8 @@ def _allgather(state, bucket, b, group, iteration, problem, started):
     if state.wire == "compact":
         # Compact payloads end early (zeros after): every rank sends the head the longest one
         # needs, and the inbox's tails are zeroed, so the decode reads the whole payloads.
-        used = torch.tensor([int(report["used_bytes"])], dtype=torch.int64, device=payload.device)
-        sizes = [torch.empty_like(used) for _ in b.inbox]
-        dist.all_gather(sizes, used, group=group)
-        head = min(payload.numel(), max(int(s) for s in sizes))
-        sent, into = payload[:head], [p[:head] for p in b.inbox]
-        for p in b.inbox:
-            p[head:].zero_()
+        head = _agreed_head(report["used_bytes"], payload.numel(), group, payload.device)
+        sent, into = _heads(payload, b.inbox, head)
     encoded = time.perf_counter()
     stats = _sparse_stats(state, buffer, report, "allgather", encoded - started, sent.numel())
     state._stats[bucket.index()] = stats

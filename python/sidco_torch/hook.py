@@ -68,14 +68,15 @@ def hook(state, bucket):
     b, problem = state._bucket(bucket, world)
     problem = problem or state._step_problem
     slices = state._dense_slices(bucket)
-    state._agree_wire_format(group, world, bucket, b.exchange, b.payload_bytes(), sum(n for _, n in slices))
+    dense_values = sum(n for _, n in slices)
+    state._agree_wire_format(group, world, bucket, b.exchange, b.payload_bytes(), dense_values)
     reduced = _all_reduce_slices(state, b, buffer, slices, group, world) if slices else None
     path = _reduce if b.exchange == "reduce" else _allgather
     future = path(state, bucket, b, group, iteration, problem, started)
     if reduced is None:
         return future
     stats = state._stats[bucket.index()]
-    stats["dense_values"] = sum(n for _, n in slices)
-    stats["bytes_sent"] += stats["dense_values"] * buffer.element_size()
+    stats["dense_values"] = dense_values
+    stats["bytes_sent"] += dense_values * buffer.element_size()
     return _with_slices(future, reduced, slices)
 
