@@ -84,6 +84,18 @@ struct no_estimate {
 };
 int main() { sidco::compressor<no_estimate, sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
 
+# The name is what a checkpoint records: an estimator without one is refused where it is given.
+expect_error estimator_without_name "sidco estimator: missing \`static constexpr const char* name\`" '
+struct unnamed {
+  static constexpr bool provides_threshold = true;
+  using statistics = sidco::backend::pass_statistics<true>;
+  template <class Pass>
+  sidco::estimate::threshold_estimate estimate(const sidco::moments&, std::span<const sidco::moments>, double, Pass&) {
+    return {0.5, 1};
+  }
+};
+int main() { sidco::compressor<unnamed, sidco::select::above_threshold, sidco::backend::serial> c; (void)c; }' "$@"
+
 # A distribution model is checked against dist/concept.hpp where statistical<First, Tail>
 # names it, first or tail.
 expect_error model_without_quantile "sidco distribution model: missing double upper_quantile(double rho) const" '
@@ -189,9 +201,10 @@ expect_short_error stages_as_tail "a stages policy was given as a distribution m
   "$(policy_call 'sidco::compressor<sidco::estimate::statistical<sidco::models::exponential, sidco::stages::fixed<3>>>')" "$@"
 expect_short_error model_as_estimator "a distribution model was given as the Estimator; wrap it in an estimator" \
   "$(policy_call 'sidco::compressor<sidco::models::gamma>')" "$@"
-# A model of one's own with a misspelt member, called: its sentence first, naming the model,
-# and not the calls into it (20 lines: the concept's notes under clang's include chain).
-SHORT_ERROR_LINES=20 expect_short_error model_typo_called "sidco distribution model: missing double upper_quantile(double rho) const" '
+# A model of one's own with a misspelt member, called: its sentence first, naming the model
+# by the first error line, and not the calls into it (20 lines: the concept's notes under
+# clang's include chain).
+SHORT_ERROR_LINES=20 SHORT_ERROR_NAMES='requirement<mine, false>\|\[with M = mine\]' expect_short_error model_typo_called "sidco distribution model: missing double upper_quantile(double rho) const" '
 #include <vector>
 struct mine {
   static constexpr const char* name = "mine";

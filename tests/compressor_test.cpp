@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -463,4 +464,44 @@ TEST_CASE("one compressor serves one thread at a time: a concurrent call throws,
   other.join();
   CHECK(refused.load() > 0);
   CHECK(malformed.load() == 0);
+}
+
+TEST_CASE("a state written under the old underscore policy names loads, another policy's does not") {
+  // Policy names took the registry's hyphens (above-threshold, generalized-pareto); a
+  // checkpoint written before that spells them with underscores, at the same length.
+  const auto g = synthetic_gradient<float>(1 << 15, 0.3, 11);
+  presets::sidco_gp<backend::serial> original;
+  sparse_vector<float> out, again;
+  for (int step = 0; step < 3; ++step) original.compress<float>(g, 0.01, out);
+  state_writer writer;
+  original.save_state(writer);
+  std::vector<std::byte> bytes = writer.take();
+  const auto spell_with = [&](std::vector<std::byte> from, std::string_view hyphens, char separator) {
+    std::string text(reinterpret_cast<const char*>(from.data()), from.size());
+    const auto at = text.find(hyphens);
+    REQUIRE(at != std::string::npos);
+    for (std::size_t i = at; i < at + hyphens.size(); ++i)
+      if (text[i] == '-') from[i] = std::byte(separator);
+    return from;
+  };
+  std::vector<std::byte> legacy = spell_with(bytes, "generalized-pareto", '_');
+  legacy = spell_with(legacy, "above-threshold", '_');
+  presets::sidco_gp<backend::serial> resumed;
+  state_reader reader(legacy);
+  resumed.load_state(reader);
+  original.compress<float>(g, 0.01, out);
+  resumed.compress<float>(g, 0.01, again);
+  CHECK(std::equal(out.indices().begin(), out.indices().end(), again.indices().begin(), again.indices().end()));
+  CHECK(std::equal(out.values().begin(), out.values().end(), again.values().begin(), again.values().end()));
+
+  // Only '-' and '_' are interchangeable: another policy's name is still refused.
+  std::vector<std::byte> other = bytes;
+  std::string text(reinterpret_cast<const char*>(other.data()), other.size());
+  const auto at = text.find("above-threshold");
+  REQUIRE(at != std::string::npos);
+  other[at] = std::byte('b');
+  presets::sidco_gp<backend::serial> refused;
+  state_reader wrong(other);
+  CHECK_THROWS_WITH_AS(refused.load_state(wrong), doctest::Contains("'bbove-threshold' where 'above-threshold'"),
+                       sidco::error);
 }

@@ -34,6 +34,7 @@ expect_error() {
 
 # As expect_error, and the compiler says it first, in at most SHORT_ERROR_LINES (15) lines besides clang's
 # "In file included from" chain: a wrong call reads as one sentence, not a list of candidates.
+# SHORT_ERROR_NAMES: a pattern (the type at fault) the output must show by its first error line.
 expect_short_error() {
   local name=$1 sentence=$2
   expect_error "$@"
@@ -48,6 +49,10 @@ expect_short_error() {
     failed=1
   elif [[ "$first" != *"$sentence"* ]]; then
     echo "FAIL $name: the first error is not the sentence: $first"
+    failed=1
+  elif [ -n "${SHORT_ERROR_NAMES:-}" ] && ! sed '/error/q' "$tmp/$name.log" | grep -q "$SHORT_ERROR_NAMES"; then
+    echo "FAIL $name: the type at fault ($SHORT_ERROR_NAMES) is not named by the first error line:"
+    sed '/error/q' "$tmp/$name.log"
     failed=1
   fi
 }

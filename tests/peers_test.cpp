@@ -345,7 +345,9 @@ TEST_CASE_TEMPLATE("error feedback conserves mass for every method", T, float, d
 }
 
 TEST_CASE("bad options of the peer methods are clear errors") {
-  CHECK_THROWS_WITH_AS(select::exact_k(-0.5), doctest::Contains("slack = -0.5"), sidco::error);
+  CHECK_THROWS_WITH_AS(select::exact_k(-0.5),
+                       doctest::Contains("slack = -0.5 is outside [0, 100]; exact_k keeps exactly the k largest"),
+                       sidco::error);
   CHECK_THROWS_WITH_AS(estimate::sampled({.sample_fraction = 0}),
                        doctest::Contains("sample_fraction = 0"), sidco::error);
   CHECK_THROWS_WITH_AS(estimate::sampled({.lower_factor = 1.5}),

@@ -25,6 +25,7 @@
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/sparse_vector.hpp"
+#include "sidco/core/requirement.hpp"
 
 namespace sidco::backend {
 
@@ -185,34 +186,41 @@ concept backend = contract::has_memory<B> && contract::has_name<B> && contract::
 /// True, or a compile error whose first line names what B lacks.
 template <class B>
 consteval bool diagnose() {
-  static_assert(requires { sizeof(B); },
+  using sidco::detail::requirement;  // names the type in the assertion's first line
+  static_assert(requirement<B, (requires { sizeof(B); })>::holds,
                 "sidco backend: the backend's type is incomplete: include its header "
                 "(sidco/backend/cpu.hpp for backend::cpu, sidco/backend/cuda.cuh for backend::cuda)");
-  static_assert(contract::has_memory<B>,
+  static_assert(requirement<B, contract::has_memory<B>>::holds,
                 "sidco backend: missing `memory`, the memory space its buffers live in "
                 "(memory::host for a CPU backend)");
   if constexpr (contract::has_memory<B>) {
-    static_assert(contract::has_name<B>, "sidco backend: missing `static constexpr const char* name`");
-    static_assert(contract::has_analyze<B>,
+    static_assert(requirement<B, contract::has_name<B>>::holds,
+                  "sidco backend: missing `static constexpr const char* name`");
+    static_assert(requirement<B, contract::has_analyze<B>>::holds,
                   "sidco backend: missing analyze<Stats>(source, layout, probes, out), the moments pass");
-    static_assert(contract::has_tail<B>,
+    static_assert(requirement<B, contract::has_tail<B>>::holds,
                   "sidco backend: missing tail<Log>(source, t), the excess moments over one threshold");
-    static_assert(contract::has_count_above<B>, "sidco backend: missing count_above(source, t)");
-    static_assert(contract::has_kth_largest_bins<B>,
+    static_assert(requirement<B, contract::has_count_above<B>>::holds, "sidco backend: missing count_above(source, t)");
+    static_assert(requirement<B, contract::has_kth_largest_bins<B>>::holds,
                   "sidco backend: missing kth_largest_bins(source, layout, targets, out)");
-    static_assert(contract::has_first_nonfinite<B>,
+    static_assert(requirement<B, contract::has_first_nonfinite<B>>::holds,
                   "sidco backend: missing first_nonfinite(source) returning nonfinite_value");
-    static_assert(contract::has_select_above<B>,
+    static_assert(requirement<B, contract::has_select_above<B>>::holds,
                   "sidco backend: missing select_above<Final>(source, layout, thresholds, out, hint, kept)");
-    static_assert(contract::has_select_band<B>, "sidco backend: missing select_band(source, low, high, out)");
-    static_assert(contract::has_select_random<B>,
+    static_assert(requirement<B, contract::has_select_band<B>>::holds,
+                  "sidco backend: missing select_band(source, low, high, out)");
+    static_assert(requirement<B, contract::has_select_random<B>>::holds,
                   "sidco backend: missing select_random(source, k, state, out)");
-    static_assert(contract::has_sample_magnitudes<B>,
+    static_assert(requirement<B, contract::has_sample_magnitudes<B>>::holds,
                   "sidco backend: missing sample_magnitudes(source, state, out)");
-    static_assert(contract::has_keep_top_k<B>, "sidco backend: missing keep_top_k(out, begin, run_sizes, keep)");
-    static_assert(contract::has_merge_runs<B>, "sidco backend: missing merge_runs(out, begin, run_starts)");
-    static_assert(contract::has_mark_sent<B>, "sidco backend: missing mark_sent(source, out, begin)");
-    static_assert(contract::has_scatter_add<B>, "sidco backend: missing scatter_add(in, dense, scale)");
+    static_assert(requirement<B, contract::has_keep_top_k<B>>::holds,
+                  "sidco backend: missing keep_top_k(out, begin, run_sizes, keep)");
+    static_assert(requirement<B, contract::has_merge_runs<B>>::holds,
+                  "sidco backend: missing merge_runs(out, begin, run_starts)");
+    static_assert(requirement<B, contract::has_mark_sent<B>>::holds,
+                  "sidco backend: missing mark_sent(source, out, begin)");
+    static_assert(requirement<B, contract::has_scatter_add<B>>::holds,
+                  "sidco backend: missing scatter_add(in, dense, scale)");
   }
   return backend<B>;
 }

@@ -52,10 +52,12 @@ class state_reader {
   }
   double number(const char* what) { return detail::bit_cast<double>(word(what)); }
 
-  /// The next name must be expected: a state of another policy or method is refused.
+  /// The next name must be expected: a state of another policy or method is refused. A
+  /// name written with underscores (policy names before they took the registry's hyphens)
+  /// reads as the same name.
   void expect(std::string_view expected) {
     const std::string_view found = read_name();
-    if (found != expected)
+    if (!same_name(found, expected))
       detail::fail("state: holds '", found, "' where '", expected, "' was expected (a state of another method?)");
   }
 
@@ -79,6 +81,13 @@ class state_reader {
   }
 
  private:
+  static bool same_name(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i] && !((a[i] == '_' || a[i] == '-') && (b[i] == '_' || b[i] == '-'))) return false;
+    return true;
+  }
+
   std::span<const std::byte> bytes_;
   std::size_t at_ = 0;
 };

@@ -20,9 +20,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "sidco/core/moments.hpp"
 #include "sidco/estimate/result.hpp"
+#include "sidco/core/requirement.hpp"
 
 namespace sidco::estimate {
 
@@ -39,6 +41,11 @@ struct pass_archetype {
 template <class E>
 concept estimates = requires(E& e, const moments& all, std::span<const moments> probes, pass_archetype& pass) {
   { e.estimate(all, probes, 0.1, pass) } -> std::convertible_to<threshold_estimate>;
+};
+
+template <class E>
+concept named = requires {
+  { E::name } -> std::convertible_to<std::string_view>;
 };
 
 template <class E>
@@ -71,17 +78,21 @@ constexpr bool declares_probes() {
 /// Every requirement above, each with its sentence; true when all hold.
 template <class E>
 constexpr bool diagnose() {
-  static_assert(contract::estimates<E>,
+  using sidco::detail::requirement;  // names the type in the assertion's first line
+  static_assert(requirement<E, contract::named<E>>::holds,
+                "sidco estimator: missing `static constexpr const char* name` (a checkpoint records it, so that a "
+                "state is never loaded into another estimator)");
+  static_assert(requirement<E, contract::estimates<E>>::holds,
                 "sidco estimator: missing estimate(all, probes, delta, pass) returning a threshold_estimate");
-  static_assert(!contract::declares_observes<E>() || contract::observer<E>,
+  static_assert(requirement<E, (!contract::declares_observes<E>() || contract::observer<E>)>::holds,
                 "sidco estimator: declares observes = true but has no observe(achieved_density, delta)");
-  static_assert(contract::declares_observes<E>() || !contract::observer<E>,
+  static_assert(requirement<E, (contract::declares_observes<E>() || !contract::observer<E>)>::holds,
                 "sidco estimator: has observe(achieved_density, delta) but does not declare "
                 "static constexpr bool observes = true, so it would never be called");
-  static_assert(!contract::declares_probes<E>() || contract::prober<E>,
+  static_assert(requirement<E, (!contract::declares_probes<E>() || contract::prober<E>)>::holds,
                 "sidco estimator: declares probes = true but lacks probe_count() or "
                 "probe_thresholds(span<double>)");
-  static_assert(contract::declares_probes<E>() || !contract::prober<E>,
+  static_assert(requirement<E, (contract::declares_probes<E>() || !contract::prober<E>)>::holds,
                 "sidco estimator: has probe_count() and probe_thresholds() but does not declare "
                 "static constexpr bool probes = true, so they would never be called");
   return true;

@@ -20,7 +20,7 @@ namespace sidco::estimate {
 /// mean, about 0 for gradients, is folded into it). Then up to max_adjustments passes: fewer
 /// than 2k/3 kept halves t, more than 4k/3 multiplies it by 1.5.
 struct gaussian_k {
-  static constexpr const char* name = "gaussian_k";
+  static constexpr const char* name = "gaussian-k";
   static constexpr bool provides_threshold = true;
   using statistics = backend::pass_statistics<true>;
 

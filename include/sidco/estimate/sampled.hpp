@@ -28,7 +28,7 @@ namespace sidco::estimate {
 /// returns the magnitudes there.
 class sampled {
  public:
-  static constexpr const char* name = "dgc_sampled";
+  static constexpr const char* name = "dgc-sampled";
   static constexpr bool provides_threshold = true;
   using statistics = backend::pass_statistics<false>;  // counts: the input check and N
 

@@ -13,6 +13,7 @@
 #include <concepts>
 
 #include "sidco/core/moments.hpp"
+#include "sidco/core/requirement.hpp"
 
 namespace sidco::models {
 
@@ -48,10 +49,12 @@ concept distribution_model = contract::named<M> && contract::fits<M> && contract
 /// Every requirement above, each with its sentence; true when all hold.
 template <class M>
 constexpr bool diagnose() {
-  static_assert(contract::named<M>,
+  using sidco::detail::requirement;  // names the type in the assertion's first line
+  static_assert(requirement<M, contract::named<M>>::holds,
                 "sidco distribution model: missing static constexpr name or needs_log (whether fit reads sum_log)");
-  static_assert(contract::fits<M>, "sidco distribution model: missing static Model fit(const moments&)");
-  static_assert(contract::has_quantile<M>,
+  static_assert(requirement<M, contract::fits<M>>::holds,
+                "sidco distribution model: missing static Model fit(const moments&)");
+  static_assert(requirement<M, contract::has_quantile<M>>::holds,
                 "sidco distribution model: missing double upper_quantile(double rho) const (t with P(a > t) = rho)");
   return true;
 }

@@ -12,7 +12,7 @@ namespace sidco::models {
 /// Shape k in Hosking's sign convention: k < 0 is a heavy (Pareto) tail, k = 0 the
 /// exponential, k > 0 a bounded support [0, alpha / k]. SciPy's genpareto has c = -k.
 struct generalized_pareto {
-  static constexpr const char* name = "generalized_pareto";
+  static constexpr const char* name = "generalized-pareto";
   static constexpr bool needs_log = false;
 
   double shape = 0;

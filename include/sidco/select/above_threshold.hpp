@@ -13,7 +13,7 @@ namespace sidco::select {
 /// The count is whatever the threshold yields; one compaction pass, error feedback fused.
 /// Per layer, one pass serves every layer with its own threshold (fuses_layers).
 struct above_threshold {
-  static constexpr const char* name = "above_threshold";
+  static constexpr const char* name = "above-threshold";
   static constexpr bool needs_threshold = true;
   static constexpr bool fuses_layers = true;
 

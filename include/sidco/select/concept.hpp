@@ -23,6 +23,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "sidco/core/requirement.hpp"
+
 namespace sidco::select {
 
 namespace contract {
@@ -90,26 +92,30 @@ concept selection_like = requires { S::needs_threshold; } || requires { S::fuses
 /// Every requirement above, each with its sentence; true when all hold.
 template <class S>
 constexpr bool diagnose() {
+  using sidco::detail::requirement;  // names the type in the assertion's first line
   using namespace contract;
-  static_assert(named<S>, "sidco selection: missing `static constexpr const char* name`");
-  static_assert(flagged<S>,
+  static_assert(requirement<S, named<S>>::holds, "sidco selection: missing `static constexpr const char* name`");
+  static_assert(requirement<S, flagged<S>>::holds,
                 "sidco selection: missing `static constexpr bool needs_threshold` or `fuses_layers`");
-  static_assert(aims<S>, "sidco selection: missing estimation_density(delta), the density the estimator aims at");
-  static_assert(!(declares_fuses_layers<S>() && declares_ranks_candidates<S>()),
+  static_assert(requirement<S, aims<S>>::holds,
+                "sidco selection: missing estimation_density(delta), the density the estimator aims at");
+  static_assert(requirement<S, (!(declares_fuses_layers<S>() && declares_ranks_candidates<S>()))>::holds,
                 "sidco selection: declares both fuses_layers and ranks_candidates; a selection is one of them");
-  static_assert(declares_fuses_layers<S>() || declares_ranks_candidates<S>() || has_select<S>(),
-                "sidco selection: neither fuses_layers nor ranks_candidates, so it needs "
-                "select(backend, source, threshold, k, out) returning a selection_result");
-  static_assert(!declares_ranks_candidates<S>() || has_keep<S>(),
+  static_assert(
+      requirement<S, (declares_fuses_layers<S>() || declares_ranks_candidates<S>() || has_select<S>())>::holds,
+      "sidco selection: neither fuses_layers nor ranks_candidates, so it needs "
+      "select(backend, source, threshold, k, out) returning a selection_result");
+  static_assert(requirement<S, (!declares_ranks_candidates<S>() || has_keep<S>())>::holds,
                 "sidco selection: declares ranks_candidates = true but has no keep(k, candidates)");
-  static_assert(!declares_ranks_candidates<S>() || declares_starts_from_kth_bin<S>() || has_start<S>(),
-                "sidco selection: declares ranks_candidates = true but has no start(backend, source, threshold, k)");
-  static_assert(!declares_starts_from_kth_bin<S>() || has_start_from_bin<S>(),
+  static_assert(
+      requirement<S, (!declares_ranks_candidates<S>() || declares_starts_from_kth_bin<S>() || has_start<S>())>::holds,
+      "sidco selection: declares ranks_candidates = true but has no start(backend, source, threshold, k)");
+  static_assert(requirement<S, (!declares_starts_from_kth_bin<S>() || has_start_from_bin<S>())>::holds,
                 "sidco selection: declares starts_from_kth_bin = true but has no start_from_bin(bin)");
-  static_assert(!declares_widens<S>() || (declares_ranks_candidates<S>() && has_widen<S>()),
+  static_assert(requirement<S, (!declares_widens<S>() || (declares_ranks_candidates<S>() && has_widen<S>()))>::holds,
                 "sidco selection: declares widens = true but has no widen(backend, source, k, threshold, out, "
                 "count, result, band_starts), or does not rank candidates");
-  static_assert(declares_widens<S>() || !has_widen<S>(),
+  static_assert(requirement<S, (declares_widens<S>() || !has_widen<S>())>::holds,
                 "sidco selection: has widen(...) but does not declare `static constexpr bool widens = true`, "
                 "so it would never be called");
   return true;

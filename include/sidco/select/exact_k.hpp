@@ -19,7 +19,7 @@ namespace sidco::select {
 /// candidates: the threshold is halved (up to 8 times, then 0, then everything) and only the
 /// band between the two thresholds is read again.
 struct exact_k {
-  static constexpr const char* name = "exact_k";
+  static constexpr const char* name = "exact-k";
   static constexpr bool needs_threshold = true;
   static constexpr bool fuses_layers = false;
   static constexpr bool ranks_candidates = true;
@@ -31,7 +31,9 @@ struct exact_k {
   exact_k() = default;
   explicit exact_k(double estimate_slack) : slack(estimate_slack) {
     if (!(slack >= 0 && slack <= 100))
-      sidco::detail::fail("exact_k: slack = ", slack, " is outside [0, 100]");
+      sidco::detail::fail("exact_k: slack = ", slack, " is outside [0, 100]; exact_k keeps exactly the k largest "
+                          "values, and slack is how far above delta its estimator aims, delta (1 + slack), so that "
+                          "one pass finds at least k candidates");
   }
 
   double estimation_density(double delta) const { return std::min(1.0, delta * (1 + slack)); }

@@ -17,7 +17,7 @@ namespace sidco::select {
 /// draws (core/uniform_subset.hpp), the same subset on every backend.
 class random_k {
  public:
-  static constexpr const char* name = "random_k";
+  static constexpr const char* name = "random-k";
   static constexpr bool needs_threshold = false;
   static constexpr bool fuses_layers = false;
 

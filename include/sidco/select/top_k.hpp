@@ -17,7 +17,7 @@ namespace sidco::select {
 /// candidates only. Three passes of streaming reads, no N-sized temporary, against the
 /// random access of std::nth_element.
 struct top_k {
-  static constexpr const char* name = "top_k";
+  static constexpr const char* name = "top-k";
   static constexpr bool needs_threshold = false;
   static constexpr bool fuses_layers = false;
   static constexpr bool ranks_candidates = true;
