@@ -19,6 +19,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -246,48 +247,59 @@ void layered_inputs(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond);
 }
 
+// Rows are named as the registry names methods (sidco::methods), with a variant after a
+// colon: NAME (no error feedback), NAME:feedback (the same gradient every call),
+// NAME:fresh-feedback (four gradients in turn, as in training), NAME:serial (the one-thread
+// backend), sidco-e:fixed3 (three fixed stages, not a registry entry); the baselines are
+// streaming-read and nth-element-top-k; layers/NAME per layer, layers/NAME/whole the same
+// method on the whole vector.
 using namespace sidco::presets;
 using sidco_e_fixed3 = sidco_with<sidco::models::exponential, sidco::models::exponential,
                                   sidco::stages::fixed<3>, sidco::fit::zero_aware,
                                   sidco::select::above_threshold, sidco::backend::cpu>;
 using sidco_e_serial = sidco_e_single<sidco::backend::serial>;
 
-BENCHMARK(streaming_read)->Apply(synthetic_and_real);
-BENCHMARK(nth_element_top_k)->Apply(synthetic_and_real);
-#define SIDCO_BENCH(type, name)                                                     \
-  BENCHMARK(compress<type, 0>)->Name(name)->Apply(synthetic_and_real);              \
-  BENCHMARK(compress<type, 1>)->Name(name "_feedback")->Apply(synthetic_and_real)
-SIDCO_BENCH(sidco_e_single<>, "sidco_e_single");
-SIDCO_BENCH(sidco_e_fixed3, "sidco_e_fixed3");
-SIDCO_BENCH(sidco_e<>, "sidco_e");
-SIDCO_BENCH(sidco_gp<>, "sidco_gp");
-SIDCO_BENCH(sidco_gamma_gp<>, "sidco_gamma_gp");
-SIDCO_BENCH(sidco_e_exact<>, "sidco_e_exact_k");
-SIDCO_BENCH(top_k<>, "top_k");
-SIDCO_BENCH(dgc<>, "dgc");
-SIDCO_BENCH(gaussian_k<>, "gaussian_k");
-SIDCO_BENCH(redsync<>, "redsync");
-SIDCO_BENCH(random_k<>, "random_k");
-SIDCO_BENCH(sidco_e_serial, "sidco_e_single_serial");
-#undef SIDCO_BENCH
-// Error feedback as in training: a different gradient every call.
-BENCHMARK(compress<sidco_e_single<>, 2>)->Name("sidco_e_single_feedback_fresh")->Apply(synthetic_and_real);
-BENCHMARK(compress<sidco_e<>, 2>)->Name("sidco_e_feedback_fresh")->Apply(synthetic_and_real);
-BENCHMARK(compress<sidco_gp<>, 2>)->Name("sidco_gp_feedback_fresh")->Apply(synthetic_and_real);
+template <class Compressor, int Feedback>
+void add(const std::string& name, void (*inputs)(benchmark::internal::Benchmark*)) {
+  benchmark::RegisterBenchmark(name.c_str(), compress<Compressor, Feedback>)->Apply(inputs);
+}
 
-// Per layer, against the same presets on the whole vector and per-layer Top-k.
-BENCHMARK(streaming_read)->Name("layers/streaming_read")->Apply(layered_inputs);
-#define SIDCO_LAYERED(type, name)                                                                     \
-  BENCHMARK(compress<type, 0>)->Name("layers/" name "/whole")->Apply(layered_inputs);                \
-  BENCHMARK(compress<sidco::segmented<type>, 0>)->Name("layers/" name)->Apply(layered_inputs);       \
-  BENCHMARK(compress<sidco::segmented<type>, 1>)->Name("layers/" name "_feedback")->Apply(layered_inputs)
-SIDCO_LAYERED(sidco_e<>, "sidco_e");
-SIDCO_LAYERED(sidco_gp<>, "sidco_gp");
-SIDCO_LAYERED(sidco_e_single<>, "sidco_e_single");
-SIDCO_LAYERED(top_k<>, "top_k");
-SIDCO_LAYERED(sidco_e_exact<>, "sidco_e_exact_k");
-SIDCO_LAYERED(dgc<>, "dgc");
-#undef SIDCO_LAYERED
+void register_rows() {
+  benchmark::RegisterBenchmark("streaming-read", streaming_read)->Apply(synthetic_and_real);
+  benchmark::RegisterBenchmark("nth-element-top-k", nth_element_top_k)->Apply(synthetic_and_real);
+  sidco::methods::all::for_each([](auto entry) {
+    using method = typename decltype(entry)::type;
+    using compressor = sidco::methods::compressor_of<method>;
+    const std::string name(method::about.name);
+    add<compressor, 0>(name, synthetic_and_real);
+    add<compressor, 1>(name + ":feedback", synthetic_and_real);
+  });
+  add<sidco_e_fixed3, 0>("sidco-e:fixed3", synthetic_and_real);
+  add<sidco_e_fixed3, 1>("sidco-e:fixed3:feedback", synthetic_and_real);
+  add<sidco_e_serial, 0>("sidco-e-single:serial", synthetic_and_real);
+  add<sidco_e_serial, 1>("sidco-e-single:serial:feedback", synthetic_and_real);
+  add<sidco_e_single<>, 2>("sidco-e-single:fresh-feedback", synthetic_and_real);
+  add<sidco_e<>, 2>("sidco-e:fresh-feedback", synthetic_and_real);
+  add<sidco_gp<>, 2>("sidco-gp:fresh-feedback", synthetic_and_real);
+
+  // Per layer, against the same methods on the whole vector and per-layer Top-k.
+  benchmark::RegisterBenchmark("layers/streaming-read", streaming_read)->Apply(layered_inputs);
+  const auto layered = [](auto method_type) {
+    using method = typename decltype(method_type)::type;
+    using compressor = sidco::methods::compressor_of<method>;
+    const std::string name = "layers/" + std::string(method::about.name);
+    add<compressor, 0>(name + "/whole", layered_inputs);
+    add<sidco::segmented<compressor>, 0>(name, layered_inputs);
+    add<sidco::segmented<compressor>, 1>(name + ":feedback", layered_inputs);
+  };
+  namespace m = sidco::methods;
+  layered(std::type_identity<m::sidco_e>{});
+  layered(std::type_identity<m::sidco_gp>{});
+  layered(std::type_identity<m::sidco_e_single>{});
+  layered(std::type_identity<m::top_k>{});
+  layered(std::type_identity<m::sidco_e_exact>{});
+  layered(std::type_identity<m::dgc>{});
+}
 
 // --summary=INPUT/LOG2N/INVERSE picks the configuration of the last screen, --summary=none
 // leaves it out (it is printed on the console format only: JSON and CSV on stdout stay
@@ -344,9 +356,11 @@ benchmark::ConsoleReporter::OutputOptions console_options(int argc, char** argv)
 int main(int argc, char** argv) {
   const summary_options summary = take_summary_flag(argc, argv);
   const auto options = console_options(argc, argv);
+  register_rows();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("sidco_kernels", sidco::backend::cpu::kernels());
+  benchmark::AddCustomContext("sidco_methods", sidco::methods::all::names());
   if (summary.wanted) {
     sidco_bench::summary_reporter reporter(
         options, summary.chosen, input_name,

@@ -125,20 +125,20 @@ using namespace sidco::presets;
 using cuda = sidco::backend::cuda;
 using above = sidco::select::above_threshold;
 
-BENCHMARK(device_copy)->Apply(sizes);
-BENCHMARK(radix_sort_top_k)->Apply(sizes);
+BENCHMARK(device_copy)->Name("device-copy")->Apply(sizes);
+BENCHMARK(radix_sort_top_k)->Name("radix-sort-top-k")->Apply(sizes);
 #define SIDCO_BENCH(type, name)                                            \
   BENCHMARK(compress<type, false>)->Name(name)->Apply(sizes);              \
-  BENCHMARK(compress<type, true>)->Name(name "_feedback")->Apply(sizes)
+  BENCHMARK(compress<type, true>)->Name(name ":feedback")->Apply(sizes)
 using e_single = sidco_e_single<cuda>;
 using e_adaptive = sidco_e<cuda>;
 using gp_adaptive = sidco_gp<cuda>;
-SIDCO_BENCH(e_single, "sidco_e_single");
-SIDCO_BENCH(e_adaptive, "sidco_e");
-SIDCO_BENCH(gp_adaptive, "sidco_gp");
-SIDCO_BENCH(sidco_e_exact<cuda>, "sidco_e_exact_k");
-SIDCO_BENCH(top_k<cuda>, "top_k");
-SIDCO_BENCH(random_k<cuda>, "random_k");
+SIDCO_BENCH(e_single, "sidco-e-single");
+SIDCO_BENCH(e_adaptive, "sidco-e");
+SIDCO_BENCH(gp_adaptive, "sidco-gp");
+SIDCO_BENCH(sidco_e_exact<cuda>, "sidco-e-exact");
+SIDCO_BENCH(top_k<cuda>, "top-k");
+SIDCO_BENCH(random_k<cuda>, "random-k");
 #undef SIDCO_BENCH
 
 // Launch shapes against the default (cuda/tuning.cuh), SIDCo-E and Top-k at each: more loads
@@ -152,10 +152,10 @@ struct shape : sidco::backend::cuda_detail::default_tuning {
 };
 #define SIDCO_SHAPE(loads, blocks, writes)                                                                      \
   BENCHMARK(compress<sidco_e<sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)          \
-      ->Name("sidco_e@" #loads "x" #blocks "x" #writes)                                                         \
+      ->Name("sidco-e@" #loads "x" #blocks "x" #writes)                                                         \
       ->Apply(sizes);                                                                                           \
   BENCHMARK(compress<top_k<sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)                   \
-      ->Name("top_k@" #loads "x" #blocks "x" #writes)                                                           \
+      ->Name("top-k@" #loads "x" #blocks "x" #writes)                                                           \
       ->Apply(sizes)
 SIDCO_SHAPE(8, 8, 4);
 SIDCO_SHAPE(4, 8, 4);

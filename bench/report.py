@@ -18,6 +18,27 @@ import sys
 INPUTS = {0: "normal", 1: "laplace", 2: "lstm (real)", 3: "cnn (real)", 4: "transformer bucket (170 layers)",
           5: "gpt lm (real, it 200)", 6: "gpt lm with error feedback (real, it 100)"}
 REAL_SIZES = {2: 3689196, 3: 900490, 4: 1 << 25, 5: 17717713, 6: 17717713}
+BASELINES = ("streaming-read", "nth-element-top-k")
+# Rows whose old underscore name is not the registry's name with hyphens.
+LEGACY = {"streaming_read": "streaming-read", "nth_element_top_k": "nth-element-top-k",
+          "sidco_e_exact_k": "sidco-e-exact", "sidco_e_fixed3": "sidco-e:fixed3",
+          "sidco_e_single_serial": "sidco-e-single:serial"}
+
+
+def canonical(name):
+    """A row's name as sidco-bench spells it now (the registry's name, a variant after a
+    colon), so that JSON written before the rows took the registry's names reads the same."""
+    prefix, suffix = "", ""
+    if name.startswith("layers/"):
+        prefix, name = "layers/", name[len("layers/"):]
+    if name.endswith("/whole"):
+        name, suffix = name[:-len("/whole")], "/whole"
+    variant = ""
+    for old, new in (("_feedback_fresh", ":fresh-feedback"), ("_feedback", ":feedback")):
+        if name.endswith(old):
+            name, variant = name[:-len(old)], new
+            break
+    return prefix + LEGACY.get(name, name.replace("_", "-")) + variant + suffix
 
 
 def load(path, runs):
@@ -32,7 +53,7 @@ def load(path, runs):
         elif b.get("repetitions", 1) > 1:
             continue
         parts = (b["run_name"] if "run_name" in b else b["name"]).split("/")
-        name = "/".join(parts[:-3])
+        name = canonical("/".join(parts[:-3]))
         kind, log2n, inverse = (int(a) for a in parts[-3:])
         unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b.get("time_unit", "ns")]
         runs[(name, kind, log2n, inverse)] = {
@@ -48,24 +69,20 @@ def size_of(kind, log2n):
     return REAL_SIZES.get(kind, 1 << log2n)
 
 
-PLOTTED = ["sidco_e_single", "sidco_e", "sidco_gamma_gp", "sidco_e_exact_k", "top_k", "dgc",
-           "gaussian_k", "redsync", "random_k", "sidco_e_single_feedback"]
-
-
-def plot(runs, path, kind=1, inverse=1000):
-    """Time per call against N for each method (log-log), with the two baselines."""
+def plot(runs, path, methods, kind=1, inverse=1000):
+    """Time per call against N for each registry method (log-log), with the two baselines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for name in ["streaming_read", "nth_element_top_k"] + PLOTTED:
+    for name in list(BASELINES) + methods + ["sidco-e-single:feedback"]:
         points = sorted((n, r["seconds"]) for (m, k, n, i), r in runs.items()
                         if m == name and k == kind and i == inverse)
         if not points:
             continue
-        style = {"streaming_read": "k--", "nth_element_top_k": "k:"}.get(name, "o-")
+        style = {"streaming-read": "k--", "nth-element-top-k": "k:"}.get(name, "o-")
         ax.plot([2 ** n for n, _ in points], [s * 1e3 for _, s in points], style, label=name)
     ax.set(xscale="log", yscale="log", xlabel="N (values)", ylabel="time per call (ms)",
            title=f"{INPUTS[kind]} values, δ = {1 / inverse:g}")
@@ -91,16 +108,16 @@ def print_targets(rows, form):
 def summary(runs, methods, config):
     """One screen for one configuration: every method against the read and our Top-k."""
     kind, log2n, inverse = config
-    read, top = runs.get(("streaming_read",) + config), runs.get(("top_k",) + config)
+    read, top = runs.get(("streaming-read",) + config), runs.get(("top-k",) + config)
     print(f"### Summary: {INPUTS.get(kind, kind)}, N = {size_of(kind, log2n)}, δ = {1 / inverse:g}")
     print()
     print("Time over the streaming read (the bandwidth ceiling) and over our radix Top-k, from the same "
           "run; achieved / target density of the call timed; ⚠ outside [0.8, 1.25]: not comparable. "
           "Not ranked.")
     print()
-    print("| method | ms | ÷ streaming read | ÷ top_k | achieved / target | |")
+    print("| method | ms | ÷ streaming read | ÷ top-k | achieved / target | |")
     print("|---|---:|---:|---:|---:|---|")
-    for name in ["streaming_read", "nth_element_top_k"] + methods:
+    for name in list(BASELINES) + methods:
         run = runs.get((name,) + config)
         if not run:
             continue
@@ -136,13 +153,17 @@ def main():
     runs = {}
     for path in args:
         context = load(path, runs)
-    if plot_path:
-        plot(runs, plot_path)
     configs = sorted({(k, n, i) for (name, k, n, i) in runs if not name.startswith("layers/")})
     methods = []
     for (name, *_rest) in runs:
-        if name not in methods and name not in ("streaming_read", "nth_element_top_k") and not name.startswith("layers/"):
+        if name not in methods and name not in BASELINES and not name.startswith("layers/"):
             methods.append(name)
+    # The registry's methods, in its order: the run's context lists them (older runs: the
+    # rows without a variant).
+    listed = [m.strip() for m in context.get("sidco_methods", "").split(",") if m.strip()]
+    registry = [m for m in listed if m in methods] or [m for m in methods if ":" not in m]
+    if plot_path:
+        plot(runs, plot_path, registry)
     if chosen is None and configs:
         laplace = [c for c in configs if c[0] == 1] or configs
         chosen = max(laplace, key=lambda c: (c[1], c[2]))
@@ -170,14 +191,16 @@ def main():
     print("| target | laplace | normal | goal |")
     print("|---|---|---|---|")
     rows = [
-        ("SIDCo-E single-stage / streaming read", lambda c: t("sidco_e_single", c) / t("streaming_read", c), "≤ 2.5"),
-        ("nth_element / SIDCo-E single-stage", lambda c: t("nth_element_top_k", c) / t("sidco_e_single", c), "≥ 20"),
-        ("SIDCo-E 3 stages / single-stage", lambda c: t("sidco_e_fixed3", c) / t("sidco_e_single", c), "≤ 1.15"),
-        ("SIDCo-E adaptive / single-stage", lambda c: t("sidco_e", c) / t("sidco_e_single", c), "≤ 1.15"),
-        ("exact_k (SIDCo-E) / SIDCo-E adaptive", lambda c: t("sidco_e_exact_k", c) / t("sidco_e", c), "≤ 1.3"),
-        ("single-stage with / without error feedback", lambda c: t("sidco_e_single_feedback", c) / t("sidco_e_single", c), "≤ 1.6"),
-        ("nth_element / radix Top-k", lambda c: t("nth_element_top_k", c) / t("top_k", c), "≥ 3"),
-        ("SIDCo-E single-stage: cpu / serial backend speed-up", lambda c: t("sidco_e_single_serial", c) / t("sidco_e_single", c), "—"),
+        ("SIDCo-E single-stage / streaming read", lambda c: t("sidco-e-single", c) / t("streaming-read", c), "≤ 2.5"),
+        ("nth_element / SIDCo-E single-stage", lambda c: t("nth-element-top-k", c) / t("sidco-e-single", c), "≥ 20"),
+        ("SIDCo-E 3 stages / single-stage", lambda c: t("sidco-e:fixed3", c) / t("sidco-e-single", c), "≤ 1.15"),
+        ("SIDCo-E adaptive / single-stage", lambda c: t("sidco-e", c) / t("sidco-e-single", c), "≤ 1.15"),
+        ("exact_k (SIDCo-E) / SIDCo-E adaptive", lambda c: t("sidco-e-exact", c) / t("sidco-e", c), "≤ 1.3"),
+        ("single-stage with / without error feedback",
+         lambda c: t("sidco-e-single:feedback", c) / t("sidco-e-single", c), "≤ 1.6"),
+        ("nth_element / radix Top-k", lambda c: t("nth-element-top-k", c) / t("top-k", c), "≥ 3"),
+        ("SIDCo-E single-stage: cpu / serial backend speed-up",
+         lambda c: t("sidco-e-single:serial", c) / t("sidco-e-single", c), "—"),
     ]
     print_targets(rows, "{:.2f}")
 
@@ -187,15 +210,15 @@ def main():
     print("| target | laplace | normal | goal |")
     print("|---|---|---|---|")
     rows = [
-        ("SIDCo-E adaptive (default) / single-stage", lambda c: t("sidco_e", c) / t("sidco_e_single", c), "≤ 1.2"),
-        ("SIDCo-E adaptive / streaming read", lambda c: t("sidco_e", c) / t("streaming_read", c), "≤ 2.5"),
-        ("radix Top-k / SIDCo-E adaptive", lambda c: t("top_k", c) / t("sidco_e", c), "≥ 2"),
+        ("SIDCo-E adaptive (default) / single-stage", lambda c: t("sidco-e", c) / t("sidco-e-single", c), "≤ 1.2"),
+        ("SIDCo-E adaptive / streaming read", lambda c: t("sidco-e", c) / t("streaming-read", c), "≤ 2.5"),
+        ("radix Top-k / SIDCo-E adaptive", lambda c: t("top-k", c) / t("sidco-e", c), "≥ 2"),
         ("SIDCo-E adaptive with / without error feedback (a fresh gradient each call)",
-         lambda c: t("sidco_e_feedback_fresh", c) / t("sidco_e", c), "≤ 1.3"),
+         lambda c: t("sidco-e:fresh-feedback", c) / t("sidco-e", c), "≤ 1.3"),
         ("the same, one gradient repeated (the residual ramps)",
-         lambda c: t("sidco_e_feedback", c) / t("sidco_e", c), "—"),
+         lambda c: t("sidco-e:feedback", c) / t("sidco-e", c), "—"),
         ("workspace kept / input bytes (%)",
-         lambda c: 100 * (runs[("sidco_e",) + c]["workspace_bytes"] or 0) / (4 * size_of(c[0], c[1])), "≤ 10"),
+         lambda c: 100 * (runs[("sidco-e",) + c]["workspace_bytes"] or 0) / (4 * size_of(c[0], c[1])), "≤ 10"),
     ]
     print_targets(rows, "{:.3g}")
 
@@ -215,14 +238,14 @@ def main():
             def ratio(name):
                 r = runs.get((name,) + c)
                 return f" [{r['density_ratio']:.2f}]" if r and r["density_ratio"] is not None else ""
-            whole, per_layer, top = ms("layers/sidco_e/whole"), ms("layers/sidco_e"), ms("layers/top_k")
-            gp, feedback, read = ms("layers/sidco_gp"), ms("layers/sidco_e_feedback"), ms("layers/streaming_read")
+            whole, per_layer, top = ms("layers/sidco-e/whole"), ms("layers/sidco-e"), ms("layers/top-k")
+            gp, feedback, read = ms("layers/sidco-gp"), ms("layers/sidco-e:feedback"), ms("layers/streaming-read")
             cell = lambda v: f"{v:.2f}" if v is not None else "—"
-            print(f"| {INPUTS[c[0]]} | {1 / c[2]:g} | {cell(read)} | {cell(whole)}{ratio('layers/sidco_e/whole')} | "
-                  f"{cell(per_layer)}{ratio('layers/sidco_e')} | "
+            print(f"| {INPUTS[c[0]]} | {1 / c[2]:g} | {cell(read)} | {cell(whole)}{ratio('layers/sidco-e/whole')} | "
+                  f"{cell(per_layer)}{ratio('layers/sidco-e')} | "
                   f"{per_layer / whole if per_layer and whole else float('nan'):.2f} | {cell(top)} | "
-                  f"{top / per_layer if top and per_layer else float('nan'):.1f} | {cell(gp)}{ratio('layers/sidco_gp')} | "
-                  f"{cell(feedback)}{ratio('layers/sidco_e_feedback')} |")
+                  f"{top / per_layer if top and per_layer else float('nan'):.1f} | {cell(gp)}{ratio('layers/sidco-gp')} | "
+                  f"{cell(feedback)}{ratio('layers/sidco-e:feedback')} |")
         print()
     print("Heap bytes allocated per warm call (`alloc_bytes`) and kept between calls "
           "(`workspace_bytes`), laplace, N = 2^25, δ = 0.001:")
@@ -240,7 +263,7 @@ def main():
     print("Per cell: compress time / streaming read, then (speed-up over std::nth_element), "
           "then [achieved / target density].")
     print()
-    shown = [m for m in methods if not m.endswith("_serial") and not m.endswith("_serial_feedback")]
+    shown = [m for m in methods if ":serial" not in m]
     for kind in sorted({k for (k, _, _) in configs}):
         print(f"#### {INPUTS[kind]}")
         print()
@@ -249,13 +272,13 @@ def main():
         print(f"| method | stream ms | nth ms | {header} |" if False else f"| method | {header} |")
         print("|---|" + "---|" * len(cols))
         print("| streaming read (ms) | " + " | ".join(
-            f"{t('streaming_read', c) * 1e3:.2f}" if t('streaming_read', c) else "—" for c in cols) + " |")
+            f"{t('streaming-read', c) * 1e3:.2f}" if t('streaming-read', c) else "—" for c in cols) + " |")
         print("| nth_element (ms) | " + " | ".join(
-            f"{t('nth_element_top_k', c) * 1e3:.1f}" if t('nth_element_top_k', c) else "—" for c in cols) + " |")
+            f"{t('nth-element-top-k', c) * 1e3:.1f}" if t('nth-element-top-k', c) else "—" for c in cols) + " |")
         for name in shown:
             cells = []
             for c in cols:
-                run, base, nth = runs.get((name,) + c), t("streaming_read", c), t("nth_element_top_k", c)
+                run, base, nth = runs.get((name,) + c), t("streaming-read", c), t("nth-element-top-k", c)
                 if not run or not base or not nth:
                     cells.append("—")
                     continue

@@ -78,7 +78,7 @@ class summary_reporter : public benchmark::ConsoleReporter {
       } else {
         t.samples.push_back(seconds);
       }
-      if (name != "streaming_read" && name != "nth_element_top_k" && seen_.insert(name).second)
+      if (name != "streaming-read" && name != "nth-element-top-k" && seen_.insert(name).second)
         methods_.push_back(name);
     }
   }
@@ -94,7 +94,7 @@ class summary_reporter : public benchmark::ConsoleReporter {
                  input_name_(input).c_str(), input, size_of_(*config), 1.0 / inverse);
     std::fprintf(out, "time over the streaming read and over our Top-k, from this run; achieved / target\n"
                       "density of the call timed; ! outside [0.8, 1.25]: not comparable. Not ranked.\n");
-    const std::size_t repetitions = find("streaming_read", *config) ? find("streaming_read", *config)->count() : 1;
+    const std::size_t repetitions = find("streaming-read", *config) ? find("streaming-read", *config)->count() : 1;
     if (repetitions > 1)
       std::fprintf(out, "ms: the fastest of %zu repetitions (load only adds time); +: how much slower their median\n"
                         "is (with only the aggregates reported: their median, +: standard deviation over it).\n",
@@ -104,10 +104,10 @@ class summary_reporter : public benchmark::ConsoleReporter {
     warn_if_loaded(out);
     std::fprintf(out, "A \"Library was built as DEBUG\" warning above is about Debian's libbenchmark itself (its\n"
                       "timing loop), not the code measured, which this build compiles optimized.\n\n");
-    std::fprintf(out, "%-32s %10s %7s %14s %8s %16s\n", "method", "ms", "+", "/ streaming", "/ top_k",
+    std::fprintf(out, "%-32s %10s %7s %14s %8s %16s\n", "method", "ms", "+", "/ streaming", "/ top-k",
                  "achieved/target");
-    const auto read = find("streaming_read", *config), top = find("top_k", *config);
-    std::vector<std::string> rows = {"streaming_read", "nth_element_top_k"};
+    const auto read = find("streaming-read", *config), top = find("top-k", *config);
+    std::vector<std::string> rows = {"streaming-read", "nth-element-top-k"};
     rows.insert(rows.end(), methods_.begin(), methods_.end());
     for (const std::string& name : rows) {
       const auto run = find(name, *config);

@@ -6,7 +6,7 @@ nothing ran or the copy baseline is missing."""
 import json
 import sys
 
-GOALS = {"sidco_e": "≤ 2.5× copy", "sidco_e_feedback": "≤ 5× copy"}
+GOALS = {"sidco-e": "≤ 2.5× copy", "sidco-e:feedback": "≤ 5× copy"}
 
 
 def main(path):
@@ -19,27 +19,27 @@ def main(path):
     if errors:
         for name, why in sorted(errors.items()):
             print(f"  {name}: error: {why}")
-    copy = time.get("device_copy")
+    copy = time.get("device-copy")
     if not copy:
-        print("gpu_check: the device_copy baseline did not run")
+        print("gpu_check: the device-copy baseline did not run")
         return 1
-    print(f"GPU: {gpu}; device_copy {copy:.3f} ms = {2 * 4 * 2**26 / (copy * 1e-3) / 1e12:.2f} TB/s (read + write)")
+    print(f"GPU: {gpu}; device-copy {copy:.3f} ms = {2 * 4 * 2**26 / (copy * 1e-3) / 1e12:.2f} TB/s (read + write)")
     print("| method | ms | × copy | achieved / target density | goal |")
     print("|---|---:|---:|---:|---|")
     for name, t in sorted(time.items(), key=lambda kv: kv[1]):
         ratio = density.get(name)
         shown = f"{ratio:.3f}" if ratio is not None else ""
         print(f"| {name} | {t:.3f} | {t / copy:.2f} | {shown} | {GOALS.get(name, '')} |")
-    e, radix, sort = time.get("sidco_e"), time.get("top_k"), time.get("radix_sort_top_k")
+    e, radix, sort = time.get("sidco-e"), time.get("top-k"), time.get("radix-sort-top-k")
     failed = bool(errors)
-    for name, goal in (("sidco_e", 2.5), ("sidco_e_feedback", 5.0)):
+    for name, goal in (("sidco-e", 2.5), ("sidco-e:feedback", 5.0)):
         if name in time:
             met = time[name] / copy <= goal
             print(f"{name}: {time[name] / copy:.2f}x a copy (goal <= {goal}): {'met' if met else 'MISSED'}")
     if e and radix:
-        print(f"our radix top_k / sidco_e: {radix / e:.2f}x (goal >= 3): {'met' if radix / e >= 3 else 'MISSED'}")
+        print(f"our radix top-k / sidco-e: {radix / e:.2f}x (goal >= 3): {'met' if radix / e >= 3 else 'MISSED'}")
     if e and sort:
-        print(f"full CUB radix sort top-k / sidco_e: {sort / e:.2f}x")
+        print(f"full CUB radix sort top-k / sidco-e: {sort / e:.2f}x")
     return 1 if failed else 0
 
 

@@ -27,15 +27,25 @@ table() {
     }'
 }
 extra=("$@")
+# The columns come from the registry (sidco-eval --list): the SIDCo fits (about k, named
+# sidco-*), then every other method; per layer, the SIDCo fits and the exact-count methods.
+sidco=() peers=() exact=()
+while read -r name promise; do
+  case "$promise" in
+    baseline) ;;  # std::nth_element: the speed reference of every cell
+    about-k) if [[ $name == sidco-* ]]; then sidco+=("$name"); else peers+=("$name"); fi ;;
+    *) peers+=("$name") exact+=("$name") ;;
+  esac
+done < <("$eval_bin" --list)
 echo "SIDCo, whole vector:"
 echo
-table sidco-e sidco-gp sidco-gamma-gp sidco-e-single sidco-e-paper sidco-gp-paper sidco-gamma-gp-paper
+table "${sidco[@]}"
 echo
 echo "Peers and exact selection, whole vector:"
 echo
-table top-k sidco-e-exact dgc gaussian-k redsync redsync-trimmed random-k
+table "${peers[@]}"
 echo
 echo "Per layer (--layers manifest.json, capped proportional budget):"
 echo
 extra+=(--layers examples/data/gradients/manifest.json)
-table sidco-e sidco-gp sidco-gamma-gp sidco-e-single sidco-e-exact top-k
+table "${sidco[@]}" "${exact[@]}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# sidco-eval: CSV shape, method names, a missing file and a malformed file, and the
-# README's method list against the one sidco-eval prints from sidco::methods::table.
+# sidco-eval: CSV shape, method names, a missing file and a malformed file, the README's
+# method list against the one sidco-eval prints from sidco::methods::table, and --list.
 # Arguments: SIDCO_EVAL GRADIENTS_DIR README
 set -euo pipefail
 eval_bin=$1
@@ -80,4 +80,12 @@ expect_refusal "negative dimension" --input "$tmp/negative.npy"
 diff <(awk '/^```text methods$/{on=1; next} on && /^```/{exit} on' "$readme") \
   <("$eval_bin" --help | awk '/^Methods:$/{on=1; next} on' | sed '/^$/d') ||
   { echo "README's method list differs from sidco-eval --help (sidco::methods::table)"; exit 1; }
+# --list, what scripts/results_table.sh builds its columns from: the --help list's names in
+# its order, each with its count promise as the registry states it.
+"$eval_bin" --list > "$tmp/list.txt"
+diff <(cut -d' ' -f1 "$tmp/list.txt") <("$eval_bin" --help | awk '/^Methods:$/{on=1; next} on && NF {print $1}') ||
+  { echo "--list and --help name different methods"; exit 1; }
+grep -qx 'sidco-e about-k' "$tmp/list.txt" && grep -qx 'top-k top-k' "$tmp/list.txt" &&
+  grep -qx 'random-k exactly-k' "$tmp/list.txt" && grep -qx 'topk-nth-element baseline' "$tmp/list.txt" ||
+  { echo "--list promises:"; cat "$tmp/list.txt"; exit 1; }
 echo "sidco-eval checks passed"

@@ -37,7 +37,17 @@ struct method {
   std::string name;
   std::string description;
   runner run;
+  std::string count;  // what it promises about the count (--list): about-k, exactly-k, top-k, baseline
 };
+
+const char* promise_name(sidco::methods::count_promise p) {
+  switch (p) {
+    case sidco::methods::count_promise::about_k: return "about-k";
+    case sidco::methods::count_promise::exactly_k: return "exactly-k";
+    case sidco::methods::count_promise::top_k: return "top-k";
+  }
+  return "?";
+}
 
 // The first call reports the density a user gets without any adaptation. The timed calls run
 // on copies of the compressor as it was after that call: warm workspace (as in training,
@@ -106,11 +116,12 @@ class nth_element_top_k {
 std::vector<method> all_methods() {
   std::vector<method> all;
   for (const auto& m : sidco::methods::table)
-    all.push_back({std::string(m.name), std::string(m.description), measured(m.name)});
+    all.push_back({std::string(m.name), std::string(m.description), measured(m.name), promise_name(m.count)});
   all.push_back({"topk-nth-element", "exact Top-k by std::nth_element (baseline; whole vector)",
                  [](std::span<const float> g, double delta, sparse& out, int repeat, const std::vector<sidco::segment>&) {
                    return measure(nth_element_top_k{}, g, delta, out, repeat);
-                 }});
+                 },
+                 "baseline"});
   return all;
 }
 
@@ -213,6 +224,10 @@ int run(int argc, char** argv) {
                  "file; method names get a /layers suffix")
       ->type_name("manifest.json");
   app.add_flag("--csv", csv, "comma-separated output");
+  bool list = false;
+  app.add_flag("--list", list,
+               "print every method, one a line: its name and what it promises about the count (about-k, "
+               "exactly-k, top-k; baseline for std::nth_element), for scripts");
   app.footer(methods_text(methods));
   try {
     app.parse(argc, argv);
@@ -220,6 +235,10 @@ int run(int argc, char** argv) {
     return app.exit(help);
   } catch (const CLI::ParseError& e) {
     usage_error(e.what());
+  }
+  if (list) {
+    for (const auto& m : methods) std::cout << m.name << ' ' << m.count << '\n';
+    return 0;
   }
   if (densities.empty()) densities = {0.1, 0.01, 0.001};
   if (inputs.empty()) {
