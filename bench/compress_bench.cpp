@@ -265,8 +265,8 @@ void add(const std::string& name, void (*inputs)(benchmark::internal::Benchmark*
 }
 
 void register_rows() {
-  benchmark::RegisterBenchmark("streaming-read", streaming_read)->Apply(synthetic_and_real);
-  benchmark::RegisterBenchmark("nth-element-top-k", nth_element_top_k)->Apply(synthetic_and_real);
+  benchmark::RegisterBenchmark(sidco_bench::streaming_read_row, streaming_read)->Apply(synthetic_and_real);
+  benchmark::RegisterBenchmark(sidco_bench::nth_element_row, nth_element_top_k)->Apply(synthetic_and_real);
   sidco::methods::all::for_each([](auto entry) {
     using method = typename decltype(entry)::type;
     using compressor = sidco::methods::compressor_of<method>;
@@ -283,7 +283,8 @@ void register_rows() {
   add<sidco_gp<>, 2>("sidco-gp:fresh-feedback", synthetic_and_real);
 
   // Per layer, against the same methods on the whole vector and per-layer Top-k.
-  benchmark::RegisterBenchmark("layers/streaming-read", streaming_read)->Apply(layered_inputs);
+  benchmark::RegisterBenchmark((std::string("layers/") + sidco_bench::streaming_read_row).c_str(), streaming_read)
+      ->Apply(layered_inputs);
   const auto layered = [](auto method_type) {
     using method = typename decltype(method_type)::type;
     using compressor = sidco::methods::compressor_of<method>;

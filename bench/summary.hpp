@@ -22,6 +22,10 @@
 
 namespace sidco_bench {
 
+/// The baselines' row names: what the suite registers and the screen divides by.
+inline constexpr const char* streaming_read_row = "streaming-read";
+inline constexpr const char* nth_element_row = "nth-element-top-k";
+
 /// A run's configuration: input, log2 N, inverse density.
 using configuration = std::tuple<int, int, int>;
 
@@ -78,7 +82,7 @@ class summary_reporter : public benchmark::ConsoleReporter {
       } else {
         t.samples.push_back(seconds);
       }
-      if (name != "streaming-read" && name != "nth-element-top-k" && seen_.insert(name).second)
+      if (name != streaming_read_row && name != nth_element_row && seen_.insert(name).second)
         methods_.push_back(name);
     }
   }
@@ -94,7 +98,8 @@ class summary_reporter : public benchmark::ConsoleReporter {
                  input_name_(input).c_str(), input, size_of_(*config), 1.0 / inverse);
     std::fprintf(out, "time over the streaming read and over our Top-k, from this run; achieved / target\n"
                       "density of the call timed; ! outside [0.8, 1.25]: not comparable. Not ranked.\n");
-    const std::size_t repetitions = find("streaming-read", *config) ? find("streaming-read", *config)->count() : 1;
+    const auto read = find(streaming_read_row, *config), top = find("top-k", *config);  // the registry's Top-k
+    const std::size_t repetitions = read ? read->count() : 1;
     if (repetitions > 1)
       std::fprintf(out, "ms: the fastest of %zu repetitions (load only adds time); +: how much slower their median\n"
                         "is (with only the aggregates reported: their median, +: standard deviation over it).\n",
@@ -106,8 +111,7 @@ class summary_reporter : public benchmark::ConsoleReporter {
                       "timing loop), not the code measured, which this build compiles optimized.\n\n");
     std::fprintf(out, "%-32s %10s %7s %14s %8s %16s\n", "method", "ms", "+", "/ streaming", "/ top-k",
                  "achieved/target");
-    const auto read = find("streaming-read", *config), top = find("top-k", *config);
-    std::vector<std::string> rows = {"streaming-read", "nth-element-top-k"};
+    std::vector<std::string> rows = {streaming_read_row, nth_element_row};
     rows.insert(rows.end(), methods_.begin(), methods_.end());
     for (const std::string& name : rows) {
       const auto run = find(name, *config);
