@@ -1,7 +1,8 @@
 // The MPI exchanges at many ranks, under SimGrid's SMPI (a simulated platform, every rank a
 // thread of one process): a dense MPI_Allreduce, the all-gather (comm/exchange.hpp) and the
 // reduce-scatter exchange (comm/reduce_exchange.hpp; --mode reduce-exact: at the head the
-// longest block uses, exchange_options::exact_sizes), step after step on synthetic
+// longest block uses, exchange_options::exact_sizes; --mode reduce-two-hop: through an
+// intermediate of a sqrt(P) grid, exchange_options::schedule), step after step on synthetic
 // gradients, each rank with SIDCo-E (or, --method top-k, exact Top-k, which keeps the
 // exchange's losses apart from the estimate's) and error feedback. Per run it prints one
 // JSON line:
@@ -11,7 +12,8 @@
 //                 --cfg=smpi/simulate-computation:no, with the ranks' compute otherwise
 //   bytes_per_rank  what each rank hands its collectives per step, counted by wrapping them
 //                 (MPI_Ialltoall, MPI_Allgather, ...: the bytes it sends to the other P - 1
-//                 ranks; an allreduce counts a ring's 2 (P - 1) / P of its buffer), mean
+//                 ranks; an allreduce counts a ring's 2 (P - 1) / P of its buffer; MPI_Isend
+//                 its message), mean
 //                 over ranks and steps; and that over 8k (k = delta N)
 //   applied       entries the step applied (the global selection, the all-gather's union of
 //                 selections, N for dense) over k: p5, median and p95 over the timed steps
@@ -81,6 +83,11 @@ int MPI_Allgather(const void* send, int count, MPI_Datatype type, void* receive,
   sent_bytes += double(count) * type_bytes(type) * peers();
   return PMPI_Allgather(send, count, type, receive, receive_count, receive_type, comm);
 }
+// The two-hop schedule's messages (exchange_options::schedule = two_hop).
+int MPI_Isend(const void* send, int count, MPI_Datatype type, int to, int tag, MPI_Comm comm, MPI_Request* request) {
+  sent_bytes += double(count) * type_bytes(type);
+  return PMPI_Isend(send, count, type, to, tag, comm, request);
+}
 int MPI_Allreduce(const void* send, void* receive, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
   const int p = peers() + 1;
   sent_bytes += 2.0 * double(p - 1) / double(p) * double(count) * type_bytes(type);
@@ -112,8 +119,9 @@ options parse(int argc, char** argv) {
     else if (flag == "--overlap") o.overlap = value == "1" || value == "yes";
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "allgather" && o.mode != "dense")
-    throw std::invalid_argument("--mode " + o.mode + " is not reduce, reduce-exact, allgather or dense");
+  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" && o.mode != "allgather" &&
+      o.mode != "dense")
+    throw std::invalid_argument("--mode " + o.mode + " is not reduce, reduce-exact, reduce-two-hop, allgather or dense");
   if (o.method != "sidco-e" && o.method != "top-k")
     throw std::invalid_argument("--method " + o.method + " is not sidco-e or top-k");
   if (o.gradient != "iid" && o.gradient != "hot")
@@ -165,8 +173,11 @@ int main(int argc, char** argv) {
     sidco::comm::exchange_options options;
     options.overlap = o.overlap;  // the blocking collectives: the library's algorithm for their size and P
     // reduce-exact: blocks and selections at the head the longest one uses (exchange_options::exact_sizes)
-    const bool reducing = o.mode == "reduce" || o.mode == "reduce-exact";
+    // reduce-two-hop: both rounds through an intermediate of a sqrt(P) grid (exchange_options::schedule)
+    const bool reducing = o.mode == "reduce" || o.mode == "reduce-exact" || o.mode == "reduce-two-hop";
     options.exact_sizes = o.mode == "reduce-exact";
+    options.schedule = o.mode == "reduce-two-hop" ? sidco::comm::reduce_schedule::two_hop
+                                                   : sidco::comm::reduce_schedule::flat;
     // Only the mode's exchange: the all-gather's receive buffer is P payloads a rank (27 GB in
     // all at 1,024 ranks and 2^18 values).
     std::optional<sidco::comm::sparse_exchange<float>> gather;

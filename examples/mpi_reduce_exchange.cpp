@@ -18,8 +18,7 @@ int main(int argc, char** argv) {
   const std::size_t n = 1 << 20;  // one tensor; a layout of segments for several
   const double delta = 0.01;
   sidco::comm::exchange_options options;
-  options.exact_sizes = true;  // blocks at the size they use: fewer bytes, one latency more
-  options.trim_limit = 0.1;    // a rank that trims over 10% of what it sends fails the step
+  options.trim_limit = 0.1;  // a rank that trims over 10% of what it sends fails the step
   sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, delta, options);  // collective
   sidco::presets::sidco_e<> compressor;
   sidco::feedback::residual<float> residual(n);

@@ -17,6 +17,8 @@
 #include <doctest/doctest.h>
 #include <sidco/comm/allgather/core.hpp>
 #include <sidco/comm/capacity.hpp>
+#include <sidco/comm/reduce/frames.hpp>
+#include <sidco/comm/reduce/grid.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/comm/setup.hpp>
 #include <sidco/comm/wire.hpp>
@@ -1000,4 +1002,98 @@ TEST_CASE("a rank whose input is not finite fails as nonfinite_exchange on every
   // No failure at all is not a non-finite failure either.
   payloads = {sides[0].payload, sides[1].payload, sides[2].payload};
   CHECK_FALSE(comm::failed_for_nonfinite_input(views_of(payloads)));
+}
+
+TEST_CASE("two-hop routes: every rank's traffic for every rank goes through one intermediate, O(sqrt P) peers each") {
+  for (std::size_t ranks = 1; ranks <= 150; ranks += ranks < 40 ? 1 : 7) {
+    const comm::grid_routes routes(ranks);
+    INFO("P = ", ranks, ", width ", routes.width());
+    std::size_t most_peers = 0;
+    for (std::size_t s = 0; s < ranks; ++s) {
+      const auto peers = routes.neighbours(s);
+      const std::set<std::size_t> near(peers.begin(), peers.end());
+      std::vector<int> reached(ranks, 0);
+      std::size_t through = 0;  // intermediates s sends to
+      for (std::size_t i = 0; i < ranks; ++i) {
+        const auto destinations = routes.destinations(s, i);
+        REQUIRE(std::is_sorted(destinations.begin(), destinations.end()));
+        if (!destinations.empty() && i != s) {
+          REQUIRE(near.count(i) == 1);  // one hop joins them
+          ++through;
+        }
+        for (const std::size_t d : destinations) {
+          ++reached[d];
+          REQUIRE(routes.via(s, d) == i);
+          const auto senders = routes.senders(i, d);
+          REQUIRE(std::count(senders.begin(), senders.end(), s) == 1);
+          if (i == d) continue;
+          const auto next = routes.neighbours(d);
+          REQUIRE(std::count(next.begin(), next.end(), i) == 1);
+        }
+      }
+      for (std::size_t d = 0; d < ranks; ++d) REQUIRE(reached[d] == 1);  // exactly once
+      // Every sender a phase-2 link names really goes through it.
+      for (const std::size_t d : peers)
+        for (const std::size_t from : routes.senders(s, d)) REQUIRE(routes.via(from, d) == s);
+      most_peers = std::max(most_peers, peers.size());
+      CHECK(through <= routes.width() + routes.rows());
+    }
+    CHECK(most_peers <= routes.width() + routes.rows() - 2);
+    CHECK(routes.width() * routes.width() >= ranks);
+    CHECK((routes.width() - 1) * (routes.width() - 1) < ranks);
+  }
+  const comm::grid_routes thousand(1024);
+  CHECK(thousand.width() == 32);
+  CHECK(thousand.neighbours(517).size() == 62);
+}
+
+TEST_CASE("frames: a payload as a count and its entries reads back as the payload; a failure travels whole") {
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(40);
+  const comm::wire_fields fields{9, 12, 0.01, comm::reduction::average};
+  const std::vector<std::uint32_t> indices{3, 17, 400, 999};
+  const std::vector<float> values{1.5f, -2.0f, 3.25f, 1e-30f};
+  std::vector<std::byte> payload(format.bytes()), back(format.bytes());
+  const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>(fields, 1000, format);
+  for (const bool with_trimmed : {false, true}) {
+    comm::pack<float, std::uint32_t>(indices, values, 1000, with_trimmed ? 77 : 0, fields, format, payload);
+    std::vector<std::byte> frame;
+    comm::append_frame<float, std::uint32_t>(payload, format, with_trimmed, frame);
+    // Values as they are; gaps 3, 13, 382, 598 less one: 1, 1, 2, 2 bytes.
+    CHECK(frame.size() == 4 + (with_trimmed ? 4 : 0) + indices.size() * 4 + 6);
+    CHECK(comm::frame_length(frame, format, with_trimmed) == frame.size());
+    comm::read_frame<float, std::uint32_t>(frame, header, format, with_trimmed, back);
+    CHECK(back == payload);
+    // Cut short, or a count over the capacity: not a frame.
+    CHECK(comm::frame_length(std::span<const std::byte>(frame).first(frame.size() - 1), format, with_trimmed) == 0);
+    std::vector<std::byte> over = frame;
+    const std::uint32_t too_many = 41;
+    std::memcpy(over.data(), &too_many, 4);
+    CHECK(comm::frame_length(over, format, with_trimmed) == 0);
+  }
+  // An empty payload: a word.
+  comm::pack<float, std::uint32_t>({}, {}, 1000, 0, fields, format, payload);
+  std::vector<std::byte> empty;
+  comm::append_frame<float, std::uint32_t>(payload, format, false, empty);
+  CHECK(empty.size() == 4);
+  // A failure: its header and message, byte for byte.
+  comm::pack_failure<float, std::uint32_t>(sidco::error("sidco: the reason"), 1000, fields, format, payload);
+  std::vector<std::byte> failure;
+  comm::append_frame<float, std::uint32_t>(payload, format, true, failure);
+  CHECK(failure.size() == 4 + 64 + std::string("sidco: the reason").size());
+  CHECK(comm::frame_length(failure, format, true) == failure.size());
+  std::fill(back.begin(), back.end(), std::byte{1});
+  comm::read_frame<float, std::uint32_t>(failure, header, format, true, back);
+  CHECK(back == payload);
+  // The digest names the step's fields: any one of them changed changes it.
+  const auto digest = [&](comm::wire_fields f, std::size_t size) {
+    return comm::fields_digest<float, std::uint32_t>(f, size, format);
+  };
+  const std::uint64_t base = digest(fields, 1000);
+  CHECK(digest(fields, 1000) == base);
+  CHECK(digest({10, 12, 0.01, comm::reduction::average}, 1000) != base);
+  CHECK(digest({9, 13, 0.01, comm::reduction::average}, 1000) != base);
+  CHECK(digest({9, 12, 0.02, comm::reduction::average}, 1000) != base);
+  CHECK(digest({9, 12, 0.01, comm::reduction::sum}, 1000) != base);
+  CHECK(digest(fields, 1001) != base);
+  CHECK(comm::fields_digest<double, std::uint32_t>(fields, 1000, comm::format_for<double, std::uint32_t>(40)) != base);
 }

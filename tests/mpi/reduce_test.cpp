@@ -64,12 +64,46 @@ std::vector<float> gather_all(const std::vector<float>& v, MPI_Comm comm) {
 // Runs steps of SIDCo-E + error feedback + the exchange on comm and checks every promise.
 // skewed: the mass in a quarter of the tensor, and every rank compressing at 3 delta, so
 // that blocks overflow. Returns the densities the global selection achieved.
+// How the blocks travel: flat at the fixed size, flat at the agreed head, or in two hops.
+enum class transfer { fixed, exact, two_hop };
+
+comm::exchange_options options_for(transfer how) {
+  comm::exchange_options options;
+  options.exact_sizes = how == transfer::exact;
+  options.schedule = how == transfer::two_hop ? comm::reduce_schedule::two_hop : comm::reduce_schedule::flat;
+  return options;
+}
+
+// What the two-hop schedule puts in messages: an 8-byte digest a message, a frame a payload
+// (a 4-byte count, 4 more for a selection's trimmed count, 4 bytes a value, the indices'
+// gap code); what passes through an intermediate travels twice.
+// blocks[s][d]: the indices rank s sent rank d; owned[d]: those of d's selection.
+std::size_t frame_bytes(const std::vector<std::uint32_t>& indices, bool selection) {
+  return 4 + (selection ? 4 : 0) + 4 * indices.size() +
+         comm::detail::gap_code_bytes<std::uint32_t>(std::span<const std::uint32_t>(indices));
+}
+
+std::size_t two_hop_bytes(std::size_t me, const std::vector<std::vector<std::vector<std::uint32_t>>>& blocks,
+                          const std::vector<std::vector<std::uint32_t>>& owned) {
+  const std::size_t ranks = owned.size();
+  const comm::grid_routes routes(ranks);
+  std::size_t bytes = 0;
+  for (const std::size_t peer : routes.neighbours(me)) {
+    const auto through = routes.destinations(me, peer);  // phase 1, both rounds
+    if (!through.empty()) bytes += 2 * 8 + frame_bytes(owned[me], true);
+    for (const std::size_t d : through) bytes += frame_bytes(blocks[me][d], false);
+    const auto from = routes.senders(me, peer);  // phase 2, both rounds
+    if (!from.empty()) bytes += 2 * 8;
+    for (const std::size_t s : from) bytes += frame_bytes(blocks[s][peer], false) + frame_bytes(owned[s], true);
+  }
+  return bytes;
+}
+
 template <class Policy>
 std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, int steps, bool skewed,
-                                  bool exact_sizes = false, Policy policy = {}) {
+                                  transfer how = transfer::fixed, Policy policy = {}) {
   const int rank = rank_in(comm), ranks = size_of(comm);
-  comm::exchange_options options;
-  options.exact_sizes = exact_sizes;
+  const comm::exchange_options options = options_for(how);
   comm::sparse_reduce_exchange<float, std::uint32_t, Policy> exchange(comm, std::vector<segment>{{0, n}}, delta, options,
                                                                       policy);
   presets::sidco_e<> compressor;
@@ -122,19 +156,28 @@ std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, in
     // at the size the longest block of any rank uses (64 + padded indices + values), and the
     // selections again at the longest one's if that is longer. Nothing to this rank.
     const comm::wire_format& format = exchange.plan().format;
-    if (!exact_sizes) {
+    if (how == transfer::fixed) {
       CHECK(report.bytes_sent == 2 * std::size_t(ranks - 1) * format.bytes());
       continue;
     }
     std::size_t longest_block = 0;
+    const std::size_t p = static_cast<std::size_t>(ranks);
+    std::vector<std::vector<std::vector<std::uint32_t>>> blocks(p, std::vector<std::vector<std::uint32_t>>(p));
     for (int r = 0; r < ranks; ++r) {
-      std::vector<std::size_t> entries(std::size_t(ranks), 0);
+      auto& to = blocks[std::size_t(r)];
       for (std::size_t i = 0; i < n; ++i)
-        if (!std::isnan(contributions[std::size_t(r) * n + i])) ++entries[comm::owner_of(i, std::size_t(ranks))];
-      for (const std::size_t e : entries) longest_block = std::max(longest_block, format.plain_bytes(e));
+        if (!std::isnan(contributions[std::size_t(r) * n + i]))
+          to[comm::owner_of(i, std::size_t(ranks))].push_back(std::uint32_t(i));
+      for (const auto& block : to) longest_block = std::max(longest_block, format.plain_bytes(block.size()));
     }
-    std::vector<std::size_t> owned(std::size_t(ranks), 0);
-    for (const auto i : global) ++owned[comm::owner_of(i, std::size_t(ranks))];
+    std::vector<std::vector<std::uint32_t>> owners_indices(p);
+    for (const auto i : global) owners_indices[comm::owner_of(i, p)].push_back(i);
+    if (how == transfer::two_hop) {
+      CHECK(report.bytes_sent == two_hop_bytes(std::size_t(rank), blocks, owners_indices));
+      continue;
+    }
+    std::vector<std::size_t> owned(p, 0);
+    for (std::size_t d = 0; d < p; ++d) owned[d] = owners_indices[d].size();
     const std::size_t longest_selection = format.plain_bytes(*std::max_element(owned.begin(), owned.end()));
     const std::size_t selections = longest_selection <= longest_block ? longest_block : longest_block + longest_selection;
     CHECK(report.bytes_sent == std::size_t(ranks - 1) * (longest_block + selections));
@@ -149,8 +192,10 @@ std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, in
 
 TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing lost per rank (SIDCo owners)") {
   const auto densities = run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false);
-  // At exact sizes (heads agreed by an all-reduce): the same selections, step by step.
-  CHECK(run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, true) == densities);
+  // At exact sizes (heads agreed by an all-reduce), and in two hops: the same selections,
+  // step by step.
+  CHECK(run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::exact) == densities);
+  CHECK(run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::two_hop) == densities);
   // The global selection aims at k = 400 (a few steps to adapt).
   std::vector<double> sorted(densities.begin() + 2, densities.end());
   std::sort(sorted.begin(), sorted.end());
@@ -161,29 +206,31 @@ TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing l
 
 TEST_CASE("exact Top-k owners; ranks selecting 3x the agreed density: blocks over capacity go back to the senders") {
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true);
-  run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, true);
+  run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::exact);
+  run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::two_hop);
 }
 
 TEST_CASE("one rank alone, and tensors smaller than the rank count") {
   if (rank_in(MPI_COMM_WORLD) == 0) run_and_check<comm::owner_top_k>(MPI_COMM_SELF, 5000, 0.01, 3, false);
   run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 2, 0.5, 3, false);
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 1, 1.0, 2, false);
-  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 2, 0.5, 3, false, true);
+  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 2, 0.5, 3, false, transfer::exact);
+  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 2, 0.5, 3, false, transfer::two_hop);
+  if (rank_in(MPI_COMM_WORLD) == 0)
+    run_and_check<comm::owner_top_k>(MPI_COMM_SELF, 5000, 0.01, 3, false, transfer::two_hop);
 }
 
-comm::exchange_options at_exact_sizes(bool exact) {
-  comm::exchange_options options;
-  options.exact_sizes = exact;
-  return options;
-}
+using fixed_size = std::integral_constant<transfer, transfer::fixed>;
+using exact_size = std::integral_constant<transfer, transfer::exact>;
+using two_hops = std::integral_constant<transfer, transfer::two_hop>;
 
 // At exact sizes the failure's selections outgrow the blocks' head (the relayed message is
 // longer than the failed rank's reason): the second all-gather carries them whole.
-TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; every rank's sent entries go back", Exact,
-                   std::false_type, std::true_type) {
+TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; every rank's sent entries go back", How,
+                   fixed_size, exact_size, two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
-  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, at_exact_sizes(Exact::value));
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
   auto g = gradient_for(rank, 0, n);
@@ -248,11 +295,11 @@ TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the st
 // At exact sizes and a density whose blocks are shorter than the error message, the failed
 // selection outgrows the blocks' head: the message arrives whole by the second all-gather.
 TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank raises it; the next steps work on every "
-                   "rank", Exact, std::false_type, std::true_type) {
+                   "rank", How, fixed_size, exact_size, two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
-  const double delta = Exact::value ? 0.0005 : 0.01;
-  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, delta, at_exact_sizes(Exact::value));
+  const double delta = How::value == transfer::exact ? 0.0005 : 0.01;
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, delta, options_for(How::value));
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
   state_writer before;
@@ -297,7 +344,7 @@ TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank r
 }
 
 TEST_CASE_TEMPLATE("an exchange destroyed between start() and wait() on one rank: every other rank's wait() raises, "
-                   "none hangs", Exact, std::false_type, std::true_type) {
+                   "none hangs", How, fixed_size, exact_size, two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
   presets::sidco_e<> compressor;
@@ -305,7 +352,7 @@ TEST_CASE_TEMPLATE("an exchange destroyed between start() and wait() on one rank
   const auto g = gradient_for(rank, 0, n);
   std::string message;
   try {
-    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, at_exact_sizes(Exact::value));
+    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
     sparse_vector<float> sent;
     compressor.compress(g, 0.01, sent, residual);
     exchange.start(sent, residual.values(), 0);
@@ -324,6 +371,41 @@ TEST_CASE_TEMPLATE("an exchange destroyed between start() and wait() on one rank
                                "and wait()") != std::string::npos,
                   message);
   (void)ranks;
+}
+
+TEST_CASE("two hops: a rank at another step fails it on every rank with one message; every entry back; the next "
+          "step works") {
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop));
+  presets::sidco_e<> compressor;
+  feedback::residual<float> residual(n);
+  const auto g = gradient_for(rank, 0, n);
+  sparse_vector<float> sent;
+  compressor.compress(g, 0.01, sent, residual);
+  exchange.start(sent, residual.values(), rank == ranks - 1 ? 8 : 7);
+  std::vector<float> dense(n, 5.0f);
+  std::string message;
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  if (ranks > 1) {
+    CHECK_MESSAGE(message.find("than this rank's (ranks out of step?)") != std::string::npos, message);
+    std::vector<char> text(512, 0), texts(512 * std::size_t(ranks));
+    std::copy_n(message.begin(), std::min<std::size_t>(message.size(), 511), text.begin());
+    MPI_Allgather(text.data(), 512, MPI_CHAR, texts.data(), 512, MPI_CHAR, MPI_COMM_WORLD);
+    for (int r = 1; r < ranks; ++r) CHECK(std::memcmp(texts.data(), texts.data() + 512 * r, 512) == 0);
+    CHECK(dense == std::vector<float>(n, 5.0f));
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i]);
+  }
+  const auto next = gradient_for(rank, 1, n);
+  compressor.compress(next, 0.01, sent, residual);
+  exchange.start(sent, residual.values(), 9);
+  CHECK(exchange.wait(dense).selected > 0);
+  const auto all = gather_all(dense, MPI_COMM_WORLD);
+  for (int r = 1; r < ranks; ++r) REQUIRE(std::memcmp(all.data(), all.data() + std::size_t(r) * n, n * sizeof(float)) == 0);
 }
 
 TEST_CASE("an average whose sum overflows float is finite, the same on every rank") {
@@ -365,26 +447,32 @@ TEST_CASE("a state saved among these ranks is refused by an exchange among other
     CHECK(message.empty());
 }
 
-TEST_CASE("blocking collectives (overlap = false) apply the non-blocking ones' update, bit for bit") {
+TEST_CASE("blocking collectives (overlap = false) and two hops (the default) apply the non-blocking flat update, "
+          "bit for bit") {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
-  comm::exchange_options blocking;
+  comm::exchange_options blocking = options_for(transfer::fixed);
   blocking.overlap = false;
-  comm::sparse_reduce_exchange<float> overlapped(MPI_COMM_WORLD, n, 0.01), serial(MPI_COMM_WORLD, n, 0.01, blocking);
+  comm::sparse_reduce_exchange<float> overlapped(MPI_COMM_WORLD, n, 0.01, options_for(transfer::fixed)),
+      serial(MPI_COMM_WORLD, n, 0.01, blocking), hops(MPI_COMM_WORLD, n, 0.01);
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
   for (std::uint64_t step = 0; step < 3; ++step) {
     const auto g = gradient_for(rank, step, n);
     sparse_vector<float> sent;
     compressor.compress(g, 0.01, sent, residual);
-    auto again = sent;
-    std::vector<float> one(n), two(n), r1(residual.values().begin(), residual.values().end()), r2 = r1;
+    auto again = sent, third = sent;
+    std::vector<float> one(n), two(n), three(n), r1(residual.values().begin(), residual.values().end()), r2 = r1, r3 = r1;
     overlapped.start(sent, r1, step);
     overlapped.wait(one);
     serial.start(again, r2, step);
     serial.wait(two);
+    hops.start(third, r3, step);
+    hops.wait(three);
     REQUIRE(bits_equal(one, two));
     REQUIRE(bits_equal(r1, r2));
+    REQUIRE(bits_equal(one, three));
+    REQUIRE(bits_equal(r1, r3));
     std::copy(r1.begin(), r1.end(), residual.values().begin());
   }
 }

@@ -12,6 +12,16 @@ namespace sidco::comm {
 /// back into the residual; indices as variable-length gaps): about half the bytes.
 enum class entry_coding : std::uint8_t { plain = 0, compact = 1 };
 
+/// How the MPI reduce-scatter exchange moves its blocks and selections: two_hop (the
+/// default; comm/reduce/grid.hpp: through an intermediate of a sqrt(P) grid, O(sqrt P)
+/// messages a rank each way, each payload at the size it uses behind a 4-byte header, indices
+/// gap-coded: comm/reduce/frames.hpp) or flat (one all-to-all and one all-gather: P - 1
+/// payloads each way, at a fixed size or, with exact_sizes, the agreed head). Under SimGrid's
+/// SMPI two_hop took less time and fewer bytes at every P from 16 to 1,024, and fewer bytes on
+/// the loopback at 4 to 16 ranks (docs/RESULTS.md). The NCCL and the hook's exchanges move
+/// their blocks flat whatever this says.
+enum class reduce_schedule : std::uint8_t { flat = 0, two_hop = 1 };
+
 struct exchange_options {
   double slack = 1.25;                 // capacity: ceil(slack k) entries per segment
   reduction op = reduction::average;
@@ -39,6 +49,10 @@ struct exchange_options {
   /// its residual: a rank compressing well above the agreed density is told, not cut
   /// silently. 1: trim whatever does not fit. A rank's own choice (not agreed).
   double trim_limit = 1.0;
+  /// The MPI reduce-scatter exchange's schedule (two_hop: payloads at their own size, so
+  /// exact_sizes changes nothing; overlap neither: the first hop always travels while the
+  /// caller works). Every rank must choose alike.
+  reduce_schedule schedule = reduce_schedule::two_hop;
 };
 
 }  // namespace sidco::comm

@@ -7,6 +7,10 @@
 // comm/wire.hpp), agreed by a one-integer MPI_Allreduce before the blocks (the selections
 // take the blocks' head, and a second all-gather in the rare step where one is longer): fewer
 // bytes where blocks are mostly slack or padding (many ranks), a latency more a step.
+// With exchange_options::schedule = two_hop, both rounds go through an intermediate of a
+// sqrt(P) grid (comm/mpi_two_hop.hpp): O(sqrt P) messages a rank instead of P - 1, every
+// payload at its own size behind a 4-byte header, indices gap-coded (comm/reduce/frames.hpp),
+// what passes through an intermediate sent twice.
 // Needs MPI. The default owner policy (owner_sidco_e) is in <sidco/owners.hpp>, which
 // <sidco/sidco.hpp> includes.
 #pragma once
@@ -25,8 +29,10 @@
 #include <mpi.h>
 
 #include "sidco/comm/mpi_support.hpp"
+#include "sidco/comm/mpi_two_hop.hpp"
 #include "sidco/comm/options.hpp"
 #include "sidco/comm/reduce/core.hpp"
+#include "sidco/comm/reduce/frames.hpp"
 #include "sidco/comm/residual_sink.hpp"
 #include "sidco/comm/setup.hpp"
 #include "sidco/core/error.hpp"
@@ -62,7 +68,8 @@ class sparse_reduce_exchange {
  public:
   sparse_reduce_exchange(MPI_Comm comm, std::vector<segment> layout, double delta, exchange_options options = {},
                          Policy policy = {})
-      : comm_(comm), overlap_(options.overlap), exact_sizes_(options.exact_sizes) {
+      : comm_(comm), overlap_(options.overlap), exact_sizes_(options.exact_sizes),
+        two_hop_(options.schedule == reduce_schedule::two_hop) {
     check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     exchange_setup mine{};
@@ -78,10 +85,21 @@ class sparse_reduce_exchange {
       selections_.resize(blocks_.size());
       mine = setup_of<T, Index>(layout, core_.plan().format, core_.fields(0), options.slack);
       mine.exact_sizes = options.exact_sizes;
+      mine.schedule = std::uint32_t(options.schedule);
+      if (options.schedule != reduce_schedule::flat && options.schedule != reduce_schedule::two_hop)
+        sidco::detail::fail("sparse_reduce_exchange: options.schedule = ", int(options.schedule),
+                            ", neither flat (0) nor two_hop (1)");
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
     mpi::agree_setup(comm_, ranks_, mine, "sparse_reduce_exchange");
+    if (two_hop_) {  // agreed by every rank, so every rank duplicates
+      check_mpi(MPI_Comm_dup(comm_, &own_comm_), "MPI_Comm_dup");
+      const std::size_t bytes = core_.block_bytes();
+      // The most one frame takes: its words and a whole payload.
+      schedule_ = mpi::two_hop(own_comm_, 2 * sizeof(std::uint32_t) + bytes);
+      frames_.resize(std::size_t(ranks_));
+    }
   }
 
   /// One tensor of size values.
@@ -95,20 +113,23 @@ class sparse_reduce_exchange {
   /// Mid-step (a throw between start() and wait()): finishes round 1, sends every rank a
   /// failure in round 2, so that no peer waits forever and every peer's wait() raises it.
   ~sparse_reduce_exchange() {
-    if (!in_flight_) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    MPI_Wait(&request_, MPI_STATUS_IGNORE);
-    const sidco::runtime_error reason(sidco::detail::message(
-        "sparse_reduce_exchange: rank ", rank_, "'s exchange was destroyed between start() and wait()"));
-    try {
-      unpack_blocks();
-      core_.select(received_views(), std::span<std::byte>(selection_), &reason);
-      gather_selections();
-    } catch (...) {  // a destructor does not throw; the peers raise what they received
+    if (in_flight_) {
+      if (!two_hop_) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      const sidco::runtime_error reason(sidco::detail::message(
+          "sparse_reduce_exchange: rank ", rank_, "'s exchange was destroyed between start() and wait()"));
+      try {
+        receive_blocks();
+        core_.select(received_views(), std::span<std::byte>(selection_), &reason);
+        gather_selections();
+      } catch (...) {  // a destructor does not throw; the peers raise what they received
+        schedule_.abandon();
+      }
+      core_.abandon();
     }
-    core_.abandon();
+    if (own_comm_ != MPI_COMM_NULL) MPI_Comm_free(&own_comm_);
   }
 
   int ranks() const { return ranks_; }
@@ -122,7 +143,7 @@ class sparse_reduce_exchange {
   /// into residual, when given) and starts the all-to-all. A problem with the arguments on
   /// this rank is sent instead, for every rank's wait() to raise.
   void start(sparse_vector<T, Index>& sent, std::span<T> residual, std::uint64_t step) {
-    begin();
+    begin(step);
     residual_ = {};
     host_residual<T> sink{residual};
     try {
@@ -141,7 +162,7 @@ class sparse_reduce_exchange {
   /// For a rank whose compress threw: sends the reason in every block; every rank's wait()
   /// raises it, naming this rank.
   void start_failed(const std::exception& reason, std::uint64_t step) {
-    begin();
+    begin(step);
     residual_ = {};
     core_.pack_failure(reason, core_.fields(step), std::span<std::byte>(blocks_));
     send_blocks();
@@ -156,11 +177,11 @@ class sparse_reduce_exchange {
   reduce_report wait(std::span<T> dense) {
     if (!in_flight_) sidco::detail::fail("sparse_reduce_exchange: wait() without start()");
     in_flight_ = false;
-    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait (blocks)");
+    if (!two_hop_) check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait (blocks)");
     const std::size_t size = core_.plan().size, bytes = core_.block_bytes();
     const sidco::error wrong_dense(sidco::detail::message("sparse_reduce_exchange: rank ", rank_, "'s dense: size ",
                                                           dense.size(), " is not the exchange's ", size));
-    unpack_blocks();
+    receive_blocks();
     core_.select(received_views(), std::span<std::byte>(selection_), dense.size() == size ? nullptr : &wrong_dense);
     gather_selections();
     std::vector<std::span<const std::byte>> views(static_cast<std::size_t>(ranks_));
@@ -171,6 +192,10 @@ class sparse_reduce_exchange {
     // What this rank handed its collectives for the other ranks: a block to each and its
     // selection to each, at the agreed heads (the heads' all-reduces add 8 bytes or so).
     report.bytes_sent = report.bytes_received = (block_head_ + selection_head_) * std::size_t(ranks_ - 1);
+    if (two_hop_) {  // what the messages of both rounds held
+      report.bytes_sent = blocks_sent_ + schedule_.bytes_sent();
+      report.bytes_received = blocks_received_ + schedule_.bytes_received();
+    }
     std::fill(dense.begin(), dense.end(), T(0));
     const auto global = core_.global_selection();
     const auto updates = core_.updates();
@@ -186,8 +211,9 @@ class sparse_reduce_exchange {
  private:
   static void check_mpi(int status, const char* what) { mpi::check(status, "sparse_reduce_exchange", what); }
 
-  void begin() {
+  void begin(std::uint64_t step) {
     if (in_flight_) sidco::detail::fail("sparse_reduce_exchange: start() twice without wait()");
+    step_fields_ = core_.fields(step);
   }
 
   std::vector<std::span<const std::byte>> received_views() const {
@@ -230,6 +256,7 @@ class sparse_reduce_exchange {
 
   // Round 1: the blocks' agreed head, then the blocks at that size to their owners.
   void send_blocks() {
+    if (two_hop_) return send_frames();
     block_head_ = agreed_head(core_.report().longest_block);
     const int head = int(block_head_);
     const bool whole = block_head_ == core_.block_bytes();  // nothing to pack
@@ -246,8 +273,48 @@ class sparse_reduce_exchange {
     in_flight_ = true;
   }
 
-  void unpack_blocks() {
+  void receive_blocks() {
+    if (two_hop_) return receive_frames(false, std::span<std::byte>(received_));
     if (block_head_ != core_.block_bytes()) unpack_heads(received_packed_, block_head_, std::span<std::byte>(received_));
+  }
+
+  // two_hop: each block as a frame, to every rank through its intermediate.
+  void send_frames() {
+    const std::size_t bytes = core_.block_bytes();
+    frame_bytes_.clear();
+    std::vector<std::size_t> ends(static_cast<std::size_t>(ranks_));
+    for (std::size_t d = 0; d < ends.size(); ++d) {
+      append_frame<T, Index>(std::span<const std::byte>(blocks_).subspan(d * bytes, bytes), core_.plan().format, false, frame_bytes_);
+      ends[d] = frame_bytes_.size();
+    }
+    for (std::size_t d = 0, begin = 0; d < ends.size(); begin = ends[d++])
+      frames_[d] = std::span<const std::byte>(frame_bytes_).subspan(begin, ends[d] - begin);
+    block_head_ = selection_head_ = 0;
+    schedule_.start(frames_, true, digest(), 101);
+    in_flight_ = true;  // phase 1 travels while the caller works, whatever overlap says
+  }
+
+  // two_hop: every rank's frame for this rank, as payloads into slots (P of block_bytes()).
+  void receive_frames(bool selections, std::span<std::byte> slots) {
+    const std::size_t bytes = core_.block_bytes();
+    const reduce_plan& plan = core_.plan();
+    const auto failure = [&](std::size_t sender, const char* why, std::vector<std::byte>& out) {
+      const sidco::runtime_error reason(
+          sidco::detail::message("the message from rank ", sender, " to rank ", rank_, " held ", why));
+      append_failure_frame<T, Index>(reason, plan.size, step_fields_, plan.format, failure_scratch_, out);
+    };
+    const auto frames = schedule_.finish(plan.format, selections, failure);
+    const wire_header header = detail::header_for<T, Index>(step_fields_, plan.size, plan.format);
+    for (std::size_t s = 0; s < frames.size(); ++s)
+      read_frame<T, Index>(frames[s], header, plan.format, selections, slots.subspan(s * bytes, bytes));
+    if (!selections) {
+      blocks_sent_ = schedule_.bytes_sent();
+      blocks_received_ = schedule_.bytes_received();
+    }
+  }
+
+  std::uint64_t digest() const {
+    return fields_digest<T, Index>(step_fields_, core_.plan().size, core_.plan().format);
   }
 
   // Round 2: every owner's selection. At exact sizes, first at the blocks' head (an owner
@@ -256,6 +323,16 @@ class sparse_reduce_exchange {
   // every rank), again at that one's size; selection_head_ adds up what each rank sent.
   void gather_selections() {
     const std::size_t bytes = core_.block_bytes();
+    if (two_hop_) {
+      frame_bytes_.clear();
+      append_frame<T, Index>(std::span<const std::byte>(selection_), core_.plan().format, true, frame_bytes_);
+      frames_[0] = std::span<const std::byte>(frame_bytes_);
+      // Round 1 compared every rank's digest: a rank out of step is a failure in some
+      // owner's selection, which every rank reads alike (its own digest would differ from
+      // everyone's here: not compared).
+      schedule_.start(std::span<const std::span<const std::byte>>(frames_.data(), 1), false, digest(), 103, false);
+      return receive_frames(true, std::span<std::byte>(selections_));
+    }
     std::size_t head = exact_sizes_ ? block_head_ : bytes;
     allgather_heads(head);
     selection_head_ = head;
@@ -279,7 +356,14 @@ class sparse_reduce_exchange {
   }
 
   MPI_Comm comm_;
-  bool overlap_ = true, exact_sizes_ = false;
+  bool overlap_ = true, exact_sizes_ = false, two_hop_ = false;
+  // two_hop: the schedule on a communicator of its own, this step's frames and fields.
+  MPI_Comm own_comm_ = MPI_COMM_NULL;
+  mpi::two_hop schedule_;
+  std::vector<std::byte> frame_bytes_, failure_scratch_;
+  std::vector<std::span<const std::byte>> frames_;
+  wire_fields step_fields_;
+  std::size_t blocks_sent_ = 0, blocks_received_ = 0;
   int ranks_ = 1, rank_ = 0;
   reduce_core<T, Index, Policy> core_;
   std::vector<std::byte> blocks_, received_, selection_, selections_;

@@ -31,7 +31,8 @@ struct exchange_setup {
   double delta, slack;
   std::uint32_t tag;
   std::uint8_t op, value_code, index_bytes, coding;
-  std::uint64_t exact_sizes;    // 1: payloads travel at the size they use (exchange_options)
+  std::uint32_t exact_sizes;    // 1: payloads travel at the size they use (exchange_options)
+  std::uint32_t schedule;       // reduce_schedule
   char reason[176];
 };
 static_assert(sizeof(exchange_setup) == 256, "exchange_setup: 256 bytes on every platform");
@@ -109,6 +110,9 @@ inline void check_setups(std::span<const exchange_setup> setups) {
     if (s.exact_sizes != first.exact_sizes)
       fail("rank ", r, s.exact_sizes ? " sends" : " does not send", " payloads at their exact size, rank 0",
            first.exact_sizes ? " does" : " does not", " (exchange_options::exact_sizes)");
+    if (s.schedule != first.schedule)
+      fail("rank ", r, " moves its payloads ", s.schedule ? "in two hops" : "flat", ", rank 0 ",
+           first.schedule ? "in two hops" : "flat", " (exchange_options::schedule)");
     if (s.coding != first.coding)
       fail("rank ", r, " codes entries ", s.coding ? "compact" : "plain", ", rank 0 ", first.coding ? "compact" : "plain");
     if (s.op != first.op) fail("rank ", r, " reduces by ", detail::op_name(s.op), ", rank 0 by ", detail::op_name(first.op));

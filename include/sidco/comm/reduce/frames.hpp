@@ -1,0 +1,170 @@
+// A payload (comm/wire.hpp) as a few bytes on the wire, for transports whose messages carry
+// many payloads of one step (the two-hop schedule: comm/reduce/grid.hpp). Every rank knows
+// the step's header fields (tag, step, density, reduction, sizes, types), so an ok payload
+// travels as a 4-byte count (and, for an owner's selection, a 4-byte trimmed count) and its
+// entries without padding: count values, then the indices as gaps in a variable-length code
+// (comm/compact.hpp's: the first index, then each gap less one, 7 bits a byte), lossless,
+// 2 or 3 bytes where a 4-byte index was. Anything else (a failure and
+// its message, a header a rank cannot rebuild) travels whole, as the used prefix of the
+// payload, behind a word with the top bit set. Each message starts with an 8-byte digest of
+// its sender's header fields, so that a rank at another step or tensor is caught by the
+// first rank that hears from it; what it sent then arrives as a failure naming it.
+//
+//   frame:   u32 word = count                  | u32 trimmed (selections) | values | gap codes
+//            u32 word = 0x80000000 | length    | the payload's first length bytes
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "sidco/comm/compact.hpp"
+#include "sidco/comm/wire.hpp"
+#include "sidco/core/error.hpp"
+
+namespace sidco::comm {
+
+inline constexpr std::uint32_t whole_frame_bit = 0x80000000u;
+
+/// The fields a step's payloads share, as one number (FNV-1a over the header with its count,
+/// trimmed and status fields zero).
+template <class T, class Index>
+std::uint64_t fields_digest(const wire_fields& fields, std::size_t dense_size, const wire_format& format) {
+  const wire_header h = detail::header_for<T, Index>(fields, dense_size, format);
+  unsigned char bytes[sizeof h];
+  std::memcpy(bytes, &h, sizeof h);
+  std::uint64_t digest = 0xcbf29ce484222325ull;
+  for (const unsigned char b : bytes) digest = (digest ^ b) * 0x100000001b3ull;
+  return digest;
+}
+
+namespace detail {
+
+inline void append_bytes(std::vector<std::byte>& out, const void* from, std::size_t size) {
+  const auto* bytes = static_cast<const std::byte*>(from);
+  out.insert(out.end(), bytes, bytes + size);
+}
+
+inline void append_word(std::vector<std::byte>& out, std::uint32_t word) { append_bytes(out, &word, sizeof word); }
+
+}  // namespace detail
+
+/// Appends payload (plain format) to out as a frame; with_trimmed: an ok frame carries the
+/// header's trimmed count too (an owner's selection).
+template <class T, class Index>
+void append_frame(std::span<const std::byte> payload, const wire_format& format, bool with_trimmed,
+                  std::vector<std::byte>& out) {
+  const wire_header h = header_of(payload);
+  const bool rebuilt = h.magic == wire_magic && h.version == wire_version && h.status == std::uint8_t(wire_status::ok) &&
+                       format.coding == entry_coding::plain && h.count <= format.capacity &&
+                       h.count < whole_frame_bit && (!with_trimmed || h.trimmed < (std::uint64_t(1) << 32));
+  if (!rebuilt) {
+    const std::size_t length = std::min(used_bytes(payload, format), std::size_t(whole_frame_bit - 1));
+    detail::append_word(out, whole_frame_bit | std::uint32_t(length));
+    detail::append_bytes(out, payload.data(), length);
+    return;
+  }
+  const std::size_t count = std::size_t(h.count);
+  detail::append_word(out, std::uint32_t(count));
+  if (with_trimmed) detail::append_word(out, std::uint32_t(h.trimmed));
+  detail::append_bytes(out, payload.data() + format.values_offset(count), count * sizeof(T));
+  const std::byte* indices = payload.data() + format.indices_offset();
+  const std::size_t at = out.size();
+  out.resize(at + count * 10);  // the longest a 64-bit gap codes to
+  std::byte* code = out.data() + at;
+  std::uint64_t next = 0;  // the smallest index the next one may be
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::uint64_t index = detail::index_at<Index>(indices + j * sizeof(Index));
+    code = detail::put_varint(index - next, code);  // ascending: index >= next
+    next = index + 1;
+  }
+  out.resize(std::size_t(code - out.data()));
+}
+
+/// The length of the frame at the start of bytes, or 0 when bytes cannot hold it (damaged).
+inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_format& format, bool with_trimmed) {
+  std::uint32_t word;
+  if (bytes.size() < sizeof word) return 0;
+  std::memcpy(&word, bytes.data(), sizeof word);
+  std::size_t length = sizeof word;
+  if (word & whole_frame_bit) {
+    length += word & ~whole_frame_bit;
+    return length <= bytes.size() ? length : 0;
+  }
+  if (word > format.capacity) return 0;
+  length += (with_trimmed ? 4 : 0) + std::size_t(word) * format.value_bytes;
+  for (std::size_t j = 0; j < word; ++j) {  // each gap code ends at a byte below 0x80
+    std::size_t width = 1;
+    while (length < bytes.size() && std::uint8_t(bytes[length]) >= 0x80 && width < 10) {
+      ++length;
+      ++width;
+    }
+    if (length >= bytes.size() || std::uint8_t(bytes[length]) >= 0x80) return 0;
+    ++length;
+  }
+  return length;
+}
+
+/// Writes the frame (frame_length's bytes) into payload (format.bytes()) as the payload it
+/// came from: an ok frame under header (this step's fields, as every rank has them). An
+/// index that decodes past Index's range is written as its largest value, which agree()
+/// refuses as outside the dense size.
+template <class T, class Index>
+void read_frame(std::span<const std::byte> frame, const wire_header& header, const wire_format& format,
+                bool with_trimmed, std::span<std::byte> payload) {
+  std::uint32_t word;
+  std::memcpy(&word, frame.data(), sizeof word);
+  if (word & whole_frame_bit) {
+    const std::size_t length = std::min<std::size_t>(word & ~whole_frame_bit, payload.size());
+    std::memcpy(payload.data(), frame.data() + sizeof word, length);
+    std::memset(payload.data() + length, 0, payload.size() - length);
+    return;
+  }
+  const std::size_t count = word;
+  wire_header h = header;
+  h.count = count;
+  h.trimmed = 0;
+  const std::byte* at = frame.data() + sizeof word;
+  if (with_trimmed) {
+    std::uint32_t trimmed;
+    std::memcpy(&trimmed, at, sizeof trimmed);
+    h.trimmed = trimmed;
+    at += sizeof trimmed;
+  }
+  std::memset(payload.data(), 0, payload.size());
+  detail::write_header(h, payload);
+  std::memcpy(payload.data() + format.values_offset(count), at, count * sizeof(T));
+  at += count * sizeof(T);
+  std::byte* indices = payload.data() + format.indices_offset();
+  std::uint64_t next = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    std::uint64_t gap = 0;
+    for (unsigned shift = 0;; shift += 7) {  // frame_length bounded every code
+      const auto byte = std::uint64_t(*at++);
+      if (shift < 64) gap |= (byte & 0x7f) << shift;
+      if (!(byte & 0x80)) break;
+    }
+    const std::uint64_t wide = next + gap;
+    const Index index = wide > std::uint64_t(std::numeric_limits<Index>::max()) || wide < next
+                            ? std::numeric_limits<Index>::max()
+                            : Index(wide);
+    std::memcpy(indices + j * sizeof(Index), &index, sizeof index);
+    next = wide + 1;
+  }
+}
+
+/// Appends a frame that says rank `who` failed, for reason.
+template <class T, class Index>
+void append_failure_frame(const std::exception& reason, std::size_t dense_size, const wire_fields& fields,
+                          const wire_format& format, std::vector<std::byte>& scratch, std::vector<std::byte>& out) {
+  scratch.resize(format.bytes());
+  pack_failure<T, Index>(reason, dense_size, fields, format, std::span<std::byte>(scratch));
+  append_frame<T, Index>(std::span<const std::byte>(scratch), format, false, out);
+}
+
+}  // namespace sidco::comm
