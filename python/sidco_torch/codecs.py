@@ -246,13 +246,16 @@ def _heads(payload, inbox, head):
 def _reduce(state, bucket, b, group, iteration, problem, started):
     """The reduce-scatter exchange: blocks to the indices' owners (all_to_all_single, waited
     for here: the owners' selection needs them), each owner's selection all-gathered
-    asynchronously, and decoded in the future's then() (local work only). Blocks and
-    selections travel at the head the longest block uses (one all-reduce agrees it), not at
-    the capacity's fixed size: the slack and the minimum size stay home."""
+    asynchronously, and decoded in the future's then() (local work only). CPU buckets send
+    each payload at its own size (_reduce_framed); CUDA buckets' blocks and selections travel
+    at the head the longest block uses (one all-reduce agrees it), not at the capacity's
+    fixed size: the slack and the minimum size stay home."""
     buffer = bucket.buffer()
     blocks = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.reduce_encode,
                      torch.ops.sidco.reduce_encode_failure)
     encoded = time.perf_counter()
+    if blocks.device.type == "cpu":
+        return _reduce_framed(state, bucket, b, group, blocks, encoded, started)
     world, size = len(b.inbox), b.payload_bytes()
     head = _agreed_head(b.codec.report()["longest_block"], size, group, blocks.device)
     if head < size:
@@ -282,6 +285,61 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
 
     return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
                               reduce_stats, into=into)
+
+
+def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
+    """The reduce-scatter exchange for CPU buckets, each payload at the size it uses
+    (comm/reduce/frames.hpp: a 4-byte count, the values, the indices gap-coded; each block led
+    by the digest of the step's fields, which its owner checks): the blocks' sizes by one
+    all-to-all, the blocks by another at those split sizes (waited for: the owners' selection
+    needs them), the selections all-gathered asynchronously at the longest one's size (one
+    all-reduce agrees it), and decoded in the future's then() (local work only)."""
+    buffer = bucket.buffer()
+    world, size = len(b.inbox), b.payload_bytes()
+    rank = dist.get_rank(group)
+    frames, sizes = torch.ops.sidco.reduce_frames(blocks, b.codec, False)
+    incoming = torch.empty_like(sizes)
+    dist.all_to_all_single(incoming, sizes, group=group)
+    sent_sizes, received_sizes = sizes.tolist(), incoming.tolist()
+    received = torch.empty(sum(received_sizes), dtype=torch.uint8)
+    dist.all_to_all_single(received, frames, output_split_sizes=received_sizes, input_split_sizes=sent_sizes,
+                           group=group)
+    torch.ops.sidco.reduce_unframe(received, received_sizes, list(b.received.view(world, size).unbind(0)), b.codec,
+                                   False)
+    # The bucket and residual checked here, before the all-gather: a problem travels.
+    selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
+    report = b.codec.report()
+    frame = torch.ops.sidco.reduce_frames(selection, b.codec, True)[0]
+    longest = torch.tensor([frame.numel()], dtype=torch.int64)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+    head = int(longest.item())
+    sent = torch.zeros(head, dtype=torch.uint8)
+    sent[:frame.numel()] = frame
+    gathered = [torch.empty(head, dtype=torch.uint8) for _ in range(world)]
+    # What this rank hands the collectives for the others: its P - 1 blocks' messages, its
+    # selection's (at the agreed head), and the sizes.
+    blocks_sent = sum(sent_sizes) - sent_sizes[rank]
+    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent + head + 8 * (world - 1))
+    state._stats[bucket.index()] = stats
+    inbox = b.inbox
+
+    def done(future):
+        future.value()  # a failed all-gather raises here
+        began = time.perf_counter()
+        stats["exchange_seconds"] = began - encoded
+        torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, inbox, b.codec, True)
+        if not _decoded(state, b, inbox, buffer, stats, torch.ops.sidco.reduce_decode):
+            return buffer
+        stats["decode_seconds"] = time.perf_counter() - began
+        done_report = b.codec.report()
+        stats.update(union_density=done_report["union_entries"] / buffer.numel(),
+                     global_density=done_report["global_selected"] / buffer.numel(),
+                     returned=int(done_report["returned"]),
+                     bytes_received=sum(received_sizes) - received_sizes[rank] + (world - 1) * (head + 8),
+                     dropped=done_report["returned"] / max(1.0, done_report["selected"]))
+        return buffer
+
+    return dist.all_gather(gathered, sent, group=group, async_op=True).get_future().then(done)
 
 
 def _allgather(state, bucket, b, group, iteration, problem, started):

@@ -228,8 +228,8 @@ class State(_Checkpoints, _Agreement):
         """The exchange the hook uses among world ranks. "auto" follows the byte model each
         rank's sent bytes per step give (k = density n entries of 4 + v bytes, slack s):
         allgather (P - 1) s k (4 + v); reduce at most 2 (P - 1) (64 + ceil(s k / P) (4 + v)),
-        about 2 s k (4 + v) (its blocks and selections travel at the head the longest one uses,
-        about k / P entries: less): reduce from 3 ranks on, allgather at 2 (the same bytes in
+        about 2 s k (4 + v) (on CPU buckets its blocks and selections travel at the size they
+        use, indices gap-coded, about 2 k (2 + v): less): reduce from 3 ranks on, allgather at 2 (the same bytes in
         one round fewer). The cost model of bench/cost_model.py, with this machine's latency and compute,
         agrees from 3 ranks on at 1 to 100 Gbit/s and puts the two within 2% at 2
         (docs/RESULTS.md). On CUDA buckets "auto" keeps the all-gather: the reduce exchange
@@ -322,7 +322,9 @@ class State(_Checkpoints, _Agreement):
         degenerated and the radix threshold replaced it), compress_seconds,
         exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
         (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
-        its P - 1 blocks and its selection, at the heads the ranks agreed), bytes_per_entry (bytes_sent over selected), wire
+        its P - 1 blocks and its selection: on CPU buckets as frames at their own sizes and the
+        P - 1 sizes, on CUDA buckets at the heads the ranks agreed), bytes_per_entry (bytes_sent
+        over selected), wire
         ("plain" or "compact"), element_size (a value's bytes), failed, exchange ("allgather" or
         "reduce"), dense_values (with dense_parameters: the values all-reduced densely beside the
         exchange, their bytes in bytes_sent); with

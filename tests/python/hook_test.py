@@ -145,6 +145,17 @@ def residual_of(state, keys, size, dtype):
     return torch.cat(parts)
 
 
+def frame_bytes(payload, dtype, selection):
+    """What an ok payload takes as a frame (comm/reduce/frames.hpp): a 4-byte count (and a
+    selection's 4-byte trimmed count), the values, the indices as LEB128 codes of the first
+    index and then each gap less one."""
+    header, indices, _ = read_payload(payload, dtype)
+    assert header["status"] == 0, header
+    gaps = (indices - torch.cat([torch.tensor([-1]), indices[:-1]]) - 1).tolist()
+    code = sum(1 + max(0, g.bit_length() - 1) // 7 for g in gaps)
+    return 4 + (4 if selection else 0) + header["count"] * torch.tensor([], dtype=dtype).element_size() + code
+
+
 def recording_hook(records):
     def hook(state, bucket):
         buffer = bucket.buffer()
@@ -160,8 +171,10 @@ def recording_hook(records):
             # After the decode: the reduce exchange returns unkept entries to the residual there.
             new = b.residual.clone() if b is not None and b.residual is not None else None
             inbox = [p.clone() for p in b.inbox] if stats["path"] == "sparse" else None
+            received = b.received.clone() if stats["path"] == "sparse" and b.exchange == "reduce" else None
             records.append(dict(index=bucket.index(), path=stats["path"], before=before, old=old, new=new,
-                                out=out.clone(), inbox=inbox, stats=dict(state.stats()[bucket.index()]),
+                                out=out.clone(), inbox=inbox, received=received,
+                                stats=dict(state.stats()[bucket.index()]),
                                 capacities=b.codec.layer_capacities() if b is not None and b.exchange == "allgather"
                                 else None, sizes=b.sizes if b is not None else None))
             return out
@@ -768,12 +781,17 @@ def scenario_reduce_exact(rank, world, owner):
                 assert header["status"] == 0, header
                 kept[indices] = True
                 longest = max(longest, 64 + (4 * header["count"] + 7) // 8 * 8 + total.element_size() * header["count"])
-            # Blocks travel at the head the longest one uses, selections at that head or at least
-            # 320 bytes (a failure's message): P - 1 blocks and one selection sent, less than the
-            # fixed size; no selection is longer than its head (64 bytes, indices to 8, values).
-            fixed, sent = r["inbox"][0].numel(), r["stats"]["bytes_sent"]
-            head = sent // world if sent % world == 0 and sent // world >= 320 else (sent - 320) / (world - 1)
-            assert head == int(head) and 64 <= head < fixed and longest <= max(head, 320), (longest, r["stats"])
+            # Each payload travels as a frame at its own size: this rank's P - 1 blocks (rank q
+            # received the one for it: slot rank of q's), each behind an 8-byte digest, its
+            # selection at the longest selection's frame, and P - 1 sizes of 8 bytes.
+            everyone_received = [torch.empty_like(r["received"]) for _ in range(world)]
+            dist.all_gather(everyone_received, r["received"])
+            size = r["inbox"][0].numel()
+            blocks = sum(8 + frame_bytes(everyone_received[q].view(world, size)[rank], total.dtype, False)
+                         for q in range(world) if q != rank)
+            head = max(frame_bytes(p, total.dtype, True) for p in r["inbox"])
+            assert r["stats"]["bytes_sent"] == blocks + head + 8 * (world - 1), (blocks, head, r["stats"])
+            assert longest < size
             # Per rank: outside the global selection the residual holds gradient + old residual.
             assert torch.equal(r["new"][~kept], total[~kept]), "an unkept entry left the residual"
             expected = torch.zeros_like(total)

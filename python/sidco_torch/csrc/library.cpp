@@ -402,7 +402,9 @@ at::Tensor reduce_encode(const at::Tensor& gradient, const c10::optional<at::Ten
                          const c10::intrusive_ptr<ReduceCodec>& codec, std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
     const auto hold = codec->lock();
-    return codec->impl().encode(gradient, residual, fields_of(codec->settings(), tag, sequence));
+    const auto fields = fields_of(codec->settings(), tag, sequence);
+    codec->impl().set_step(fields);
+    return codec->impl().encode(gradient, residual, fields);
   });
 }
 
@@ -410,7 +412,9 @@ at::Tensor reduce_encode_failure(const at::Tensor&, const c10::intrusive_ptr<Red
                                  std::int64_t tag, std::int64_t sequence) {
   return translated([&] {
     const auto hold = codec->lock();
-    return codec->impl().encode_failure(message, fields_of(codec->settings(), tag, sequence));
+    const auto fields = fields_of(codec->settings(), tag, sequence);
+    codec->impl().set_step(fields);
+    return codec->impl().encode_failure(message, fields);
   });
 }
 
@@ -478,6 +482,25 @@ TORCH_LIBRARY(sidco, m) {
         "-> Tensor(a!)");
   m.def("scatter_add_(Tensor(a!) dense, Tensor indices, Tensor values, float scale=1.0) -> Tensor(a!)");
   m.def("decompress(Tensor indices, Tensor values, int size) -> Tensor");
+  // The reduce exchange's payloads as messages at their own size (CPU buckets: the hook's
+  // all-to-all at split sizes): [messages, sizes], and back into payload slots.
+  m.def("reduce_frames(Tensor payloads, __torch__.torch.classes.sidco.ReduceCodec codec, bool selection) -> Tensor[]",
+        [](const at::Tensor& payloads, const c10::intrusive_ptr<ReduceCodec>& codec, bool selection) {
+          return translated([&] {
+            const auto hold = codec->lock();
+            return codec->impl().frames(payloads, selection);
+          });
+        });
+  m.def("reduce_unframe(Tensor frames, int[] sizes, Tensor(a!)[] slots, __torch__.torch.classes.sidco.ReduceCodec "
+        "codec, bool selection) -> ()",
+        [](const at::Tensor& frames, const std::vector<std::int64_t>& sizes, const std::vector<at::Tensor>& slots,
+           const c10::intrusive_ptr<ReduceCodec>& codec, bool selection) {
+          translated([&] {
+            const auto hold = codec->lock();
+            codec->impl().unframe(frames, sizes, slots, selection);
+            return 0;
+          });
+        });
   // Whether a failed exchange failed only for non-finite input on some ranks (the hook's
   // nonfinite="skip"): the payloads' headers, on the host.
   m.def("nonfinite_only(Tensor[] payloads) -> bool", [](const std::vector<at::Tensor>& payloads) {

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -18,10 +19,12 @@
 #include <variant>
 #include <vector>
 
+#include <sidco/comm/reduce/frames.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/core/state_io.hpp>
 #include <sidco/owners.hpp>
 
+#include "binding.hpp"
 #include "classes.hpp"
 #include "layer_order.hpp"
 
@@ -46,6 +49,21 @@ class reduce_codec_impl {
   virtual const sidco::comm::reduce_report& report() const = 0;
   virtual const sidco::compress_report& compress_report() const = 0;
   virtual bool failed() const = 0;
+  /// This step's payloads as messages of their own size (comm/reduce/frames.hpp), for a
+  /// transport that moves each at the size it uses: the P blocks (each led by the digest of
+  /// the step's fields) or the selection (one, without). Returns the messages, one after
+  /// another (uint8), and their sizes (int64). CPU payloads only.
+  virtual std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) const = 0;
+  /// Writes each message (sizes: one after another in bytes) back into its slot as the
+  /// payload it carries; a message that cannot be read, or (blocks) at another digest,
+  /// becomes a failure payload naming its sender. Selections may be followed by zeros.
+  virtual void unframe(const at::Tensor& bytes, const std::vector<std::int64_t>& sizes,
+                       const std::vector<at::Tensor>& slots, bool selection) const = 0;
+  /// The step's header fields, as encode was given them (what a frame leaves out).
+  void set_step(const sidco::comm::wire_fields& fields) { step_fields_ = fields; }
+
+ protected:
+  sidco::comm::wire_fields step_fields_;
 };
 
 /// The owners a bucket may choose, by their registry names.
@@ -89,6 +107,51 @@ class reduce_codec_base : public reduce_codec_impl {
   }
   const sidco::comm::reduce_report& report() const override {
     return std::visit([](const auto& core) -> const auto& { return core.report(); }, core_);
+  }
+
+  std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) const override {
+    check_cpu_tensor("payloads", payloads);
+    const std::size_t bytes = block_bytes(), count = selection ? 1 : ranks();
+    if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
+      sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
+                         " payloads take ", bytes * count, " bytes");
+    const auto all = bytes_of(payloads);
+    const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
+    std::vector<std::byte> out;
+    std::vector<std::int64_t> sizes;
+    for (std::size_t r = 0; r < count; ++r) {
+      const std::size_t before = out.size();
+      sidco::comm::append_message<H, Index>(all.subspan(r * bytes, bytes), plan().format, selection,
+                                            selection ? nullptr : &digest, out);
+      sizes.push_back(std::int64_t(out.size() - before));
+    }
+    at::Tensor messages = at::empty({std::int64_t(out.size())}, at::kByte);
+    if (!out.empty()) std::memcpy(messages.data_ptr(), out.data(), out.size());
+    return {messages, at::tensor(sizes, at::kLong)};
+  }
+
+  void unframe(const at::Tensor& bytes, const std::vector<std::int64_t>& sizes, const std::vector<at::Tensor>& slots,
+               bool selection) const override {
+    check_cpu_tensor("frames", bytes);
+    const std::size_t payload = block_bytes();
+    if (bytes.scalar_type() != at::kByte) sidco::throw_error("frames: dtype ", bytes.scalar_type(), " is not uint8");
+    if (sizes.size() != slots.size() || slots.size() != ranks())
+      sidco::throw_error("unframe: ", sizes.size(), " sizes and ", slots.size(), " slots for ", ranks(), " ranks");
+    const auto all = bytes_of(bytes);
+    const sidco::comm::wire_header header = sidco::comm::detail::header_for<H, Index>(step_fields_, size(), plan().format);
+    const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < slots.size(); ++r) {
+      check_cpu_tensor("slot", slots[r]);
+      if (slots[r].scalar_type() != at::kByte || std::size_t(slots[r].numel()) != payload || !slots[r].is_contiguous())
+        sidco::throw_error("slot ", r, ": ", slots[r].numel(), " ", slots[r].scalar_type(), " values, a payload takes ",
+                           payload, " contiguous bytes");
+      if (sizes[r] < 0 || at + std::size_t(sizes[r]) > all.size())
+        sidco::throw_error("unframe: message ", r, " of ", sizes[r], " bytes runs past the ", all.size(), " received");
+      sidco::comm::read_message<H, Index>(all.subspan(at, std::size_t(sizes[r])), header, plan().format, selection,
+                                          selection ? nullptr : &digest, r, bytes_of(slots[r]));
+      at += std::size_t(sizes[r]);
+    }
   }
   const sidco::compress_report& compress_report() const override { return compress_; }
   bool failed() const override { return failed_; }
