@@ -64,6 +64,17 @@ std::vector<float> gather_all(const std::vector<float>& v, MPI_Comm comm) {
 // Runs steps of SIDCo-E + error feedback + the exchange on comm and checks every promise.
 // skewed: the mass in a quarter of the tensor, and every rank compressing at 3 delta, so
 // that blocks overflow. Returns the densities the global selection achieved.
+// Whether every rank of MPI_COMM_WORLD holds this text (its first 511 bytes).
+bool same_on_every_rank(const std::string& message) {
+  const int ranks = size_of(MPI_COMM_WORLD);
+  std::vector<char> text(512, 0), texts(512 * std::size_t(ranks));
+  std::copy_n(message.begin(), std::min<std::size_t>(message.size(), 511), text.begin());
+  MPI_Allgather(text.data(), 512, MPI_CHAR, texts.data(), 512, MPI_CHAR, MPI_COMM_WORLD);
+  for (int r = 1; r < ranks; ++r)
+    if (std::memcmp(texts.data(), texts.data() + 512 * r, 512) != 0) return false;
+  return true;
+}
+
 // How the blocks travel: flat at the fixed size, flat at the agreed head, or in two hops.
 enum class transfer { fixed, exact, two_hop };
 
@@ -320,10 +331,7 @@ TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank r
                                std::to_string(ranks - 1) + "'s dense: size " + std::to_string(n - 1);
   CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
   // The same error everywhere, nothing written, every entry back, the state as before.
-  std::vector<char> text(512, 0), texts(512 * std::size_t(ranks));
-  std::copy_n(message.begin(), std::min<std::size_t>(message.size(), 511), text.begin());
-  MPI_Allgather(text.data(), 512, MPI_CHAR, texts.data(), 512, MPI_CHAR, MPI_COMM_WORLD);
-  for (int r = 1; r < ranks; ++r) CHECK(std::memcmp(texts.data(), texts.data() + 512 * r, 512) == 0);
+  CHECK(same_on_every_rank(message));
   CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 5.0f; }));
   for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i] + old[i]);
   state_writer after;
@@ -393,10 +401,7 @@ TEST_CASE("two hops: a rank at another step fails it on every rank with one mess
   }
   if (ranks > 1) {
     CHECK_MESSAGE(message.find("than this rank's (ranks out of step?)") != std::string::npos, message);
-    std::vector<char> text(512, 0), texts(512 * std::size_t(ranks));
-    std::copy_n(message.begin(), std::min<std::size_t>(message.size(), 511), text.begin());
-    MPI_Allgather(text.data(), 512, MPI_CHAR, texts.data(), 512, MPI_CHAR, MPI_COMM_WORLD);
-    for (int r = 1; r < ranks; ++r) CHECK(std::memcmp(texts.data(), texts.data() + 512 * r, 512) == 0);
+    CHECK(same_on_every_rank(message));
     CHECK(dense == std::vector<float>(n, 5.0f));
     for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i]);
   }

@@ -198,15 +198,7 @@ class two_hop {
     check(MPI_Get_count(&status, MPI_BYTE, &received), "two_hop", "MPI_Get_count");
     bytes_received_ += std::size_t(received);
     std::span<const std::byte> rest(buffer.data(), std::size_t(std::max(received, 0)));
-    const char* problem = nullptr;
-    std::uint64_t digest = 0;
-    if (rest.size() < sizeof digest) {
-      problem = "a message shorter than its digest";
-    } else {
-      std::memcpy(&digest, rest.data(), sizeof digest);
-      rest = rest.subspan(sizeof digest);
-      if (check_digests_ && digest != digest_) problem = "another tensor, step, density, reduction or size than this rank's (ranks out of step?)";
-    }
+    const char* problem = take_digest(rest, digest_, check_digests_);
     frames.clear();
     for (std::size_t f = 0; f < count && problem == nullptr; ++f) {
       const std::size_t length = frame_length(rest, format, with_trimmed);

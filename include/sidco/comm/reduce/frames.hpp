@@ -23,6 +23,7 @@
 #include <span>
 #include <vector>
 
+#include "sidco/comm/agree.hpp"
 #include "sidco/comm/compact.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
@@ -165,6 +166,50 @@ void append_failure_frame(const std::exception& reason, std::size_t dense_size, 
   scratch.resize(format.bytes());
   pack_failure<T, Index>(reason, dense_size, fields, format, std::span<std::byte>(scratch));
   append_frame<T, Index>(std::span<const std::byte>(scratch), format, false, out);
+}
+
+/// Takes the 8-byte digest off the front of message; what is wrong with it (too short, or,
+/// when compare, not mine: a rank at another step or tensor), or nullptr.
+inline const char* take_digest(std::span<const std::byte>& message, std::uint64_t mine, bool compare) {
+  std::uint64_t theirs = 0;
+  if (message.size() < sizeof theirs) return "a message shorter than its digest";
+  std::memcpy(&theirs, message.data(), sizeof theirs);
+  message = message.subspan(sizeof theirs);
+  if (compare && theirs != mine)
+    return "another tensor, step, density, reduction or size than this rank's (ranks out of step?)";
+  return nullptr;
+}
+
+/// A transport that sends each rank a message of its own holding one payload (the hook's
+/// all-to-all at split sizes, its all-gather of selections): the sender's digest of the
+/// step's fields when given (round 1), then the frame.
+template <class T, class Index>
+void append_message(std::span<const std::byte> payload, const wire_format& format, bool with_trimmed,
+                    const std::uint64_t* digest, std::vector<std::byte>& out) {
+  if (digest != nullptr) detail::append_bytes(out, digest, sizeof *digest);
+  append_frame<T, Index>(payload, format, with_trimmed, out);
+}
+
+/// Writes the payload a message of append_message carries (header: this step's fields, as
+/// this rank has them) into payload (format.bytes()). A message from rank `sender` that
+/// cannot be read (cut short, longer than its frame and not zero past it, or, with digest,
+/// at another digest: a rank at another step or tensor) becomes a failure payload naming
+/// it, which the owner relays.
+template <class T, class Index>
+void read_message(std::span<const std::byte> message, const wire_header& header, const wire_format& format,
+                  bool with_trimmed, const std::uint64_t* digest, std::size_t sender, std::span<std::byte> payload) {
+  const char* problem = digest != nullptr ? take_digest(message, *digest, true) : nullptr;
+  std::size_t length = 0;
+  if (problem == nullptr) {
+    length = frame_length(message, format, with_trimmed);
+    if (length == 0) problem = "a message cut short (damaged in transit?)";
+    else if (!detail::all_zero(message.data() + length, message.data() + message.size()))
+      problem = "a message longer than its frame (damaged in transit?)";
+  }
+  if (problem == nullptr) return read_frame<T, Index>(message.first(length), header, format, with_trimmed, payload);
+  const runtime_error reason(sidco::detail::message("the message from rank ", sender, " held ", problem));
+  pack_failure<T, Index>(reason, std::size_t(header.dense_size),
+                         wire_fields{header.tag, header.sequence, header.delta, reduction(header.op)}, format, payload);
 }
 
 }  // namespace sidco::comm
