@@ -4,12 +4,14 @@
 # bench/smpi/ and gradient, communication only (--cfg=smpi/simulate-computation:no), with Open
 # MPI's choice of collective algorithms. One JSON line per run (its platform added) on stdout.
 #   bench/smpi_exchange.sh [OUT_DIR]      (OUT_DIR: where the program is built; default /tmp/sidco-smpi)
-# Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce"; also reduce-exact), GRADIENTS
+# Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce reduce-two-hop"; also
+# reduce-exact; reduce and reduce-exact run the flat schedule, reduce-two-hop the default), GRADIENTS
 # ("iid hot"), PLATFORMS ("10gbps 100gbps"), N (262144), DENSITY (0.01), STEPS (3), METHOD
 # (top-k: the exchange's losses apart from the estimate's), ALLGATHER_MAX (256: its receive
 # buffer is P payloads a rank, 27 GB in all at 1,024 ranks), EXTRA (more smpirun --cfg flags).
 # Needs libsimgrid-dev (smpicxx, smpirun); 1,024 ranks of 2^18 values take about 2 minutes
-# and 6 GB for the reduce exchange.
+# and 6 GB for the flat reduce exchange, and far longer in two hops (SMPI simulates each of
+# its point-to-point messages: 256 ranks about a minute, 1,024 ranks over half an hour).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/sidco-smpi}
@@ -20,7 +22,7 @@ for i in $(seq 0 1023); do echo "node-$i"; done > "$out/hosts"
 for platform in ${PLATFORMS:-10gbps 100gbps}; do
   for gradient in ${GRADIENTS:-iid hot}; do
     for p in ${RANKS:-16 64 256 1024}; do
-      for mode in ${MODES:-dense allgather reduce}; do
+      for mode in ${MODES:-dense allgather reduce reduce-two-hop}; do
         [ "$mode" = allgather ] && [ "$p" -gt "${ALLGATHER_MAX:-256}" ] && continue
         line=$(smpirun -np "$p" -platform "bench/smpi/cluster-$platform.xml" -hostfile "$out/hosts" \
           --cfg=smpi/coll-selector:ompi --cfg=smpi/simulate-computation:no --log=root.thres:critical ${EXTRA:-} \
