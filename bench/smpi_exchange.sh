@@ -6,7 +6,7 @@
 #   bench/smpi_exchange.sh [OUT_DIR]      (OUT_DIR: where the program is built; default /tmp/sidco-smpi)
 # Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce reduce-two-hop"; also
 # reduce-exact; reduce and reduce-exact run the flat schedule, reduce-two-hop the default), GRADIENTS
-# ("iid hot"), PLATFORMS ("10gbps 100gbps"), N (262144), DENSITY (0.01), STEPS (3), METHOD
+# ("iid hot"), PLATFORMS ("10gbps 100gbps"), N (262144), DENSITY (0.01), WARMUP (1), STEPS (3), METHOD
 # (top-k: the exchange's losses apart from the estimate's), ALLGATHER_MAX (256: its receive
 # buffer is P payloads a rank, 27 GB in all at 1,024 ranks), EXTRA (more smpirun --cfg flags).
 # Needs libsimgrid-dev (smpicxx, smpirun); 1,024 ranks of 2^18 values take about 2 minutes
@@ -27,7 +27,7 @@ for platform in ${PLATFORMS:-10gbps 100gbps}; do
         line=$(smpirun -np "$p" -platform "bench/smpi/cluster-$platform.xml" -hostfile "$out/hosts" \
           --cfg=smpi/coll-selector:ompi --cfg=smpi/simulate-computation:no --log=root.thres:critical ${EXTRA:-} \
           "$out/smpi-exchange" --mode "$mode" --gradient "$gradient" --n "${N:-262144}" --density "${DENSITY:-0.01}" \
-          --warmup 1 --steps "${STEPS:-3}" --method "${METHOD:-top-k}" | tail -1)
+          --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --method "${METHOD:-top-k}" | tail -1)
         echo "${line%\}}, \"platform\": \"$platform\"}"
       done
     done
