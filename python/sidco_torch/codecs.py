@@ -205,16 +205,19 @@ def _encode(state, bucket, b, iteration, problem, encode, encode_failure):
     return encode_failure(buffer, b.codec, problem, bucket.index(), iteration)
 
 
-def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, more_stats=None, into=None):
+def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, more_stats=None, into=None,
+                       unpack=None):
     """One asynchronous all-gather of sent into the bucket's inbox (or into, views of its
-    heads), decoded by decode in the future's then() (local work only); more_stats(codec
-    report) adds to the statistics."""
+    heads, or tensors unpack() writes into the inbox first), decoded by decode in the
+    future's then() (local work only); more_stats(codec report) adds to the statistics."""
     inbox = b.inbox
 
     def done(future):
         future.value()  # a failed all-gather raises here
         began = time.perf_counter()
         stats["exchange_seconds"] = began - encoded
+        if unpack is not None:
+            unpack()
         if not _decoded(state, b, inbox, buffer, stats, decode):
             return buffer
         stats["decode_seconds"] = time.perf_counter() - began
@@ -278,13 +281,17 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, (world - 1) * head + chosen)
     state._stats[bucket.index()] = stats
 
-    def reduce_stats(done):
+    return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
+                              _reduce_stats(buffer, (world - 1) * (head + chosen)), into=into)
+
+
+def _reduce_stats(buffer, bytes_received):
+    """The reduce exchange's statistics from its codec's report after the decode."""
+    def more(done):
         return dict(union_density=done["union_entries"] / buffer.numel(),
                     global_density=done["global_selected"] / buffer.numel(), returned=int(done["returned"]),
-                    bytes_received=(world - 1) * (head + chosen), dropped=done["returned"] / max(1.0, done["selected"]))
-
-    return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
-                              reduce_stats, into=into)
+                    bytes_received=bytes_received, dropped=done["returned"] / max(1.0, done["selected"]))
+    return more
 
 
 def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
@@ -321,25 +328,11 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
     blocks_sent = sum(sent_sizes) - sent_sizes[rank]
     stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent + head + 8 * (world - 1))
     state._stats[bucket.index()] = stats
-    inbox = b.inbox
-
-    def done(future):
-        future.value()  # a failed all-gather raises here
-        began = time.perf_counter()
-        stats["exchange_seconds"] = began - encoded
-        torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, inbox, b.codec, True)
-        if not _decoded(state, b, inbox, buffer, stats, torch.ops.sidco.reduce_decode):
-            return buffer
-        stats["decode_seconds"] = time.perf_counter() - began
-        done_report = b.codec.report()
-        stats.update(union_density=done_report["union_entries"] / buffer.numel(),
-                     global_density=done_report["global_selected"] / buffer.numel(),
-                     returned=int(done_report["returned"]),
-                     bytes_received=sum(received_sizes) - received_sizes[rank] + (world - 1) * (head + 8),
-                     dropped=done_report["returned"] / max(1.0, done_report["selected"]))
-        return buffer
-
-    return dist.all_gather(gathered, sent, group=group, async_op=True).get_future().then(done)
+    received_bytes = sum(received_sizes) - received_sizes[rank] + (world - 1) * (head + 8)
+    return _gather_and_decode(
+        state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
+        _reduce_stats(buffer, received_bytes), into=gathered,
+        unpack=lambda: torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, b.inbox, b.codec, True))
 
 
 def _allgather(state, bucket, b, group, iteration, problem, started):
