@@ -1058,28 +1058,47 @@ TEST_CASE("frames: a payload as a count and its entries reads back as the payloa
     comm::pack<float, std::uint32_t>(indices, values, 1000, with_trimmed ? 77 : 0, fields, format, payload);
     std::vector<std::byte> frame;
     comm::append_frame<float, std::uint32_t>(payload, format, with_trimmed, frame);
-    // Values as they are; gaps 3, 13, 382, 598 less one: 1, 1, 2, 2 bytes.
-    CHECK(frame.size() == 4 + (with_trimmed ? 4 : 0) + indices.size() * 4 + 6);
+    // A byte for twice the count and one for 77; values as they are; gaps 3, 13, 382, 598
+    // less one: 1, 1, 2, 2 bytes.
+    CHECK(frame.size() == 1 + (with_trimmed ? 1 : 0) + indices.size() * 4 + 6);
     CHECK(comm::frame_length(frame, format, with_trimmed) == frame.size());
     comm::read_frame<float, std::uint32_t>(frame, header, format, with_trimmed, back);
     CHECK(back == payload);
     // Cut short, or a count over the capacity: not a frame.
     CHECK(comm::frame_length(std::span<const std::byte>(frame).first(frame.size() - 1), format, with_trimmed) == 0);
     std::vector<std::byte> over = frame;
-    const std::uint32_t too_many = 41;
-    std::memcpy(over.data(), &too_many, 4);
+    over[0] = std::byte(2 * 41);
     CHECK(comm::frame_length(over, format, with_trimmed) == 0);
+    // A code that never ends: not a frame.
+    std::vector<std::byte> endless(12, std::byte{0xff});
+    CHECK(comm::frame_length(endless, format, with_trimmed) == 0);
   }
-  // An empty payload: a word.
+  // Counts and trimmed counts past one byte's code read back too.
+  {
+    const comm::wire_format wide = comm::format_for<float, std::uint32_t>(300);
+    std::vector<std::uint32_t> many(200);
+    std::vector<float> ones(200, 1.0f);
+    for (std::size_t j = 0; j < many.size(); ++j) many[j] = std::uint32_t(5 * j);
+    std::vector<std::byte> big(wide.bytes()), big_back(wide.bytes());
+    comm::pack<float, std::uint32_t>(many, ones, 1000, 70000, fields, wide, big);
+    std::vector<std::byte> frame;
+    comm::append_frame<float, std::uint32_t>(big, wide, true, frame);
+    CHECK(frame.size() == 2 + 3 + 200 * 4 + 200);  // 400 in 2 bytes, 70,000 in 3, gaps of 4 in 1
+    CHECK(comm::frame_length(frame, wide, true) == frame.size());
+    comm::read_frame<float, std::uint32_t>(frame, comm::detail::header_for<float, std::uint32_t>(fields, 1000, wide), wide,
+                                           true, big_back);
+    CHECK(big_back == big);
+  }
+  // An empty payload: a byte.
   comm::pack<float, std::uint32_t>({}, {}, 1000, 0, fields, format, payload);
   std::vector<std::byte> empty;
   comm::append_frame<float, std::uint32_t>(payload, format, false, empty);
-  CHECK(empty.size() == 4);
+  CHECK(empty.size() == 1);
   // A failure: its header and message, byte for byte.
   comm::pack_failure<float, std::uint32_t>(sidco::error("sidco: the reason"), 1000, fields, format, payload);
   std::vector<std::byte> failure;
   comm::append_frame<float, std::uint32_t>(payload, format, true, failure);
-  CHECK(failure.size() == 4 + 64 + std::string("sidco: the reason").size());
+  CHECK(failure.size() == 2 + 64 + std::string("sidco: the reason").size());  // 2·81 + 1 in 2 bytes
   CHECK(comm::frame_length(failure, format, true) == failure.size());
   std::fill(back.begin(), back.end(), std::byte{1});
   comm::read_frame<float, std::uint32_t>(failure, header, format, true, back);

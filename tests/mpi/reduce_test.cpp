@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -86,26 +87,35 @@ comm::exchange_options options_for(transfer how) {
 }
 
 // What the two-hop schedule puts in messages: an 8-byte digest a message, a frame a payload
-// (a 4-byte count, 4 more for a selection's trimmed count, 4 bytes a value, the indices'
-// gap code); what passes through an intermediate travels twice.
+// (the count's code, a selection's trimmed count's code, 4 bytes a value, the indices' gap
+// code); what passes through an intermediate travels twice.
 // blocks[s][d]: the indices rank s sent rank d; owned[d]: those of d's selection.
-std::size_t frame_bytes(const std::vector<std::uint32_t>& indices, bool selection) {
-  return 4 + (selection ? 4 : 0) + 4 * indices.size() +
+std::size_t frame_bytes(const std::vector<std::uint32_t>& indices, std::size_t trimmed, bool selection) {
+  return comm::detail::varint_bytes(2 * indices.size()) + (selection ? comm::detail::varint_bytes(trimmed) : 0) +
+         4 * indices.size() +
          comm::detail::gap_code_bytes<std::uint32_t>(std::span<const std::uint32_t>(indices));
 }
 
 std::size_t two_hop_bytes(std::size_t me, const std::vector<std::vector<std::vector<std::uint32_t>>>& blocks,
                           const std::vector<std::vector<std::uint32_t>>& owned) {
   const std::size_t ranks = owned.size();
+  // An owner's selection carries what it left out of the union of the blocks it received.
+  std::vector<std::size_t> left_out(ranks);
+  for (std::size_t d = 0; d < ranks; ++d) {
+    std::set<std::uint32_t> received;
+    for (std::size_t s = 0; s < ranks; ++s) received.insert(blocks[s][d].begin(), blocks[s][d].end());
+    left_out[d] = received.size() - owned[d].size();
+  }
+  const auto selection_bytes = [&](std::size_t d) { return frame_bytes(owned[d], left_out[d], true); };
   const comm::grid_routes routes(ranks);
   std::size_t bytes = 0;
   for (const std::size_t peer : routes.neighbours(me)) {
     const auto through = routes.destinations(me, peer);  // phase 1, both rounds
-    if (!through.empty()) bytes += 2 * 8 + frame_bytes(owned[me], true);
-    for (const std::size_t d : through) bytes += frame_bytes(blocks[me][d], false);
+    if (!through.empty()) bytes += 2 * 8 + selection_bytes(me);
+    for (const std::size_t d : through) bytes += frame_bytes(blocks[me][d], 0, false);
     const auto from = routes.senders(me, peer);  // phase 2, both rounds
     if (!from.empty()) bytes += 2 * 8;
-    for (const std::size_t s : from) bytes += frame_bytes(blocks[s][peer], false) + frame_bytes(owned[s], true);
+    for (const std::size_t s : from) bytes += frame_bytes(blocks[s][peer], 0, false) + selection_bytes(s);
   }
   return bytes;
 }

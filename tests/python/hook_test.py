@@ -145,15 +145,21 @@ def residual_of(state, keys, size, dtype):
     return torch.cat(parts)
 
 
+def code_bytes(value):
+    """Bytes of value's LEB128 code (7 bits a byte)."""
+    return 1 + max(0, value.bit_length() - 1) // 7
+
+
 def frame_bytes(payload, dtype, selection):
-    """What an ok payload takes as a frame (comm/reduce/frames.hpp): a 4-byte count (and a
-    selection's 4-byte trimmed count), the values, the indices as LEB128 codes of the first
+    """What an ok payload takes as a frame (comm/reduce/frames.hpp): the code of twice its
+    count (and of a selection's trimmed count), the values, the indices as codes of the first
     index and then each gap less one."""
     header, indices, _ = read_payload(payload, dtype)
     assert header["status"] == 0, header
     gaps = (indices - torch.cat([torch.tensor([-1]), indices[:-1]]) - 1).tolist()
-    code = sum(1 + max(0, g.bit_length() - 1) // 7 for g in gaps)
-    return 4 + (4 if selection else 0) + header["count"] * torch.tensor([], dtype=dtype).element_size() + code
+    code = sum(code_bytes(g) for g in gaps)
+    head = code_bytes(2 * header["count"]) + (code_bytes(header["trimmed"]) if selection else 0)
+    return head + header["count"] * torch.tensor([], dtype=dtype).element_size() + code
 
 
 def recording_hook(records):

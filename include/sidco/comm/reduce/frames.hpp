@@ -1,17 +1,19 @@
 // A payload (comm/wire.hpp) as a few bytes on the wire, for transports whose messages carry
 // many payloads of one step (the two-hop schedule: comm/reduce/grid.hpp). Every rank knows
 // the step's header fields (tag, step, density, reduction, sizes, types), so an ok payload
-// travels as a 4-byte count (and, for an owner's selection, a 4-byte trimmed count) and its
-// entries without padding: count values, then the indices as gaps in a variable-length code
+// travels as its count (and, for an owner's selection, its trimmed count) and its entries
+// without padding: count values, then the indices as gaps in a variable-length code
 // (comm/compact.hpp's: the first index, then each gap less one, 7 bits a byte), lossless,
-// 2 or 3 bytes where a 4-byte index was. Anything else (a failure and
+// 2 or 3 bytes where a 4-byte index was. The counts use the same code, so a frame's head is
+// one byte for up to 63 entries, two to 8,191: at a thousand ranks a block holds a handful
+// of entries and 4-byte words would be a fifth of the bytes. Anything else (a failure and
 // its message, a header a rank cannot rebuild) travels whole, as the used prefix of the
-// payload, behind a word with the top bit set. Each message starts with an 8-byte digest of
-// its sender's header fields, so that a rank at another step or tensor is caught by the
-// first rank that hears from it; what it sent then arrives as a failure naming it.
+// payload. Each message starts with an 8-byte digest of its sender's header fields, so that
+// a rank at another step or tensor is caught by the first rank that hears from it; what it
+// sent then arrives as a failure naming it.
 //
-//   frame:   u32 word = count                  | u32 trimmed (selections) | values | gap codes
-//            u32 word = 0x80000000 | length    | the payload's first length bytes
+//   frame:   code(2·count)      | code(trimmed) (selections) | values | gap codes
+//            code(2·length + 1) | the payload's first length bytes
 #pragma once
 
 #include <algorithm>
@@ -29,8 +31,6 @@
 #include "sidco/core/error.hpp"
 
 namespace sidco::comm {
-
-inline constexpr std::uint32_t whole_frame_bit = 0x80000000u;
 
 /// The fields a step's payloads share, as one number (FNV-1a over the header with its count,
 /// trimmed and status fields zero).
@@ -51,7 +51,22 @@ inline void append_bytes(std::vector<std::byte>& out, const void* from, std::siz
   out.insert(out.end(), bytes, bytes + size);
 }
 
-inline void append_word(std::vector<std::byte>& out, std::uint32_t word) { append_bytes(out, &word, sizeof word); }
+inline void append_code(std::vector<std::byte>& out, std::uint64_t v) {
+  std::byte code[10];
+  append_bytes(out, code, std::size_t(put_varint(v, code) - code));
+}
+
+/// Reads the code at bytes[at] into v and moves at past it; false when bytes end inside it
+/// or it is longer than a 64-bit number's (damaged).
+inline bool take_code(std::span<const std::byte> bytes, std::size_t& at, std::uint64_t& v) {
+  v = 0;
+  for (unsigned shift = 0; shift < 64 && at < bytes.size(); shift += 7) {
+    const auto byte = std::uint64_t(bytes[at++]);
+    v |= (byte & 0x7f) << shift;
+    if (!(byte & 0x80)) return true;
+  }
+  return false;
+}
 
 }  // namespace detail
 
@@ -62,17 +77,16 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
                   std::vector<std::byte>& out) {
   const wire_header h = header_of(payload);
   const bool rebuilt = h.magic == wire_magic && h.version == wire_version && h.status == std::uint8_t(wire_status::ok) &&
-                       format.coding == entry_coding::plain && h.count <= format.capacity &&
-                       h.count < whole_frame_bit && (!with_trimmed || h.trimmed < (std::uint64_t(1) << 32));
+                       format.coding == entry_coding::plain && h.count <= format.capacity;
   if (!rebuilt) {
-    const std::size_t length = std::min(used_bytes(payload, format), std::size_t(whole_frame_bit - 1));
-    detail::append_word(out, whole_frame_bit | std::uint32_t(length));
+    const std::size_t length = used_bytes(payload, format);
+    detail::append_code(out, 2 * std::uint64_t(length) + 1);
     detail::append_bytes(out, payload.data(), length);
     return;
   }
   const std::size_t count = std::size_t(h.count);
-  detail::append_word(out, std::uint32_t(count));
-  if (with_trimmed) detail::append_word(out, std::uint32_t(h.trimmed));
+  detail::append_code(out, 2 * std::uint64_t(count));
+  if (with_trimmed) detail::append_code(out, h.trimmed);
   detail::append_bytes(out, payload.data() + format.values_offset(count), count * sizeof(T));
   const std::byte* indices = payload.data() + format.indices_offset();
   const std::size_t at = out.size();
@@ -89,24 +103,22 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
 
 /// The length of the frame at the start of bytes, or 0 when bytes cannot hold it (damaged).
 inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_format& format, bool with_trimmed) {
-  std::uint32_t word;
-  if (bytes.size() < sizeof word) return 0;
-  std::memcpy(&word, bytes.data(), sizeof word);
-  std::size_t length = sizeof word;
-  if (word & whole_frame_bit) {
-    length += word & ~whole_frame_bit;
-    return length <= bytes.size() ? length : 0;
+  std::size_t length = 0;
+  std::uint64_t head = 0, trimmed = 0;
+  if (!detail::take_code(bytes, length, head)) return 0;
+  if (head & 1) {
+    const std::uint64_t whole = head >> 1;
+    return whole <= bytes.size() - length ? length + std::size_t(whole) : 0;
   }
-  if (word > format.capacity) return 0;
-  length += (with_trimmed ? 4 : 0) + std::size_t(word) * format.value_bytes;
-  for (std::size_t j = 0; j < word; ++j) {  // each gap code ends at a byte below 0x80
-    std::size_t width = 1;
-    while (length < bytes.size() && std::uint8_t(bytes[length]) >= 0x80 && width < 10) {
-      ++length;
-      ++width;
-    }
-    if (length >= bytes.size() || std::uint8_t(bytes[length]) >= 0x80) return 0;
-    ++length;
+  const std::uint64_t count = head >> 1;
+  if (count > format.capacity) return 0;
+  if (with_trimmed && !detail::take_code(bytes, length, trimmed)) return 0;
+  const std::size_t values = std::size_t(count) * format.value_bytes;
+  if (values > bytes.size() - length) return 0;
+  length += values;
+  for (std::uint64_t j = 0; j < count; ++j) {
+    std::uint64_t gap;
+    if (!detail::take_code(bytes, length, gap)) return 0;
   }
   return length;
 }
@@ -118,38 +130,29 @@ inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_for
 template <class T, class Index>
 void read_frame(std::span<const std::byte> frame, const wire_header& header, const wire_format& format,
                 bool with_trimmed, std::span<std::byte> payload) {
-  std::uint32_t word;
-  std::memcpy(&word, frame.data(), sizeof word);
-  if (word & whole_frame_bit) {
-    const std::size_t length = std::min<std::size_t>(word & ~whole_frame_bit, payload.size());
-    std::memcpy(payload.data(), frame.data() + sizeof word, length);
+  std::size_t at = 0;
+  std::uint64_t head = 0, trimmed = 0;
+  detail::take_code(frame, at, head);  // frame_length checked every code
+  if (head & 1) {
+    const std::size_t length = std::min<std::size_t>(std::size_t(head >> 1), payload.size());
+    std::memcpy(payload.data(), frame.data() + at, length);
     std::memset(payload.data() + length, 0, payload.size() - length);
     return;
   }
-  const std::size_t count = word;
+  const std::size_t count = std::size_t(head >> 1);
+  if (with_trimmed) detail::take_code(frame, at, trimmed);
   wire_header h = header;
   h.count = count;
-  h.trimmed = 0;
-  const std::byte* at = frame.data() + sizeof word;
-  if (with_trimmed) {
-    std::uint32_t trimmed;
-    std::memcpy(&trimmed, at, sizeof trimmed);
-    h.trimmed = trimmed;
-    at += sizeof trimmed;
-  }
+  h.trimmed = trimmed;
   std::memset(payload.data(), 0, payload.size());
   detail::write_header(h, payload);
-  std::memcpy(payload.data() + format.values_offset(count), at, count * sizeof(T));
+  std::memcpy(payload.data() + format.values_offset(count), frame.data() + at, count * sizeof(T));
   at += count * sizeof(T);
   std::byte* indices = payload.data() + format.indices_offset();
   std::uint64_t next = 0;
   for (std::size_t j = 0; j < count; ++j) {
     std::uint64_t gap = 0;
-    for (unsigned shift = 0;; shift += 7) {  // frame_length bounded every code
-      const auto byte = std::uint64_t(*at++);
-      if (shift < 64) gap |= (byte & 0x7f) << shift;
-      if (!(byte & 0x80)) break;
-    }
+    detail::take_code(frame, at, gap);
     const std::uint64_t wide = next + gap;
     const Index index = wide > std::uint64_t(std::numeric_limits<Index>::max()) || wide < next
                             ? std::numeric_limits<Index>::max()
