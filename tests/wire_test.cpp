@@ -2,6 +2,7 @@
 // (comm/allgather/core.hpp, comm/reduce/core.hpp), without a network: every rank reads the
 // same payloads, so a property of a step on one set of payloads holds on every rank alike;
 // ranks are simulated in one process, their payloads routed as the transports route them.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
@@ -1047,6 +1048,48 @@ TEST_CASE("two-hop routes: every rank's traffic for every rank goes through one 
   CHECK(thousand.neighbours(517).size() == 62);
 }
 
+TEST_CASE("frames: the compact coding's blocks send values narrowed, losslessly, or whole when a value does not narrow") {
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(40);
+  const comm::wire_fields fields{9, 12, 0.01, comm::reduction::average};
+  const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>(fields, 1000, format);
+  const std::vector<std::uint32_t> indices{3, 17, 400, 999};
+  const comm::frame_kind narrow{false, true};
+  std::vector<std::byte> payload(format.bytes()), back(format.bytes());
+  // bfloat16 values (as the reduce core's pack rounds them): 2 bytes each, read back exact,
+  // subnormals and the largest finite included.
+  const std::vector<float> rounded{1.5f, -2.0f, std::bit_cast<float>(0x00010000u),  // bfloat16's least subnormal
+                                   float(sidco::bfloat16(std::numeric_limits<float>::max()))};
+  comm::pack<float, std::uint32_t>(indices, rounded, 1000, 0, fields, format, payload);
+  std::vector<std::byte> frame;
+  comm::append_frame<float, std::uint32_t>(payload, format, narrow, frame);
+  CHECK(frame.size() == 1 + indices.size() * 2 + 6);
+  CHECK(comm::frame_length(frame, format, narrow) == frame.size());
+  CHECK(comm::frame_length(frame, format, comm::frame_kind{}) == 0);  // read at full width: runs past the end
+  comm::read_frame<float, std::uint32_t>(frame, header, format, narrow, back);
+  CHECK(back == payload);
+  // A value bfloat16 cannot hold: the payload travels whole, and reads back as it was.
+  const std::vector<float> unrounded{1.5f, -2.0f, 3.1415927f, 1e-30f};
+  comm::pack<float, std::uint32_t>(indices, unrounded, 1000, 0, fields, format, payload);
+  frame.clear();
+  comm::append_frame<float, std::uint32_t>(payload, format, narrow, frame);
+  CHECK(frame.size() == 2 + comm::used_bytes(payload, format));
+  CHECK(comm::frame_length(frame, format, narrow) == frame.size());
+  std::fill(back.begin(), back.end(), std::byte{1});
+  comm::read_frame<float, std::uint32_t>(frame, header, format, narrow, back);
+  CHECK(back == payload);
+  // Doubles narrow to floats.
+  const comm::wire_format wide = comm::format_for<double, std::uint32_t>(40);
+  std::vector<std::byte> doubles(wide.bytes()), doubles_back(wide.bytes());
+  comm::pack<double, std::uint32_t>(indices, std::vector<double>{0.5, -0.25, double(1e-30f), 3.0}, 1000, 0, fields, wide,
+                                    doubles);
+  frame.clear();
+  comm::append_frame<double, std::uint32_t>(doubles, wide, narrow, frame);
+  CHECK(frame.size() == 1 + indices.size() * 4 + 6);
+  comm::read_frame<double, std::uint32_t>(frame, comm::detail::header_for<double, std::uint32_t>(fields, 1000, wide),
+                                          wide, narrow, doubles_back);
+  CHECK(doubles_back == doubles);
+}
+
 TEST_CASE("frames: a payload as a count and its entries reads back as the payload; a failure travels whole") {
   const comm::wire_format format = comm::format_for<float, std::uint32_t>(40);
   const comm::wire_fields fields{9, 12, 0.01, comm::reduction::average};
@@ -1056,22 +1099,23 @@ TEST_CASE("frames: a payload as a count and its entries reads back as the payloa
   const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>(fields, 1000, format);
   for (const bool with_trimmed : {false, true}) {
     comm::pack<float, std::uint32_t>(indices, values, 1000, with_trimmed ? 77 : 0, fields, format, payload);
+    const comm::frame_kind kind{with_trimmed, false};
     std::vector<std::byte> frame;
-    comm::append_frame<float, std::uint32_t>(payload, format, with_trimmed, frame);
+    comm::append_frame<float, std::uint32_t>(payload, format, kind, frame);
     // A byte for twice the count and one for 77; values as they are; gaps 3, 13, 382, 598
     // less one: 1, 1, 2, 2 bytes.
     CHECK(frame.size() == 1 + (with_trimmed ? 1 : 0) + indices.size() * 4 + 6);
-    CHECK(comm::frame_length(frame, format, with_trimmed) == frame.size());
-    comm::read_frame<float, std::uint32_t>(frame, header, format, with_trimmed, back);
+    CHECK(comm::frame_length(frame, format, kind) == frame.size());
+    comm::read_frame<float, std::uint32_t>(frame, header, format, kind, back);
     CHECK(back == payload);
     // Cut short, or a count over the capacity: not a frame.
-    CHECK(comm::frame_length(std::span<const std::byte>(frame).first(frame.size() - 1), format, with_trimmed) == 0);
+    CHECK(comm::frame_length(std::span<const std::byte>(frame).first(frame.size() - 1), format, kind) == 0);
     std::vector<std::byte> over = frame;
     over[0] = std::byte(2 * 41);
-    CHECK(comm::frame_length(over, format, with_trimmed) == 0);
+    CHECK(comm::frame_length(over, format, kind) == 0);
     // A code that never ends: not a frame.
     std::vector<std::byte> endless(12, std::byte{0xff});
-    CHECK(comm::frame_length(endless, format, with_trimmed) == 0);
+    CHECK(comm::frame_length(endless, format, kind) == 0);
   }
   // Counts and trimmed counts past one byte's code read back too.
   {
@@ -1082,26 +1126,27 @@ TEST_CASE("frames: a payload as a count and its entries reads back as the payloa
     std::vector<std::byte> big(wide.bytes()), big_back(wide.bytes());
     comm::pack<float, std::uint32_t>(many, ones, 1000, 70000, fields, wide, big);
     std::vector<std::byte> frame;
-    comm::append_frame<float, std::uint32_t>(big, wide, true, frame);
+    comm::append_frame<float, std::uint32_t>(big, wide, {true, false}, frame);
     CHECK(frame.size() == 2 + 3 + 200 * 4 + 200);  // 400 in 2 bytes, 70,000 in 3, gaps of 4 in 1
-    CHECK(comm::frame_length(frame, wide, true) == frame.size());
+    CHECK(comm::frame_length(frame, wide, {true, false}) == frame.size());
     comm::read_frame<float, std::uint32_t>(frame, comm::detail::header_for<float, std::uint32_t>(fields, 1000, wide), wide,
-                                           true, big_back);
+                                           {true, false}, big_back);
     CHECK(big_back == big);
   }
   // An empty payload: a byte.
   comm::pack<float, std::uint32_t>({}, {}, 1000, 0, fields, format, payload);
   std::vector<std::byte> empty;
-  comm::append_frame<float, std::uint32_t>(payload, format, false, empty);
+  comm::append_frame<float, std::uint32_t>(payload, format, {}, empty);
   CHECK(empty.size() == 1);
   // A failure: its header and message, byte for byte.
   comm::pack_failure<float, std::uint32_t>(sidco::error("sidco: the reason"), 1000, fields, format, payload);
   std::vector<std::byte> failure;
-  comm::append_frame<float, std::uint32_t>(payload, format, true, failure);
+  comm::append_frame<float, std::uint32_t>(payload, format, {true, false}, failure);
   CHECK(failure.size() == 2 + 64 + std::string("sidco: the reason").size());  // 2·81 + 1 in 2 bytes
-  CHECK(comm::frame_length(failure, format, true) == failure.size());
+  CHECK(comm::frame_length(failure, format, {true, false}) == failure.size());
+  CHECK(comm::frame_length(failure, format, {false, true}) == failure.size());
   std::fill(back.begin(), back.end(), std::byte{1});
-  comm::read_frame<float, std::uint32_t>(failure, header, format, true, back);
+  comm::read_frame<float, std::uint32_t>(failure, header, format, {true, false}, back);
   CHECK(back == payload);
   // The digest names the step's fields: any one of them changed changes it.
   const auto digest = [&](comm::wire_fields f, std::size_t size) {

@@ -46,7 +46,7 @@ class _Bucket:
             # The exchange lays the parameters out sorted by key: the same in every run.
             order = sorted(range(len(keys)), key=lambda i: keys[i])
             self.codec = _reduce_codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
-                                       world, rank, state.owner, self.capacity_density, device, order)
+                                       world, rank, state.owner, self.capacity_density, device, order, state.wire)
             payload = self.codec.block_bytes()
             self.received = torch.empty(world * payload, dtype=torch.uint8, device=device)
         else:
@@ -189,7 +189,7 @@ def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent)
             "threshold": report["threshold"], "stages": int(report["stages"]), "fallback": bool(report["fallback"]),
             "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"]),
             "element_size": buffer.element_size(),
-            "wire": state.wire if exchange == "allgather" else "plain",
+            "wire": state.wire,
             # what this rank's payload costs each entry it carries (headers and slack included)
             "bytes_per_entry": bytes_sent / max(1, int(report["selected"]))}
 

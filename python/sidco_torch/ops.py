@@ -56,17 +56,18 @@ def _codec(method, options, layer_sizes, dtype, density, slack, capacity_density
 
 
 def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, rank, owner, capacity_density=None,
-                  device="cpu", order=None):
+                  device="cpu", order=None, wire="plain"):
     """A bucket's side of the reduce-scatter exchange on its device (capacity as _codec's);
     order: the exchange's order of the layers (order[c] is the layer at position c; None: the
-    bucket's)."""
+    bucket's); wire: "plain" or "compact" (values rounded to half their width and sent
+    narrowed in round 1, CPU buckets)."""
     if dtype not in _DTYPES:
         raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
     return torch.classes.sidco.ReduceCodec(method, _options_dict(options), [int(n) for n in layer_sizes],
                                            [int(i) for i in order or []], _DTYPES[dtype], float(density), float(slack),
                                            int(ranks), int(rank), owner,
                                            float(density if capacity_density is None else capacity_density),
-                                           str(torch.device(device)))
+                                           str(torch.device(device)), str(wire))
 
 
 class Compressor:

@@ -136,9 +136,6 @@ class State(_Checkpoints, _Agreement):
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
         if wire not in _WIRES:
             raise ValueError(f"sidco_torch.State: wire = {wire!r} is not one of {', '.join(map(repr, _WIRES))}")
-        if wire == "compact" and exchange == "reduce":
-            raise ValueError("sidco_torch.State: wire = 'compact' codes the all-gather's entries only so far; "
-                             "exchange = 'reduce' sends plain ones (use exchange='allgather' or 'auto')")
         if nonfinite not in _NONFINITE:
             raise ValueError(f"sidco_torch.State: nonfinite = {nonfinite!r} is not 'raise' or 'skip'")
         owner = _owner_name(owner)

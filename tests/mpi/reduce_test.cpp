@@ -76,28 +76,32 @@ bool same_on_every_rank(const std::string& message) {
   return true;
 }
 
-// How the blocks travel: flat at the fixed size, flat at the agreed head, or in two hops.
-enum class transfer { fixed, exact, two_hop };
+// How the blocks travel: flat at the fixed size, flat at the agreed head, in two hops, or in
+// two hops in the compact coding (values rounded to bfloat16, sent narrowed).
+enum class transfer { fixed, exact, two_hop, two_hop_compact };
 
 comm::exchange_options options_for(transfer how) {
   comm::exchange_options options;
   options.exact_sizes = how == transfer::exact;
-  options.schedule = how == transfer::two_hop ? comm::reduce_schedule::two_hop : comm::reduce_schedule::flat;
+  const bool hops = how == transfer::two_hop || how == transfer::two_hop_compact;
+  options.schedule = hops ? comm::reduce_schedule::two_hop : comm::reduce_schedule::flat;
+  if (how == transfer::two_hop_compact) options.coding = comm::entry_coding::compact;
   return options;
 }
 
 // What the two-hop schedule puts in messages: an 8-byte digest a message, a frame a payload
-// (the count's code, a selection's trimmed count's code, 4 bytes a value, the indices' gap
-// code); what passes through an intermediate travels twice.
+// (the count's code, a selection's trimmed count's code, 4 bytes a value (a block's 2 in the
+// compact coding), the indices' gap code); what passes through an intermediate travels twice.
 // blocks[s][d]: the indices rank s sent rank d; owned[d]: those of d's selection.
-std::size_t frame_bytes(const std::vector<std::uint32_t>& indices, std::size_t trimmed, bool selection) {
+std::size_t frame_bytes(const std::vector<std::uint32_t>& indices, std::size_t trimmed, bool selection,
+                        std::size_t value_bytes = 4) {
   return comm::detail::varint_bytes(2 * indices.size()) + (selection ? comm::detail::varint_bytes(trimmed) : 0) +
-         4 * indices.size() +
+         value_bytes * indices.size() +
          comm::detail::gap_code_bytes<std::uint32_t>(std::span<const std::uint32_t>(indices));
 }
 
 std::size_t two_hop_bytes(std::size_t me, const std::vector<std::vector<std::vector<std::uint32_t>>>& blocks,
-                          const std::vector<std::vector<std::uint32_t>>& owned) {
+                          const std::vector<std::vector<std::uint32_t>>& owned, std::size_t block_value_bytes) {
   const std::size_t ranks = owned.size();
   // An owner's selection carries what it left out of the union of the blocks it received.
   std::vector<std::size_t> left_out(ranks);
@@ -112,10 +116,11 @@ std::size_t two_hop_bytes(std::size_t me, const std::vector<std::vector<std::vec
   for (const std::size_t peer : routes.neighbours(me)) {
     const auto through = routes.destinations(me, peer);  // phase 1, both rounds
     if (!through.empty()) bytes += 2 * 8 + selection_bytes(me);
-    for (const std::size_t d : through) bytes += frame_bytes(blocks[me][d], 0, false);
+    for (const std::size_t d : through) bytes += frame_bytes(blocks[me][d], 0, false, block_value_bytes);
     const auto from = routes.senders(me, peer);  // phase 2, both rounds
     if (!from.empty()) bytes += 2 * 8;
-    for (const std::size_t s : from) bytes += frame_bytes(blocks[s][peer], 0, false) + selection_bytes(s);
+    for (const std::size_t s : from)
+      bytes += frame_bytes(blocks[s][peer], 0, false, block_value_bytes) + selection_bytes(s);
   }
   return bytes;
 }
@@ -193,8 +198,11 @@ std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, in
     }
     std::vector<std::vector<std::uint32_t>> owners_indices(p);
     for (const auto i : global) owners_indices[comm::owner_of(i, p)].push_back(i);
-    if (how == transfer::two_hop) {
-      CHECK(report.bytes_sent == two_hop_bytes(std::size_t(rank), blocks, owners_indices));
+    if (how == transfer::two_hop || how == transfer::two_hop_compact) {
+      const bool compact = how == transfer::two_hop_compact;
+      CHECK(report.bytes_sent == two_hop_bytes(std::size_t(rank), blocks, owners_indices, compact ? 2 : 4));
+      if (compact)  // what this rank sent was rounded to bfloat16 (the rest is in its residual)
+        for (const float v : sent.values()) REQUIRE(float(bfloat16(v)) == v);
       continue;
     }
     std::vector<std::size_t> owned(p, 0);
@@ -217,6 +225,8 @@ TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing l
   // step by step.
   CHECK(run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::exact) == densities);
   CHECK(run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::two_hop) == densities);
+  // Rounded to bfloat16 and sent narrowed: other values, so other selections; every promise kept.
+  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::two_hop_compact);
   // The global selection aims at k = 400 (a few steps to adapt).
   std::vector<double> sorted(densities.begin() + 2, densities.end());
   std::sort(sorted.begin(), sorted.end());
@@ -229,6 +239,7 @@ TEST_CASE("exact Top-k owners; ranks selecting 3x the agreed density: blocks ove
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true);
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::exact);
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::two_hop);
+  run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::two_hop_compact);
 }
 
 TEST_CASE("one rank alone, and tensors smaller than the rank count") {
@@ -244,11 +255,12 @@ TEST_CASE("one rank alone, and tensors smaller than the rank count") {
 using fixed_size = std::integral_constant<transfer, transfer::fixed>;
 using exact_size = std::integral_constant<transfer, transfer::exact>;
 using two_hops = std::integral_constant<transfer, transfer::two_hop>;
+using compact_two_hops = std::integral_constant<transfer, transfer::two_hop_compact>;
 
 // At exact sizes the failure's selections outgrow the blocks' head (the relayed message is
 // longer than the failed rank's reason): the second all-gather carries them whole.
 TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; every rank's sent entries go back", How,
-                   fixed_size, exact_size, two_hops) {
+                   fixed_size, exact_size, two_hops, compact_two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
@@ -316,7 +328,7 @@ TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the st
 // At exact sizes and a density whose blocks are shorter than the error message, the failed
 // selection outgrows the blocks' head: the message arrives whole by the second all-gather.
 TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank raises it; the next steps work on every "
-                   "rank", How, fixed_size, exact_size, two_hops) {
+                   "rank", How, fixed_size, exact_size, two_hops, compact_two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
   const double delta = How::value == transfer::exact ? 0.0005 : 0.01;
@@ -362,7 +374,7 @@ TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank r
 }
 
 TEST_CASE_TEMPLATE("an exchange destroyed between start() and wait() on one rank: every other rank's wait() raises, "
-                   "none hangs", How, fixed_size, exact_size, two_hops) {
+                   "none hangs", How, fixed_size, exact_size, two_hops, compact_two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
   presets::sidco_e<> compressor;
@@ -490,6 +502,50 @@ TEST_CASE("blocking collectives (overlap = false) and two hops (the default) app
     REQUIRE(bits_equal(r1, r3));
     std::copy(r1.begin(), r1.end(), residual.values().begin());
   }
+}
+
+TEST_CASE("the compact coding: flat (values at full width) and two hops (narrowed) apply the same bits; a rank "
+          "in another coding is refused by every rank's constructor") {
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD);
+  comm::exchange_options flat = options_for(transfer::fixed);
+  flat.coding = comm::entry_coding::compact;
+  comm::sparse_reduce_exchange<float> wide(MPI_COMM_WORLD, n, 0.01, flat),
+      hops(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop_compact)),
+      plain(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop));
+  presets::sidco_e<> compressor;
+  feedback::residual<float> residual(n);
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    const auto g = gradient_for(rank, step, n);
+    sparse_vector<float> sent;
+    compressor.compress(g, 0.01, sent, residual);
+    auto again = sent, third = sent;
+    std::vector<float> one(n), two(n), three(n), r1(residual.values().begin(), residual.values().end()), r2 = r1,
+        r3 = r1;
+    wide.start(sent, r1, step);
+    wide.wait(one);
+    hops.start(again, r2, step);
+    const std::size_t narrowed = hops.wait(two).bytes_sent;
+    plain.start(third, r3, step);
+    const std::size_t full = plain.wait(three).bytes_sent;
+    REQUIRE(bits_equal(one, two));
+    REQUIRE(bits_equal(r1, r2));
+    if (size_of(MPI_COMM_WORLD) > 1) CHECK(narrowed < full);
+    std::copy(r1.begin(), r1.end(), residual.values().begin());
+  }
+  std::string message;
+  try {
+    comm::exchange_options mixed = options_for(transfer::two_hop);
+    if (rank == 0) mixed.coding = comm::entry_coding::compact;
+    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, mixed);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  CHECK(same_on_every_rank(message));
+  if (size_of(MPI_COMM_WORLD) > 1)
+    CHECK_MESSAGE(message.find("compact") != std::string::npos, message);
+  else
+    CHECK(message.empty());
 }
 
 TEST_CASE("ranks whose densities differ are refused by every rank's constructor") {

@@ -150,16 +150,19 @@ def code_bytes(value):
     return 1 + max(0, value.bit_length() - 1) // 7
 
 
-def frame_bytes(payload, dtype, selection):
+def frame_bytes(payload, dtype, selection, narrow=False):
     """What an ok payload takes as a frame (comm/reduce/frames.hpp): the code of twice its
-    count (and of a selection's trimmed count), the values, the indices as codes of the first
-    index and then each gap less one."""
+    count (and of a selection's trimmed count), the values (narrowed: half their width, 16-bit
+    ones as they are), the indices as codes of the first index and then each gap less one."""
     header, indices, _ = read_payload(payload, dtype)
     assert header["status"] == 0, header
     gaps = (indices - torch.cat([torch.tensor([-1]), indices[:-1]]) - 1).tolist()
     code = sum(code_bytes(g) for g in gaps)
     head = code_bytes(2 * header["count"]) + (code_bytes(header["trimmed"]) if selection else 0)
-    return head + header["count"] * torch.tensor([], dtype=dtype).element_size() + code
+    width = torch.tensor([], dtype=dtype).element_size()
+    if narrow and width > 2:
+        width //= 2
+    return head + header["count"] * width + code
 
 
 def recording_hook(records):
@@ -753,12 +756,14 @@ def scenario_dense_fold(rank, world):
     return f"{len(small)} small parameters folded"
 
 
-def scenario_reduce_exact(rank, world, owner):
+def scenario_reduce_exact(rank, world, owner, wire="plain"):
     """exchange="reduce": every rank holds the same bucket, bit for bit, equal to the
     rank-order sum of what the ranks sent at each index the owners kept, divided by P; per
     rank, residual + applied contribution = gradient + old residual, bitwise; the global
-    density tracks the target."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce", owner=owner)
+    density tracks the target. wire="compact": what a rank sent is bfloat16 (the rest stayed
+    in its residual) and travels narrowed."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce", owner=owner, wire=wire)
+    narrow = wire == "compact"
     records = []
     model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
     densities = []
@@ -793,17 +798,22 @@ def scenario_reduce_exact(rank, world, owner):
             everyone_received = [torch.empty_like(r["received"]) for _ in range(world)]
             dist.all_gather(everyone_received, r["received"])
             size = r["inbox"][0].numel()
-            blocks = sum(8 + frame_bytes(everyone_received[q].view(world, size)[rank], total.dtype, False)
+            blocks = sum(8 + frame_bytes(everyone_received[q].view(world, size)[rank], total.dtype, False, narrow)
                          for q in range(world) if q != rank)
             head = max(frame_bytes(p, total.dtype, True) for p in r["inbox"])
             assert r["stats"]["bytes_sent"] == blocks + head + 8 * (world - 1), (blocks, head, r["stats"])
             assert longest < size
             # Per rank: outside the global selection the residual holds gradient + old residual.
             assert torch.equal(r["new"][~kept], total[~kept]), "an unkept entry left the residual"
+            # What rank q sent at a kept index left its residual there: the residual holds
+            # what rounding took off (0 in the plain coding), q sent the rest, exactly.
             expected = torch.zeros_like(total)
             for q in range(world):
-                sent = kept & (gathered["new"][q] == 0) & (gathered["total"][q] != 0)
-                expected = torch.where(sent, expected + gathered["total"][q], expected)
+                sent = kept & (gathered["new"][q] != gathered["total"][q])
+                contribution = gathered["total"][q] - gathered["new"][q]
+                if narrow:
+                    assert torch.equal(contribution[sent].bfloat16().float(), contribution[sent]), "not bfloat16"
+                expected = torch.where(sent, expected + contribution, expected)
             expected = torch.where(kept, expected / world, torch.zeros_like(expected))
             assert torch.equal(r["out"], expected), f"step {step}: not the owners' rank-order sums / P"
             densities.append(r["stats"]["global_density"] / state.density)
@@ -1114,9 +1124,7 @@ def check_local():
                                (dict(density=lambda: 0.1), TypeError,
                                 "the density schedule, called as density(0) (a schedule takes the iteration, an int, "
                                 "and returns a density), raised TypeError"),
-                               (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact'"),
-                               (dict(wire="compact", exchange="reduce"), ValueError,
-                                "wire = 'compact' codes the all-gather's entries only so far")]:
+                               (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact'")]:
         try:
             sidco_torch.State(**bad)
         except kind as e:
@@ -1162,7 +1170,7 @@ def check_exchange_devices():
     for device, message in bad:
         try:
             torch.classes.sidco.ReduceCodec("sidco-e", {}, [1000], [], "float32", 0.01, 1.25, 3, 0, "sidco-e-exact", 0.01,
-                                            device)
+                                            device, "plain")
         except (RuntimeError, ValueError) as e:
             assert message in str(e), f"device {device}: {e}"
         else:
@@ -1170,6 +1178,12 @@ def check_exchange_devices():
     codec = _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e-exact",
                           device=torch.device("cpu"))
     assert codec.block_bytes() > 0
+    try:
+        _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e-exact", wire="narrow")
+    except (RuntimeError, ValueError) as e:
+        assert "wire = 'narrow' is neither 'plain' nor 'compact'" in str(e), e
+    else:
+        raise AssertionError("a reduce codec with wire 'narrow' was made")
     # Owners by the registry's names; the first name still works, with a DeprecationWarning.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1393,6 +1407,8 @@ def main():
     print("residuals on the dense path:", run(scenario_dense_fold, 2)[0])
     for owner, world in (("sidco-e-exact", 3), ("top-k", 5), ("sidco-e-exact", 2)):
         print(f"reduce exchange, {owner} owners, {world} ranks:", run(scenario_reduce_exact, world, owner, timeout=240)[0])
+    print("reduce exchange, compact wire, 3 ranks:",
+          run(scenario_reduce_exact, 3, "sidco-e-exact", "compact", timeout=240)[0])
     print("failure (NaN on rank 1 of 3, reduce exchange):", run(scenario_failure_nan, 3, "reduce")[0])
     print("resume (reduce exchange, 3 ranks):", run(scenario_reduce_resume, 3, timeout=240)[0])
     for world in (2, 3):

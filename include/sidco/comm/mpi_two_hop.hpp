@@ -98,7 +98,7 @@ class two_hop {
 
   /// Completes phase 1, runs phase 2 and returns, for each rank s, the frame s had for this
   /// rank (a failure frame where its message could not be read).
-  std::vector<std::span<const std::byte>> finish(const wire_format& format, bool with_trimmed,
+  std::vector<std::span<const std::byte>> finish(const wire_format& format, frame_kind kind,
                                                  const failure_writer& failure) {
     statuses_.resize(requests_.size());
     check(MPI_Waitall(int(requests_.size()), requests_.data(), statuses_.data()), "two_hop", "MPI_Waitall (phase 1)");
@@ -107,7 +107,7 @@ class two_hop {
     repair1_.assign(in1_.size(), {});
     for (std::size_t m = 0; m < in1_.size(); ++m)
       read_message(receive1_[m], statuses_[sends + m], personal_ ? in1_[m].ranks.size() : 1, in1_[m].peer, format,
-                   with_trimmed, failure, frames1_[m], repair1_[m]);
+                   kind, failure, frames1_[m], repair1_[m]);
     // Phase 2: what came through for each rank, in sender order.
     requests_.clear();
     send2_.resize(out2_.size());
@@ -126,7 +126,7 @@ class two_hop {
     repair2_.assign(in2_.size(), {});
     for (std::size_t m = 0; m < in2_.size(); ++m)
       read_message(receive2_[m], statuses_[out2_.size() + m], in2_[m].ranks.size(), in2_[m].peer, format,
-                   with_trimmed, failure, frames2_[m], repair2_[m]);
+                   kind, failure, frames2_[m], repair2_[m]);
     std::vector<std::span<const std::byte>> out(routes_.ranks());
     for (std::size_t s = 0; s < out.size(); ++s) {
       const std::size_t i = routes_.via(s, me_);
@@ -192,7 +192,7 @@ class two_hop {
   // Splits a received message into count frames; a message from a rank at other fields, or
   // cut short, becomes count failure frames (one, shared) naming that rank.
   void read_message(const std::vector<std::byte>& buffer, MPI_Status& status, std::size_t count, std::size_t peer,
-                    const wire_format& format, bool with_trimmed, const failure_writer& failure,
+                    const wire_format& format, frame_kind kind, const failure_writer& failure,
                     std::vector<std::span<const std::byte>>& frames, std::vector<std::byte>& repair) {
     int received = 0;
     check(MPI_Get_count(&status, MPI_BYTE, &received), "two_hop", "MPI_Get_count");
@@ -201,7 +201,7 @@ class two_hop {
     const char* problem = take_digest(rest, digest_, check_digests_);
     frames.clear();
     for (std::size_t f = 0; f < count && problem == nullptr; ++f) {
-      const std::size_t length = frame_length(rest, format, with_trimmed);
+      const std::size_t length = frame_length(rest, format, kind);
       if (length == 0) {
         problem = "a message cut short (damaged in transit?)";
         break;

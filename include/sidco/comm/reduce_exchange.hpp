@@ -85,6 +85,7 @@ class sparse_reduce_exchange {
       selections_.resize(blocks_.size());
       mine = setup_of<T, Index>(layout, core_.plan().format, core_.fields(0), options.slack);
       mine.exact_sizes = options.exact_sizes;
+      mine.coding = std::uint8_t(options.coding);
       mine.schedule = std::uint32_t(options.schedule);
       if (options.schedule != reduce_schedule::flat && options.schedule != reduce_schedule::two_hop)
         sidco::detail::fail("sparse_reduce_exchange: options.schedule = ", int(options.schedule),
@@ -95,9 +96,7 @@ class sparse_reduce_exchange {
     mpi::agree_setup(comm_, ranks_, mine, "sparse_reduce_exchange");
     if (two_hop_) {  // agreed by every rank, so every rank duplicates
       check_mpi(MPI_Comm_dup(comm_, &own_comm_), "MPI_Comm_dup");
-      const std::size_t bytes = core_.block_bytes();
-      // The most one frame takes: its words and a whole payload.
-      schedule_ = mpi::two_hop(own_comm_, 2 * sizeof(std::uint32_t) + bytes);
+      schedule_ = mpi::two_hop(own_comm_, max_frame_bytes(core_.plan().format));
       frames_.resize(std::size_t(ranks_));
     }
   }
@@ -284,7 +283,8 @@ class sparse_reduce_exchange {
     frame_bytes_.clear();
     std::vector<std::size_t> ends(static_cast<std::size_t>(ranks_));
     for (std::size_t d = 0; d < ends.size(); ++d) {
-      append_frame<T, Index>(std::span<const std::byte>(blocks_).subspan(d * bytes, bytes), core_.plan().format, false, frame_bytes_);
+      append_frame<T, Index>(std::span<const std::byte>(blocks_).subspan(d * bytes, bytes), core_.plan().format,
+                             kind_of(false), frame_bytes_);
       ends[d] = frame_bytes_.size();
     }
     for (std::size_t d = 0, begin = 0; d < ends.size(); begin = ends[d++])
@@ -303,14 +303,19 @@ class sparse_reduce_exchange {
           sidco::detail::message("the message from rank ", sender, " to rank ", rank_, " held ", why));
       append_failure_frame<T, Index>(reason, plan.size, step_fields_, plan.format, failure_scratch_, out);
     };
-    const auto frames = schedule_.finish(plan.format, selections, failure);
+    const auto frames = schedule_.finish(plan.format, kind_of(selections), failure);
     const wire_header header = detail::header_for<T, Index>(step_fields_, plan.size, plan.format);
     for (std::size_t s = 0; s < frames.size(); ++s)
-      read_frame<T, Index>(frames[s], header, plan.format, selections, slots.subspan(s * bytes, bytes));
+      read_frame<T, Index>(frames[s], header, plan.format, kind_of(selections), slots.subspan(s * bytes, bytes));
     if (!selections) {
       blocks_sent_ = schedule_.bytes_sent();
       blocks_received_ = schedule_.bytes_received();
     }
+  }
+
+  // Blocks carry values narrowed in the compact coding; selections carry sums, at full width.
+  frame_kind kind_of(bool selections) const {
+    return selections ? frame_kind{true, false} : frame_kind{false, core_.coding() == entry_coding::compact};
   }
 
   std::uint64_t digest() const {
@@ -325,7 +330,7 @@ class sparse_reduce_exchange {
     const std::size_t bytes = core_.block_bytes();
     if (two_hop_) {
       frame_bytes_.clear();
-      append_frame<T, Index>(std::span<const std::byte>(selection_), core_.plan().format, true, frame_bytes_);
+      append_frame<T, Index>(std::span<const std::byte>(selection_), core_.plan().format, kind_of(true), frame_bytes_);
       frames_[0] = std::span<const std::byte>(frame_bytes_);
       // Round 1 compared every rank's digest: a rank out of step is a failure in some
       // owner's selection, which every rank reads alike (its own digest would differ from

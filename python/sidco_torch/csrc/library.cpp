@@ -303,7 +303,7 @@ void register_cuda_reduce_codec(cuda_reduce_codec_factory factory) { cuda_reduce
 ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> options,
                          std::vector<std::int64_t> layer_sizes, std::vector<std::int64_t> order, std::string dtype,
                          double density, double slack, std::int64_t ranks, std::int64_t rank, std::string owner,
-                         double capacity_density, std::string device) {
+                         double capacity_density, std::string device, std::string wire) {
   translated([&] {
     if (ranks < 1) sidco::throw_error("ranks = ", ranks, " is not positive");
     if (rank < 0 || rank >= ranks) sidco::throw_error("rank = ", rank, " is outside [0, ", ranks, ")");
@@ -311,6 +311,8 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
       sidco::throw_error("owner = '", owner, "' is not ", owner_names);
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     settings_.capacity_density = capacity_density;
+    if (wire != "plain" && wire != "compact") sidco::throw_error("wire = '", wire, "' is neither 'plain' nor 'compact'");
+    settings_.coding = wire == "compact" ? sidco::comm::entry_coding::compact : sidco::comm::entry_coding::plain;
     plan_ = with_value_type(settings_.dtype, "bucket", [&](auto tag) {
       return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, capacity_density,
                                                                                   slack, std::size_t(ranks));
@@ -318,6 +320,9 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
     const at::Device on = parse_device(device);
     if (on.is_cuda()) {
+      if (settings_.coding != sidco::comm::entry_coding::plain)
+        sidco::throw_error("bucket on ", on, ": wire = 'compact' codes CPU buckets only so far (CUDA buckets send ",
+                           "plain heads); use wire='plain'");
       if (cuda_reduce_codecs == nullptr)
         sidco::throw_error("bucket: device ", on, ": this sidco_torch was built without CUDA (the torch it was ",
                            "built against had none)");
@@ -455,7 +460,7 @@ TORCH_LIBRARY(sidco, m) {
   m.class_<ReduceCodec>("ReduceCodec")
       .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>,
                        std::vector<std::int64_t>, std::string, double, double, std::int64_t, std::int64_t, std::string,
-                       double, std::string>())
+                       double, std::string, std::string>())
       .def("block_bytes", &ReduceCodec::block_bytes)
       .def("capacity", &ReduceCodec::capacity)
       .def("target", &ReduceCodec::target)

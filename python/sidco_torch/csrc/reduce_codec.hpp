@@ -82,7 +82,8 @@ class reduce_codec_base : public reduce_codec_impl {
                     std::size_t rank, const std::string& owner)
       : settings_(settings), order_(settings.layout, order) {
     const auto& layout = order_.canonical_layout();
-    const sidco::comm::exchange_options options{settings.slack, sidco::comm::reduction::average, 0};
+    sidco::comm::exchange_options options{settings.slack, sidco::comm::reduction::average, 0};
+    options.coding = settings.coding;  // compact: values rounded at pack, narrowed in frames
     if (owner == sidco::comm::owner_top_k::name)
       core_.template emplace<top_k_core>(layout, settings.capacity_density, ranks, rank, options);
     else
@@ -121,7 +122,7 @@ class reduce_codec_base : public reduce_codec_impl {
     std::vector<std::int64_t> sizes;
     for (std::size_t r = 0; r < count; ++r) {
       const std::size_t before = out.size();
-      sidco::comm::append_message<H, Index>(all.subspan(r * bytes, bytes), plan().format, selection,
+      sidco::comm::append_message<H, Index>(all.subspan(r * bytes, bytes), plan().format, kind_of(selection),
                                             selection ? nullptr : &digest, out);
       sizes.push_back(std::int64_t(out.size() - before));
     }
@@ -148,7 +149,7 @@ class reduce_codec_base : public reduce_codec_impl {
                            payload, " contiguous bytes");
       if (sizes[r] < 0 || at + std::size_t(sizes[r]) > all.size())
         sidco::throw_error("unframe: message ", r, " of ", sizes[r], " bytes runs past the ", all.size(), " received");
-      sidco::comm::read_message<H, Index>(all.subspan(at, std::size_t(sizes[r])), header, plan().format, selection,
+      sidco::comm::read_message<H, Index>(all.subspan(at, std::size_t(sizes[r])), header, plan().format, kind_of(selection),
                                           selection ? nullptr : &digest, r, bytes_of(slots[r]));
       at += std::size_t(sizes[r]);
     }
@@ -164,6 +165,12 @@ class reduce_codec_base : public reduce_codec_impl {
   }
   const sidco::comm::reduce_plan& plan() const {
     return std::visit([](const auto& core) -> const auto& { return core.plan(); }, core_);
+  }
+  /// What a frame carries: blocks their values narrowed in the compact coding, selections
+  /// their trimmed counts (comm/reduce/frames.hpp).
+  sidco::comm::frame_kind kind_of(bool selection) const {
+    const auto coding = std::visit([](const auto& core) { return core.coding(); }, core_);
+    return {selection, !selection && coding == sidco::comm::entry_coding::compact};
   }
   std::size_t size() const { return plan().size; }
   std::size_t block_bytes() const { return plan().format.bytes(); }
@@ -218,10 +225,12 @@ class ReduceCodec : public torch::CustomClassHolder {
   /// layer_sizes: the bucket's layers as the bucket holds them; order: the exchange's order
   /// of them (order[c] is the layer at position c; empty: the bucket's order); ranks and
   /// rank: the process group's; owner: "sidco-e-exact" or "top-k"; capacity_density: as
-  /// Codec's; device: the bucket's ("cpu", "cuda:0", ...).
+  /// Codec's; device: the bucket's ("cpu", "cuda:0", ...); wire: "plain" or "compact"
+  /// (values rounded to half their width, the rest kept in the residual, and sent narrowed
+  /// in round 1's frames: CPU buckets).
   ReduceCodec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
               std::vector<std::int64_t> order, std::string dtype, double density, double slack, std::int64_t ranks,
-              std::int64_t rank, std::string owner, double capacity_density, std::string device);
+              std::int64_t rank, std::string owner, double capacity_density, std::string device, std::string wire);
 
   std::int64_t block_bytes() const { return std::int64_t(plan_.format.bytes()); }
   std::int64_t capacity() const { return std::int64_t(plan_.capacity); }

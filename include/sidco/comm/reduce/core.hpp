@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "sidco/comm/compact.hpp"
 #include "sidco/comm/options.hpp"
 #include "sidco/comm/owner.hpp"
 #include "sidco/comm/reduce/plan.hpp"
@@ -67,9 +68,9 @@ class reduce_core {
         options_(options),
         policy_(std::move(policy)) {
     check_trim_limit(options.trim_limit);
-    if (options.coding != entry_coding::plain)
-      sidco::detail::fail("reduce-scatter exchange: options.coding = compact: the compact entry coding is the "
-                          "all-gather exchange's only, so far (sparse_exchange, the hook's exchange=\"allgather\")");
+    if (options.coding != entry_coding::plain && options.coding != entry_coding::compact)
+      sidco::detail::fail("reduce-scatter exchange: options.coding = ", int(options.coding),
+                          ", neither plain (0) nor compact (1)");
     if (plan_.size > sparse_vector<T, Index>::max_dense_size)
       sidco::detail::fail("reduce-scatter exchange: ", plan_.size, " values exceed the ", 8 * sizeof(Index),
                           "-bit index range");
@@ -77,6 +78,11 @@ class reduce_core {
   }
 
   const reduce_plan& plan() const { return plan_; }
+  /// compact: pack() rounds what a rank sends to compact_value_t<T> (the rest into its
+  /// residual), so that transports that frame blocks (comm/reduce/frames.hpp) send the values
+  /// narrowed; payloads stay in the plain format, and the update is the same bits whatever
+  /// carries them.
+  entry_coding coding() const { return options_.coding; }
   std::size_t block_bytes() const { return plan_.format.bytes(); }
   /// The last global selection's indices and updates (ascending; the same on every rank).
   std::span<const Index> global_selection() const { return global_; }
@@ -100,15 +106,22 @@ class reduce_core {
       if (sent.dense_size() != plan_.size)
         sidco::detail::fail("reduce-scatter exchange: the sparse vector's dense size ", sent.dense_size(),
                             " is not the exchange's ", plan_.size);
+      if (compact()) unrounded_ = sent;
       checked = true;
-      report_.trimmed = pack_blocks(sent, plan_, fields_, sink, blocks);
+      // What rounding leaves off each entry goes to sink now.
+      const std::size_t rounded_off = compact() ? round_for_compact(sent, sink) : 0;
+      report_.trimmed = returning(sink, [&](auto& back) { return pack_blocks(sent, plan_, fields_, back, blocks); });
       check_trimmed(report_.trimmed, sent.size() + report_.trimmed, options_.trim_limit, delta_);
+      report_.trimmed += rounded_off;  // values below the narrow type's range: not a capacity's doing
       report_.sent = sent.size();
       packed_ = sent;
       report_.longest_block = longest_block(blocks);
       return true;
     } catch (const std::exception& e) {
-      if (checked) give_back_all<T, Index>(sent.indices(), sent.values(), sink);
+      if (checked) {
+        const sparse_vector<T, Index>& taken = compact() ? unrounded_ : sent;  // every entry, as the compressor sent it
+        give_back_all<T, Index>(taken.indices(), taken.values(), sink);
+      }
       packed_.clear(plan_.size);
       pack_failed_blocks<T, Index>(e, plan_, fields_, blocks);
       report_.longest_block = longest_block(blocks);
@@ -153,14 +166,17 @@ class reduce_core {
     try {
       check_selections<T, Index>(selections, plan_);
     } catch (...) {
-      report_.returned = give_back_all<T, Index>(packed_.indices(), packed_.values(), sink);
+      report_.returned =
+          returning(sink, [&](auto& back) { return give_back_all<T, Index>(packed_.indices(), packed_.values(), back); });
       restore_owner();
       global_.clear();
       updates_.clear();
       throw;
     }
     read_selections<T, Index>(selections, plan_, global_, updates_, report_);
-    report_.returned = give_back_unkept<T, Index>(packed_.indices(), packed_.values(), global_, sink);
+    report_.returned = returning(sink, [&](auto& back) {
+      return give_back_unkept<T, Index>(packed_.indices(), packed_.values(), global_, back);
+    });
     owner_saved_ = false;
     return report_;
   }
@@ -196,6 +212,28 @@ class reduce_core {
     packed_.clear(plan_.size);
   }
 
+  bool compact() const { return options_.coding == entry_coding::compact; }
+
+  // In the compact coding the residual holds what rounding left off each entry sent; an
+  // entry given back gets its value from before the rounding (sink assigns), not what
+  // rounding kept of it, so that nothing is lost.
+  template <class Sink>
+  struct unrounding_sink {
+    Sink& sink;
+    const sparse_vector<T, Index>& unrounded;
+    void give_back(Index index, T) {
+      const auto indices = unrounded.indices();
+      const auto at = std::size_t(std::lower_bound(indices.begin(), indices.end(), index) - indices.begin());
+      sink.give_back(index, unrounded.values()[at]);
+    }
+  };
+  template <class Sink, class F>
+  decltype(auto) returning(Sink& sink, F&& f) {
+    if (!compact()) return f(sink);
+    unrounding_sink<Sink> back{sink, unrounded_};
+    return f(back);
+  }
+
   // What a transport that sends only the used heads of the blocks needs (the longest one).
   std::size_t longest_block(std::span<const std::byte> blocks) const {
     const std::size_t bytes = plan_.format.bytes();
@@ -228,7 +266,8 @@ class reduce_core {
   exchange_options options_;
   Policy policy_;
   owner_scratch<T, Index> scratch_;
-  sparse_vector<T, Index> packed_;  // what this rank's blocks hold, this step
+  sparse_vector<T, Index> packed_;     // what this rank's blocks hold, this step
+  sparse_vector<T, Index> unrounded_;  // compact: what this rank sent, before rounding
   std::vector<Index> global_;
   std::vector<T> updates_;
   state_writer owner_state_;

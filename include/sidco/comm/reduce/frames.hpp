@@ -8,12 +8,17 @@
 // one byte for up to 63 entries, two to 8,191: at a thousand ranks a block holds a handful
 // of entries and 4-byte words would be a fifth of the bytes. Anything else (a failure and
 // its message, a header a rank cannot rebuild) travels whole, as the used prefix of the
-// payload. Each message starts with an 8-byte digest of its sender's header fields, so that
+// payload. In the compact coding (comm/options.hpp) a block's values travel narrowed
+// (comm/compact.hpp's compact_value_t: float as bfloat16), which is lossless because the
+// reduce core rounded them so before packing (the rest went back into the residual); a value
+// that does not narrow exactly sends the frame whole. Selections (the owners' sums) stay at
+// full width. Each message starts with an 8-byte digest of its sender's header fields, so that
 // a rank at another step or tensor is caught by the first rank that hears from it; what it
 // sent then arrives as a failure naming it.
 //
 //   frame:   code(2·count)      | code(trimmed) (selections) | values | gap codes
 //            code(2·length + 1) | the payload's first length bytes
+// A frame is never longer than its whole form: at most max_frame_bytes(format).
 #pragma once
 
 #include <algorithm>
@@ -23,6 +28,7 @@
 #include <exception>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "sidco/comm/agree.hpp"
@@ -42,6 +48,21 @@ std::uint64_t fields_digest(const wire_fields& fields, std::size_t dense_size, c
   std::uint64_t digest = 0xcbf29ce484222325ull;
   for (const unsigned char b : bytes) digest = (digest ^ b) * 0x100000001b3ull;
   return digest;
+}
+
+/// What a frame carries beyond the count and entries: a selection's trimmed count; values
+/// narrowed (the compact coding's blocks).
+struct frame_kind {
+  bool with_trimmed = false;
+  bool narrow_values = false;
+};
+
+/// The most bytes a frame of a payload of format takes (a whole payload behind its code).
+inline std::size_t max_frame_bytes(const wire_format& format) { return 10 + format.bytes(); }
+
+/// The bytes of one value in a frame of kind.
+inline std::size_t frame_value_bytes(const wire_format& format, frame_kind kind) {
+  return kind.narrow_values ? compact_value_bytes(format.value_bytes) : format.value_bytes;
 }
 
 namespace detail {
@@ -70,24 +91,38 @@ inline bool take_code(std::span<const std::byte> bytes, std::size_t& at, std::ui
 
 }  // namespace detail
 
-/// Appends payload (plain format) to out as a frame; with_trimmed: an ok frame carries the
-/// header's trimmed count too (an owner's selection).
+/// Appends payload (plain format) to out as a frame of kind.
 template <class T, class Index>
-void append_frame(std::span<const std::byte> payload, const wire_format& format, bool with_trimmed,
+void append_frame(std::span<const std::byte> payload, const wire_format& format, frame_kind kind,
                   std::vector<std::byte>& out) {
+  using N = compact_value_t<T>;
   const wire_header h = header_of(payload);
-  const bool rebuilt = h.magic == wire_magic && h.version == wire_version && h.status == std::uint8_t(wire_status::ok) &&
-                       format.coding == entry_coding::plain && h.count <= format.capacity;
-  if (!rebuilt) {
+  const std::size_t start = out.size();
+  const auto append_whole = [&] {
+    out.resize(start);
     const std::size_t length = used_bytes(payload, format);
     detail::append_code(out, 2 * std::uint64_t(length) + 1);
     detail::append_bytes(out, payload.data(), length);
-    return;
-  }
+  };
+  const bool rebuilt = h.magic == wire_magic && h.version == wire_version && h.status == std::uint8_t(wire_status::ok) &&
+                       format.coding == entry_coding::plain && h.count <= format.capacity;
+  if (!rebuilt) return append_whole();
   const std::size_t count = std::size_t(h.count);
   detail::append_code(out, 2 * std::uint64_t(count));
-  if (with_trimmed) detail::append_code(out, h.trimmed);
-  detail::append_bytes(out, payload.data() + format.values_offset(count), count * sizeof(T));
+  if (kind.with_trimmed) detail::append_code(out, h.trimmed);
+  const std::byte* values = payload.data() + format.values_offset(count);
+  if (kind.narrow_values && !std::is_same_v<N, T>) {
+    for (std::size_t j = 0; j < count; ++j) {
+      T v;
+      std::memcpy(&v, values + j * sizeof(T), sizeof v);
+      const N narrowed(v);
+      const T back(narrowed);
+      if (std::memcmp(&back, &v, sizeof v) != 0) return append_whole();  // not rounded for the compact coding
+      detail::append_bytes(out, &narrowed, sizeof narrowed);
+    }
+  } else {
+    detail::append_bytes(out, values, count * sizeof(T));
+  }
   const std::byte* indices = payload.data() + format.indices_offset();
   const std::size_t at = out.size();
   out.resize(at + count * 10);  // the longest a 64-bit gap codes to
@@ -99,10 +134,14 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
     next = index + 1;
   }
   out.resize(std::size_t(code - out.data()));
+  // Gaps of a huge tensor can code longer than the payload: then the payload is shorter.
+  if (out.size() - start > detail::varint_bytes(2 * std::uint64_t(used_bytes(payload, format)) + 1) +
+                               used_bytes(payload, format))
+    append_whole();
 }
 
 /// The length of the frame at the start of bytes, or 0 when bytes cannot hold it (damaged).
-inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_format& format, bool with_trimmed) {
+inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_format& format, frame_kind kind) {
   std::size_t length = 0;
   std::uint64_t head = 0, trimmed = 0;
   if (!detail::take_code(bytes, length, head)) return 0;
@@ -112,8 +151,8 @@ inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_for
   }
   const std::uint64_t count = head >> 1;
   if (count > format.capacity) return 0;
-  if (with_trimmed && !detail::take_code(bytes, length, trimmed)) return 0;
-  const std::size_t values = std::size_t(count) * format.value_bytes;
+  if (kind.with_trimmed && !detail::take_code(bytes, length, trimmed)) return 0;
+  const std::size_t values = std::size_t(count) * frame_value_bytes(format, kind);
   if (values > bytes.size() - length) return 0;
   length += values;
   for (std::uint64_t j = 0; j < count; ++j) {
@@ -129,7 +168,8 @@ inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_for
 /// refuses as outside the dense size.
 template <class T, class Index>
 void read_frame(std::span<const std::byte> frame, const wire_header& header, const wire_format& format,
-                bool with_trimmed, std::span<std::byte> payload) {
+                frame_kind kind, std::span<std::byte> payload) {
+  using N = compact_value_t<T>;
   std::size_t at = 0;
   std::uint64_t head = 0, trimmed = 0;
   detail::take_code(frame, at, head);  // frame_length checked every code
@@ -140,14 +180,24 @@ void read_frame(std::span<const std::byte> frame, const wire_header& header, con
     return;
   }
   const std::size_t count = std::size_t(head >> 1);
-  if (with_trimmed) detail::take_code(frame, at, trimmed);
+  if (kind.with_trimmed) detail::take_code(frame, at, trimmed);
   wire_header h = header;
   h.count = count;
   h.trimmed = trimmed;
   std::memset(payload.data(), 0, payload.size());
   detail::write_header(h, payload);
-  std::memcpy(payload.data() + format.values_offset(count), frame.data() + at, count * sizeof(T));
-  at += count * sizeof(T);
+  std::byte* values = payload.data() + format.values_offset(count);
+  if (kind.narrow_values && !std::is_same_v<N, T>) {
+    for (std::size_t j = 0; j < count; ++j, at += sizeof(N)) {
+      N narrowed;
+      std::memcpy(&narrowed, frame.data() + at, sizeof narrowed);
+      const T v(narrowed);
+      std::memcpy(values + j * sizeof(T), &v, sizeof v);
+    }
+  } else {
+    std::memcpy(values, frame.data() + at, count * sizeof(T));
+    at += count * sizeof(T);
+  }
   std::byte* indices = payload.data() + format.indices_offset();
   std::uint64_t next = 0;
   for (std::size_t j = 0; j < count; ++j) {
@@ -168,7 +218,7 @@ void append_failure_frame(const std::exception& reason, std::size_t dense_size, 
                           const wire_format& format, std::vector<std::byte>& scratch, std::vector<std::byte>& out) {
   scratch.resize(format.bytes());
   pack_failure<T, Index>(reason, dense_size, fields, format, std::span<std::byte>(scratch));
-  append_frame<T, Index>(std::span<const std::byte>(scratch), format, false, out);
+  append_frame<T, Index>(std::span<const std::byte>(scratch), format, frame_kind{}, out);
 }
 
 /// Takes the 8-byte digest off the front of message; what is wrong with it (too short, or,
@@ -187,10 +237,10 @@ inline const char* take_digest(std::span<const std::byte>& message, std::uint64_
 /// all-to-all at split sizes, its all-gather of selections): the sender's digest of the
 /// step's fields when given (round 1), then the frame.
 template <class T, class Index>
-void append_message(std::span<const std::byte> payload, const wire_format& format, bool with_trimmed,
+void append_message(std::span<const std::byte> payload, const wire_format& format, frame_kind kind,
                     const std::uint64_t* digest, std::vector<std::byte>& out) {
   if (digest != nullptr) detail::append_bytes(out, digest, sizeof *digest);
-  append_frame<T, Index>(payload, format, with_trimmed, out);
+  append_frame<T, Index>(payload, format, kind, out);
 }
 
 /// Writes the payload a message of append_message carries (header: this step's fields, as
@@ -200,16 +250,16 @@ void append_message(std::span<const std::byte> payload, const wire_format& forma
 /// it, which the owner relays.
 template <class T, class Index>
 void read_message(std::span<const std::byte> message, const wire_header& header, const wire_format& format,
-                  bool with_trimmed, const std::uint64_t* digest, std::size_t sender, std::span<std::byte> payload) {
+                  frame_kind kind, const std::uint64_t* digest, std::size_t sender, std::span<std::byte> payload) {
   const char* problem = digest != nullptr ? take_digest(message, *digest, true) : nullptr;
   std::size_t length = 0;
   if (problem == nullptr) {
-    length = frame_length(message, format, with_trimmed);
+    length = frame_length(message, format, kind);
     if (length == 0) problem = "a message cut short (damaged in transit?)";
     else if (!detail::all_zero(message.data() + length, message.data() + message.size()))
       problem = "a message longer than its frame (damaged in transit?)";
   }
-  if (problem == nullptr) return read_frame<T, Index>(message.first(length), header, format, with_trimmed, payload);
+  if (problem == nullptr) return read_frame<T, Index>(message.first(length), header, format, kind, payload);
   const runtime_error reason(sidco::detail::message("the message from rank ", sender, " held ", problem));
   pack_failure<T, Index>(reason, std::size_t(header.dense_size),
                          wire_fields{header.tag, header.sequence, header.delta, reduction(header.op)}, format, payload);
