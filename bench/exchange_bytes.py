@@ -48,7 +48,9 @@ def worker(rank, world, port, a, mode, results):
         state = None
         if mode != "dense":
             import sidco_torch
-            state = sidco_torch.State(method=a.method, density=a.density, start_iter=1, exchange=mode)
+            exchange, _, wire = mode.partition("-")  # "reduce-compact": the compact wire
+            state = sidco_torch.State(method=a.method, density=a.density, start_iter=1, exchange=exchange,
+                                      wire=wire or "plain")
             sidco_torch.register(ddp, state)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(rank)
@@ -112,7 +114,8 @@ def run(a, world, mode):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="2,4,8,16")
-    ap.add_argument("--modes", default="dense,allgather,reduce")
+    ap.add_argument("--modes", default="dense,allgather,reduce",
+                    help="dense, allgather, reduce; a -compact suffix: wire='compact'")
     ap.add_argument("--method", default="sidco-e")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--width", type=int, default=512)

@@ -4,7 +4,8 @@
 // exchanges it with the one-round all-gather (comm/exchange.hpp; plain or compact entries,
 // allgather-exact: compact payloads at their exact size), the reduce-scatter
 // exchange (comm/reduce_exchange.hpp; reduce-exact: at the head the longest block uses;
-// reduce-two-hop: through an intermediate of a sqrt(P) grid, gap-coded frames) or a
+// reduce-two-hop: through an intermediate of a sqrt(P) grid, gap-coded frames;
+// reduce-two-hop-compact: its values rounded to bfloat16 and sent narrowed) or a
 // dense MPI_Allreduce. Rank 0 reads the `lo` line
 // of /proc/self/net/dev before and after the timed steps (between barriers): run it alone
 // in a private network namespace with MPI's TCP transport, as scripts/mpi_exchange_bytes.sh
@@ -70,11 +71,12 @@ options parse(int argc, char** argv) {
     else if (flag == "--steps") o.steps = std::stoi(value);
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" && o.mode != "allgather" &&
+  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" &&
+      o.mode != "reduce-two-hop-compact" && o.mode != "allgather" &&
       o.mode != "allgather-compact" && o.mode != "allgather-exact" && o.mode != "dense")
     throw std::invalid_argument("--mode " + o.mode +
-                                " is not reduce, reduce-exact, reduce-two-hop, allgather, allgather-compact, "
-                                "allgather-exact or dense");
+                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, allgather, "
+                                "allgather-compact, allgather-exact or dense");
   return o;
 }
 
@@ -132,8 +134,9 @@ int main(int argc, char** argv) {
     if (o.mode.starts_with("reduce")) {
       sidco::comm::exchange_options options;
       options.exact_sizes = o.mode == "reduce-exact";
-      options.schedule = o.mode == "reduce-two-hop" ? sidco::comm::reduce_schedule::two_hop
-                                                     : sidco::comm::reduce_schedule::flat;
+      options.schedule = o.mode.starts_with("reduce-two-hop") ? sidco::comm::reduce_schedule::two_hop
+                                                               : sidco::comm::reduce_schedule::flat;
+      if (o.mode.ends_with("-compact")) options.coding = sidco::comm::entry_coding::compact;
       sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta, options);
       timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else if (o.mode.starts_with("allgather")) {

@@ -2,7 +2,8 @@
 // thread of one process): a dense MPI_Allreduce, the all-gather (comm/exchange.hpp) and the
 // reduce-scatter exchange (comm/reduce_exchange.hpp; --mode reduce-exact: at the head the
 // longest block uses, exchange_options::exact_sizes; --mode reduce-two-hop: through an
-// intermediate of a sqrt(P) grid, exchange_options::schedule), step after step on synthetic
+// intermediate of a sqrt(P) grid, exchange_options::schedule; reduce-two-hop-compact: its
+// values rounded to bfloat16 and sent narrowed, exchange_options::coding), step after step on synthetic
 // gradients, each rank with SIDCo-E (or, --method top-k, exact Top-k, which keeps the
 // exchange's losses apart from the estimate's) and error feedback. Per run it prints one
 // JSON line:
@@ -119,9 +120,10 @@ options parse(int argc, char** argv) {
     else if (flag == "--overlap") o.overlap = value == "1" || value == "yes";
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" && o.mode != "allgather" &&
-      o.mode != "dense")
-    throw std::invalid_argument("--mode " + o.mode + " is not reduce, reduce-exact, reduce-two-hop, allgather or dense");
+  if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" &&
+      o.mode != "reduce-two-hop-compact" && o.mode != "allgather" && o.mode != "dense")
+    throw std::invalid_argument("--mode " + o.mode +
+                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, allgather or dense");
   if (o.method != "sidco-e" && o.method != "top-k")
     throw std::invalid_argument("--method " + o.method + " is not sidco-e or top-k");
   if (o.gradient != "iid" && o.gradient != "hot")
@@ -174,9 +176,10 @@ int main(int argc, char** argv) {
     options.overlap = o.overlap;  // the blocking collectives: the library's algorithm for their size and P
     // reduce-exact: blocks and selections at the head the longest one uses (exchange_options::exact_sizes)
     // reduce-two-hop: both rounds through an intermediate of a sqrt(P) grid (exchange_options::schedule)
-    const bool reducing = o.mode == "reduce" || o.mode == "reduce-exact" || o.mode == "reduce-two-hop";
+    const bool reducing = o.mode.starts_with("reduce");
     options.exact_sizes = o.mode == "reduce-exact";
-    options.schedule = o.mode == "reduce-two-hop" ? sidco::comm::reduce_schedule::two_hop
+    if (o.mode.ends_with("-compact")) options.coding = sidco::comm::entry_coding::compact;
+    options.schedule = o.mode.starts_with("reduce-two-hop") ? sidco::comm::reduce_schedule::two_hop
                                                    : sidco::comm::reduce_schedule::flat;
     // Only the mode's exchange: the all-gather's receive buffer is P payloads a rank (27 GB in
     // all at 1,024 ranks and 2^18 values).

@@ -93,13 +93,14 @@ class State(_Checkpoints, _Agreement):
     owner's share; the default) or "top-k" (exact Top-k). "sidco-e", its first name, still
     works with a DeprecationWarning.
 
-    wire: how the all-gather's entries go on the wire: "plain" (32-bit indices, values in the
+    wire: how the entries go on the wire: "plain" (32-bit indices, values in the
     bucket's dtype: (P - 1) slack 8k bytes a rank for float32) or "compact" (values narrowed
     to half their width: float32 as bfloat16, float64 as float32, 16-bit as they are; what
     rounding takes off stays in the residual; indices as variable-length gaps, one or two
     bytes each), each rank's used size all-gathered first so that only the bytes used travel:
-    about 3 bytes an entry where plain ones take 10. CPU buckets and the all-gather only:
-    with "compact", "auto" picks the all-gather and exchange="reduce" is refused.
+    about 3 bytes an entry where plain ones take 10. In the reduce exchange the values a rank
+    sends are rounded alike and travel narrowed in its blocks' frames; the owners' sums travel
+    at full width. CPU buckets only.
 
     nonfinite: what a step does when some rank's bucket holds NaN or +-Inf: "raise" (every
     rank raises the same error naming that rank: a NaN in a float32 run is a bug to see) or
@@ -231,10 +232,12 @@ class State(_Checkpoints, _Agreement):
         agrees from 3 ranks on at 1 to 100 Gbit/s and puts the two within 2% at 2
         (docs/RESULTS.md). On CUDA buckets "auto" keeps the all-gather: the reduce exchange
         runs there (exchange="reduce") but its time on GPUs is not measured yet. With
-        wire="compact" "auto" keeps the all-gather, whose entries it codes."""
+        wire="compact" the same: counted on the loopback, the reduce exchange's compact frames
+        take 0.75 x 8k a rank at 3 ranks where the compact all-gather takes 0.83, and 0.87
+        against 1.24 at 4 (docs/PYTORCH.md)."""
         if self.exchange != "auto":
             return self.exchange
-        return "reduce" if world >= 3 and device_type == "cpu" and self.wire == "plain" else "allgather"
+        return "reduce" if world >= 3 and device_type == "cpu" else "allgather"
 
     # ----- registration and parameter keys
 

@@ -439,8 +439,9 @@ def scenario_compact(rank, world):
     """wire="compact": the payloads hold bfloat16 values and gap-coded indices (decoded here
     from the format's definition); each rank's sent + residual = gradient + old residual bit
     for bit; the result is the rank-order average of what was sent; half the plain bytes;
-    "auto" takes the all-gather; parameters bit-identical on every rank."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, wire="compact")
+    parameters bit-identical on every rank (the all-gather; the reduce exchange's compact wire:
+    scenario_reduce_exact)."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, wire="compact", exchange="allgather")
     records = []
     model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
     sparse = 0

@@ -87,6 +87,10 @@ class nccl_reduce_exchange {
     const std::size_t ranks = std::size_t(link_.ranks());
     exchange_setup mine{};
     try {
+      if (options.coding != entry_coding::plain)
+        sidco::detail::fail("nccl_reduce_exchange: options.coding = compact: NCCL moves whole blocks, so the compact "
+                            "coding would round values and save no bytes; it is the MPI exchange's (two hops) and "
+                            "the hook's CPU buckets'");
       core_ = reduce_core<H, Index, Policy>(layout, delta, ranks, std::size_t(link_.rank()), options, std::move(policy));
       const std::size_t bytes = core_.block_bytes();
       blocks_.resize(bytes * ranks);
