@@ -1,6 +1,7 @@
 // Google Benchmark suite for the exchanges' CPU work: the reduce-scatter exchange's owner side
 // (comm/reduce/steps.hpp) and the all-gather's encode and decode in either entry coding
-// (comm/allgather/core.hpp), against their baseline in the same run: the local compress
+// (comm/allgather/core.hpp), the reduce exchange's frames (comm/reduce/frames.hpp), against
+// their baseline in the same run: the local compress
 // every rank runs before them.
 // P ranks' gradients come from the bundled real LSTM gradient (3.69M values; see
 // rank_gradient); every rank compresses with SIDCo-E at delta = 0.01 on one thread and packs
@@ -24,6 +25,7 @@
 
 #include <benchmark/benchmark.h>
 #include <sidco/comm/allgather/core.hpp>
+#include <sidco/comm/reduce/frames.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/io/npy.hpp>
 #include <sidco/sidco.hpp>
@@ -199,9 +201,68 @@ void allgather_codec(benchmark::State& state) {
   state.counters["payload_bytes"] = double(bytes);
 }
 
+// reduce_frames/C/P: one rank's round-1 framing of its P blocks (comm/reduce/frames.hpp:
+// counts, values, gap-coded indices) plus the reading back of P frames as payloads, plain
+// (C = 0) or compact (C = 1: the values rounded to bfloat16 before packing, outside the
+// timing, and sent narrowed), on one thread, against the local compress in the same run:
+//
+//   codec_ms              framing + reading back
+//   compress_ms           one rank's local compress (median of 5 calls, same run)
+//   codec_over_compress   the two's ratio (issue 56's goal: <= 0.15)
+//   frame_bytes_per_entry the frames' bytes over the entries they carry
+void reduce_frames(benchmark::State& state) {
+  static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
+  const bool compact = state.range(0) == 1;
+  const std::size_t ranks = std::size_t(state.range(1)), n = gradient.size();
+  const std::vector<segment> layout{{0, n}};
+  const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
+  const auto g = rank_gradient(gradient, 0);
+  local_compressor compressor({}, {}, backend::cpu(1));
+  sparse_vector<float> sent;
+  compressor.compress(std::span<const float>(g), delta, sent);  // warm
+  std::vector<double> compress_seconds;
+  for (int c = 0; c < 5; ++c) {
+    const auto start = std::chrono::steady_clock::now();
+    compressor.compress(std::span<const float>(g), delta, sent);
+    compress_seconds.push_back(seconds_since(start));
+  }
+  std::sort(compress_seconds.begin(), compress_seconds.end());
+  comm::host_residual<float> none;
+  if (compact) comm::round_for_compact(sent, none);
+  const std::size_t bytes = plan.format.bytes();
+  std::vector<std::byte> blocks(bytes * ranks), back(bytes * ranks), frames;
+  comm::pack_blocks(sent, plan, comm::wire_fields{}, none, std::span<std::byte>(blocks));
+  const comm::frame_kind kind{false, compact};
+  const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>({}, n, plan.format);
+  std::vector<std::size_t> ends(ranks);
+  double codec_seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    frames.clear();
+    for (std::size_t d = 0; d < ranks; ++d) {
+      comm::append_frame<float, std::uint32_t>(std::span<const std::byte>(blocks).subspan(d * bytes, bytes),
+                                               plan.format, kind, frames);
+      ends[d] = frames.size();
+    }
+    for (std::size_t d = 0, begin = 0; d < ranks; begin = ends[d++])
+      comm::read_frame<float, std::uint32_t>(std::span<const std::byte>(frames).subspan(begin, ends[d] - begin), header,
+                                             plan.format, kind, std::span<std::byte>(back).subspan(d * bytes, bytes));
+    codec_seconds += seconds_since(start);
+    benchmark::ClobberMemory();
+  }
+  if (back != blocks) state.SkipWithError("frames did not read back as the blocks");
+  const double codec = codec_seconds / double(state.iterations());
+  const double compress = compress_seconds[compress_seconds.size() / 2];
+  state.counters["codec_ms"] = codec * 1e3;
+  state.counters["compress_ms"] = compress * 1e3;
+  state.counters["codec_over_compress"] = codec / compress;
+  state.counters["frame_bytes_per_entry"] = double(frames.size()) / double(std::max<std::size_t>(1, sent.size()));
+}
+
 }  // namespace
 
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}})->Unit(benchmark::kMillisecond);
+BENCHMARK(reduce_frames)->ArgsProduct({{0, 1}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

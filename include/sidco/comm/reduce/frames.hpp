@@ -112,13 +112,16 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
   if (kind.with_trimmed) detail::append_code(out, h.trimmed);
   const std::byte* values = payload.data() + format.values_offset(count);
   if (kind.narrow_values && !std::is_same_v<N, T>) {
+    const std::size_t at = out.size();
+    out.resize(at + count * sizeof(N));
+    std::byte* into = out.data() + at;
     for (std::size_t j = 0; j < count; ++j) {
       T v;
       std::memcpy(&v, values + j * sizeof(T), sizeof v);
       const N narrowed(v);
       const T back(narrowed);
       if (std::memcmp(&back, &v, sizeof v) != 0) return append_whole();  // not rounded for the compact coding
-      detail::append_bytes(out, &narrowed, sizeof narrowed);
+      std::memcpy(into + j * sizeof(N), &narrowed, sizeof narrowed);
     }
   } else {
     detail::append_bytes(out, values, count * sizeof(T));
