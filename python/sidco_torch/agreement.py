@@ -35,6 +35,7 @@ class _Agreement:
         # On the buckets' device: NCCL gathers CUDA tensors only.
         mine = torch.tensor([v for _, v in fields], dtype=torch.int64, device=device)
         everyone = [torch.empty_like(mine) for _ in range(world)]
+        self._in_flight.extend([mine, *everyone])  # see State._in_flight
         dist.all_gather(everyone, mine, group=group)
         everyone = [t.cpu() for t in everyone]
         shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
@@ -84,7 +85,9 @@ class _Agreement:
         if self._signatures.get(bucket.index()) == mine:
             return
         everyone = [torch.empty(len(mine), dtype=torch.int64, device=buffer.device) for _ in range(world)]
-        dist.all_gather(everyone, torch.tensor(mine, dtype=torch.int64, device=buffer.device), group=group)
+        signature = torch.tensor(mine, dtype=torch.int64, device=buffer.device)
+        self._in_flight.extend([signature, *everyone])  # see State._in_flight
+        dist.all_gather(everyone, signature, group=group)
         everyone = [tuple(int(v) for v in t.cpu()) for t in everyone]
         first = everyone[0]
         for rank, theirs in enumerate(everyone):

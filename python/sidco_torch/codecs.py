@@ -163,6 +163,7 @@ def _all_reduce_slices(state, b, buffer, slices, group, world):
         parts.append(part.clone())
         part.zero_()
     values = torch.cat(parts).div_(world)  # first: the sum of averages cannot overflow where the sum could
+    state._in_flight.append(values)
     return dist.all_reduce(values, group=group, async_op=True).get_future()
 
 
@@ -225,14 +226,16 @@ def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, mo
             stats.update(more_stats(b.codec.report()))
         return buffer
 
+    state._in_flight.extend([sent, *(into or [])])
     return dist.all_gather(into or inbox, sent, group=group, async_op=True).get_future().then(done)
 
 
-def _agreed_head(used, size, group, device):
+def _agreed_head(state, used, size, group, device):
     """The head every rank sends of each of its payloads (of size bytes): the longest any
     rank's uses (used: this rank's longest), by one all-reduce of an integer; the payloads
     are zero past what they use, so the receivers read the same bytes."""
     longest = torch.tensor([int(used)], dtype=torch.int64, device=device)
+    state._in_flight.append(longest)
     dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
     return min(size, max(64, int(longest.item())))
 
@@ -260,14 +263,17 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     if blocks.device.type == "cpu":
         return _reduce_framed(state, bucket, b, group, blocks, encoded, started)
     world, size = len(b.inbox), b.payload_bytes()
-    head = _agreed_head(b.codec.report()["longest_block"], size, group, blocks.device)
+    head = _agreed_head(state, b.codec.report()["longest_block"], size, group, blocks.device)
     if head < size:
         received = torch.empty(world * head, dtype=torch.uint8, device=blocks.device)
-        dist.all_to_all_single(received, blocks.view(world, size)[:, :head].contiguous().view(-1), group=group)
+        heads = blocks.view(world, size)[:, :head].contiguous().view(-1)
+        state._in_flight.extend([received, heads])
+        dist.all_to_all_single(received, heads, group=group)
         slots = b.received.view(world, size)
         slots[:, :head].copy_(received.view(world, head))
         slots[:, head:].zero_()
     else:
+        state._in_flight.append(blocks)
         dist.all_to_all_single(b.received, blocks, group=group)
     # The bucket and residual checked here, before the all-gather: a problem travels.
     selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
@@ -306,9 +312,11 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
     rank = dist.get_rank(group)
     frames, sizes = torch.ops.sidco.reduce_frames(blocks, b.codec, False)
     incoming = torch.empty_like(sizes)
+    state._in_flight.extend([frames, sizes, incoming])
     dist.all_to_all_single(incoming, sizes, group=group)
     sent_sizes, received_sizes = sizes.tolist(), incoming.tolist()
     received = torch.empty(sum(received_sizes), dtype=torch.uint8)
+    state._in_flight.append(received)
     dist.all_to_all_single(received, frames, output_split_sizes=received_sizes, input_split_sizes=sent_sizes,
                            group=group)
     torch.ops.sidco.reduce_unframe(received, received_sizes, list(b.received.view(world, size).unbind(0)), b.codec,
@@ -318,6 +326,7 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
     report = b.codec.report()
     frame = torch.ops.sidco.reduce_frames(selection, b.codec, True)[0]
     longest = torch.tensor([frame.numel()], dtype=torch.int64)
+    state._in_flight.append(longest)
     dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
     head = int(longest.item())
     sent = torch.zeros(head, dtype=torch.uint8)
@@ -345,7 +354,7 @@ def _allgather(state, bucket, b, group, iteration, problem, started):
     if state.wire == "compact":
         # Compact payloads end early (zeros after): every rank sends the head the longest one
         # needs, and the inbox's tails are zeroed, so the decode reads the whole payloads.
-        head = _agreed_head(report["used_bytes"], payload.numel(), group, payload.device)
+        head = _agreed_head(state, report["used_bytes"], payload.numel(), group, payload.device)
         sent, into = _heads(payload, b.inbox, head)
     encoded = time.perf_counter()
     stats = _sparse_stats(state, buffer, report, "allgather", encoded - started, sent.numel())

@@ -178,6 +178,11 @@ class State(_Checkpoints, _Agreement):
         self._pending = {}      # parameter key -> _Layer, not yet in a bucket
         self._stats = {}
         self._totals = {}  # summary()'s sums over the steps before the last
+        # Tensors this step handed to collectives, kept until the next step begins: a gloo
+        # worker left holding the last reference to a tensor Python made takes the GIL to free
+        # it, and torch 1.13 joins its workers holding the GIL when the process group goes
+        # (the DDP reducer's destructor at exit): the two then wait for each other forever.
+        self._in_flight = []
         self._keys = {}         # id(parameter) -> (weakref, key)
         self._keying = None     # "names" (attach) or "order" (DDP's), once known
         self._module = None
@@ -368,6 +373,7 @@ class State(_Checkpoints, _Agreement):
                 self._stats = {}
             if self._next_verified is not None:
                 self._verified, self._next_verified = self._next_verified, None
+            self._in_flight = []  # the last step's collectives are done: DDP waited for them
             self._in_step = True
             self._step_failed = False
             self._step_iteration = self.iteration
