@@ -24,6 +24,7 @@
 
 #include "sidco/core/moments.hpp"
 #include "sidco/estimate/result.hpp"
+#include "sidco/core/named.hpp"
 #include "sidco/core/requirement.hpp"
 
 namespace sidco::estimate {
@@ -41,11 +42,6 @@ struct pass_archetype {
 template <class E>
 concept estimates = requires(E& e, const moments& all, std::span<const moments> probes, pass_archetype& pass) {
   { e.estimate(all, probes, 0.1, pass) } -> std::convertible_to<threshold_estimate>;
-};
-
-template <class E>
-concept named = requires {
-  { E::name } -> std::convertible_to<std::string_view>;
 };
 
 template <class E>
@@ -79,7 +75,7 @@ constexpr bool declares_probes() {
 template <class E>
 constexpr bool diagnose() {
   using sidco::detail::requirement;  // names the type in the assertion's first line
-  static_assert(requirement<E, contract::named<E>>::holds,
+  static_assert(requirement<E, named_policy<E>>::holds,
                 "sidco estimator: missing `static constexpr const char* name` (a checkpoint records it, so that a "
                 "state is never loaded into another estimator)");
   static_assert(requirement<E, contract::estimates<E>>::holds,

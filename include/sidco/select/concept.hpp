@@ -23,16 +23,12 @@
 #include <string_view>
 #include <type_traits>
 
+#include "sidco/core/named.hpp"
 #include "sidco/core/requirement.hpp"
 
 namespace sidco::select {
 
 namespace contract {
-
-template <class S>
-concept named = requires {
-  { S::name } -> std::convertible_to<std::string_view>;
-};
 
 template <class S>
 concept flagged = requires {
@@ -94,7 +90,7 @@ template <class S>
 constexpr bool diagnose() {
   using sidco::detail::requirement;  // names the type in the assertion's first line
   using namespace contract;
-  static_assert(requirement<S, named<S>>::holds, "sidco selection: missing `static constexpr const char* name`");
+  static_assert(requirement<S, named_policy<S>>::holds, "sidco selection: missing `static constexpr const char* name`");
   static_assert(requirement<S, flagged<S>>::holds,
                 "sidco selection: missing `static constexpr bool needs_threshold` or `fuses_layers`");
   static_assert(requirement<S, aims<S>>::holds,
