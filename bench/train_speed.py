@@ -18,7 +18,8 @@ sends nothing: DDP's own cost), none (DDP's dense all-reduce), powersgd (torch's
 --powersgd-rank, one bucket and its own process group: gloo aborts it otherwise), or a
 sidco_torch method (sidco-e, top-k, dgc, ...), optionally with the hook's exchange
 (sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"), or with the compact
-wire (sidco-e:compact: the all-gather, bfloat16 values, gap-coded indices). NAME@previous runs NAME with the package
+wire (sidco-e:compact: bfloat16 values, gap-coded indices, the hook's auto exchange: the
+all-gather at 2 ranks, the reduce exchange from 3). NAME@previous runs NAME with the package
 in --previous (an earlier build's python directory), for before/after comparisons.
 """
 import argparse
