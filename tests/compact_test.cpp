@@ -344,10 +344,61 @@ TEST_CASE("setup records: ranks that code their entries differently are refused,
                        "sidco: exchange setup (tag 1): rank 1 codes entries compact, rank 0 plain", sidco::runtime_error);
 }
 
-TEST_CASE("compact: the reduce-scatter exchange refuses the compact coding with a sentence") {
+TEST_CASE("compact: the reduce core rounds what it packs to bfloat16, the rest into the residual; what it gives "
+          "back (trimmed, unkept, a failed step) returns unrounded; a coding it does not know is refused") {
+  const std::size_t n = 100000;
+  const std::vector<segment> layout{{0, n}};
   comm::exchange_options options;
   options.coding = comm::entry_coding::compact;
-  const std::vector<segment> layout{{0, 1000}};
+  // Two ranks, k = 1,000: a block holds 625 entries; rank 0 sends 2,000 (about 1,000 a
+  // block: some trimmed at pack), rank 1 none, and each owner keeps about half of what it
+  // received (its share): the rest goes back to rank 0.
+  using core_type = comm::reduce_core<float, std::uint32_t, comm::owner_top_k>;
+  std::vector<core_type> cores;
+  for (std::size_t rank = 0; rank < 2; ++rank) cores.emplace_back(layout, 0.01, 2, rank, options);
+  CHECK(cores[0].coding() == comm::entry_coding::compact);
+  sparse_vector<float> original(n);
+  for (std::uint32_t j = 0; j < 2000; ++j) original.push_back(7 + 37 * j, 1.0f + 0.123456f * float(j) * (j % 2 ? -1 : 1));
+  const std::size_t bytes = cores[0].block_bytes();
+  for (const bool fail : {false, true}) {
+    std::vector<float> residual(n, 0.0f), other(n, 0.0f);  // the compressor left +0 where it sent
+    comm::host_residual<float> sink{residual}, other_sink{other};
+    auto sent = original;
+    sparse_vector<float> nothing(n);
+    std::vector<std::vector<std::byte>> blocks(2, std::vector<std::byte>(2 * bytes)),
+        selections(2, std::vector<std::byte>(bytes));
+    REQUIRE(cores[0].pack(sent, sink, cores[0].fields(1), blocks[0]));
+    REQUIRE(cores[1].pack(nothing, other_sink, cores[1].fields(1), blocks[1]));
+    for (const float v : sent.values()) CHECK(float(bfloat16(v)) == v);  // what the blocks hold is bfloat16
+    const sidco::error problem("sidco: this rank's output is wrong");
+    for (std::size_t owner = 0; owner < 2; ++owner) {
+      const std::vector<std::span<const std::byte>> received{std::span<const std::byte>(blocks[0]).subspan(owner * bytes, bytes),
+                                                              std::span<const std::byte>(blocks[1]).subspan(owner * bytes, bytes)};
+      cores[owner].select(received, selections[owner], fail && owner == 1 ? &problem : nullptr);
+    }
+    const std::vector<std::span<const std::byte>> views{selections[0], selections[1]};
+    std::vector<float> applied(n, 0.0f);
+    if (fail) {  // every rank raises what owner 1 found
+      CHECK_THROWS_AS(cores[1].apply(views, other_sink), sidco::runtime_error);
+      CHECK_THROWS_AS(cores[0].apply(views, sink), sidco::runtime_error);
+    } else {
+      cores[1].apply(views, other_sink);
+      const auto report = cores[0].apply(views, sink);
+      INFO("trimmed ", report.trimmed, ", returned ", report.returned);
+      CHECK(report.trimmed > 0);   // or the trimmed entries' give-back went untested
+      CHECK(report.returned > 0);  // or the owners' left-out entries' give-back went untested
+      const auto kept = cores[0].global_selection();
+      for (std::size_t j = 0; j < kept.size(); ++j) applied[kept[j]] = cores[0].updates()[j] * 2.0f;  // the average of 2
+    }
+    // Per index, bitwise: residual + applied = what the compressor sent (the residual holds
+    // what rounding took off a kept entry, all of an entry given back).
+    for (std::size_t j = 0; j < original.size(); ++j) {
+      const std::uint32_t i = original.indices()[j];
+      CHECK(residual[i] + applied[i] == original.values()[j]);
+      if (applied[i] == 0.0f) CHECK(residual[i] == original.values()[j]);
+    }
+  }
+  options.coding = comm::entry_coding(7);
   CHECK_THROWS_WITH_AS((comm::reduce_core<float, std::uint32_t, comm::owner_top_k>(layout, 0.01, 2, 0, options)),
-                       doctest::Contains("the compact entry coding is the all-gather exchange's only"), sidco::error);
+                       doctest::Contains("options.coding = 7, neither plain (0) nor compact (1)"), sidco::error);
 }
