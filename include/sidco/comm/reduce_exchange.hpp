@@ -313,10 +313,7 @@ class sparse_reduce_exchange {
     }
   }
 
-  // Blocks carry values narrowed in the compact coding; selections carry sums, at full width.
-  frame_kind kind_of(bool selections) const {
-    return selections ? frame_kind{true, false} : frame_kind{false, core_.coding() == entry_coding::compact};
-  }
+  frame_kind kind_of(bool selections) const { return frame_kind_for(selections, core_.coding()); }
 
   std::uint64_t digest() const {
     return fields_digest<T, Index>(step_fields_, core_.plan().size, core_.plan().format);

@@ -169,8 +169,7 @@ class reduce_codec_base : public reduce_codec_impl {
   /// What a frame carries: blocks their values narrowed in the compact coding, selections
   /// their trimmed counts (comm/reduce/frames.hpp).
   sidco::comm::frame_kind kind_of(bool selection) const {
-    const auto coding = std::visit([](const auto& core) { return core.coding(); }, core_);
-    return {selection, !selection && coding == sidco::comm::entry_coding::compact};
+    return sidco::comm::frame_kind_for(selection, std::visit([](const auto& core) { return core.coding(); }, core_));
   }
   std::size_t size() const { return plan().size; }
   std::size_t block_bytes() const { return plan().format.bytes(); }

@@ -118,10 +118,8 @@ class reduce_core {
       report_.longest_block = longest_block(blocks);
       return true;
     } catch (const std::exception& e) {
-      if (checked) {
-        const sparse_vector<T, Index>& taken = compact() ? unrounded_ : sent;  // every entry, as the compressor sent it
-        give_back_all<T, Index>(taken.indices(), taken.values(), sink);
-      }
+      if (checked)
+        returning(sink, [&](auto& back) { return give_back_all<T, Index>(sent.indices(), sent.values(), back); });
       packed_.clear(plan_.size);
       pack_failed_blocks<T, Index>(e, plan_, fields_, blocks);
       report_.longest_block = longest_block(blocks);

@@ -57,6 +57,12 @@ struct frame_kind {
   bool narrow_values = false;
 };
 
+/// The reduce exchange's frames: a block's values narrowed in the compact coding; an owner's
+/// selection (sums, at full width) with its trimmed count.
+inline frame_kind frame_kind_for(bool selection, entry_coding coding) {
+  return selection ? frame_kind{true, false} : frame_kind{false, coding == entry_coding::compact};
+}
+
 /// The most bytes a frame of a payload of format takes (a whole payload behind its code).
 inline std::size_t max_frame_bytes(const wire_format& format) { return 10 + format.bytes(); }
 
