@@ -3,39 +3,76 @@
 # builds it again with clang++ (portable loops) under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails) with
 # the libFuzzer target, runs the suite and a 60 s fuzzing run there; ends with one line:
 # N passed, N failed[, N skipped].
+#
+# The sanitizer half runs beside the g++ half at the lowest CPU priority: it takes what the
+# g++ half leaves idle (the last long compiles, ranks waiting on each other, tests that run
+# alone) and yields the moment the g++ half wants a core; it gets both once that is done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 sidco_install_missing
 sidco_use_ccache
 
-passed=0 failed=0 skipped=0
-run_suite() {
+build_suite() {  # DIR [meson options]: configure and compile, the log shown only when it fails
   local dir=$1
   shift
   echo "== $dir: configure and build"
   sidco_configure "$dir" -Dwerror=true "$@"
-  meson compile -C "$dir" > "$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
+  meson compile -C "$dir" ${SIDCO_JOBS:+-j "$SIDCO_JOBS"} > "$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
+}
+
+test_suite() {  # DIR [meson test options]: every test, the failures' logs shown
+  local dir=$1
+  shift
   echo "== $dir: test"
-  meson test -C "$dir" --no-rebuild --print-errorlogs > "$dir.test.log" 2>&1 || true
+  meson test -C "$dir" --no-rebuild --print-errorlogs "$@" > "$dir.test.log" 2>&1 || true
   grep -E '^ *[0-9]+/[0-9]+ ' "$dir.test.log" || true
   grep -E -A40 '^=+ [0-9]+/[0-9]+ =+$' "$dir.test.log" | grep -v '^$' | head -200 || true
-  local counts
-  counts=$(grep -o '"result": "[A-Z]*"' "$dir/meson-logs/testlog.json" | awk -F'"' '
-    {c[$4]++} END {printf "%d %d %d", c["OK"]+c["EXPECTEDFAIL"],
-      c["FAIL"]+c["UNEXPECTEDPASS"]+c["TIMEOUT"]+c["ERROR"], c["SKIP"]}')
-  read -r p f s <<< "$counts"
-  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
+
+count() {  # DIR: "passed failed skipped" from meson's test log
+  grep -o '"result": "[A-Z]*"' "$1/meson-logs/testlog.json" | awk -F'"' '
+    {c[$4]++} END {printf "%d %d %d", c["OK"]+c["EXPECTEDFAIL"],
+      c["FAIL"]+c["UNEXPECTEDPASS"]+c["TIMEOUT"]+c["ERROR"], c["SKIP"]}'
+}
+
+# Without a GPU the CUDA code is compiled and never run: one architecture checks it. A
+# machine with a GPU builds every architecture of gpu_arch.
+gpu_arch=()
+nvidia-smi -L > /dev/null 2>&1 || gpu_arch=(-Dgpu_arch=sm_80)
 
 # Highway's kernels in the g++ build, the portable loops under the sanitizers: the oracle
 # tests cover both. Line tables are all the sanitizers' reports need (full -g compiles slower).
-CXX=g++ run_suite build -Dhighway=enabled
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-CXX=clang++ run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dtorch=disabled -Dhighway=disabled -Dfuzz=true \
-  -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" "-Dcpp_args=-fno-sanitize-recover=all -gline-tables-only"
+sanitized() {
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  CXX=clang++ build_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dbuildtype=debugoptimized -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dtorch=disabled -Dhighway=disabled \
+    -Dfuzz=true -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" "-Dcpp_args=-fno-sanitize-recover=all -gline-tables-only" &&
+    test_suite build-asan --timeout-multiplier 3  # beside other work: slower, not hung
+}
+# In a process group of its own, ended with this script however it ends. Two compiles at a
+# time: more would only hold memory while the g++ half has the cores.
+rm -f build-asan/meson-logs/testlog.json
+SIDCO_JOBS=2 setsid nice -n 19 bash -c "set -euo pipefail; $(declare -f sidco_configure build_suite test_suite sanitized); sanitized" \
+  > build-asan.out 2>&1 &
+sanitized_pid=$!
+trap 'kill -- "-$sanitized_pid" 2> /dev/null || true' EXIT
 
+CXX=g++ build_suite build -Dhighway=enabled "${gpu_arch[@]}"
+test_suite build
+sanitized_status=0
+wait "$sanitized_pid" || sanitized_status=$?
+cat build-asan.out
+
+read -r passed failed skipped <<< "$(count build)"
+if [ -f build-asan/meson-logs/testlog.json ]; then
+  read -r p f s <<< "$(count build-asan)"
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+fi
+if [ "$sanitized_status" -ne 0 ]; then
+  echo "the sanitizer build failed (exit $sanitized_status)"
+  failed=$((failed + 1))
+fi
 if [ "$skipped" -gt 0 ]; then
   echo "$passed passed, $failed failed, $skipped skipped"
 else

@@ -22,6 +22,29 @@ inline const std::vector<std::string>& gradient_files() {
   return files;
 }
 
+/// Built under AddressSanitizer (scripts/test.sh's clang build, with UBSan beside it): those
+/// check memory and undefined behaviour, which every path shows on the smaller inputs too.
+/// The tests whose cost is their size (statistics over many calls, the largest gradient at
+/// several thread counts) run a smaller sweep there; the g++ build runs the whole of it.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool sanitized = true;
+#else
+inline constexpr bool sanitized = false;
+#endif
+#else
+inline constexpr bool sanitized = false;
+#endif
+
+/// The bundled gradients of every model at its smallest (the FFN's and the CNN's, 1.2M values
+/// of the 7M) under the sanitizers; every one otherwise.
+inline const std::vector<std::string>& swept_gradient_files() {
+  static const std::vector<std::string> smaller = {"ffn_it10.npy", "cnn_it200.npy"};
+  return sanitized ? smaller : gradient_files();
+}
+
 /// The folder the gradients are read from: SIDCO_GRADIENTS_DIR in the environment (binaries
 /// moved to another machine, scripts/gpu_check.sh) or the source tree's.
 inline std::string gradients_dir() {

@@ -19,7 +19,6 @@ import io
 import os
 import pickle
 import queue
-import socket
 import struct
 import sys
 import tempfile
@@ -29,20 +28,14 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sidco_torch
+from ranks import rank_context
 
 HEADER = struct.Struct("<IBBBBBBHIQQQQQd")
 assert HEADER.size == 64
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_payload(payload, dtype):
@@ -1057,11 +1050,14 @@ def scenario_state_dict_mid_step(rank, world):
 
 
 def run(scenario, world, *args, timeout=120):
-    """scenario(rank, world, *args) on world processes; its per-rank results, or an error."""
-    port = free_port()
-    ctx = mp.get_context("spawn")
+    """scenario(rank, world, *args) on world processes; its per-rank results, or an error.
+    The ranks meet at a store served from here, up before any of them starts (a rank that
+    had to serve it made the others retry their connection for a second)."""
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    ctx = rank_context()
     results = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(scenario, rank, world, port, args, results)) for rank in range(world)]
+    procs = [ctx.Process(target=_entry, args=(scenario, rank, world, store.port, args, results))
+             for rank in range(world)]
     for p in procs:
         p.start()
     out = {}
@@ -1085,11 +1081,10 @@ def run(scenario, world, *args, timeout=120):
 
 def _entry(scenario, rank, world, port, args, results):
     try:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
         torch.set_num_threads(1)
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 16  # several buckets (DDP's first is 1 MB otherwise)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        store = dist.TCPStore("127.0.0.1", port, None, False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         value = scenario(rank, world, *args)
         dist.destroy_process_group()
         results.put((rank, True, value))

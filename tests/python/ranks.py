@@ -10,6 +10,16 @@ import torch.nn as nn
 import sidco_torch
 
 
+def rank_context():
+    """Where ranks come from: processes forked from a server that imported the test's main
+    module (torch, sidco_torch) once, so that a rank starts in milliseconds instead of the
+    second or two a fresh interpreter spends importing torch (hook_test.py alone starts some
+    120 ranks). Nothing runs in the server, so no thread of torch's is forked mid-work."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "sidco_torch", "__main__"])
+    return ctx
+
+
 def run_ranks(target, *args, world=2, timeout=120):
     """target(rank, port, queue, *args) on world spawned processes (port: a free one on
     127.0.0.1 for init_process_group); each puts one result on queue. Returns the results
@@ -17,7 +27,7 @@ def run_ranks(target, *args, world=2, timeout=120):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     procs = [ctx.Process(target=target, args=(rank, port, out, *args)) for rank in range(world)]
     for p in procs:
