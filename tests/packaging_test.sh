@@ -8,7 +8,10 @@
 set -euo pipefail
 source_root=$1
 build_dir=$(cd "$2" && pwd)
-tmp=$(mktemp -d)
+# Scratch inside the build directory: the consumers' compile commands then name their files
+# by the same relative paths in every clone, and a compiler cache hashing paths relative to
+# the checkout (scripts/test.sh) serves a second run.
+tmp=$(mktemp -d "$build_dir/packaging-test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 cat > "$tmp/main.cpp" <<'CPP'
