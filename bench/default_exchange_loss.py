@@ -4,7 +4,8 @@ a 2-layer LSTM language model on synthetic tokens (a Zipf-like unigram draw with
 successor table, so there is something to learn), P gloo ranks on 127.0.0.1, SGD with
 momentum, sidco_torch.State(method="sidco-e", density=0.01) with exchange="auto" (the
 default: the reduce-scatter exchange from 3 ranks on) against exchange="allgather" and plain
-DDP (dense all-reduce), the same steps and seeds. Each rank draws its own batches; the
+DDP (dense all-reduce), the same steps and seeds; "reduce:compact" (any exchange with
+":compact") runs it with State(wire="compact"). Each rank draws its own batches; the
 model's embedding rows of this batch's tokens are the large, moving part of the gradient.
 Prints one line per run (with the reduce exchange, also the density its update applied
 over the target, p5 / median / p95 over steps 10 on) and, at the end, the final train loss
@@ -60,7 +61,9 @@ def worker(rank, a, exchange, seed, port, out):
     ddp = DDP(model)
     if exchange != "dense":
         import sidco_torch
-        state = sidco_torch.State(method="sidco-e", density=a.density, start_iter=2, exchange=exchange)
+        exchange, _, wire = exchange.partition(":")
+        state = sidco_torch.State(method="sidco-e", density=a.density, start_iter=2, exchange=exchange,
+                                  wire=wire or "plain")
         sidco_torch.register(ddp, state)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
     generator = torch.Generator().manual_seed(1000 * seed + rank)
@@ -108,7 +111,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--bptt", type=int, default=20)
     ap.add_argument("--lr", type=float, default=0.5)
-    ap.add_argument("--exchanges", nargs="+", default=["auto", "allgather", "dense"])
+    ap.add_argument("--exchanges", nargs="+", default=["auto", "allgather", "dense"],
+                    help="auto, allgather, reduce or dense; EXCHANGE:compact for the compact wire")
     a = ap.parse_args()
     import tempfile
     finals = {}

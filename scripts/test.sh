@@ -57,6 +57,10 @@ SIDCO_JOBS=2 setsid nice -n 19 bash -c "set -euo pipefail; $(declare -f sidco_co
   > build-asan.out 2>&1 &
 sanitized_pid=$!
 trap 'kill -- "-$sanitized_pid" 2> /dev/null || true' EXIT
+# A session of its own is also a scheduling group of its own where the kernel groups by
+# session (autogroup), and groups share the CPU evenly whatever their processes' nice: the
+# group itself is niced.
+echo 19 > "/proc/$sanitized_pid/autogroup" 2> /dev/null || true
 
 CXX=g++ build_suite build -Dhighway=enabled "${gpu_arch[@]}"
 test_suite build
