@@ -50,17 +50,15 @@ sanitized() {
     -Dfuzz=true -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" "-Dcpp_args=-fno-sanitize-recover=all -gline-tables-only" &&
     test_suite build-asan --timeout-multiplier 3  # beside other work: slower, not hung
 }
-# In a process group of its own, ended with this script however it ends. Two compiles at a
+# In a session of its own, ended with this script however it ends. Where the kernel groups
+# processes for scheduling by session (autogroup), groups share the CPU evenly whatever their
+# processes' nice, so the new session's group is niced too, from inside it. Two compiles at a
 # time: more would only hold memory while the g++ half has the cores.
 rm -f build-asan/meson-logs/testlog.json
-SIDCO_JOBS=2 setsid nice -n 19 bash -c "set -euo pipefail; $(declare -f sidco_configure build_suite test_suite sanitized); sanitized" \
+SIDCO_JOBS=2 setsid --wait nice -n 19 bash -c "set -euo pipefail; { echo 19 > /proc/self/autogroup; } 2> /dev/null || true; $(declare -f sidco_configure build_suite test_suite sanitized); sanitized" \
   > build-asan.out 2>&1 &
 sanitized_pid=$!
 trap 'kill -- "-$sanitized_pid" 2> /dev/null || true' EXIT
-# A session of its own is also a scheduling group of its own where the kernel groups by
-# session (autogroup), and groups share the CPU evenly whatever their processes' nice: the
-# group itself is niced.
-echo 19 > "/proc/$sanitized_pid/autogroup" 2> /dev/null || true
 
 CXX=g++ build_suite build -Dhighway=enabled "${gpu_arch[@]}"
 test_suite build
