@@ -4,9 +4,11 @@
 # the libFuzzer target, runs the suite and a 60 s fuzzing run there; ends with one line:
 # N passed, N failed[, N skipped].
 #
-# The sanitizer half runs beside the g++ half at the lowest CPU priority: it takes what the
-# g++ half leaves idle (the last long compiles, ranks waiting on each other, tests that run
-# alone) and yields the moment the g++ half wants a core; it gets both once that is done.
+# The sanitizer half runs beside the g++ half at the lowest CPU priority. Its compile takes
+# what the g++ build leaves idle and yields to it. Its tests run in sessions of their own
+# (meson's), which the kernel's autogroup schedules as equals of the g++ tests whatever their
+# nice: the two suites' tests share the cores, filling each other's idle stretches (ranks
+# waiting on each other, tests that run alone); their timeouts are tripled for that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
