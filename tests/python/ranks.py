@@ -21,7 +21,7 @@ def rank_context():
 
 
 def run_ranks(target, *args, world=2, timeout=120):
-    """target(rank, port, queue, *args) on world spawned processes (port: a free one on
+    """target(rank, port, queue, *args) on world processes of rank_context() (port: a free one on
     127.0.0.1 for init_process_group); each puts one result on queue. Returns the results
     sorted, after every process exited with 0."""
     with socket.socket() as s:
