@@ -33,9 +33,7 @@ TEST_CASE_TEMPLATE("cpu kernels equal the serial oracle at every short length an
 
 TEST_CASE("cpu kernels equal the serial oracle on real gradients with 1, 2 and 3 threads") {
   // Under the sanitizers without the LSTM's 3.7M values (three quarters of the time).
-  std::vector<std::string> files = {"ffn_it10.npy", "cnn_it200.npy"};
-  if (!test::sanitized) files.push_back("lstm_it10.npy");
-  for (const auto& file : files) {
+  for (const auto& file : test::one_gradient_per_model()) {
     const auto g = test::load_gradient(file);
     for (int threads : {1, 2, 3}) {
       backend::cpu cpu(threads);
