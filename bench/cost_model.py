@@ -23,6 +23,13 @@ overlap with backward, no contention between ranks):
   reduce     2 (P-1) (alpha + (64 + 8 ceil(s k / P)) / B) + compress + owner select + decode
   powersgd   3 rings: 6 (P-1) alpha + 2 (P-1)/P 4 (r sum(n + m) + vectors) / B + its compute
 
+This is the hook's model (gloo: flat collectives, a ring all-reduce) with this machine's
+loopback latency. Checked against SimGrid's SMPI (bench/smpi_model.py), a plain alpha-beta
+charge of the same bytes is 40-55% short of the simulated time: SMPI's calibration charges a
+message under 64 KiB about twice the latency and a third to four fifths of the link's rate
+(a 64 KiB or larger one 11.6 latencies), which bench/smpi_model.py adds, landing within 3%;
+and Open MPI's dense all-reduce there is Rabenseifner's (2 log2 P messages), not a ring.
+
 Prints the model's table and where each wins; --png plots time against P per link speed.
 The hook's exchange="auto" follows the table's all-gather/reduce choice (see README).
 

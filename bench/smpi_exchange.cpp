@@ -20,6 +20,9 @@
 //   applied       entries the step applied (the global selection, the all-gather's union of
 //                 selections, N for dense) over k: p5, median and p95 over the timed steps
 //   identical     whether every rank applied the same update, bit for bit, at every step
+//   phases        the two-hop schedule's phases in the last timed step (what a rank posted
+//                 between two MPI_Waitall calls): [most messages a rank posted, most bytes,
+//                 mean message bytes] each; bench/smpi_model.py predicts the time from them
 //
 // The exchanges run their blocking collectives (exchange_options::overlap false; --overlap 1
 // for the non-blocking ones, which SMPI runs as P^2 flat messages: a run at 256 ranks did not
@@ -51,6 +54,14 @@
 
 namespace {
 double sent_bytes = 0;
+
+// The two-hop schedule's phases as this rank saw them: the messages it posted between one
+// MPI_Waitall and the next (bench/smpi_model.py predicts a phase's time from them).
+struct phase {
+  double messages = 0, bytes = 0;
+};
+std::vector<phase> phases;
+bool phase_open = false;
 
 int peers() {
   int p = 1;
@@ -88,7 +99,15 @@ int MPI_Allgather(const void* send, int count, MPI_Datatype type, void* receive,
 // The two-hop schedule's messages (exchange_options::schedule = two_hop).
 int MPI_Isend(const void* send, int count, MPI_Datatype type, int to, int tag, MPI_Comm comm, MPI_Request* request) {
   sent_bytes += double(count) * type_bytes(type);
+  if (!phase_open) phases.emplace_back();
+  phase_open = true;
+  phases.back().messages += 1;
+  phases.back().bytes += double(count) * type_bytes(type);
   return PMPI_Isend(send, count, type, to, tag, comm, request);
+}
+int MPI_Waitall(int count, MPI_Request* requests, MPI_Status* statuses) {
+  phase_open = false;
+  return PMPI_Waitall(count, requests, statuses);
 }
 int MPI_Allreduce(const void* send, void* receive, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
   const int p = peers() + 1;
@@ -189,12 +208,15 @@ int main(int argc, char** argv) {
     if (o.mode == "allgather") gather.emplace(MPI_COMM_WORLD, n, o.delta, options);
     if (reducing) reduce.emplace(MPI_COMM_WORLD, n, o.delta, options);
     std::vector<double> times, applied;
+    std::string phase_json;  // the last timed step's phases, over ranks
     double counted = 0;
     bool identical = true;
     for (int step = 0; step < o.warmup + o.steps; ++step) {
       gradient_at(gradient, o, rank, step);
       MPI_Barrier(MPI_COMM_WORLD);
       const double bytes_before = sent_bytes;
+      phases.clear();
+      phase_open = false;
       const double start = MPI_Wtime();
       double entries = double(n);
       if (o.mode == "dense") {
@@ -235,15 +257,30 @@ int main(int argc, char** argv) {
       double all_bytes = 0;
       PMPI_Allreduce(&step_bytes, &all_bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       counted += all_bytes / double(ranks);
+      // Each phase: the most messages and bytes a rank posted in it, and the mean message size.
+      int count = int(phases.size()), most = 0;
+      PMPI_Allreduce(&count, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      phases.resize(std::size_t(most));
+      phase_json.clear();
+      for (const phase& ph : phases) {
+        double mine[2] = {ph.messages, ph.bytes}, largest[2] = {0, 0}, total[2] = {0, 0};
+        PMPI_Allreduce(mine, largest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        PMPI_Allreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        char item[128];
+        std::snprintf(item, sizeof item, "%s[%.0f, %.0f, %.1f]", phase_json.empty() ? "" : ", ", largest[0],
+                      largest[1], total[0] > 0 ? total[1] / total[0] : 0.0);
+        phase_json += item;
+      }
     }
     if (rank == 0) {
       const double per_rank = counted / double(o.steps);
       std::printf("{\"mode\": \"%s\", \"gradient\": \"%s\", \"ranks\": %d, \"n\": %zu, \"delta\": %g, \"steps\": %d, "
                   "\"sim_ms\": %.4f, \"bytes_per_rank\": %.0f, \"bytes_over_8k\": %.3f, \"applied_p5\": %.3f, "
-                  "\"applied_median\": %.3f, \"applied_p95\": %.3f, \"identical\": %s, \"method\": \"%s\"}\n",
+                  "\"applied_median\": %.3f, \"applied_p95\": %.3f, \"identical\": %s, \"method\": \"%s\", "
+                  "\"phases\": [%s]}\n",
                   o.mode.c_str(), o.gradient.c_str(), ranks, n, o.delta, o.steps, quantile(times, 0.5) * 1e3, per_rank,
                   per_rank / (8.0 * k), quantile(applied, 0.05), quantile(applied, 0.5), quantile(applied, 0.95),
-                  identical ? "true" : "false", o.method.c_str());
+                  identical ? "true" : "false", o.method.c_str(), phase_json.c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());

@@ -2,7 +2,8 @@
 # The MPI exchanges at many ranks under SimGrid's SMPI (bench/smpi_exchange.cpp): builds the
 # program with smpicxx, then runs each exchange at each rank count on each platform of
 # bench/smpi/ and gradient, communication only (--cfg=smpi/simulate-computation:no), with Open
-# MPI's choice of collective algorithms. One JSON line per run (its platform added) on stdout.
+# MPI's choice of collective algorithms. One JSON line per run (its platform added) on stdout;
+# bench/smpi_model.py compares them with the alpha-beta model.
 #   bench/smpi_exchange.sh [OUT_DIR]      (OUT_DIR: where the program is built; default /tmp/sidco-smpi)
 # Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce reduce-two-hop"; also
 # reduce-exact; reduce and reduce-exact run the flat schedule, reduce-two-hop the default), GRADIENTS

@@ -5,7 +5,9 @@
 # 2 (P - 1) blocks; at exact sizes no more, in two hops fewer still, and fewer again with compact
 # values) and the reduce exchange's stay under the
 # all-gather's; the reduce exchange applies its target (within 5%) on iid gradients; simulated
-# time is positive; both platforms of bench/smpi/ load.
+# time is positive; both platforms of bench/smpi/ load; the alpha-beta model
+# (bench/smpi_model.py) is within 25% of the simulated time of the dense all-reduce and of
+# the two hops.
 #   smpi_test.sh SMPIRUN PROGRAM SOURCE_ROOT
 set -euo pipefail
 smpirun=$1 program=$2 root=$3
@@ -64,3 +66,6 @@ for platform in ("10gbps", "100gbps"):
         fail(f"compact two hops applied {compact['applied_p5']} of their target on iid gradients")
 print("smpi_test: 12 runs as the formats say")
 PY
+# The alpha-beta model with SMPI's message-size factors predicts the dense all-reduce and the
+# two-hop exchange within 25% (bench/smpi_model.py).
+/usr/bin/python3 "$root/bench/smpi_model.py" "$work/runs.jsonl" --platforms "$root/bench/smpi" --check 0.25
