@@ -25,9 +25,9 @@ overlap with backward, no contention between ranks):
 
 This is the hook's model (gloo: flat collectives, a ring all-reduce) with this machine's
 loopback latency. Checked against SimGrid's SMPI (bench/smpi_model.py), a plain alpha-beta
-charge of the same bytes is 40-55% short of the simulated time: SMPI's calibration charges a
-message under 64 KiB about twice the latency and a third to four fifths of the link's rate
-(a 64 KiB or larger one 11.6 latencies), which bench/smpi_model.py adds, landing within 3%;
+charge of the same bytes is 21-69% short of the simulated time: SMPI's calibration charges a
+message under 1.4 KB about twice the latency and a third to four fifths of the link's rate
+(one of 64 KiB or more 11.6 latencies), which bench/smpi_model.py adds, landing within 8%;
 and Open MPI's dense all-reduce there is Rabenseifner's (2 log2 P messages), not a ring.
 
 Prints the model's table and where each wins; --png plots time against P per link speed.

@@ -6,8 +6,8 @@ and bandwidth beta takes
     lat_factor(s) alpha + s / (bw_factor(s) beta)
 
 where the factors are SMPI's piecewise calibration (its defaults, SimGrid 3.32's
-`smpi/lat-factor` and `smpi/bw-factor`: a small message pays about 2 alpha and reaches a third
-to four fifths of the link; a message of 64 KiB or more pays 11.6 alpha, the rendezvous). The
+`smpi/lat-factor` and `smpi/bw-factor`: a message under 1.4 KB pays about 2 alpha and reaches
+a third to four fifths of the link; one of 64 KiB or more pays 11.6 alpha, the rendezvous). The
 plain model (both factors 1, `--plain`) is what bench/cost_model.py charges; the table shows
 how far it falls from SMPI. alpha is the route's latency (host link, backbone, host link),
 beta the host link's bandwidth; a shared backbone slower than the ranks' links together
@@ -20,8 +20,8 @@ divides among the ranks.
                rank posts between two MPI_Waitall calls): message(mean size) + (the most
                bytes a rank posted - one mean message) / (bw_factor beta), phases in sequence
 
-Rows of other modes are shown without a model. With --check TOL, exits 1 when a modelled row
-is further than TOL (relative) from SMPI.
+Rows of other modes, and runs with the ranks' compute (COMPUTE=1), are shown without a
+model. With --check TOL, exits 1 when a modelled row is further than TOL (relative) from SMPI.
 
     RANKS="16 64 256" MODES="dense reduce-two-hop" bench/smpi_exchange.sh > runs.jsonl
     /usr/bin/python3 bench/smpi_model.py runs.jsonl [--check 0.25] [--plain]
@@ -109,6 +109,8 @@ class Model:
         return total
 
     def predict(self, run):
+        if run.get("compute"):
+            return None  # the ranks' compute, timed on the machine that ran SMPI: not modelled
         if run["mode"] == "dense":
             return self.dense(run["n"], run["ranks"])
         if run["mode"].startswith("reduce-two-hop") and run.get("phases"):
