@@ -1090,6 +1090,81 @@ TEST_CASE("frames: the compact coding's blocks send values narrowed, losslessly,
   CHECK(doubles_back == doubles);
 }
 
+TEST_CASE("frames: the word-at-a-time gap read and the bfloat16 narrowing equal their value-at-a-time references") {
+  // The reference: LEB128 a byte at a time, at most 10 bytes (what frame_length and
+  // read_frame accepted before the 8-byte read).
+  const auto reference = [](std::span<const std::byte> bytes, std::size_t& at, std::uint64_t& v) {
+    v = 0;
+    for (unsigned shift = 0; shift < 64 && at < bytes.size(); shift += 7) {
+      const auto byte = std::uint64_t(bytes[at++]);
+      v |= (byte & 0x7f) << shift;
+      if (!(byte & 0x80)) return true;
+    }
+    return false;
+  };
+  std::mt19937_64 rng(56);
+  std::vector<std::uint64_t> values{0, 1, 127, 128, 16383, 16384, std::numeric_limits<std::uint64_t>::max()};
+  for (unsigned bits = 1; bits < 64; ++bits) values.push_back((std::uint64_t(1) << bits) - 1 + rng() % 2);
+  for (int i = 0; i < 2000; ++i) values.push_back(rng() >> (rng() % 64));
+  std::size_t compared = 0;
+  for (const std::uint64_t value : values)
+    for (std::size_t tail = 0; tail < 12; ++tail) {  // codes cut short, ending at, and well inside the buffer
+      std::vector<std::byte> bytes(3 + 10 + tail);
+      for (auto& b : bytes) b = std::byte(rng());
+      std::byte* end = comm::detail::put_varint(value, bytes.data() + 3);
+      bytes.resize(std::min(bytes.size(), std::size_t(end - bytes.data()) + tail));
+      for (std::size_t start : {std::size_t(3), std::size_t(0), std::size_t(1)}) {
+        std::size_t at_fast = start, at_ref = start;
+        std::uint64_t fast = 7, ref = 7;
+        const bool ok_fast = comm::detail::take_code(bytes, at_fast, fast);
+        const bool ok_ref = reference(bytes, at_ref, ref);
+        REQUIRE(ok_fast == ok_ref);
+        if (ok_ref) REQUIRE((fast == ref && at_fast == at_ref));
+        ++compared;
+      }
+    }
+  // Random bytes: codes of any length, damaged ones (no stop byte within 10) included.
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<std::byte> bytes(1 + rng() % 16);
+    const unsigned continuation = unsigned(rng() % 9);  // how many leading bytes carry the continuation bit
+    for (std::size_t j = 0; j < bytes.size(); ++j) bytes[j] = std::byte(rng() | (j < continuation ? 0x80 : 0));
+    for (std::size_t start = 0; start <= bytes.size(); ++start) {
+      std::size_t at_fast = start, at_ref = start;
+      std::uint64_t fast = 0, ref = 0;
+      const bool ok_fast = comm::detail::take_code(bytes, at_fast, fast);
+      const bool ok_ref = reference(bytes, at_ref, ref);
+      REQUIRE(ok_fast == ok_ref);
+      if (ok_ref) REQUIRE((fast == ref && at_fast == at_ref));
+      ++compared;
+    }
+  }
+  CHECK(compared > 100000);
+  // Narrowing float to bfloat16: the same verdict and bits as bfloat16(v) and back, per value.
+  std::vector<std::uint32_t> patterns{0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+                                      0x7f810000u /* signalling NaN, low half zero: quieted, so inexact */,
+                                      0x7fc10000u, 0x7fc00001u, 0x00010000u, 0x00008000u, 0x3f800000u, 0x3f800001u,
+                                      0x7f7f0000u, 0x7f7fffffu};
+  for (int i = 0; i < 4000; ++i) patterns.push_back(std::uint32_t(rng()) & (i % 2 ? 0xffff0000u : 0xffffffffu));
+  for (const std::uint32_t bits : patterns)
+    for (std::size_t count : {std::size_t(1), std::size_t(5)}) {  // the value alone, and among rounded ones
+      std::vector<std::uint32_t> run(count, 0x40400000u);  // 3.0f: exact in bfloat16
+      run[count / 2] = bits;
+      std::vector<std::uint16_t> out(count, 0);
+      const bool exact = comm::detail::narrow_exactly<float>(reinterpret_cast<const std::byte*>(run.data()), count,
+                                                             reinterpret_cast<std::byte*>(out.data()));
+      bool expected = true;
+      std::vector<std::uint16_t> want(count);
+      for (std::size_t j = 0; j < count; ++j) {
+        const float v = std::bit_cast<float>(run[j]);
+        const sidco::bfloat16 narrowed(v);
+        expected = expected && std::bit_cast<std::uint32_t>(float(narrowed)) == run[j];
+        want[j] = narrowed.bits;
+      }
+      REQUIRE(exact == expected);
+      if (expected) REQUIRE(out == want);
+    }
+}
+
 TEST_CASE("frames: a payload as a count and its entries reads back as the payload; a failure travels whole") {
   const comm::wire_format format = comm::format_for<float, std::uint32_t>(40);
   const comm::wire_fields fields{9, 12, 0.01, comm::reduction::average};
