@@ -1090,9 +1090,9 @@ TEST_CASE("frames: the compact coding's blocks send values narrowed, losslessly,
   CHECK(doubles_back == doubles);
 }
 
-TEST_CASE("frames: the word-at-a-time gap read and the bfloat16 narrowing equal their value-at-a-time references") {
-  // The reference: LEB128 a byte at a time, at most 10 bytes (what frame_length and
-  // read_frame accepted before the 8-byte read).
+TEST_CASE("frames: gap codes read as LEB128 defines them; narrowing to bfloat16 equals bfloat16(v) and back") {
+  // The definition: LEB128 a byte at a time, at most 10 bytes; a code cut short or longer is
+  // refused. take_code (frame_length, read_frame) must agree with it on every buffer.
   const auto reference = [](std::span<const std::byte> bytes, std::size_t& at, std::uint64_t& v) {
     v = 0;
     for (unsigned shift = 0; shift < 64 && at < bytes.size(); shift += 7) {
