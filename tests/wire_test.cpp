@@ -1111,8 +1111,8 @@ TEST_CASE("frames: gap codes read back as written, cut-short and overlong ones r
       if (ok) REQUIRE((read == value && at == 3 + length));
     }
   }
-  // Longer than a 64-bit number's code (ten bytes): refused, whatever follows.
-  std::vector<std::byte> overlong(12, std::byte{0x80});
+  // Longer than a 64-bit number's code (ten bytes): an eleventh byte is refused, even a stop.
+  std::vector<std::byte> overlong(11, std::byte{0x80});
   overlong.back() = std::byte{0x01};
   std::size_t at = 0;
   std::uint64_t read = 0;
