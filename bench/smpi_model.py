@@ -132,16 +132,17 @@ def main():
         sys.exit(f"smpi_model: no runs in {args.runs}")
     print("| link | P | mode | gradient | SMPI ms | model ms | model / SMPI |")
     print("|---|---|---|---|---|---|---|")
+    models = {name: Model(Platform(os.path.join(args.platforms, f"cluster-{name}.xml")), args.plain)
+              for name in sorted({run["platform"] for run in runs})}
     worst, misses = 0.0, []
     for run in runs:
-        platform = Platform(os.path.join(args.platforms, f"cluster-{run['platform']}.xml"))
-        predicted = Model(platform, args.plain).predict(run)
+        predicted = models[run["platform"]].predict(run)
+        ratio = None if predicted is None else predicted * 1e3 / run["sim_ms"]
         shown = "—" if predicted is None else f"{predicted * 1e3:.3f}"
-        ratio = "—" if predicted is None else f"{predicted * 1e3 / run['sim_ms']:.2f}"
         print(f"| {run['platform']} | {run['ranks']} | {run['mode']} | {run['gradient']} | {run['sim_ms']:.3f} | "
-              f"{shown} | {ratio} |")
-        if predicted is not None:
-            error = abs(predicted * 1e3 / run["sim_ms"] - 1)
+              f"{shown} | {'—' if ratio is None else f'{ratio:.2f}'} |")
+        if ratio is not None:
+            error = abs(ratio - 1)
             worst = max(worst, error)
             if args.check is not None and error > args.check:
                 misses.append(f"{run['mode']} at {run['ranks']} ranks on {run['platform']}: model "
