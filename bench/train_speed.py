@@ -142,9 +142,16 @@ class Job:
         return row
 
 
+# Tensors made here and handed to gloo, kept for the process's life: a gloo worker that drops
+# the last reference to one takes the GIL to free it, and torch 1.13 joins those workers
+# holding the GIL when the process group goes (the hook's State keeps its own for that reason).
+_handed_to_gloo = []
+
+
 def agreed(value, src=0):
     """value as rank src has it, on every rank."""
     t = torch.tensor([float(value)], dtype=torch.float64)
+    _handed_to_gloo.append(t)
     dist.broadcast(t, src)
     return t.item()
 
@@ -201,8 +208,9 @@ def worker(rank, a, method, port, package, results):
         job = Job(a, method, rank)
         out = run_step(job, a) if a.mode == "step" else run_converge(job, a)
         dist.barrier()
-        dist.destroy_process_group()
+        # Results first: a teardown that stalls then costs the parent's join, not the run.
         results.put((rank, True, out))
+        dist.destroy_process_group()
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
 
@@ -242,9 +250,10 @@ def run_method(a, method):
                 got[rank] = value
             else:
                 error = value
-        for p in procs:
+        for rank, p in enumerate(procs):
             p.join(5)
             if p.is_alive():
+                print(f"{method}: rank {rank} still running 5 s after the results: killed", file=sys.stderr, flush=True)
                 p.kill()
         if error is None:
             return got[0]

@@ -39,7 +39,8 @@ def unshaped(tmp):
         assert got[method]["over_capacity"] == 0, got[method]
     converge = os.path.join(tmp, "converge.jsonl")
     subprocess.run(BENCH + ["converge", "--model", "tiny", "--methods", "sidco-e", "--max-steps", "20",
-                            "--eval-every", "5", "--eval-words", "2000", "--target", "1e9", "--json", converge],
+                            "--eval-every", "5", "--eval-words", "2000", "--target", "1e9", "--timeout", "240",
+                            "--json", converge],
                    check=True)
     r = rows(converge)["sidco-e"]
     assert r["reached_step"] == 5 and len(r["curve"]) == 1, r
