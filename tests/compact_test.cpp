@@ -108,13 +108,19 @@ TEST_CASE_TEMPLATE("compact: each rank keeps what rounding took, bit for bit; th
         for (std::size_t i = 0; i < size; ++i)
           REQUIRE(same_bits(T(s.residual.values()[i] + applied[i]), T(s.gradient[i] + s.old_residual[i])));
         sent += s.sent.size();
-        index_code += comm::detail::gap_code_bytes<std::uint32_t>(s.sent.indices());
+        const auto [code, bytes] = comm::detail::shorter_index_code<std::uint32_t>(s.sent.indices(), size);
+        index_code += bytes;
+        // The payload names the code its indices were written in: the shorter one.
+        CHECK(comm::header_of(s.payload).index_code == std::uint8_t(code));
+        CHECK(bytes <= comm::detail::gap_code_bytes<std::uint32_t>(s.sent.indices()));
+        CHECK(bytes <= comm::detail::elias_fano_bytes(s.sent.size(), size));
         REQUIRE(s.sent.size() > 0);
       }
-      // On real gradients the gaps take at most 1.5 bytes an entry at 1%, 1.1 at 10%.
+      // On real gradients the index code takes at most 1.5 bytes an entry at 1%; at 10%,
+      // Elias-Fano's 5.25 bits (L = 3: 4 bits, and N / 8 unary bits over about N / 10 entries).
       const double per_entry = double(index_code) / double(sent);
       MESSAGE("delta ", delta, ": index code ", per_entry, " bytes per entry");
-      CHECK(per_entry <= (delta < 0.05 ? 1.5 : 1.1));
+      CHECK(per_entry <= (delta < 0.05 ? 1.5 : 0.7));
       // Half the plain payload's bytes (+ the header, which both carry).
       CHECK(compact.format().bytes() - 64 <= (plain.format().bytes() - 64) / 2 + 8);
       // The compact decode gives the bits the plain one gives for the same (rounded) entries.
@@ -166,20 +172,25 @@ TEST_CASE("compact: a failed step gives back the values before rounding; every r
   }
 }
 
-TEST_CASE_TEMPLATE("compact: damage to a payload is refused alike, naming the rank and what is wrong", T, float,
-                   float16) {
+namespace {
+
+// Three ranks' compact payloads of 300 entries stride apart, each damaged in the ways its
+// index code can be, and in the ways any payload can.
+template <class T>
+void check_damage_refused(std::size_t stride) {
   constexpr std::size_t dense = 100000, count = 300;
   const double delta = 0.004;
   comm::allgather_core<T> core({{0, dense}}, delta, 1.25, comm::entry_coding::compact);
+  const auto expected_code = stride == 3 ? comm::index_code::gaps : comm::index_code::elias_fano;
+  CAPTURE(stride);
   std::vector<std::vector<std::byte>> clean(3, std::vector<std::byte>(core.format().bytes()));
-  std::vector<std::uint32_t> last(3);
   for (std::size_t r = 0; r < 3; ++r) {
     sparse_vector<T, std::uint32_t> sent(dense);
-    for (std::size_t j = 0; j < count; ++j) sent.push_back(std::uint32_t(5 + 331 * j + r), T(float(j) - 149.5f));
-    last[r] = sent.indices()[count - 1];
+    for (std::size_t j = 0; j < count; ++j) sent.push_back(std::uint32_t(5 + stride * j + r), T(float(j) - 149.5f));
     map_residual<T> sink;
     core.encode(sent, sink, {4, 1, delta, comm::reduction::sum}, clean[r]);
     REQUIRE(comm::header_of(clean[r]).count == count);
+    REQUIRE(comm::header_of(clean[r]).index_code == std::uint8_t(expected_code));
   }
   const auto error_of = [&](const std::vector<std::vector<std::byte>>& payloads) {
     std::vector<T> out(dense);
@@ -204,17 +215,62 @@ TEST_CASE_TEMPLATE("compact: damage to a payload is refused alike, naming the ra
     std::memcpy(payloads[2].data() + values_at + j * sizeof v, &v, sizeof v);
     expect(payloads, "rank 2 sent a non-finite value at position " + std::to_string(j));
   }
-  {  // The first gap beyond the dense size.
-    auto payloads = clean;
-    payloads[1][codes_at] = std::byte{0xff};
-    payloads[1][codes_at + 1] = std::byte{0xff};
-    payloads[1][codes_at + 2] = std::byte{0x7f};
-    expect(payloads, "rank 1 sent ");
+  if (expected_code == comm::index_code::gaps) {
+    {  // The first gap beyond the dense size.
+      auto payloads = clean;
+      payloads[1][codes_at] = std::byte{0xff};
+      payloads[1][codes_at + 1] = std::byte{0xff};
+      payloads[1][codes_at + 2] = std::byte{0x7f};
+      expect(payloads, "rank 1 sent an index past the dense size 100000 at entry 0");
+    }
+    {  // A code that never ends.
+      auto payloads = clean;
+      std::fill(payloads[0].begin() + std::ptrdiff_t(codes_at), payloads[0].end(), std::byte{0x80});
+      expect(payloads, "rank 0 sent an index code over 64 bits at entry 0");
+    }
+  } else {
+    // L = 8: entry j's low part is byte j of the codes; the unary part follows at upper_at,
+    // entry j's bit at (index >> 8) + j.
+    const std::size_t upper_at = codes_at + count;
+    {  // No unary bits at all: the code runs out at the first entry.
+      auto payloads = clean;
+      std::fill(payloads[0].begin() + std::ptrdiff_t(upper_at), payloads[0].end(), std::byte{0});
+      expect(payloads, "rank 0 sent an index code that runs past its payload at entry 0");
+    }
+    {  // A dense size raised to 2^62: 53 low bits an entry, more than the body holds. The
+      // headers' comparison names it first; the expansion alone must not read past the body.
+      auto payload = clean[1];
+      const std::uint64_t huge = std::uint64_t(1) << 62;
+      std::memcpy(payload.data() + 16, &huge, sizeof huge);
+      const auto plain_format = comm::format_for<T, std::uint32_t>(core.format().capacity);
+      std::vector<std::byte> plain(plain_format.bytes());
+      const std::string problem =
+          comm::expand_compact<T, std::uint32_t>(payload, core.format(), 1, plain_format, plain);
+      CHECK_MESSAGE(problem.find("rank 1 sent an index code that runs past its payload at entry 0") != std::string::npos,
+                    problem);
+    }
+    {  // The first entry's bit moved to the body's last: a high part beyond the dense size.
+      auto payloads = clean;
+      std::fill(payloads[1].begin() + std::ptrdiff_t(upper_at), payloads[1].end(), std::byte{0});
+      payloads[1].back() = std::byte{0x80};
+      expect(payloads, "rank 1 sent an index past the dense size 100000 at entry 0");
+    }
+    {  // Rank 0's entries 5, 336, 667, 998 set bits 0, 2, 4, 6: the second's bit moved down
+      // to the first's high part (bit 1) and its low part zeroed: index 0 after 5.
+      auto payloads = clean;
+      REQUIRE(payloads[0][upper_at] == std::byte{0b01010101});
+      payloads[0][upper_at] = std::byte{0b01010011};
+      payloads[0][codes_at + 1] = std::byte{0};
+      expect(payloads, "rank 0 sent indices out of order at entry 1");
+    }
   }
-  {  // A code that never ends.
+  {  // An index code this build does not know; the other code's reading of the bytes.
     auto payloads = clean;
-    std::fill(payloads[0].begin() + std::ptrdiff_t(codes_at), payloads[0].end(), std::byte{0x80});
-    expect(payloads, "rank 0 sent an index code over 64 bits at entry 0");
+    payloads[2][11] = std::byte{7};
+    expect(payloads, "rank 2 sent an index code 7 this rank does not know (gaps 0, Elias-Fano 1)");
+    payloads = clean;
+    payloads[2][11] = std::byte(std::uint8_t(expected_code) ^ 1);
+    expect(payloads, "rank 2 sent ");
   }
   {  // A byte past the count (a count lowered in transit shows so too).
     auto payloads = clean;
@@ -249,6 +305,16 @@ TEST_CASE_TEMPLATE("compact: damage to a payload is refused alike, naming the ra
   }
 }
 
+}  // namespace
+
+TEST_CASE_TEMPLATE("compact: damage to a payload is refused alike, naming the rank and what is wrong", T, float,
+                   float16) {
+  // Indices 3 apart: one byte of gap each (300 bytes; Elias-Fano 387); 331 apart: two bytes
+  // each (600; Elias-Fano 387: L = 8, 300 bytes of low parts and 87 of unary).
+  check_damage_refused<T>(3);
+  check_damage_refused<T>(331);
+}
+
 TEST_CASE("compact: gaps that overflow the body give back the smallest entries whole; what is kept decodes exactly") {
   // 64 entries 20,000 apart (3 bytes of code each: 192) in a body with room for 128 bytes of
   // code: the smallest go back until the rest fits.
@@ -261,7 +327,8 @@ TEST_CASE("compact: gaps that overflow the body give back the smallest entries w
   const std::size_t removed = comm::fit_compact_body(sent, format, sink);
   CHECK(removed == sink.values.size());
   CHECK(removed + sent.size() == 64);
-  CHECK(comm::detail::gap_code_bytes<std::uint32_t>(sent.indices()) <= 256 - (sent.size() * 2 + 7) / 8 * 8);
+  CHECK(comm::detail::shorter_index_code<std::uint32_t>(sent.indices(), dense).second <=
+        256 - (sent.size() * 2 + 7) / 8 * 8);
   CHECK(sent.size() >= 40);  // it stops once the code fits
   const float smallest_kept = *std::min_element(sent.values().begin(), sent.values().end());
   for (const auto& [index, value] : sink.values) {

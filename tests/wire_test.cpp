@@ -297,7 +297,7 @@ TEST_CASE("every single-field corruption of a header is refused alike on every r
     std::size_t offset, bytes;
   };
   const field fields[] = {{"magic", 0, 4},      {"version", 4, 1},   {"status", 5, 1},     {"value_code", 6, 1},
-                          {"index_bytes", 7, 1}, {"op", 8, 1},        {"error", 9, 1},      {"coding", 10, 1}, {"reserved", 11, 1},
+                          {"index_bytes", 7, 1}, {"op", 8, 1},        {"error", 9, 1},      {"coding", 10, 1}, {"index_code", 11, 1},
                           {"tag", 12, 4},        {"dense_size", 16, 8}, {"capacity", 24, 8}, {"count", 32, 8},
                           {"sequence", 40, 8},   {"trimmed", 48, 8},  {"delta", 56, 8}};
   std::size_t refused = 0, equal = 0;
@@ -331,8 +331,8 @@ TEST_CASE("every single-field corruption of a header is refused alike on every r
       }
     }
   }
-  // Fields only reports read (error while ok, reserved, trimmed) decode the same; the rest
-  // are refused.
+  // Fields only reports read (error while ok, trimmed) and the index code, which plain
+  // payloads do not read, decode the same; the rest are refused.
   for (const char* name : {"magic", "version", "status", "value_code", "index_bytes", "op", "coding", "tag", "dense_size",
                            "capacity", "count", "sequence", "delta"})
     CHECK_MESSAGE(refused_fields.count(name) == 1, name);

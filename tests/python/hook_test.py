@@ -43,7 +43,7 @@ def read_payload(payload, dtype):
     raw = payload.numpy().tobytes()
     (magic, version, status, value_code, index_bytes, op, error, _, tag, dense_size, capacity, count, sequence,
      trimmed, delta) = HEADER.unpack_from(raw)
-    assert magic == 0x57434453 and version == 3 and index_bytes == 4, (magic, version, index_bytes)
+    assert magic == 0x57434453 and version == 4 and index_bytes == 4, (magic, version, index_bytes)
     header = dict(status=status, tag=tag, dense_size=dense_size, capacity=capacity, count=count,
                   sequence=sequence, trimmed=trimmed, delta=delta)
     if status != 0:
@@ -59,20 +59,36 @@ def read_payload(payload, dtype):
 def read_compact_payload(payload, dtype):
     """(header fields, indices, values) of one compact payload (comm/compact.hpp), decoded here
     from its definition: count values narrowed (float32 as bfloat16, float64 as float32, 16-bit
-    as they are), then from the next 8-byte boundary the first index and each gap less one
-    in LEB128 (7 bits a byte, low first); values widened to dtype."""
+    as they are), then from the next 8-byte boundary the indices in the code the byte after
+    coding names: 0, the first index and each gap less one in LEB128 (7 bits a byte, low
+    first); 1, Elias-Fano (L = floor(log2(dense_size / count)): each index's low L bits
+    packed low first, then from the next byte its high part h as bit h + j of the rest);
+    values widened to dtype."""
     raw = payload.numpy().tobytes()
     (magic, version, status, value_code, index_bytes, op, error, coding, tag, dense_size, capacity, count, sequence,
      trimmed, delta) = HEADER.unpack_from(raw)
-    assert magic == 0x57434453 and version == 3 and index_bytes == 4 and (coding & 0xff) == 1, (magic, coding)
+    assert magic == 0x57434453 and version == 4 and index_bytes == 4 and (coding & 0xff) == 1, (magic, coding)
     header = dict(status=status, tag=tag, dense_size=dense_size, capacity=capacity, count=count,
-                  sequence=sequence, trimmed=trimmed, delta=delta)
+                  sequence=sequence, trimmed=trimmed, delta=delta, index_code=coding >> 8)
     if status != 0:
         return header, None, None
     narrow = {torch.float32: torch.bfloat16, torch.float64: torch.float32}.get(dtype, dtype)
     width = torch.tensor([], dtype=narrow).element_size()
     values = torch.frombuffer(bytearray(raw[64: 64 + width * count]), dtype=narrow).to(dtype)
     at, index, indices = 64 + (width * count + 7) // 8 * 8, 0, []
+    if coding >> 8 == 1:
+        low = (dense_size // count).bit_length() - 1 if count else 0
+        low_bytes = (count * low + 7) // 8
+        lows = int.from_bytes(raw[at: at + low_bytes], "little")
+        highs = int.from_bytes(raw[at + low_bytes:], "little")
+        for j in range(count):
+            position = (highs & -highs).bit_length() - 1  # the lowest bit set
+            highs &= highs - 1
+            indices.append(((position - j) << low) | (lows >> (j * low)) & ((1 << low) - 1))
+        assert highs == 0 and lows >> (count * low) == 0, "bytes past the entries"
+        assert indices == sorted(set(indices)) and (not indices or indices[-1] < dense_size), indices[:8]
+        return header, torch.tensor(indices, dtype=torch.long), values
+    assert coding >> 8 == 0, coding
     for j in range(count):
         gap, shift = 0, 0
         while True:
@@ -429,8 +445,8 @@ def refused_on_first_step(ddp, optimizer, rank, sentence, what):
 
 
 def scenario_compact(rank, world):
-    """wire="compact": the payloads hold bfloat16 values and gap-coded indices (decoded here
-    from the format's definition); each rank's sent + residual = gradient + old residual bit
+    """wire="compact": the payloads hold bfloat16 values and indices in the shorter of their
+    two codes (decoded here from the format's definition); each rank's sent + residual = gradient + old residual bit
     for bit; the result is the rank-order average of what was sent; half the plain bytes;
     parameters bit-identical on every rank (the all-gather; the reduce exchange's compact wire:
     scenario_reduce_exact)."""
@@ -455,9 +471,12 @@ def scenario_compact(rank, world):
             for _, i, v in payloads:
                 expected[i] = expected[i] + v
             assert torch.equal(r["out"], expected / world), f"step {step}: not the rank-order average"
-            # Every rank sends the head the longest payload needs: 64 bytes, 2 a value (to 8)
-            # and the gaps' code (to 8); well under the fixed 64 + 4 capacity.
-            longest = max(64 + (2 * h["count"] + 7) // 8 * 8 + (len(gap_code(i)) + 7) // 8 * 8 for h, i, _ in payloads)
+            # Each payload's indices in the shorter code (the gaps on a tie). Every rank sends
+            # the head the longest payload needs: 64 bytes, 2 a value (to 8) and that code (to
+            # 8); well under the fixed 64 + 4 capacity.
+            codes = [min((len(gap_code(i)), 0), (elias_fano_bytes(h["count"], h["dense_size"]), 1)) for h, i, _ in payloads]
+            assert [c for _, c in codes] == [h["index_code"] for h, _, _ in payloads], (codes, [h for h, _, _ in payloads])
+            longest = max(64 + (2 * h["count"] + 7) // 8 * 8 + (b + 7) // 8 * 8 for (h, _, _), (b, _) in zip(payloads, codes))
             assert r["stats"]["bytes_sent"] == longest < 64 + 4 * header["capacity"], (longest, r["stats"])
     assert sparse > 0
     digest = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -465,6 +484,15 @@ def scenario_compact(rank, world):
     dist.all_gather(everyone, digest)
     assert all(torch.equal(everyone[0], d) for d in everyone), "ranks' parameters differ"
     return f"{sparse} sparse buckets, {records[-1]['stats']['bytes_per_entry']:.2f} bytes per entry"
+
+
+def elias_fano_bytes(count, dense_size):
+    """Bytes of the Elias-Fano code of count indices below dense_size: count x L low bits
+    (to a byte), then count + (dense_size - 1 >> L) + 1 unary bits (to a byte)."""
+    if count == 0:
+        return 0
+    low = (dense_size // count).bit_length() - 1
+    return (count * low + 7) // 8 + (count + ((dense_size - 1) >> low) + 1 + 7) // 8
 
 
 def gap_code(indices):
@@ -1271,7 +1299,7 @@ def check_threads():
 
 
 HEADER_FIELDS = [("magic", 0, 4), ("version", 4, 1), ("status", 5, 1), ("value_code", 6, 1), ("index_bytes", 7, 1),
-                 ("op", 8, 1), ("error", 9, 1), ("reserved", 10, 2), ("tag", 12, 4), ("dense_size", 16, 8),
+                 ("op", 8, 1), ("error", 9, 1), ("coding, index_code", 10, 2), ("tag", 12, 4), ("dense_size", 16, 8),
                  ("capacity", 24, 8), ("count", 32, 8), ("sequence", 40, 8), ("trimmed", 48, 8), ("delta", 56, 8)]
 
 

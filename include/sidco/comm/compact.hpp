@@ -1,19 +1,24 @@
 // The compact entry coding of an exchange's payload: values narrowed to half their width
-// (float32 as bfloat16, float64 as float32; 16-bit values stay as they are) and indices as
-// the gaps between ascending indices in a variable-length code (LEB128: 7 bits a byte, one
-// byte for a gap below 128, the common case at densities above 1%). What narrowing rounds
-// off goes back into the sender's residual, so a rank's residual plus what it sent is still
-// exactly its gradient plus its old residual.
+// (float32 as bfloat16, float64 as float32; 16-bit values stay as they are) and the
+// ascending indices in the shorter of two codes, named in the header (index_code): their
+// gaps in a variable-length code (LEB128: 7 bits a byte, one byte for a gap below 128;
+// shortest where a selection clusters), or Elias-Fano (each index's low L bits packed, its
+// high bits in unary: 2 + log2(N / count) bits an index however they spread; shorter near
+// 10% density, where most gaps would take a whole byte). What narrowing rounds off goes
+// back into the sender's residual, so a rank's residual plus what it sent is still exactly
+// its gradient plus its old residual.
 //
 // Payloads keep a fixed size (the collectives move equal sizes): a 64-byte header, then
-// count narrowed values, then the index gaps, in a body of capacity x (value bytes +
-// compact_index_budget) bytes. A selection whose gaps would overflow the body gives its
-// smallest entries back to the residual until it fits (it never happens at δ >= 1/128 per
-// segment; it may on a very sparse segment). A receiver expands each compact payload into
-// the plain format (comm/wire.hpp) and checks and sums it as any other.
+// count narrowed values, then the index code, in a body of capacity x (value bytes +
+// compact_index_budget) bytes. A selection whose code would overflow the body gives its
+// smallest entries back to the residual until it fits (it never happens at δ >= 2^-13 per
+// segment, where Elias-Fano takes at most 16 bits an index; it may on a sparser one). A
+// receiver expands each compact payload into the plain format (comm/wire.hpp) and checks
+// and sums it as any other.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -69,6 +74,9 @@ wire_format format_for(std::size_t capacity, entry_coding coding) {
   return coding == entry_coding::compact ? compact_format_for<T, Index>(capacity) : format_for<T, Index>(capacity);
 }
 
+/// How a compact payload codes its indices (wire_header::index_code).
+enum class index_code : std::uint8_t { gaps = 0, elias_fano = 1 };
+
 namespace detail {
 
 inline std::size_t varint_bytes(std::uint64_t v) {
@@ -101,6 +109,66 @@ inline std::byte* put_varint(std::uint64_t v, std::byte* at) {
   return at;
 }
 
+/// Elias-Fano of count ascending indices below dense_size: the low bits kept per index
+/// (L = floor(log2(dense_size / count)), so that the high parts' unary code takes at most
+/// about 2 bits an index).
+inline unsigned elias_fano_low_bits(std::uint64_t count, std::uint64_t dense_size) {
+  const std::uint64_t ratio = count == 0 ? 0 : dense_size / count;
+  return ratio == 0 ? 0 : unsigned(std::bit_width(ratio) - 1);
+}
+
+/// Bytes of the low bits' part (count x L bits, whole bytes).
+inline std::size_t elias_fano_low_bytes(std::uint64_t count, unsigned low_bits) {
+  return std::size_t((count * low_bits + 7) / 8);
+}
+
+/// Bytes of the Elias-Fano code of count indices below dense_size: the low bits, then the
+/// high parts' unary code (index j's high part h sets bit h + j; at most 3 count + 1 bits).
+inline std::size_t elias_fano_bytes(std::uint64_t count, std::uint64_t dense_size) {
+  if (count == 0 || dense_size == 0) return 0;
+  const unsigned low = elias_fano_low_bits(count, dense_size);
+  return elias_fano_low_bytes(count, low) + std::size_t((count + ((dense_size - 1) >> low) + 1 + 7) / 8);
+}
+
+/// The shorter code of ascending indices below dense_size (the gaps on a tie) and its bytes.
+template <class Index>
+std::pair<index_code, std::size_t> shorter_index_code(std::span<const Index> indices, std::uint64_t dense_size) {
+  const std::size_t gaps = gap_code_bytes(indices), elias_fano = elias_fano_bytes(indices.size(), dense_size);
+  return elias_fano < gaps ? std::pair{index_code::elias_fano, elias_fano} : std::pair{index_code::gaps, gaps};
+}
+
+/// Writes the Elias-Fano code of ascending indices below dense_size at at (zeroed, with
+/// elias_fano_bytes of room). Returns its end.
+template <class Index>
+std::byte* put_elias_fano(std::span<const Index> indices, std::uint64_t dense_size, std::byte* at) {
+  const std::uint64_t n = indices.size();
+  const unsigned low = elias_fano_low_bits(n, dense_size);
+  std::uint64_t bits = 0;  // pending low bits, fewer than 8 after each index
+  unsigned pending = 0;
+  const auto put_bits = [&](std::uint64_t v, unsigned width) {  // width <= 32
+    bits |= v << pending;
+    pending += width;
+    for (; pending >= 8; pending -= 8, bits >>= 8) *at++ = std::byte(bits & 0xff);
+  };
+  for (const Index i : indices) {
+    const std::uint64_t v = std::uint64_t(i) & ((std::uint64_t(1) << low) - 1);  // low < 64: dense_size / n < 2^64
+    if (low > 32) {
+      put_bits(v & 0xffffffffu, 32);
+      put_bits(v >> 32, low - 32);
+    } else if (low > 0) {
+      put_bits(v, low);
+    }
+  }
+  if (pending > 0) *at++ = std::byte(bits & 0xff);
+  std::byte* const upper = at;
+  std::uint64_t last = 0;
+  for (std::uint64_t j = 0; j < n; ++j) {
+    last = (std::uint64_t(indices[j]) >> low) + j;
+    upper[last / 8] |= std::byte(1u << (last % 8));
+  }
+  return n == 0 ? at : upper + last / 8 + 1;
+}
+
 /// Where a body's gap codes start: after count narrowed values of value_bytes each, padded
 /// to 8 bytes.
 constexpr std::size_t codes_offset(std::size_t count, std::size_t value_bytes) {
@@ -115,13 +183,13 @@ inline std::size_t gap_room(const wire_format& format, std::size_t count) {
 }  // namespace detail
 
 /// Gives sent's smallest entries back to sink (whole: the compressor left +0 there) until
-/// its gap code fits format's body. Returns how many it gave back.
+/// its index code fits format's body. Returns how many it gave back.
 template <class T, class Index, class Sink>
 std::size_t fit_compact_body(sparse_vector<T, Index>& sent, const wire_format& format, Sink& sink) {
   std::size_t removed = 0;
   for (;;) {
     const std::size_t n = sent.size();
-    const std::size_t need = detail::gap_code_bytes<Index>(sent.indices());
+    const std::size_t need = detail::shorter_index_code<Index>(sent.indices(), sent.dense_size()).second;
     if (n == 0 || need <= detail::gap_room(format, n)) return removed;
     // Shrink in proportion (at least by one), then measure again: fewer entries, wider gaps.
     const std::size_t keep = std::min(n - 1, std::size_t(double(n) * double(detail::gap_room(format, n)) / double(need)));
@@ -168,9 +236,10 @@ std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink) {
   }
 }
 
-/// Writes the entries (ascending indices; values that compact_value_t<T> holds exactly, as
-/// round_for_compact leaves them; a gap code that fits: fit_compact_body) into a compact
-/// payload of format.bytes(); the unused bytes are zeroed. Returns the bytes it uses (a
+/// Writes the entries (ascending indices below dense_size; values that compact_value_t<T>
+/// holds exactly, as round_for_compact leaves them; an index code that fits:
+/// fit_compact_body) into a compact payload of format.bytes(), their indices in the shorter
+/// code; the unused bytes are zeroed. Returns the bytes it uses (a
 /// multiple of 8): a receiver that zeroes the rest reads the same payload.
 template <class T, class Index>
 std::size_t pack_compact(std::span<const Index> indices, std::span<const T> values, std::size_t dense_size,
@@ -184,11 +253,13 @@ std::size_t pack_compact(std::span<const Index> indices, std::span<const T> valu
   const std::size_t n = indices.size();
   if (n > format.capacity)
     sidco::detail::fail("pack_compact: ", n, " entries exceed the capacity ", format.capacity, " (trim first)");
-  if (detail::gap_code_bytes(indices) > detail::gap_room(format, n))
-    sidco::detail::fail("pack_compact: the indices' gap code exceeds the payload (fit_compact_body first)");
+  const auto [code, code_bytes] = detail::shorter_index_code(indices, dense_size);
+  if (code_bytes > detail::gap_room(format, n))
+    sidco::detail::fail("pack_compact: the indices' code exceeds the payload (fit_compact_body first)");
   wire_header h = detail::header_for<T, Index>(fields, dense_size, format);
   h.count = n;
   h.trimmed = trimmed;
+  h.index_code = std::uint8_t(code);
   std::memset(payload.data() + sizeof h, 0, format.message_bytes());
   std::byte* const body = payload.data() + sizeof h;
   for (std::size_t j = 0; j < n; ++j) {
@@ -196,10 +267,14 @@ std::size_t pack_compact(std::span<const Index> indices, std::span<const T> valu
     std::memcpy(body + j * sizeof(N), &narrow, sizeof narrow);
   }
   std::byte* at = body + detail::codes_offset(n, sizeof(N));
-  std::uint64_t next = 0;
-  for (const Index i : indices) {
-    at = detail::put_varint(std::uint64_t(i) - next, at);
-    next = std::uint64_t(i) + 1;
+  if (code == index_code::elias_fano) {
+    at = detail::put_elias_fano(indices, dense_size, at);
+  } else {
+    std::uint64_t next = 0;
+    for (const Index i : indices) {
+      at = detail::put_varint(std::uint64_t(i) - next, at);
+      next = std::uint64_t(i) + 1;
+    }
   }
   detail::write_header(h, payload);
   return std::min(format.bytes(), std::size_t(at - payload.data() + 7) / 8 * 8);
@@ -249,6 +324,65 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
     std::memcpy(values + j * sizeof(T), &wide, sizeof wide);
   }
   const std::byte* at = body + detail::codes_offset(n, sizeof(N));
+  if (h.index_code == std::uint8_t(index_code::elias_fano)) {
+    const unsigned low = detail::elias_fano_low_bits(n, h.dense_size);
+    const std::size_t low_bytes = detail::elias_fano_low_bytes(n, low);
+    if (low_bytes > std::size_t(end - at))
+      return damaged("an index code that runs past its payload at entry 0 (damaged in transit?)");
+    std::uint64_t bits = 0;  // the low parts' bits read and not yet taken
+    unsigned pending = 0;
+    const std::byte* low_at = at;
+    const auto take_bits = [&](unsigned width) {  // width <= 32
+      for (; pending < width; pending += 8) bits |= std::uint64_t(*low_at++) << pending;
+      const std::uint64_t v = bits & ((std::uint64_t(1) << width) - 1);
+      bits >>= width;
+      pending -= width;
+      return v;
+    };
+    // The high parts' unary code: the rest of the body, read a word at a time, bytes in
+    // ascending order (bit b of byte i is bit 8i + b, as put_elias_fano set it).
+    const std::byte* const upper = at + low_bytes;
+    const std::size_t upper_bytes = std::size_t(end - upper);
+    std::size_t loaded = 0;
+    std::uint64_t word = 0, word_base = 0;
+    std::uint64_t next = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      std::uint64_t low_part = 0;
+      if (low > 32) {
+        low_part = take_bits(32);
+        low_part |= take_bits(low - 32) << 32;
+      } else if (low > 0) {
+        low_part = take_bits(low);
+      }
+      while (word == 0) {
+        if (loaded == upper_bytes)
+          return damaged("an index code that runs past its payload at entry ", j, " (damaged in transit?)");
+        const std::size_t take = std::min<std::size_t>(8, upper_bytes - loaded);
+        for (std::size_t b = 0; b < take; ++b) word |= std::uint64_t(upper[loaded + b]) << (8 * b);
+        word_base = 8 * std::uint64_t(loaded);
+        loaded += take;
+      }
+      const std::uint64_t high = word_base + unsigned(std::countr_zero(word)) - j;  // the j-th set bit is at >= j
+      word &= word - 1;
+      if (high > (h.dense_size - 1) >> low || ((high << low) | low_part) >= h.dense_size)
+        return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
+      const std::uint64_t index = (high << low) | low_part;
+      if (index < next) return damaged("indices out of order at entry ", j, " (damaged in transit?)");
+      const Index narrow_index = Index(index);
+      std::memcpy(indices + j * sizeof(Index), &narrow_index, sizeof narrow_index);
+      next = index + 1;
+    }
+    bool rest_zero = bits == 0 && word == 0;
+    for (std::size_t b = loaded; b < upper_bytes && rest_zero; ++b) rest_zero = upper[b] == std::byte{0};
+    if (!rest_zero) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
+    h.coding = std::uint8_t(entry_coding::plain);  // it is plain now
+    h.index_code = 0;
+    detail::write_header(h, plain);
+    return {};
+  }
+  if (h.index_code != std::uint8_t(index_code::gaps))
+    return damaged("an index code ", int(h.index_code), " this rank does not know (gaps ", int(index_code::gaps),
+                   ", Elias-Fano ", int(index_code::elias_fano), ")");
   std::uint64_t next = 0;
   for (std::size_t j = 0; j < n; ++j) {
     std::uint64_t gap = 0;

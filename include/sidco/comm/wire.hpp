@@ -49,7 +49,8 @@ class nonfinite_exchange : public runtime_error {
 inline constexpr std::uint32_t wire_magic = 0x57434453;  // "SDCW" in little-endian bytes
 // 2: an owner's selection carries each index's update (sum or average), not its sum.
 // 3: a plain payload's values follow its count indices (used bytes are a prefix).
-inline constexpr std::uint8_t wire_version = 3;
+// 4: a compact payload names its index code (gaps or Elias-Fano) in index_code.
+inline constexpr std::uint8_t wire_version = 4;
 
 /// Bytes of index code a compact payload holds per entry of capacity (a gap below 2^14
 /// takes at most two bytes; most take one).
@@ -66,7 +67,7 @@ struct wire_header {
   std::uint8_t op;           // reduction
   std::uint8_t error;        // error_kind, when failed
   std::uint8_t coding;       // entry_coding
-  std::uint8_t reserved;
+  std::uint8_t index_code;   // compact payloads: comm/compact.hpp's index_code; plain: 0
   std::uint32_t tag;         // which tensor or bucket: the caller's number
   std::uint64_t dense_size;
   std::uint64_t capacity;
