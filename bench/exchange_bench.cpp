@@ -147,29 +147,31 @@ void owner_select(benchmark::State& state) {
   state.counters["union_over_k"] = double(union_size) / double(plan.target);
 }
 
-// allgather_codec/C/P: one rank's all-gather encode of its selection plus the decode of P
+// allgather_codec/C/P/D: one rank's all-gather encode of its selection plus the decode of P
 // ranks' payloads (the whole exchange's CPU work on one rank, the collective aside), plain
-// (C = 0) or compact (C = 1, comm/compact.hpp), on one thread, against the local compress
-// in the same run:
+// (C = 0) or compact (C = 1, comm/compact.hpp), at density D / 1000 (10: the indices' gaps
+// code; 100: Elias-Fano), on one thread, against the local compress in the same run:
 //
 //   codec_ms              encode + decode
 //   compress_ms           one rank's local compress (median of 5 calls, same run)
 //   codec_over_compress   the two's ratio (issue 56's goal for compact: <= 0.15)
-//   payload_bytes         the payload's size
+//   payload_bytes         the payload's size (used_bytes: what its entries take)
+//   index_code            what the compact payload coded its indices in (0 gaps, 1 Elias-Fano)
 void allgather_codec(benchmark::State& state) {
   static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
   const auto coding = state.range(0) == 1 ? comm::entry_coding::compact : comm::entry_coding::plain;
   const std::size_t ranks = std::size_t(state.range(1)), n = gradient.size();
-  comm::allgather_core<float> core({{0, n}}, delta, 1.25, coding);
+  const double density = double(state.range(2)) / 1000;
+  comm::allgather_core<float> core({{0, n}}, density, 1.25, coding);
   std::vector<sparse_vector<float>> local(ranks);
   std::vector<double> compress_seconds;
   for (std::size_t r = 0; r < ranks; ++r) {
     const auto g = rank_gradient(gradient, r);
     local_compressor compressor({}, {}, backend::cpu(1));
-    compressor.compress(std::span<const float>(g), delta, local[r]);  // warm
+    compressor.compress(std::span<const float>(g), density, local[r]);  // warm
     for (int c = 0; c < (r == 0 ? 5 : 0); ++c) {
       const auto start = std::chrono::steady_clock::now();
-      compressor.compress(std::span<const float>(g), delta, local[r]);
+      compressor.compress(std::span<const float>(g), density, local[r]);
       compress_seconds.push_back(seconds_since(start));
     }
   }
@@ -199,6 +201,8 @@ void allgather_codec(benchmark::State& state) {
   state.counters["compress_ms"] = compress * 1e3;
   state.counters["codec_over_compress"] = codec / compress;
   state.counters["payload_bytes"] = double(bytes);
+  state.counters["used_bytes"] = double(core.used_bytes());
+  state.counters["index_code"] = comm::header_of(payloads[0]).index_code;  // compact: 0 gaps, 1 Elias-Fano
 }
 
 // reduce_frames/C/P: one rank's round-1 framing of its P blocks (comm/reduce/frames.hpp:
@@ -262,7 +266,7 @@ void reduce_frames(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
-BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}})->Unit(benchmark::kMillisecond);
+BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}, {10, 100}})->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_frames)->ArgsProduct({{0, 1}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "sidco/backend/host/keep_top_k.hpp"
+#include "sidco/comm/agree.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/float_traits.hpp"
@@ -167,6 +168,26 @@ std::byte* put_elias_fano(std::span<const Index> indices, std::uint64_t dense_si
     upper[last / 8] |= std::byte(1u << (last % 8));
   }
   return n == 0 ? at : upper + last / 8 + 1;
+}
+
+/// The count (<= 8) bytes at at as a little-endian number, whatever the host's order.
+inline std::uint64_t load_le(const std::byte* at, std::size_t count) {
+  std::uint64_t v = 0;
+  if (count == 8) {
+    std::memcpy(&v, at, 8);
+    if constexpr (std::endian::native == std::endian::big) v = __builtin_bswap64(v);
+    return v;
+  }
+  for (std::size_t b = 0; b < count; ++b) v |= std::uint64_t(at[b]) << (8 * b);
+  return v;
+}
+
+/// width (<= 32) bits from bit position bit of the little-endian bit string at at; end:
+/// where readable bytes end (the string's own bytes all lie before it).
+inline std::uint64_t bits_at(const std::byte* at, const std::byte* end, std::uint64_t bit, unsigned width) {
+  const std::byte* const from = at + bit / 8;
+  const std::uint64_t word = load_le(from, std::min<std::size_t>(8, std::size_t(end - from)));
+  return (word >> (bit % 8)) & ((std::uint64_t(1) << width) - 1);
 }
 
 /// Where a body's gap codes start: after count narrowed values of value_bytes each, padded
@@ -329,51 +350,56 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
     const std::size_t low_bytes = detail::elias_fano_low_bytes(n, low);
     if (low_bytes > std::size_t(end - at))
       return damaged("an index code that runs past its payload at entry 0 (damaged in transit?)");
-    std::uint64_t bits = 0;  // the low parts' bits read and not yet taken
-    unsigned pending = 0;
-    const std::byte* low_at = at;
-    const auto take_bits = [&](unsigned width) {  // width <= 32
-      for (; pending < width; pending += 8) bits |= std::uint64_t(*low_at++) << pending;
-      const std::uint64_t v = bits & ((std::uint64_t(1) << width) - 1);
-      bits >>= width;
-      pending -= width;
-      return v;
-    };
+    const std::uint64_t max_high = (h.dense_size - 1) >> low;
     // The high parts' unary code: the rest of the body, read a word at a time, bytes in
     // ascending order (bit b of byte i is bit 8i + b, as put_elias_fano set it).
     const std::byte* const upper = at + low_bytes;
     const std::size_t upper_bytes = std::size_t(end - upper);
     std::size_t loaded = 0;
     std::uint64_t word = 0, word_base = 0;
-    std::uint64_t next = 0;
+    // The high parts first (a tight loop over the set bits), written as index bits.
     for (std::size_t j = 0; j < n; ++j) {
-      std::uint64_t low_part = 0;
-      if (low > 32) {
-        low_part = take_bits(32);
-        low_part |= take_bits(low - 32) << 32;
-      } else if (low > 0) {
-        low_part = take_bits(low);
-      }
       while (word == 0) {
         if (loaded == upper_bytes)
           return damaged("an index code that runs past its payload at entry ", j, " (damaged in transit?)");
-        const std::size_t take = std::min<std::size_t>(8, upper_bytes - loaded);
-        for (std::size_t b = 0; b < take; ++b) word |= std::uint64_t(upper[loaded + b]) << (8 * b);
+        word = detail::load_le(upper + loaded, std::min<std::size_t>(8, upper_bytes - loaded));
         word_base = 8 * std::uint64_t(loaded);
-        loaded += take;
+        loaded += std::min<std::size_t>(8, upper_bytes - loaded);
       }
       const std::uint64_t high = word_base + unsigned(std::countr_zero(word)) - j;  // the j-th set bit is at >= j
       word &= word - 1;
-      if (high > (h.dense_size - 1) >> low || ((high << low) | low_part) >= h.dense_size)
-        return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
-      const std::uint64_t index = (high << low) | low_part;
-      if (index < next) return damaged("indices out of order at entry ", j, " (damaged in transit?)");
+      if (high > max_high) return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
+      const Index high_bits = Index(high << low);
+      std::memcpy(indices + j * sizeof(Index), &high_bits, sizeof high_bits);
+    }
+    // Then the low parts, each index checked against the one before without a branch.
+    std::uint64_t next = 0, bad = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::uint64_t bit = std::uint64_t(j) * low;
+      std::uint64_t low_part = detail::bits_at(at, end, bit, std::min(low, 32u));
+      if (low > 32) low_part |= detail::bits_at(at, end, bit + 32, low - 32) << 32;
+      Index high_bits;
+      std::memcpy(&high_bits, indices + j * sizeof(Index), sizeof high_bits);
+      const std::uint64_t index = std::uint64_t(high_bits) | low_part;
+      bad |= std::uint64_t(index < next) | std::uint64_t(index >= h.dense_size);
       const Index narrow_index = Index(index);
       std::memcpy(indices + j * sizeof(Index), &narrow_index, sizeof narrow_index);
       next = index + 1;
     }
-    bool rest_zero = bits == 0 && word == 0;
-    for (std::size_t b = loaded; b < upper_bytes && rest_zero; ++b) rest_zero = upper[b] == std::byte{0};
+    if (bad != 0) {  // find the first wrong one, for the message
+      std::uint64_t before = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        Index index;
+        std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
+        if (index >= h.dense_size) return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
+        if (index < before) return damaged("indices out of order at entry ", j, " (damaged in transit?)");
+        before = std::uint64_t(index) + 1;
+      }
+    }
+    // Past the entries: the last low byte's spare bits, the unary code's, the rest.
+    const unsigned spare = unsigned(std::uint64_t(n) * low % 8);
+    const bool rest_zero = word == 0 && (spare == 0 || (std::uint8_t(at[low_bytes - 1]) >> spare) == 0) &&
+                           detail::all_zero(upper + loaded, end);
     if (!rest_zero) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
     h.coding = std::uint8_t(entry_coding::plain);  // it is plain now
     h.index_code = 0;
@@ -403,8 +429,7 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
     std::memcpy(indices + j * sizeof(Index), &index, sizeof index);
     next = next + gap + 1;
   }
-  for (; at < end; ++at)
-    if (*at != std::byte{0}) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
+  if (!detail::all_zero(at, end)) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
   h.coding = std::uint8_t(entry_coding::plain);  // it is plain now
   detail::write_header(h, plain);
   return {};
