@@ -91,19 +91,13 @@ comm::exchange_options options_for(transfer how) {
 
 // What the two-hop schedule puts in messages: an 8-byte digest a message, a frame a payload
 // (the count's code, a selection's trimmed count's code, 4 bytes a value (a block's 2 in the
-// compact coding), the indices' gap code or, where shorter, the code of U = the last index
-// + 1 and Elias-Fano over [0, U)); what passes through an intermediate travels twice.
+// compact coding), the indices' gap code); what passes through an intermediate travels twice.
 // blocks[s][d]: the indices rank s sent rank d; owned[d]: those of d's selection.
 std::size_t frame_bytes(const std::vector<std::uint32_t>& indices, std::size_t trimmed, bool selection,
                         std::size_t value_bytes = 4) {
-  std::size_t index_code = comm::detail::gap_code_bytes<std::uint32_t>(std::span<const std::uint32_t>(indices));
-  if (!indices.empty()) {
-    const std::uint64_t universe = std::uint64_t(indices.back()) + 1;
-    index_code = std::min(index_code, comm::detail::varint_bytes(universe) +
-                                          comm::detail::elias_fano_bytes(indices.size(), universe));
-  }
-  return comm::detail::varint_bytes(4 * indices.size()) + (selection ? comm::detail::varint_bytes(trimmed) : 0) +
-         value_bytes * indices.size() + index_code;
+  return comm::detail::varint_bytes(2 * indices.size()) + (selection ? comm::detail::varint_bytes(trimmed) : 0) +
+         value_bytes * indices.size() +
+         comm::detail::gap_code_bytes<std::uint32_t>(std::span<const std::uint32_t>(indices));
 }
 
 std::size_t two_hop_bytes(std::size_t me, const std::vector<std::vector<std::vector<std::uint32_t>>>& blocks,

@@ -160,18 +160,14 @@ def code_bytes(value):
 
 
 def frame_bytes(payload, dtype, selection, narrow=False):
-    """What an ok payload takes as a frame (comm/reduce/frames.hpp): the code of four times
-    its count (and of a selection's trimmed count), the values (narrowed: half their width,
-    16-bit ones as they are), the indices as codes of the first index and then each gap less
-    one, or, where shorter, the code of U = the last index + 1 and Elias-Fano over [0, U)."""
+    """What an ok payload takes as a frame (comm/reduce/frames.hpp): the code of twice its
+    count (and of a selection's trimmed count), the values (narrowed: half their width, 16-bit
+    ones as they are), the indices as codes of the first index and then each gap less one."""
     header, indices, _ = read_payload(payload, dtype)
     assert header["status"] == 0, header
     gaps = (indices - torch.cat([torch.tensor([-1]), indices[:-1]]) - 1).tolist()
     code = sum(code_bytes(g) for g in gaps)
-    if header["count"] > 0:
-        universe = int(indices[-1]) + 1
-        code = min(code, code_bytes(universe) + elias_fano_bytes(header["count"], universe))
-    head = code_bytes(4 * header["count"]) + (code_bytes(header["trimmed"]) if selection else 0)
+    head = code_bytes(2 * header["count"]) + (code_bytes(header["trimmed"]) if selection else 0)
     width = torch.tensor([], dtype=dtype).element_size()
     if narrow and width > 2:
         width //= 2

@@ -138,11 +138,11 @@ std::pair<index_code, std::size_t> shorter_index_code(std::span<const Index> ind
   return elias_fano < gaps ? std::pair{index_code::elias_fano, elias_fano} : std::pair{index_code::gaps, gaps};
 }
 
-/// Writes the Elias-Fano code of n ascending indices below dense_size (index j:
-/// index_at(j)) at at (zeroed, with elias_fano_bytes of room). Returns the end of its last
-/// non-zero byte.
-template <class IndexAt>
-std::byte* put_elias_fano(std::size_t n, std::uint64_t dense_size, IndexAt&& index_at, std::byte* at) {
+/// Writes the Elias-Fano code of ascending indices below dense_size at at (zeroed, with
+/// elias_fano_bytes of room). Returns its end.
+template <class Index>
+std::byte* put_elias_fano(std::span<const Index> indices, std::uint64_t dense_size, std::byte* at) {
+  const std::uint64_t n = indices.size();
   const unsigned low = elias_fano_low_bits(n, dense_size);
   std::uint64_t bits = 0;  // pending low bits, fewer than 8 after each index
   unsigned pending = 0;
@@ -151,8 +151,8 @@ std::byte* put_elias_fano(std::size_t n, std::uint64_t dense_size, IndexAt&& ind
     pending += width;
     for (; pending >= 8; pending -= 8, bits >>= 8) *at++ = std::byte(bits & 0xff);
   };
-  for (std::size_t j = 0; j < n; ++j) {
-    const std::uint64_t v = index_at(j) & ((std::uint64_t(1) << low) - 1);  // low < 64: dense_size / n < 2^64
+  for (const Index i : indices) {
+    const std::uint64_t v = std::uint64_t(i) & ((std::uint64_t(1) << low) - 1);  // low < 64: dense_size / n < 2^64
     if (low > 32) {
       put_bits(v & 0xffffffffu, 32);
       put_bits(v >> 32, low - 32);
@@ -164,7 +164,7 @@ std::byte* put_elias_fano(std::size_t n, std::uint64_t dense_size, IndexAt&& ind
   std::byte* const upper = at;
   std::uint64_t last = 0;
   for (std::uint64_t j = 0; j < n; ++j) {
-    last = (index_at(j) >> low) + j;
+    last = (std::uint64_t(indices[j]) >> low) + j;
     upper[last / 8] |= std::byte(1u << (last % 8));
   }
   return n == 0 ? at : upper + last / 8 + 1;
@@ -188,71 +188,6 @@ inline std::uint64_t bits_at(const std::byte* at, const std::byte* end, std::uin
   const std::byte* const from = at + bit / 8;
   const std::uint64_t word = load_le(from, std::min<std::size_t>(8, std::size_t(end - from)));
   return (word >> (bit % 8)) & ((std::uint64_t(1) << width) - 1);
-}
-
-enum class elias_fano_problem { none, runs_past, past_dense_size, out_of_order, bytes_past };
-struct elias_fano_read {
-  std::size_t entry;  // where the problem is
-  elias_fano_problem problem;
-};
-
-/// Reads n Elias-Fano-coded indices below dense_size from [at, end) (the code, then zeros to
-/// end) into indices (n Index values, unaligned). The high parts first, in a tight loop over
-/// the unary code's set bits (read a word at a time, bytes ascending: bit b of byte i is bit
-/// 8i + b, as put_elias_fano set it), written as index bits; then the low parts, each index
-/// checked against the one before without a branch. Returns the first problem.
-template <class Index>
-elias_fano_read read_elias_fano(const std::byte* at, const std::byte* end, std::size_t n, std::uint64_t dense_size,
-                                std::byte* indices) {
-  const unsigned low = elias_fano_low_bits(n, dense_size);
-  const std::size_t low_bytes = elias_fano_low_bytes(n, low);
-  if (low_bytes > std::size_t(end - at)) return {0, elias_fano_problem::runs_past};
-  const std::uint64_t max_high = (dense_size - 1) >> low;
-  const std::byte* const upper = at + low_bytes;
-  const std::size_t upper_bytes = std::size_t(end - upper);
-  std::size_t loaded = 0;
-  std::uint64_t word = 0, word_base = 0;
-  for (std::size_t j = 0; j < n; ++j) {
-    while (word == 0) {
-      if (loaded == upper_bytes) return {j, elias_fano_problem::runs_past};
-      word = load_le(upper + loaded, std::min<std::size_t>(8, upper_bytes - loaded));
-      word_base = 8 * std::uint64_t(loaded);
-      loaded += std::min<std::size_t>(8, upper_bytes - loaded);
-    }
-    const std::uint64_t high = word_base + unsigned(std::countr_zero(word)) - j;  // the j-th set bit is at >= j
-    word &= word - 1;
-    if (high > max_high) return {j, elias_fano_problem::past_dense_size};
-    const Index high_bits = Index(high << low);
-    std::memcpy(indices + j * sizeof(Index), &high_bits, sizeof high_bits);
-  }
-  std::uint64_t next = 0, bad = 0;
-  for (std::size_t j = 0; j < n; ++j) {
-    const std::uint64_t bit = std::uint64_t(j) * low;
-    std::uint64_t low_part = bits_at(at, end, bit, std::min(low, 32u));
-    if (low > 32) low_part |= bits_at(at, end, bit + 32, low - 32) << 32;
-    Index high_bits;
-    std::memcpy(&high_bits, indices + j * sizeof(Index), sizeof high_bits);
-    const std::uint64_t index = std::uint64_t(high_bits) | low_part;
-    bad |= std::uint64_t(index < next) | std::uint64_t(index >= dense_size);
-    const Index narrow_index = Index(index);
-    std::memcpy(indices + j * sizeof(Index), &narrow_index, sizeof narrow_index);
-    next = index + 1;
-  }
-  if (bad != 0) {  // the first wrong one
-    std::uint64_t before = 0;
-    for (std::size_t j = 0; j < n; ++j) {
-      Index index;
-      std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
-      if (index >= dense_size) return {j, elias_fano_problem::past_dense_size};
-      if (index < before) return {j, elias_fano_problem::out_of_order};
-      before = std::uint64_t(index) + 1;
-    }
-  }
-  // Past the entries: the last low byte's spare bits, the unary code's, the rest.
-  const unsigned spare = unsigned(std::uint64_t(n) * low % 8);
-  const bool rest_zero = word == 0 && (spare == 0 || (std::uint8_t(at[low_bytes - 1]) >> spare) == 0) &&
-                         all_zero(upper + loaded, end);
-  return {n, rest_zero ? elias_fano_problem::none : elias_fano_problem::bytes_past};
 }
 
 /// Where a body's gap codes start: after count narrowed values of value_bytes each, padded
@@ -354,7 +289,7 @@ std::size_t pack_compact(std::span<const Index> indices, std::span<const T> valu
   }
   std::byte* at = body + detail::codes_offset(n, sizeof(N));
   if (code == index_code::elias_fano) {
-    at = detail::put_elias_fano(n, dense_size, [&](std::size_t j) { return std::uint64_t(indices[j]); }, at);
+    at = detail::put_elias_fano(indices, dense_size, at);
   } else {
     std::uint64_t next = 0;
     for (const Index i : indices) {
@@ -411,19 +346,61 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
   }
   const std::byte* at = body + detail::codes_offset(n, sizeof(N));
   if (h.index_code == std::uint8_t(index_code::elias_fano)) {
-    const auto [entry, problem] = detail::read_elias_fano<Index>(at, end, n, h.dense_size, indices);
-    switch (problem) {
-      case detail::elias_fano_problem::none:
-        break;
-      case detail::elias_fano_problem::runs_past:
-        return damaged("an index code that runs past its payload at entry ", entry, " (damaged in transit?)");
-      case detail::elias_fano_problem::past_dense_size:
-        return damaged("an index past the dense size ", h.dense_size, " at entry ", entry);
-      case detail::elias_fano_problem::out_of_order:
-        return damaged("indices out of order at entry ", entry, " (damaged in transit?)");
-      case detail::elias_fano_problem::bytes_past:
-        return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
+    const unsigned low = detail::elias_fano_low_bits(n, h.dense_size);
+    const std::size_t low_bytes = detail::elias_fano_low_bytes(n, low);
+    if (low_bytes > std::size_t(end - at))
+      return damaged("an index code that runs past its payload at entry 0 (damaged in transit?)");
+    const std::uint64_t max_high = (h.dense_size - 1) >> low;
+    // The high parts' unary code: the rest of the body, read a word at a time, bytes in
+    // ascending order (bit b of byte i is bit 8i + b, as put_elias_fano set it).
+    const std::byte* const upper = at + low_bytes;
+    const std::size_t upper_bytes = std::size_t(end - upper);
+    std::size_t loaded = 0;
+    std::uint64_t word = 0, word_base = 0;
+    // The high parts first (a tight loop over the set bits), written as index bits.
+    for (std::size_t j = 0; j < n; ++j) {
+      while (word == 0) {
+        if (loaded == upper_bytes)
+          return damaged("an index code that runs past its payload at entry ", j, " (damaged in transit?)");
+        word = detail::load_le(upper + loaded, std::min<std::size_t>(8, upper_bytes - loaded));
+        word_base = 8 * std::uint64_t(loaded);
+        loaded += std::min<std::size_t>(8, upper_bytes - loaded);
+      }
+      const std::uint64_t high = word_base + unsigned(std::countr_zero(word)) - j;  // the j-th set bit is at >= j
+      word &= word - 1;
+      if (high > max_high) return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
+      const Index high_bits = Index(high << low);
+      std::memcpy(indices + j * sizeof(Index), &high_bits, sizeof high_bits);
     }
+    // Then the low parts, each index checked against the one before without a branch.
+    std::uint64_t next = 0, bad = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::uint64_t bit = std::uint64_t(j) * low;
+      std::uint64_t low_part = detail::bits_at(at, end, bit, std::min(low, 32u));
+      if (low > 32) low_part |= detail::bits_at(at, end, bit + 32, low - 32) << 32;
+      Index high_bits;
+      std::memcpy(&high_bits, indices + j * sizeof(Index), sizeof high_bits);
+      const std::uint64_t index = std::uint64_t(high_bits) | low_part;
+      bad |= std::uint64_t(index < next) | std::uint64_t(index >= h.dense_size);
+      const Index narrow_index = Index(index);
+      std::memcpy(indices + j * sizeof(Index), &narrow_index, sizeof narrow_index);
+      next = index + 1;
+    }
+    if (bad != 0) {  // find the first wrong one, for the message
+      std::uint64_t before = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        Index index;
+        std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
+        if (index >= h.dense_size) return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
+        if (index < before) return damaged("indices out of order at entry ", j, " (damaged in transit?)");
+        before = std::uint64_t(index) + 1;
+      }
+    }
+    // Past the entries: the last low byte's spare bits, the unary code's, the rest.
+    const unsigned spare = unsigned(std::uint64_t(n) * low % 8);
+    const bool rest_zero = word == 0 && (spare == 0 || (std::uint8_t(at[low_bytes - 1]) >> spare) == 0) &&
+                           detail::all_zero(upper + loaded, end);
+    if (!rest_zero) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
     h.coding = std::uint8_t(entry_coding::plain);  // it is plain now
     h.index_code = 0;
     detail::write_header(h, plain);

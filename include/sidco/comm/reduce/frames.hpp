@@ -2,13 +2,11 @@
 // many payloads of one step (the two-hop schedule: comm/reduce/grid.hpp). Every rank knows
 // the step's header fields (tag, step, density, reduction, sizes, types), so an ok payload
 // travels as its count (and, for an owner's selection, its trimmed count) and its entries
-// without padding: count values, then the indices in the shorter of comm/compact.hpp's two
-// codes, lossless: their gaps in a variable-length code (the first index, then each gap less
-// one, 7 bits a byte: 2 bytes where a block's indices, spread by their owners' hash, lie
-// hundreds apart), or Elias-Fano over [0, U) with U = the last index + 1 coded first (about
-// 2 + log2(U / count) bits an index). The counts use the same variable-length code, so a
-// frame's head is one byte for up to 31 entries, two to 4,095: at a thousand ranks a block
-// holds a handful of entries and 4-byte words would be a fifth of the bytes. Anything else (a failure and
+// without padding: count values, then the indices as gaps in a variable-length code
+// (comm/compact.hpp's: the first index, then each gap less one, 7 bits a byte), lossless,
+// 2 or 3 bytes where a 4-byte index was. The counts use the same code, so a frame's head is
+// one byte for up to 63 entries, two to 8,191: at a thousand ranks a block holds a handful
+// of entries and 4-byte words would be a fifth of the bytes. Anything else (a failure and
 // its message, a header a rank cannot rebuild) travels whole, as the used prefix of the
 // payload. In the compact coding (comm/options.hpp) a block's values travel narrowed
 // (comm/compact.hpp's compact_value_t: float as bfloat16), which is lossless because the
@@ -18,8 +16,7 @@
 // a rank at another step or tensor is caught by the first rank that hears from it; what it
 // sent then arrives as a failure naming it.
 //
-//   frame:   code(4·count)      | code(trimmed) (selections) | values | gap codes
-//            code(4·count + 2)  | code(trimmed) (selections) | values | code(U) | Elias-Fano
+//   frame:   code(2·count)      | code(trimmed) (selections) | values | gap codes
 //            code(2·length + 1) | the payload's first length bytes
 // A frame is never longer than its whole form: at most max_frame_bytes(format).
 #pragma once
@@ -148,8 +145,7 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
                        format.coding == entry_coding::plain && h.count <= format.capacity;
   if (!rebuilt) return append_whole();
   const std::size_t count = std::size_t(h.count);
-  const std::size_t head_at = out.size();
-  detail::append_code(out, 4 * std::uint64_t(count));
+  detail::append_code(out, 2 * std::uint64_t(count));
   if (kind.with_trimmed) detail::append_code(out, h.trimmed);
   const std::byte* values = payload.data() + format.values_offset(count);
   if (kind.narrow_values && !std::is_same_v<N, T>) {
@@ -170,20 +166,6 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
     next = index + 1;
   }
   out.resize(std::size_t(code - out.data()));
-  if (count > 0) {  // Elias-Fano instead, where it is shorter
-    const std::uint64_t universe = detail::index_at<Index>(indices + (count - 1) * sizeof(Index)) + 1;
-    const std::size_t elias_fano = detail::elias_fano_bytes(count, universe);
-    if (detail::varint_bytes(universe) + elias_fano < out.size() - at) {
-      out.resize(at);
-      detail::append_code(out, universe);
-      const std::size_t from = out.size();
-      out.resize(from + elias_fano);  // zeros
-      detail::put_elias_fano(
-          count, universe, [&](std::size_t j) { return std::uint64_t(detail::index_at<Index>(indices + j * sizeof(Index))); },
-          out.data() + from);
-      out[head_at] |= std::byte{2};  // 4·count + 2: the same code length, the flag in its first byte
-    }
-  }
   // Gaps of a huge tensor can code longer than the payload: then the payload is shorter.
   if (out.size() - start > detail::varint_bytes(2 * std::uint64_t(used_bytes(payload, format)) + 1) +
                                used_bytes(payload, format))
@@ -199,18 +181,12 @@ inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_for
     const std::uint64_t whole = head >> 1;
     return whole <= bytes.size() - length ? length + std::size_t(whole) : 0;
   }
-  const std::uint64_t count = head >> 2;
+  const std::uint64_t count = head >> 1;
   if (count > format.capacity) return 0;
   if (kind.with_trimmed && !detail::take_code(bytes, length, trimmed)) return 0;
   const std::size_t values = std::size_t(count) * frame_value_bytes(format, kind);
   if (values > bytes.size() - length) return 0;
   length += values;
-  if (head & 2) {  // Elias-Fano over [0, U)
-    std::uint64_t universe = 0;
-    if (!detail::take_code(bytes, length, universe)) return 0;
-    const std::size_t code = detail::elias_fano_bytes(count, universe);
-    return count > 0 && code <= bytes.size() - length ? length + code : 0;
-  }
   for (std::uint64_t j = 0; j < count; ++j) {
     std::uint64_t gap;
     if (!detail::take_code(bytes, length, gap)) return 0;
@@ -220,8 +196,7 @@ inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_for
 
 /// Writes the frame (frame_length's bytes) into payload (format.bytes()) as the payload it
 /// came from: an ok frame under header (this step's fields, as every rank has them). An
-/// index that decodes past Index's range, or an Elias-Fano code that does not decode (or
-/// claims indices past the dense size), is written as Index's largest value, which agree()
+/// index that decodes past Index's range is written as its largest value, which agree()
 /// refuses as outside the dense size.
 template <class T, class Index>
 void read_frame(std::span<const std::byte> frame, const wire_header& header, const wire_format& format,
@@ -236,7 +211,7 @@ void read_frame(std::span<const std::byte> frame, const wire_header& header, con
     std::memset(payload.data() + length, 0, payload.size() - length);
     return;
   }
-  const std::size_t count = std::size_t(head >> 2);
+  const std::size_t count = std::size_t(head >> 1);
   if (kind.with_trimmed) detail::take_code(frame, at, trimmed);
   wire_header h = header;
   h.count = count;
@@ -256,19 +231,6 @@ void read_frame(std::span<const std::byte> frame, const wire_header& header, con
     at += count * sizeof(T);
   }
   std::byte* indices = payload.data() + format.indices_offset();
-  if (head & 2) {
-    std::uint64_t universe = 0;
-    detail::take_code(frame, at, universe);
-    const auto read = universe <= header.dense_size
-                          ? detail::read_elias_fano<Index>(frame.data() + at, frame.data() + frame.size(), count,
-                                                           universe, indices)
-                          : detail::elias_fano_read{0, detail::elias_fano_problem::past_dense_size};
-    if (read.problem != detail::elias_fano_problem::none) {
-      const Index refused = std::numeric_limits<Index>::max();
-      std::memcpy(indices + std::min(read.entry, count - 1) * sizeof(Index), &refused, sizeof refused);
-    }
-    return;
-  }
   std::uint64_t next = 0;
   for (std::size_t j = 0; j < count; ++j) {
     std::uint64_t gap = 0;
