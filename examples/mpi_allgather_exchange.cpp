@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   const std::size_t n = 1 << 20;
   const double delta = 0.01;
   sidco::comm::exchange_options options;
-  options.coding = sidco::comm::entry_coding::compact;  // bfloat16 values, gap-coded indices
+  options.coding = sidco::comm::entry_coding::compact;  // bfloat16 values, coded indices
   options.exact_sizes = true;                           // payloads at the size they use
   options.trim_limit = 0.1;
   sidco::comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, delta, options);  // collective
