@@ -34,13 +34,6 @@ struct reader {
   }
 };
 
-// A residual as the compressor leaves it: +0 where it selected, so a value given back is
-// stored, not added.
-struct keep_residual {
-  std::vector<float>& values;
-  void give_back(std::uint32_t index, float value) { values[index] = value; }
-};
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -67,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       index += 1 + (in.at < in.size ? in.take(1) : 7 * r + 3) % spread;
     }
     selected.push_back(sent[r]);
-    keep_residual sink{residual[r]};
+    comm::host_residual<float> sink{std::span<float>(residual[r])};
     try {
       cores[r]->encode(sent[r], sink, {1, 2, delta, comm::reduction::sum}, payloads[r]);
     } catch (const sidco::error&) {
@@ -84,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool damaged = payloads[1] != clean;
   const std::vector<std::span<const std::byte>> views(payloads.begin(), payloads.end());
   std::vector<float> out(dense, -1.f);
-  keep_residual sink{residual[0]};
+  comm::host_residual<float> sink{std::span<float>(residual[0])};
   try {
     core.decode(views, std::span<float>(out), sink);
   } catch (const sidco::runtime_error&) {
