@@ -401,36 +401,35 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
     const bool rest_zero = word == 0 && (spare == 0 || (std::uint8_t(at[low_bytes - 1]) >> spare) == 0) &&
                            detail::all_zero(upper + loaded, end);
     if (!rest_zero) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
-    h.coding = std::uint8_t(entry_coding::plain);  // it is plain now
-    h.index_code = 0;
-    detail::write_header(h, plain);
-    return {};
-  }
-  if (h.index_code != std::uint8_t(index_code::gaps))
+  } else if (h.index_code != std::uint8_t(index_code::gaps)) {
     return damaged("an index code ", int(h.index_code), " this rank does not know (gaps ", int(index_code::gaps),
                    ", Elias-Fano ", int(index_code::elias_fano), ")");
-  std::uint64_t next = 0;
-  for (std::size_t j = 0; j < n; ++j) {
-    std::uint64_t gap = 0;
-    if (at < end && std::uint8_t(*at) < 0x80) {  // one byte: most gaps
-      gap = std::uint8_t(*at++);
-    } else {
-      for (unsigned shift = 0;; shift += 7) {
-        if (at == end) return damaged("an index code that runs past its payload at entry ", j, " (damaged in transit?)");
-        if (shift > 63) return damaged("an index code over 64 bits at entry ", j, " (damaged in transit?)");
-        const auto byte = std::uint64_t(*at++);
-        gap |= (byte & 0x7f) << shift;
-        if (!(byte & 0x80)) break;
+  } else {
+    std::uint64_t next = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      std::uint64_t gap = 0;
+      if (at < end && std::uint8_t(*at) < 0x80) {  // one byte: most gaps
+        gap = std::uint8_t(*at++);
+      } else {
+        for (unsigned shift = 0;; shift += 7) {
+          if (at == end) return damaged("an index code that runs past its payload at entry ", j, " (damaged in transit?)");
+          if (shift > 63) return damaged("an index code over 64 bits at entry ", j, " (damaged in transit?)");
+          const auto byte = std::uint64_t(*at++);
+          gap |= (byte & 0x7f) << shift;
+          if (!(byte & 0x80)) break;
+        }
       }
+      if (gap >= h.dense_size || next + gap >= h.dense_size)
+        return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
+      const Index index = Index(next + gap);
+      std::memcpy(indices + j * sizeof(Index), &index, sizeof index);
+      next = next + gap + 1;
     }
-    if (gap >= h.dense_size || next + gap >= h.dense_size)
-      return damaged("an index past the dense size ", h.dense_size, " at entry ", j);
-    const Index index = Index(next + gap);
-    std::memcpy(indices + j * sizeof(Index), &index, sizeof index);
-    next = next + gap + 1;
+    if (!detail::all_zero(at, end))
+      return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
   }
-  if (!detail::all_zero(at, end)) return damaged("a payload with bytes past its ", n, " entries (damaged in transit?)");
   h.coding = std::uint8_t(entry_coding::plain);  // it is plain now
+  h.index_code = 0;
   detail::write_header(h, plain);
   return {};
 }
