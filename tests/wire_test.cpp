@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -20,6 +21,7 @@
 #include <sidco/comm/capacity.hpp>
 #include <sidco/comm/reduce/frames.hpp>
 #include <sidco/comm/reduce/grid.hpp>
+#include <sidco/comm/reduce/hops.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/comm/setup.hpp>
 #include <sidco/comm/wire.hpp>
@@ -1046,6 +1048,156 @@ TEST_CASE("two-hop routes: every rank's traffic for every rank goes through one 
   const comm::grid_routes thousand(1024);
   CHECK(thousand.width() == 32);
   CHECK(thousand.neighbours(517).size() == 62);
+}
+
+namespace {
+
+// Every rank's router runs one round of two hops, messages moved by hand: with exact
+// lengths (MPI) or in zeroed buffers of the most each message can take (gloo). damage(phase,
+// sender, receiver, message) may change a message in transit. Returns, per receiving rank,
+// the frame each rank had for it, copied.
+using hop_damage = std::function<void(int, std::size_t, std::size_t, std::vector<std::byte>&)>;
+std::vector<std::vector<std::vector<std::byte>>> route_by_hand(
+    std::size_t ranks, const std::vector<std::vector<std::vector<std::byte>>>& frames, bool personal, bool exact,
+    const comm::wire_format& format, const hop_damage& damage = {}) {
+  std::vector<comm::two_hop_router> routers;
+  for (std::size_t r = 0; r < ranks; ++r) routers.emplace_back(ranks, r, comm::max_frame_bytes(format), exact);
+  const auto failure = [](std::size_t sender, const char* why, std::vector<std::byte>& out) {
+    comm::wire_format f = comm::format_for<float, std::uint32_t>(40);
+    std::vector<std::byte> payload(f.bytes()), scratch;
+    comm::append_failure_frame<float, std::uint32_t>(
+        sidco::error(sidco::detail::message("rank ", sender, ": ", why)), 1000, {1, 2, 0.01, comm::reduction::average},
+        f, scratch, out);
+  };
+  std::vector<std::vector<std::span<const std::byte>>> mine(ranks);
+  for (std::size_t r = 0; r < ranks; ++r)
+    for (const auto& f : frames[r]) mine[r].push_back(std::span<const std::byte>(f));
+  // inboxes[phase][r][m]: what rank r receives from its m-th incoming peer.
+  std::vector<std::vector<std::vector<std::byte>>> inbox(ranks);
+  const auto deliver = [&](int phase, const std::vector<std::vector<comm::two_hop_router::outgoing>>& sent,
+                           const auto& receives_of) {
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const auto receives = receives_of(routers[r]);
+      inbox[r].assign(receives.size(), {});
+      for (std::size_t m = 0; m < receives.size(); ++m) {
+        const std::size_t from = receives[m].peer;
+        const auto it = std::find_if(sent[from].begin(), sent[from].end(), [&](const auto& o) { return o.peer == r; });
+        REQUIRE(it != sent[from].end());
+        std::vector<std::byte> message(it->bytes.begin(), it->bytes.end());
+        REQUIRE(message.size() <= receives[m].most);
+        if (damage) damage(phase, from, r, message);
+        if (!exact) message.resize(std::max(message.size(), receives[m].most), std::byte{0});
+        inbox[r][m] = std::move(message);
+      }
+    }
+  };
+  const auto spans = [&](std::size_t r) {
+    std::vector<std::span<const std::byte>> out;
+    for (const auto& m : inbox[r]) out.push_back(std::span<const std::byte>(m));
+    return out;
+  };
+  const comm::frame_kind kind{};
+  std::vector<std::vector<comm::two_hop_router::outgoing>> sent(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) sent[r] = routers[r].first(mine[r], personal, 0x5eed, true);
+  deliver(1, sent, [](const comm::two_hop_router& router) { return router.first_receives(); });
+  std::vector<std::vector<std::vector<std::byte>>> first(ranks);  // phase 1's messages stay alive
+  for (std::size_t r = 0; r < ranks; ++r) {
+    first[r] = inbox[r];
+    std::vector<std::span<const std::byte>> received;
+    for (const auto& m : first[r]) received.push_back(std::span<const std::byte>(m));
+    sent[r] = routers[r].second(received, format, kind, failure);
+  }
+  deliver(2, sent, [](const comm::two_hop_router& router) { return router.second_receives(); });
+  std::vector<std::vector<std::vector<std::byte>>> out(ranks);
+  for (std::size_t r = 0; r < ranks; ++r)
+    for (const auto f : routers[r].finish(spans(r), format, kind, failure)) out[r].emplace_back(f.begin(), f.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("two-hop router: every rank's frame reaches every rank, in exact-length messages or zero-padded buffers; "
+          "damage becomes failure frames naming the sender") {
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(40);
+  const comm::wire_fields fields{1, 2, 0.01, comm::reduction::average};
+  for (const std::size_t ranks : {1, 2, 3, 5, 7, 10}) {
+    // frames[s][d]: rank s's payload for d, a few entries that say s and d.
+    std::vector<std::vector<std::vector<std::byte>>> frames(ranks, std::vector<std::vector<std::byte>>(ranks));
+    std::vector<std::byte> payload(format.bytes());
+    for (std::size_t s = 0; s < ranks; ++s)
+      for (std::size_t d = 0; d < ranks; ++d) {
+        std::vector<std::uint32_t> indices;
+        std::vector<float> values;
+        for (std::size_t j = 0; j < 1 + (s * 7 + d) % 3; ++j) {
+          indices.push_back(std::uint32_t(100 * j + 10 * s + d));
+          values.push_back(float(s) - 0.5f * float(d));
+        }
+        comm::pack<float, std::uint32_t>(indices, values, 1000, 0, fields, format, payload);
+        comm::append_frame<float, std::uint32_t>(payload, format, {}, frames[s][d]);
+      }
+    for (const bool exact : {true, false})
+      for (const bool personal : {true, false}) {
+        INFO("P = ", ranks, exact ? ", exact lengths" : ", zero-padded", personal ? ", personal" : ", one for all");
+        const auto out = route_by_hand(ranks, frames, personal, exact, format);
+        for (std::size_t d = 0; d < ranks; ++d)
+          for (std::size_t s = 0; s < ranks; ++s) REQUIRE(out[d][s] == frames[s][personal ? d : 0]);
+      }
+    if (ranks < 5) continue;
+    // Damage in phase 1 on a link from rank 1 to an intermediate: the frames 1 sent through
+    // it arrive as failures naming rank 1; every other frame as sent.
+    const comm::grid_routes routes(ranks);
+    std::size_t via = 1;
+    for (std::size_t d = 0; d < ranks && via == 1; ++d)
+      if (routes.via(1, d) != d) via = routes.via(1, d);
+    REQUIRE(via != 1);
+    const auto failed = [&](const std::vector<std::byte>& frame) {
+      std::vector<std::byte> back(format.bytes());
+      comm::read_frame<float, std::uint32_t>(frame, comm::detail::header_for<float, std::uint32_t>(fields, 1000, format),
+                                             format, {}, back);
+      const comm::wire_header h = comm::header_of(back);
+      return h.status != std::uint8_t(comm::wire_status::ok);
+    };
+    const auto message_of = [&](const std::vector<std::byte>& frame) {
+      std::vector<std::byte> back(format.bytes());
+      comm::read_frame<float, std::uint32_t>(frame, comm::detail::header_for<float, std::uint32_t>(fields, 1000, format),
+                                             format, {}, back);
+      return std::string(reinterpret_cast<const char*>(back.data()) + sizeof(comm::wire_header));
+    };
+    struct damage_case {
+      const char* what;
+      bool exact;
+      std::function<void(std::vector<std::byte>&)> change;
+      const char* why;
+    };
+    const std::vector<damage_case> cases{
+        {"a byte past the frames (zero-padded)", false, [](auto& m) { m.push_back(std::byte{1}); }, "longer than its frames"},
+        {"a zero past the frames (exact lengths)", true, [](auto& m) { m.push_back(std::byte{0}); }, "longer than its frames"},
+        {"cut short", true, [](auto& m) { m.pop_back(); }, "cut short"},
+        // (Zero-padded, a message cut short may read as whole: its missing bytes were zeros
+        // or read as codes. That transport's own framing delivers whole messages.)
+        {"another digest", false, [](auto& m) { m[0] ^= std::byte{1}; }, "another tensor, step"},
+    };
+    for (const auto& c : cases) {
+      INFO("P = ", ranks, ": ", std::string(c.what), ", s = 1, via ", via);
+      const auto out = route_by_hand(ranks, frames, true, c.exact, format,
+                                     [&](int phase, std::size_t from, std::size_t to, std::vector<std::byte>& m) {
+                                       if (phase == 1 && from == 1 && to == via) c.change(m);
+                                     });
+      for (std::size_t d = 0; d < ranks; ++d)
+        for (std::size_t s = 0; s < ranks; ++s) {
+          const bool hit = s == 1 && routes.via(1, d) == via;
+          INFO("d = ", d, " s = ", s);
+          REQUIRE(failed(out[d][s]) == hit);
+          if (hit) {
+            const std::string message = message_of(out[d][s]);
+            CHECK(message.find("rank 1: ") != std::string::npos);
+            CHECK(message.find(c.why) != std::string::npos);
+          } else {
+            REQUIRE(out[d][s] == frames[s][d]);
+          }
+        }
+    }
+  }
 }
 
 TEST_CASE("frames: the compact coding's blocks send values narrowed, losslessly, or whole when a value does not narrow") {

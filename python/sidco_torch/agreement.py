@@ -8,7 +8,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _STATE_FORMAT, _WIRES, ExchangeError,
+from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _REDUCE_SCHEDULES, _STATE_FORMAT, _WIRES, ExchangeError,
                         _bits)
 
 
@@ -27,6 +27,7 @@ class _Agreement:
                   ("options", zlib.crc32(repr(sorted(self.options.items())).encode())),
                   ("exchange", _EXCHANGES.index(self.exchange)), ("owner", int(self.owner == "top-k")),
                   ("nonfinite", _NONFINITE.index(self.nonfinite)), ("wire", _WIRES.index(self.wire)),
+                  ("reduce_schedule", _REDUCE_SCHEDULES.index(self.reduce_schedule)),
                   ("iteration", self.iteration), ("ranks", world)]
         rank = dist.get_rank(group)
         loaded = self._loaded_from
@@ -51,13 +52,14 @@ class _Agreement:
                     "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
             for j, (name, _) in enumerate(fields[:loaded_at]):
                 if theirs[j] != everyone[0][j]:
-                    if name in ("method", "options", "exchange", "owner", "nonfinite", "wire"):
+                    if name in ("method", "options", "exchange", "owner", "nonfinite", "wire", "reduce_schedule"):
                         # Hashes and indices on the wire: the values themselves, from every rank
                         # (each one found this same difference, so each joins this gather).
                         readable = [None] * world
                         dist.all_gather_object(readable, {"method": self.method, "options": dict(sorted(
                             self.options.items())), "exchange": self.exchange, "owner": self.owner,
-                            "nonfinite": self.nonfinite, "wire": self.wire}, group=group)
+                            "nonfinite": self.nonfinite, "wire": self.wire,
+                            "reduce_schedule": self.reduce_schedule}, group=group)
                         theirs_shown, first_shown = readable[rank][name], readable[0][name]
                     else:
                         show = shown.get(name, lambda v: v)

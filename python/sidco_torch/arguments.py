@@ -12,6 +12,7 @@ _COMPRESSED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _EXCHANGES = ("auto", "allgather", "reduce")
 _NONFINITE = ("raise", "skip")
 _WIRES = ("plain", "compact")
+_REDUCE_SCHEDULES = ("auto", "flat", "two-hop")
 _PATHS = ("dense", "allgather", "reduce")  # how a bucket goes on the wire
 _DTYPE_CODES = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
 _DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in _DTYPE_CODES.items()}

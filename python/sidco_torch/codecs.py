@@ -211,23 +211,28 @@ def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, mo
     """One asynchronous all-gather of sent into the bucket's inbox (or into, views of its
     heads, or tensors unpack() writes into the inbox first), decoded by decode in the
     future's then() (local work only); more_stats(codec report) adds to the statistics."""
-    inbox = b.inbox
+    state._in_flight.extend([sent, *(into or [])])
+    gathered = dist.all_gather(into or b.inbox, sent, group=group, async_op=True).get_future()
+    return _decode_when(state, b, buffer, gathered, encoded, stats, decode, more_stats, unpack)
 
+
+def _decode_when(state, b, buffer, future, encoded, stats, decode, more_stats=None, unpack=None):
+    """The bucket's inbox decoded by decode in future's then() (local work only), once the
+    collective that fills it (future) is done."""
     def done(future):
-        future.value()  # a failed all-gather raises here
+        future.value()  # a failed collective raises here
         began = time.perf_counter()
         stats["exchange_seconds"] = began - encoded
         if unpack is not None:
             unpack()
-        if not _decoded(state, b, inbox, buffer, stats, decode):
+        if not _decoded(state, b, b.inbox, buffer, stats, decode):
             return buffer
         stats["decode_seconds"] = time.perf_counter() - began
         if more_stats is not None:
             stats.update(more_stats(b.codec.report()))
         return buffer
 
-    state._in_flight.extend([sent, *(into or [])])
-    return dist.all_gather(into or inbox, sent, group=group, async_op=True).get_future().then(done)
+    return future.then(done)
 
 
 def _agreed_head(state, used, size, group, device):
@@ -261,6 +266,8 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
                      torch.ops.sidco.reduce_encode_failure)
     encoded = time.perf_counter()
     if blocks.device.type == "cpu":
+        if state.schedule_for(len(b.inbox)) == "two-hop":
+            return _reduce_two_hop(state, bucket, b, group, blocks, encoded, started)
         return _reduce_framed(state, bucket, b, group, blocks, encoded, started)
     world, size = len(b.inbox), b.payload_bytes()
     head = _agreed_head(state, b.codec.report()["longest_block"], size, group, blocks.device)
@@ -285,6 +292,7 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     sent, into = _heads(selection, b.inbox, chosen) if chosen < size else (selection, None)
     # What this rank hands the collectives: its P - 1 blocks and its selection, at the heads.
     stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, (world - 1) * head + chosen)
+    stats["schedule"] = "flat"
     state._stats[bucket.index()] = stats
 
     return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
@@ -336,12 +344,58 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
     # selection's (at the agreed head), and the sizes.
     blocks_sent = sum(sent_sizes) - sent_sizes[rank]
     stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent + head + 8 * (world - 1))
+    stats["schedule"] = "flat"
     state._stats[bucket.index()] = stats
     received_bytes = sum(received_sizes) - received_sizes[rank] + (world - 1) * (head + 8)
     return _gather_and_decode(
         state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
         _reduce_stats(buffer, received_bytes), into=gathered,
         unpack=lambda: torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, b.inbox, b.codec, True))
+
+
+def _hops(state, b, group, phase, tag):
+    """One phase of the two-hop schedule: phase's messages sent (isend) and its messages
+    received (irecv, into buffers zeroed first: a message lies at the front of its buffer),
+    both waited for here. Returns the received buffers."""
+    peers, messages, sources, most = phase
+    ranks = state._group_ranks(group)
+    received = [torch.zeros(n, dtype=torch.uint8) for n in most]
+    state._in_flight.extend([*messages, *received])
+    work = [dist.isend(m, ranks[p], group=group, tag=tag) for p, m in zip(peers, messages)]
+    work += [dist.irecv(r, ranks[p], group=group, tag=tag) for p, r in zip(sources, received)]
+    for w in work:
+        w.wait()
+    return received
+
+
+def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
+    """The reduce-scatter exchange for CPU buckets in two hops (State(reduce_schedule=...);
+    sidco/comm/reduce/hops.hpp, the MPI exchange's router): each rank's blocks, as frames at
+    their own size, go to the owners through an intermediate of a sqrt(P) grid, and the
+    owners' selections come back the same way: O(sqrt P) messages a rank each way, where
+    the flat exchange's all-to-all and ring all-gather take P - 1. Both rounds are waited for
+    in the hook body (phase 2 forwards what phase 1 brought); the decode runs in a completed
+    future's then(), like the other paths."""
+    buffer = bucket.buffer()
+    world, size = len(b.inbox), b.payload_bytes()
+    sidco = torch.ops.sidco
+    first = _hops(state, b, group, sidco.reduce_hops_first(blocks, b.codec, False), 1)
+    second = _hops(state, b, group, sidco.reduce_hops_second(first, b.codec, False), 2)
+    blocks_sent, blocks_received = sidco.reduce_hops_finish(second, list(b.received.view(world, size).unbind(0)),
+                                                            b.codec, False)
+    # The bucket and residual checked here, before round 2: a problem travels.
+    selection = sidco.reduce_select(b.received, buffer, b.residual, b.codec)
+    report = b.codec.report()
+    first = _hops(state, b, group, sidco.reduce_hops_first(selection, b.codec, True), 3)
+    second = _hops(state, b, group, sidco.reduce_hops_second(first, b.codec, True), 4)
+    sent, received = sidco.reduce_hops_finish(second, b.inbox, b.codec, True)
+    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent + sent)
+    stats["schedule"] = "two-hop"
+    state._stats[bucket.index()] = stats
+    gathered = torch.futures.Future()
+    gathered.set_result(None)
+    return _decode_when(state, b, buffer, gathered, encoded, stats, sidco.reduce_decode,
+                        _reduce_stats(buffer, blocks_received + received))
 
 
 def _allgather(state, bucket, b, group, iteration, problem, started):

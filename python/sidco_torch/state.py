@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .agreement import _Agreement
-from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _WIRES, _checked_density, _owner_name, _real_scalar)
+from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _REDUCE_SCHEDULES, _WIRES, _checked_density, _owner_name, _real_scalar)
 from .checkpoint import _Checkpoints
 from .codecs import _Bucket, _Layer
 from .ops import _check_method, _codec, _options_dict
@@ -18,6 +18,10 @@ from .ops import _check_method, _codec, _options_dict
 # State's own arguments (a misspelt one arrives among the compressor's options).
 _ARGUMENTS = ("method", "density", "process_group", "start_iter", "min_bucket_elements", "feedback",
               "capacity_slack", "exchange", "owner", "nonfinite", "wire", "dense_parameters")
+
+
+# From how many ranks reduce_schedule="auto" takes two hops (docs/PYTORCH.md).
+_TWO_HOP_FROM = 64
 
 
 def _scheduled(schedule, iteration):
@@ -102,6 +106,13 @@ class State(_Checkpoints, _Agreement):
     sends are rounded alike and travel narrowed in its blocks' frames; the owners' sums travel
     at full width. CPU buckets only.
 
+    reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
+    "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
+    messages a rank each way, each block crossing one link), "two-hop" (the MPI exchange's
+    default: through an intermediate of a sqrt(P) grid, by send/recv, O(sqrt P) messages a
+    rank each way, most blocks crossing two links: fewer latencies, more bytes), or "auto"
+    (see schedule_for). The same update either way, bit for bit.
+
     nonfinite: what a step does when some rank's bucket holds NaN or +-Inf: "raise" (every
     rank raises the same error naming that rank: a NaN in a float32 run is a bug to see) or
     "skip" (for mixed precision: every rank's reduced bucket is filled with NaN, so that a
@@ -120,7 +131,7 @@ class State(_Checkpoints, _Agreement):
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
-                 nonfinite="raise", wire="plain", dense_parameters=None, **options):
+                 nonfinite="raise", wire="plain", dense_parameters=None, reduce_schedule="auto", **options):
         schedule = density if callable(density) else None
         density = _checked_density(_scheduled(schedule, 0) if schedule else density,
                                    "density(0)" if schedule else "density")
@@ -137,6 +148,9 @@ class State(_Checkpoints, _Agreement):
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
         if wire not in _WIRES:
             raise ValueError(f"sidco_torch.State: wire = {wire!r} is not one of {', '.join(map(repr, _WIRES))}")
+        if reduce_schedule not in _REDUCE_SCHEDULES:
+            raise ValueError(f"sidco_torch.State: reduce_schedule = {reduce_schedule!r} is not one of "
+                             f"{', '.join(map(repr, _REDUCE_SCHEDULES))}")
         if nonfinite not in _NONFINITE:
             raise ValueError(f"sidco_torch.State: nonfinite = {nonfinite!r} is not 'raise' or 'skip'")
         owner = _owner_name(owner)
@@ -158,6 +172,7 @@ class State(_Checkpoints, _Agreement):
         self.method = method
         self.wire = wire
         self.exchange = exchange
+        self.reduce_schedule = reduce_schedule
         self.owner = owner
         self.nonfinite = nonfinite
         self._density = density    # the density, or the schedule's first value
@@ -184,6 +199,7 @@ class State(_Checkpoints, _Agreement):
         # (the DDP reducer's destructor at exit): the two then wait for each other forever.
         self._in_flight = []
         self._keys = {}         # id(parameter) -> (weakref, key)
+        self._global_ranks = {}  # id(process group) -> its ranks' global ranks
         self._keying = None     # "names" (attach) or "order" (DDP's), once known
         self._module = None
         self._complete = False  # a whole iteration has been seen: the model's parameters are known
@@ -243,6 +259,22 @@ class State(_Checkpoints, _Agreement):
         if self.exchange != "auto":
             return self.exchange
         return "reduce" if world >= 3 and device_type == "cpu" else "allgather"
+
+    def schedule_for(self, world):
+        """The reduce exchange's schedule among world ranks on CPU buckets. "auto": "flat"
+        below _TWO_HOP_FROM ranks, "two-hop" from there (docs/PYTORCH.md)."""
+        if self.reduce_schedule != "auto":
+            return self.reduce_schedule
+        return "two-hop" if world >= _TWO_HOP_FROM else "flat"
+
+    def _group_ranks(self, group):
+        """The global rank of each rank of group (send/recv take global ranks)."""
+        ranks = self._global_ranks.get(id(group))
+        if ranks is None:
+            ranks = [dist.distributed_c10d._get_global_rank(group, r) if group is not dist.group.WORLD else r
+                     for r in range(dist.get_world_size(group))]
+            self._global_ranks[id(group)] = ranks
+        return ranks
 
     # ----- registration and parameter keys
 

@@ -256,8 +256,9 @@ def scenario_exact(rank, world, method, slack, wrapper=None, model_dtype=torch.f
     return {"trimmed": trimmed, "buckets": len({r["index"] for r in records})}
 
 
-def scenario_failure_nan(rank, world, exchange="allgather"):
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange=exchange)
+def scenario_failure_nan(rank, world, exchange="allgather", reduce_schedule="auto"):
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange=exchange,
+                              reduce_schedule=reduce_schedule)
     calls = []
     armed = []
 
@@ -511,6 +512,92 @@ def scenario_wire_mismatch(rank, world):
     state = sidco_torch.State(method="sidco-e", density=0.05, wire="compact" if rank == 0 else "plain")
     model, ddp, optimizer = make(state, rank)
     return refused_on_first_step(ddp, optimizer, rank, "rank 1 has wire 'plain', rank 0 has 'compact'", "wires")
+
+
+def scenario_schedule_mismatch(rank, world):
+    state = sidco_torch.State(method="sidco-e", density=0.05, exchange="reduce",
+                              reduce_schedule="two-hop" if rank == 0 else "flat")
+    model, ddp, optimizer = make(state, rank)
+    return refused_on_first_step(ddp, optimizer, rank, "rank 1 has reduce_schedule 'flat', rank 0 has 'two-hop'",
+                                 "reduce schedules")
+
+
+def grid_via(s, d, world):
+    """The rank what s has for d travels through in two hops (comm/reduce/grid.hpp): ranks
+    in rows of w (the smallest w with w * w >= P), through s's row-mate in d's column, or,
+    where the last row lacks that column, d's row-mate in s's column."""
+    w = 1
+    while w * w < world:
+        w += 1
+    normal = (s // w) * w + d % w
+    return normal if normal < world else (d // w) * w + s % w
+
+
+def scenario_reduce_two_hop(rank, world, wire):
+    """reduce_schedule="two-hop" against "flat" on the same model and data: the same
+    buckets, residuals and statistics' entry counts, bit for bit, every step; the bytes every
+    rank sent add up to what the routes (computed here from their definition) put on each
+    link: each frame once per hop it takes, 8 bytes of digest a message."""
+    runs = {}
+    for schedule in ("flat", "two-hop"):
+        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce", wire=wire,
+                                  reduce_schedule=schedule)
+        records = []
+        model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
+        steps = []
+        for step in range(5):
+            records.clear()
+            train_step(ddp, optimizer, rank, step)
+            steps.append(sorted(records, key=lambda r: r["index"]))
+        runs[schedule] = steps
+    narrow = wire == "compact"
+    checked = 0
+    for flat, hops in zip(runs["flat"], runs["two-hop"]):
+        for a, b in zip(flat, hops):
+            assert a["path"] == b["path"], (a["path"], b["path"])
+            assert torch.equal(a["out"], b["out"]), "two hops applied another update"
+            if a["new"] is not None:
+                assert torch.equal(a["new"], b["new"]), "two hops left another residual"
+            if a["path"] != "sparse":
+                continue
+            assert a["stats"]["schedule"] == "flat" and b["stats"]["schedule"] == "two-hop", b["stats"]
+            for key in ("selected", "trimmed", "global_density", "returned"):
+                assert a["stats"][key] == b["stats"][key], (key, a["stats"], b["stats"])
+            for p, q in zip(a["inbox"], b["inbox"]):
+                assert torch.equal(p, q), "the owners' selections differ"
+            # Bytes: rank d's slot s of received is s's block for d (the same under both).
+            assert torch.equal(a["received"], b["received"]), "the owners received other blocks"
+            everyone = [torch.empty_like(b["received"]) for _ in range(world)]
+            dist.all_gather(everyone, b["received"])
+            size = b["inbox"][0].numel()
+            dtype = b["out"].dtype
+            block = [[frame_bytes(everyone[d].view(world, size)[s], dtype, False, narrow) for d in range(world)]
+                     for s in range(world)]
+            chosen = [frame_bytes(p, dtype, True) for p in b["inbox"]]
+            expected, links1, links2 = 0, set(), set()
+            for s in range(world):
+                for d in range(world):
+                    i = grid_via(s, d, world)
+                    if i != s:
+                        links1.add((s, i))
+                        expected += block[s][d]
+                    if i != d:
+                        links2.add((i, d))
+                        expected += block[s][d]
+            # Selections: s's frame once to each intermediate, then from there to each rank.
+            for s in range(world):
+                vias = {grid_via(s, d, world) for d in range(world)} - {s}
+                expected += len(vias) * chosen[s]
+                for d in range(world):
+                    if grid_via(s, d, world) != d:
+                        expected += chosen[s]
+            expected += 2 * 8 * (len(links1) + len(links2))  # both rounds' messages
+            sent = torch.tensor([b["stats"]["bytes_sent"]])
+            dist.all_reduce(sent)
+            assert int(sent) == expected, (int(sent), expected)
+            checked += 1
+    assert checked >= 3, checked
+    return f"{checked} buckets alike, bit for bit"
 
 
 def scenario_agreement(rank, world):
@@ -1434,6 +1521,12 @@ def main():
     print("reduce exchange, compact wire, 3 ranks:",
           run(scenario_reduce_exact, 3, "sidco-e-exact", "compact", timeout=240)[0])
     print("failure (NaN on rank 1 of 3, reduce exchange):", run(scenario_failure_nan, 3, "reduce")[0])
+    for world, wire in ((3, "plain"), (5, "compact"), (4, "plain")):
+        print(f"reduce exchange in two hops against flat ({world} ranks, {wire} wire):",
+              run(scenario_reduce_two_hop, world, wire, timeout=240)[0])
+    print("failure (NaN on rank 1 of 5, reduce exchange in two hops):",
+          run(scenario_failure_nan, 5, "reduce", "two-hop")[0])
+    print("reduce schedules that differ:", run(scenario_schedule_mismatch, 2)[0])
     print("resume (reduce exchange, 3 ranks):", run(scenario_reduce_resume, 3, timeout=240)[0])
     for world in (2, 3):
         print(f"resume (reduce exchange, {world} ranks, the bucket reordered):",

@@ -506,6 +506,34 @@ TORCH_LIBRARY(sidco, m) {
             return 0;
           });
         });
+  // The reduce exchange in two hops (comm/reduce/hops.hpp) over the hook's send/recv: each
+  // phase's messages [send peers, messages, receive peers, most bytes each], and the round's
+  // end into payload slots, returning its bytes [sent, received].
+  m.def("reduce_hops_first(Tensor payloads, __torch__.torch.classes.sidco.ReduceCodec codec, bool selection) -> "
+        "(int[], Tensor[], int[], int[])",
+        [](const at::Tensor& payloads, const c10::intrusive_ptr<ReduceCodec>& codec, bool selection) {
+          return translated([&] {
+            const auto hold = codec->lock();
+            return codec->impl().hops_first(payloads, selection);
+          });
+        });
+  m.def("reduce_hops_second(Tensor[] received, __torch__.torch.classes.sidco.ReduceCodec codec, bool selection) -> "
+        "(int[], Tensor[], int[], int[])",
+        [](const std::vector<at::Tensor>& received, const c10::intrusive_ptr<ReduceCodec>& codec, bool selection) {
+          return translated([&] {
+            const auto hold = codec->lock();
+            return codec->impl().hops_second(received, selection);
+          });
+        });
+  m.def("reduce_hops_finish(Tensor[] received, Tensor(a!)[] slots, __torch__.torch.classes.sidco.ReduceCodec codec, "
+        "bool selection) -> int[]",
+        [](const std::vector<at::Tensor>& received, const std::vector<at::Tensor>& slots,
+           const c10::intrusive_ptr<ReduceCodec>& codec, bool selection) {
+          return translated([&] {
+            const auto hold = codec->lock();
+            return codec->impl().hops_finish(received, slots, selection);
+          });
+        });
   // Whether a failed exchange failed only for non-finite input on some ranks (the hook's
   // nonfinite="skip"): the payloads' headers, on the host.
   m.def("nonfinite_only(Tensor[] payloads) -> bool", [](const std::vector<at::Tensor>& payloads) {

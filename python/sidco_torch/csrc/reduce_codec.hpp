@@ -13,13 +13,16 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
 #include <vector>
 
 #include <sidco/comm/reduce/frames.hpp>
+#include <sidco/comm/reduce/hops.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/core/state_io.hpp>
 #include <sidco/owners.hpp>
@@ -29,6 +32,11 @@
 #include "layer_order.hpp"
 
 namespace sidco_torch {
+
+/// One phase of the two-hop schedule as the hook posts it: the peers (group ranks) to send
+/// to, the messages (uint8, one each), the peers to receive from, the most bytes each sends.
+using hop_messages = std::tuple<std::vector<std::int64_t>, std::vector<at::Tensor>, std::vector<std::int64_t>,
+                                std::vector<std::int64_t>>;
 
 class reduce_codec_impl {
  public:
@@ -59,6 +67,17 @@ class reduce_codec_impl {
   /// becomes a failure payload naming its sender. Selections may be followed by zeros.
   virtual void unframe(const at::Tensor& bytes, const std::vector<std::int64_t>& sizes,
                        const std::vector<at::Tensor>& slots, bool selection) const = 0;
+  /// The two-hop schedule (comm/reduce/hops.hpp) over a transport the hook drives (gloo's
+  /// send/recv): hops_first gives phase 1's messages for the P blocks (personal) or the
+  /// selection (one for all), hops_second phase 2's from phase 1's received buffers (zeroed
+  /// before the receive: a message lies at the front), and hops_finish writes every rank's
+  /// payload for this rank into slots and returns the round's bytes [sent, received]. A
+  /// message that cannot be read (cut short, at another digest) becomes a failure payload
+  /// naming its sender. CPU payloads only.
+  virtual hop_messages hops_first(const at::Tensor& payloads, bool selection) = 0;
+  virtual hop_messages hops_second(const std::vector<at::Tensor>& received, bool selection) = 0;
+  virtual std::vector<std::int64_t> hops_finish(const std::vector<at::Tensor>& received,
+                                                const std::vector<at::Tensor>& slots, bool selection) = 0;
   /// The step's header fields, as encode was given them (what a frame leaves out).
   void set_step(const sidco::comm::wire_fields& fields) { step_fields_ = fields; }
 
@@ -80,7 +99,7 @@ class reduce_codec_base : public reduce_codec_impl {
  public:
   reduce_codec_base(const codec_settings& settings, const std::vector<std::int64_t>& order, std::size_t ranks,
                     std::size_t rank, const std::string& owner)
-      : settings_(settings), order_(settings.layout, order) {
+      : settings_(settings), order_(settings.layout, order), rank_(rank) {
     const auto& layout = order_.canonical_layout();
     sidco::comm::exchange_options options{settings.slack, sidco::comm::reduction::average, 0};
     options.coding = settings.coding;  // compact: values rounded at pack, narrowed in frames
@@ -154,6 +173,57 @@ class reduce_codec_base : public reduce_codec_impl {
       at += std::size_t(sizes[r]);
     }
   }
+  hop_messages hops_first(const at::Tensor& payloads, bool selection) override {
+    check_cpu_tensor("payloads", payloads);
+    const std::size_t bytes = block_bytes(), count = selection ? 1 : ranks();
+    if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
+      sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
+                         " payloads take ", bytes * count, " bytes");
+    if (!hops_) hops_.emplace(ranks(), rank_, sidco::comm::max_frame_bytes(plan().format), false);
+    const auto all = bytes_of(payloads);
+    std::vector<std::size_t> ends;
+    hop_frames_.clear();
+    for (std::size_t r = 0; r < count; ++r) {
+      sidco::comm::append_frame<H, Index>(all.subspan(r * bytes, bytes), plan().format, kind_of(selection), hop_frames_);
+      ends.push_back(hop_frames_.size());
+    }
+    hop_spans_.assign(count, {});
+    for (std::size_t r = 0, begin = 0; r < count; begin = ends[r++])
+      hop_spans_[r] = std::span<const std::byte>(hop_frames_).subspan(begin, ends[r] - begin);
+    const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
+    // Selections: round 1 compared every rank's digest (see two_hop_router::first).
+    const auto& out = hops_->first(hop_spans_, !selection, digest, !selection);
+    return messages(out, hops_->first_receives());
+  }
+
+  hop_messages hops_second(const std::vector<at::Tensor>& received, bool selection) override {
+    if (!hops_) sidco::throw_error("hops_second: no phase 1 (hops_first) before it");
+    hop_inbox_ = received;  // phase 2 forwards from these: kept until hops_finish
+    const auto& out = hops_->second(spans_of(hop_inbox_, hops_->first_receives().size()), plan().format,
+                                    kind_of(selection), failure_writer());
+    return messages(out, hops_->second_receives());
+  }
+
+  std::vector<std::int64_t> hops_finish(const std::vector<at::Tensor>& received, const std::vector<at::Tensor>& slots,
+                                        bool selection) override {
+    if (!hops_) sidco::throw_error("hops_finish: no phase 1 (hops_first) before it");
+    const std::size_t payload = block_bytes();
+    if (slots.size() != ranks()) sidco::throw_error("hops_finish: ", slots.size(), " slots for ", ranks(), " ranks");
+    for (std::size_t r = 0; r < slots.size(); ++r) {
+      check_cpu_tensor("slot", slots[r]);
+      if (slots[r].scalar_type() != at::kByte || std::size_t(slots[r].numel()) != payload || !slots[r].is_contiguous())
+        sidco::throw_error("slot ", r, ": ", slots[r].numel(), " ", slots[r].scalar_type(), " values, a payload takes ",
+                           payload, " contiguous bytes");
+    }
+    const auto frames = hops_->finish(spans_of(received, hops_->second_receives().size()), plan().format,
+                                      kind_of(selection), failure_writer());
+    const sidco::comm::wire_header header = sidco::comm::detail::header_for<H, Index>(step_fields_, size(), plan().format);
+    for (std::size_t s = 0; s < frames.size(); ++s)
+      sidco::comm::read_frame<H, Index>(frames[s], header, plan().format, kind_of(selection), bytes_of(slots[s]));
+    hop_inbox_.clear();
+    return {std::int64_t(hops_->bytes_sent()), std::int64_t(hops_->bytes_received())};
+  }
+
   const sidco::compress_report& compress_report() const override { return compress_; }
   bool failed() const override { return failed_; }
 
@@ -174,6 +244,43 @@ class reduce_codec_base : public reduce_codec_impl {
   std::size_t size() const { return plan().size; }
   std::size_t block_bytes() const { return plan().format.bytes(); }
   std::size_t ranks() const { return plan().ranks; }
+
+  // A frame saying that rank `sender`'s message could not be read.
+  sidco::comm::two_hop_router::failure_writer failure_writer() {
+    return [this](std::size_t sender, const char* why, std::vector<std::byte>& out) {
+      const sidco::runtime_error reason(
+          sidco::detail::message("the message from rank ", sender, " to rank ", rank_, " held ", why));
+      sidco::comm::append_failure_frame<H, Index>(reason, size(), step_fields_, plan().format, failure_scratch_, out);
+    };
+  }
+
+  static std::vector<std::span<const std::byte>> spans_of(const std::vector<at::Tensor>& received, std::size_t count) {
+    if (received.size() != count) sidco::throw_error("hops: ", received.size(), " messages received, ", count, " posted");
+    std::vector<std::span<const std::byte>> out;
+    for (const at::Tensor& t : received) {
+      check_cpu_tensor("received", t);
+      if (t.scalar_type() != at::kByte || !t.is_contiguous())
+        sidco::throw_error("received: a ", t.scalar_type(), " tensor, not contiguous uint8");
+      out.push_back(bytes_of(t));
+    }
+    return out;
+  }
+
+  static hop_messages messages(const std::vector<sidco::comm::two_hop_router::outgoing>& out,
+                               const std::vector<sidco::comm::two_hop_router::incoming>& in) {
+    hop_messages result;
+    for (const auto& m : out) {
+      std::get<0>(result).push_back(std::int64_t(m.peer));
+      at::Tensor t = at::empty({std::int64_t(m.bytes.size())}, at::kByte);
+      if (!m.bytes.empty()) std::memcpy(t.data_ptr(), m.bytes.data(), m.bytes.size());
+      std::get<1>(result).push_back(t);
+    }
+    for (const auto& r : in) {
+      std::get<2>(result).push_back(std::int64_t(r.peer));
+      std::get<3>(result).push_back(std::int64_t(r.most));
+    }
+    return result;
+  }
 
   /// Whether t is a tensor this codec takes as what (dtype, size, device): throws otherwise.
   virtual void check(const at::Tensor& t, const char* what) const = 0;
@@ -201,7 +308,13 @@ class reduce_codec_base : public reduce_codec_impl {
 
   codec_settings settings_;
   layer_order order_;
+  std::size_t rank_ = 0;
   std::variant<sidco_e_core, top_k_core> core_;
+  // The two-hop schedule's router and this round's frames (kept until the round ends).
+  std::optional<sidco::comm::two_hop_router> hops_;
+  std::vector<std::byte> hop_frames_, failure_scratch_;
+  std::vector<std::span<const std::byte>> hop_spans_;
+  std::vector<at::Tensor> hop_inbox_;
   std::unique_ptr<Engine> engine_;
   sidco::sparse_vector<H, Index> exchange_sent_;  // this step's selection, in the exchange's order
   sidco::compress_report compress_;

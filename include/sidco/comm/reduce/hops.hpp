@@ -39,7 +39,9 @@ class two_hop_router {
   two_hop_router() = default;
   /// max_frame: the most bytes one frame takes. exact_lengths: the transport says how long
   /// each received message is (MPI); otherwise (gloo) a message lies at the front of its
-  /// receive buffer, zeroed before, and bytes past its frames must be zero.
+  /// receive buffer, zeroed before, and bytes past its frames must be zero (a message cut
+  /// short may then read as whole, zeros read as codes: such a transport must deliver whole
+  /// messages, as gloo's does).
   two_hop_router(std::size_t ranks, std::size_t me, std::size_t max_frame, bool exact_lengths)
       : routes_(ranks), me_(me), max_frame_(max_frame), exact_lengths_(exact_lengths) {
     if (me >= ranks) sidco::detail::fail("two_hop_router: rank ", me, " of ", ranks, " ranks");
