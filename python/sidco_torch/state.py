@@ -21,7 +21,7 @@ _ARGUMENTS = ("method", "density", "process_group", "start_iter", "min_bucket_el
 
 
 # From how many ranks reduce_schedule="auto" takes two hops (docs/PYTORCH.md).
-_TWO_HOP_FROM = 64
+_TWO_HOP_FROM = 16
 
 
 def _scheduled(schedule, iteration):
@@ -110,8 +110,9 @@ class State(_Checkpoints, _Agreement):
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
     messages a rank each way, each block crossing one link), "two-hop" (the MPI exchange's
     default: through an intermediate of a sqrt(P) grid, by send/recv, O(sqrt P) messages a
-    rank each way, most blocks crossing two links: fewer latencies, more bytes), or "auto"
-    (see schedule_for). The same update either way, bit for bit.
+    rank each way, most blocks crossing two links: fewer latencies; both rounds waited for in
+    the hook body), or "auto" (see schedule_for). The same update either way, bit for bit.
+    CUDA buckets move flat.
 
     nonfinite: what a step does when some rank's bucket holds NaN or +-Inf: "raise" (every
     rank raises the same error naming that rank: a NaN in a float32 run is a bug to see) or
@@ -262,7 +263,9 @@ class State(_Checkpoints, _Agreement):
 
     def schedule_for(self, world):
         """The reduce exchange's schedule among world ranks on CPU buckets. "auto": "flat"
-        below _TWO_HOP_FROM ranks, "two-hop" from there (docs/PYTORCH.md)."""
+        below 16 ranks, "two-hop" from 16: counted on the loopback at 16 gloo ranks, two hops
+        took 0.81-0.88x flat's step time in every model and bucket size tried and 0.47-1.11x its
+        bytes; at 8 ranks the two were within 5% of each other (docs/PYTORCH.md)."""
         if self.reduce_schedule != "auto":
             return self.reduce_schedule
         return "two-hop" if world >= _TWO_HOP_FROM else "flat"
@@ -360,12 +363,14 @@ class State(_Checkpoints, _Agreement):
         exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
         (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
         its P - 1 blocks and its selection: on CPU buckets as frames at their own sizes and the
-        P - 1 sizes, on CUDA buckets at the heads the ranks agreed), bytes_per_entry (bytes_sent
+        P - 1 sizes, on CUDA buckets at the heads the ranks agreed; in two hops, the messages of
+        both rounds, forwarded frames included), bytes_per_entry (bytes_sent
         over selected), wire
         ("plain" or "compact"), element_size (a value's bytes), failed, exchange ("allgather" or
         "reduce"), dense_values (with dense_parameters: the values all-reduced densely beside the
         exchange, their bytes in bytes_sent); with
-        "reduce" also union_density (the owners' reduced entries over the bucket),
+        "reduce" also schedule ("flat" or "two-hop"), union_density (the owners' reduced entries
+        over the bucket),
         global_density (the global selection's), returned (entries this rank sent that the
         owners left out: back in its residual), dropped (their share of what it sent) and
         bytes_received; with nonfinite="skip", skipped (the bucket came back as NaN because

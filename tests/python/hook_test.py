@@ -1235,7 +1235,9 @@ def check_local():
                                (dict(density=lambda: 0.1), TypeError,
                                 "the density schedule, called as density(0) (a schedule takes the iteration, an int, "
                                 "and returns a density), raised TypeError"),
-                               (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact'")]:
+                               (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact'"),
+                               (dict(reduce_schedule="two_hop"), ValueError,
+                                "reduce_schedule = 'two_hop' is not one of 'auto', 'flat', 'two-hop'")]:
         try:
             sidco_torch.State(**bad)
         except kind as e:

@@ -18,8 +18,9 @@ enum class entry_coding : std::uint8_t { plain = 0, compact = 1 };
 /// gap-coded: comm/reduce/frames.hpp) or flat (one all-to-all and one all-gather: P - 1
 /// payloads each way, at a fixed size or, with exact_sizes, the agreed head). Under SimGrid's
 /// SMPI two_hop took less time and fewer bytes at every P from 16 to 1,024, and fewer bytes on
-/// the loopback at 4 to 16 ranks (docs/RESULTS.md). The NCCL and the hook's exchanges move
-/// their blocks flat whatever this says.
+/// the loopback at 4 to 16 ranks (docs/RESULTS.md). The NCCL exchange moves its blocks flat
+/// whatever this says; the PyTorch hook chooses by State(reduce_schedule=...), over the same
+/// router (comm/reduce/hops.hpp).
 enum class reduce_schedule : std::uint8_t { flat = 0, two_hop = 1 };
 
 struct exchange_options {
