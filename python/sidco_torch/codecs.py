@@ -353,7 +353,7 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
         unpack=lambda: torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, b.inbox, b.codec, True))
 
 
-def _hops(state, b, group, phase, tag):
+def _hops(state, group, phase, tag):
     """One phase of the two-hop schedule: phase's messages sent (isend) and its messages
     received (irecv, into buffers zeroed first: a message lies at the front of its buffer),
     both waited for here. Returns the received buffers."""
@@ -379,15 +379,15 @@ def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
     buffer = bucket.buffer()
     world, size = len(b.inbox), b.payload_bytes()
     sidco = torch.ops.sidco
-    first = _hops(state, b, group, sidco.reduce_hops_first(blocks, b.codec, False), 1)
-    second = _hops(state, b, group, sidco.reduce_hops_second(first, b.codec, False), 2)
+    first = _hops(state, group, sidco.reduce_hops_first(blocks, b.codec, False), 1)
+    second = _hops(state, group, sidco.reduce_hops_second(first, b.codec, False), 2)
     blocks_sent, blocks_received = sidco.reduce_hops_finish(second, list(b.received.view(world, size).unbind(0)),
                                                             b.codec, False)
     # The bucket and residual checked here, before round 2: a problem travels.
     selection = sidco.reduce_select(b.received, buffer, b.residual, b.codec)
     report = b.codec.report()
-    first = _hops(state, b, group, sidco.reduce_hops_first(selection, b.codec, True), 3)
-    second = _hops(state, b, group, sidco.reduce_hops_second(first, b.codec, True), 4)
+    first = _hops(state, group, sidco.reduce_hops_first(selection, b.codec, True), 3)
+    second = _hops(state, group, sidco.reduce_hops_second(first, b.codec, True), 4)
     sent, received = sidco.reduce_hops_finish(second, b.inbox, b.codec, True)
     stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent + sent)
     stats["schedule"] = "two-hop"
