@@ -6,7 +6,7 @@ exchange: skip the optimizer step) skips it on every rank; afterwards every rank
 exactly as a run that never took that step does (parameters, residuals, adaptive state and
 the iteration count, bit for bit). Checked for the all-gather exchange (2 ranks, overflow in
 the sparse buckets and in a small dense bucket, and during the dense warm-up) and the
-reduce-scatter exchange (3 ranks). torch 1.13's GradScaler is CUDA-only (on CPU it disables
+reduce-scatter exchange (3 ranks, flat and in two hops). torch 1.13's GradScaler is CUDA-only (on CPU it disables
 itself), so the rule is written out here; the GPU check runs a real one."""
 import sys
 
@@ -40,12 +40,16 @@ def rule_step(ddp, optimizer, rank, step, overflow_rank=None, where="first"):
 
 def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements, dense_from=None):
     """dense_from: from that iteration on, last.bias is one of dense_parameters (its residual,
-    held from the sparse steps before, goes with it; a skipped step must put it back)."""
+    held from the sparse steps before, goes with it; a skipped step must put it back).
+    exchange "reduce:two-hop": the reduce exchange with reduce_schedule="two-hop"."""
+    exchange, _, schedule = exchange.partition(":")
+
     def fresh():
         holder = []
         dense = None if dense_from is None else (lambda name, p: name == "last.bias" and holder[0].iteration >= dense_from)
         state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start_iter, exchange=exchange,
-                                  nonfinite="skip", min_bucket_elements=min_bucket_elements, dense_parameters=dense)
+                                  nonfinite="skip", min_bucket_elements=min_bucket_elements, dense_parameters=dense,
+                                  reduce_schedule=schedule or "auto")
         holder.append(state)
         return state
     # Run A: the overflow at skipped_step on rank 1; run B: that step never taken.
@@ -114,7 +118,8 @@ def main():
     for exchange, world, step, where, start_iter, smallest in [("allgather", 2, 3, "first", 1, 3000),
                                                                ("allgather", 2, 3, "first", 1, 20000),
                                                                ("allgather", 2, 0, "last", 2, 3000),
-                                                               ("reduce", 3, 2, "last", 1, 3000)]:
+                                                               ("reduce", 3, 2, "last", 1, 3000),
+                                                               ("reduce:two-hop", 3, 2, "last", 1, 3000)]:
         out = run(scenario_skip, world, exchange, step, where, start_iter, smallest, timeout=240)
         print(f"skip ({exchange}, {world} ranks, overflow in '{where}' at step {step}, start_iter {start_iter}, "
               f"min_bucket_elements {smallest}):", out[0])
