@@ -1,5 +1,6 @@
 """What the Python tests share: a function run on spawned ranks, a sparse DDP step on
 them, and whether this sidco_torch has CUDA ops to test."""
+import os
 import socket
 
 import torch
@@ -29,14 +30,30 @@ def run_ranks(target, *args, world=2, timeout=120):
         port = s.getsockname()[1]
     ctx = rank_context()
     out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(rank, port, out, *args)) for rank in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(target, rank, port, out, *args)) for rank in range(world)]
     for p in procs:
         p.start()
-    results = sorted(out.get(timeout=timeout) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    try:
+        results = sorted(out.get(timeout=timeout) for _ in procs)
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    finally:
+        for p in procs:  # a rank that hangs must not keep this process from exiting
+            if p.is_alive():
+                p.kill()
     return results
+
+
+def _rank_main(target, rank, port, out, *args):
+    """target's rank, ended without destructors once its result is flushed: torch 1.13's
+    gloo process group, destroyed at exit by DDP's reducer, joins its workers holding the
+    GIL while a worker freeing a Python-made tensor waits for it (seen in the install
+    test's ranks: hung there, one thread spinning on the closed store socket)."""
+    target(rank, port, out, *args)
+    out.close()
+    out.join_thread()
+    os._exit(0)
 
 
 def cuda_skip_reason():
