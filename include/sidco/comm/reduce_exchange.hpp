@@ -97,7 +97,6 @@ class sparse_reduce_exchange {
     if (two_hop_) {  // agreed by every rank, so every rank duplicates
       check_mpi(MPI_Comm_dup(comm_, &own_comm_), "MPI_Comm_dup");
       schedule_ = mpi::two_hop(own_comm_, max_frame_bytes(core_.plan().format));
-      frames_.resize(std::size_t(ranks_));
     }
   }
 
@@ -279,16 +278,8 @@ class sparse_reduce_exchange {
 
   // two_hop: each block as a frame, to every rank through its intermediate.
   void send_frames() {
-    const std::size_t bytes = core_.block_bytes();
-    frame_bytes_.clear();
-    std::vector<std::size_t> ends(static_cast<std::size_t>(ranks_));
-    for (std::size_t d = 0; d < ends.size(); ++d) {
-      append_frame<T, Index>(std::span<const std::byte>(blocks_).subspan(d * bytes, bytes), core_.plan().format,
-                             kind_of(false), frame_bytes_);
-      ends[d] = frame_bytes_.size();
-    }
-    for (std::size_t d = 0, begin = 0; d < ends.size(); begin = ends[d++])
-      frames_[d] = std::span<const std::byte>(frame_bytes_).subspan(begin, ends[d] - begin);
+    append_frames<T, Index>(std::span<const std::byte>(blocks_), std::size_t(ranks_), core_.plan().format, kind_of(false),
+                            frame_bytes_, frames_);
     block_head_ = selection_head_ = 0;
     schedule_.start(frames_, true, digest(), 101);
     in_flight_ = true;  // phase 1 travels while the caller works, whatever overlap says
@@ -298,15 +289,11 @@ class sparse_reduce_exchange {
   void receive_frames(bool selections, std::span<std::byte> slots) {
     const std::size_t bytes = core_.block_bytes();
     const reduce_plan& plan = core_.plan();
-    const auto failure = [&](std::size_t sender, const char* why, std::vector<std::byte>& out) {
-      const sidco::runtime_error reason(
-          sidco::detail::message("the message from rank ", sender, " to rank ", rank_, " held ", why));
-      append_failure_frame<T, Index>(reason, plan.size, step_fields_, plan.format, failure_scratch_, out);
-    };
-    const auto frames = schedule_.finish(plan.format, kind_of(selections), failure);
-    const wire_header header = detail::header_for<T, Index>(step_fields_, plan.size, plan.format);
-    for (std::size_t s = 0; s < frames.size(); ++s)
-      read_frame<T, Index>(frames[s], header, plan.format, kind_of(selections), slots.subspan(s * bytes, bytes));
+    const auto frames = schedule_.finish(
+        plan.format, kind_of(selections),
+        message_failure<T, Index>(std::size_t(rank_), plan.size, step_fields_, plan.format, failure_scratch_));
+    read_frames<T, Index>(frames, detail::header_for<T, Index>(step_fields_, plan.size, plan.format), plan.format,
+                          kind_of(selections), [&](std::size_t s) { return slots.subspan(s * bytes, bytes); });
     if (!selections) {
       blocks_sent_ = schedule_.bytes_sent();
       blocks_received_ = schedule_.bytes_received();
@@ -326,13 +313,12 @@ class sparse_reduce_exchange {
   void gather_selections() {
     const std::size_t bytes = core_.block_bytes();
     if (two_hop_) {
-      frame_bytes_.clear();
-      append_frame<T, Index>(std::span<const std::byte>(selection_), core_.plan().format, kind_of(true), frame_bytes_);
-      frames_[0] = std::span<const std::byte>(frame_bytes_);
+      append_frames<T, Index>(std::span<const std::byte>(selection_), 1, core_.plan().format, kind_of(true), frame_bytes_,
+                              frames_);
       // Round 1 compared every rank's digest: a rank out of step is a failure in some
       // owner's selection, which every rank reads alike (its own digest would differ from
       // everyone's here: not compared).
-      schedule_.start(std::span<const std::span<const std::byte>>(frames_.data(), 1), false, digest(), 103, false);
+      schedule_.start(frames_, false, digest(), 103, false);
       return receive_frames(true, std::span<std::byte>(selections_));
     }
     std::size_t head = exact_sizes_ ? block_head_ : bytes;

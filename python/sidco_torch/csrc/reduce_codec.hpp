@@ -130,11 +130,7 @@ class reduce_codec_base : public reduce_codec_impl {
   }
 
   std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) const override {
-    check_cpu_tensor("payloads", payloads);
-    const std::size_t bytes = block_bytes(), count = selection ? 1 : ranks();
-    if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
-      sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
-                         " payloads take ", bytes * count, " bytes");
+    const std::size_t bytes = block_bytes(), count = check_payloads(payloads, selection);
     const auto all = bytes_of(payloads);
     const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
     std::vector<std::byte> out;
@@ -153,7 +149,6 @@ class reduce_codec_base : public reduce_codec_impl {
   void unframe(const at::Tensor& bytes, const std::vector<std::int64_t>& sizes, const std::vector<at::Tensor>& slots,
                bool selection) const override {
     check_cpu_tensor("frames", bytes);
-    const std::size_t payload = block_bytes();
     if (bytes.scalar_type() != at::kByte) sidco::throw_error("frames: dtype ", bytes.scalar_type(), " is not uint8");
     if (sizes.size() != slots.size() || slots.size() != ranks())
       sidco::throw_error("unframe: ", sizes.size(), " sizes and ", slots.size(), " slots for ", ranks(), " ranks");
@@ -162,10 +157,7 @@ class reduce_codec_base : public reduce_codec_impl {
     const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
     std::size_t at = 0;
     for (std::size_t r = 0; r < slots.size(); ++r) {
-      check_cpu_tensor("slot", slots[r]);
-      if (slots[r].scalar_type() != at::kByte || std::size_t(slots[r].numel()) != payload || !slots[r].is_contiguous())
-        sidco::throw_error("slot ", r, ": ", slots[r].numel(), " ", slots[r].scalar_type(), " values, a payload takes ",
-                           payload, " contiguous bytes");
+      check_slot(slots[r], r);
       if (sizes[r] < 0 || at + std::size_t(sizes[r]) > all.size())
         sidco::throw_error("unframe: message ", r, " of ", sizes[r], " bytes runs past the ", all.size(), " received");
       sidco::comm::read_message<H, Index>(all.subspan(at, std::size_t(sizes[r])), header, plan().format, kind_of(selection),
@@ -173,23 +165,12 @@ class reduce_codec_base : public reduce_codec_impl {
       at += std::size_t(sizes[r]);
     }
   }
+
   hop_messages hops_first(const at::Tensor& payloads, bool selection) override {
-    check_cpu_tensor("payloads", payloads);
-    const std::size_t bytes = block_bytes(), count = selection ? 1 : ranks();
-    if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
-      sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
-                         " payloads take ", bytes * count, " bytes");
+    const std::size_t count = check_payloads(payloads, selection);
     if (!hops_) hops_.emplace(ranks(), rank_, sidco::comm::max_frame_bytes(plan().format), false);
-    const auto all = bytes_of(payloads);
-    std::vector<std::size_t> ends;
-    hop_frames_.clear();
-    for (std::size_t r = 0; r < count; ++r) {
-      sidco::comm::append_frame<H, Index>(all.subspan(r * bytes, bytes), plan().format, kind_of(selection), hop_frames_);
-      ends.push_back(hop_frames_.size());
-    }
-    hop_spans_.assign(count, {});
-    for (std::size_t r = 0, begin = 0; r < count; begin = ends[r++])
-      hop_spans_[r] = std::span<const std::byte>(hop_frames_).subspan(begin, ends[r] - begin);
+    sidco::comm::append_frames<H, Index>(bytes_of(payloads), count, plan().format, kind_of(selection), hop_frames_,
+                                         hop_spans_);
     const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
     // Selections: round 1 compared every rank's digest (see two_hop_router::first).
     const auto& out = hops_->first(hop_spans_, !selection, digest, !selection);
@@ -207,19 +188,13 @@ class reduce_codec_base : public reduce_codec_impl {
   std::vector<std::int64_t> hops_finish(const std::vector<at::Tensor>& received, const std::vector<at::Tensor>& slots,
                                         bool selection) override {
     if (!hops_) sidco::throw_error("hops_finish: no phase 1 (hops_first) before it");
-    const std::size_t payload = block_bytes();
     if (slots.size() != ranks()) sidco::throw_error("hops_finish: ", slots.size(), " slots for ", ranks(), " ranks");
-    for (std::size_t r = 0; r < slots.size(); ++r) {
-      check_cpu_tensor("slot", slots[r]);
-      if (slots[r].scalar_type() != at::kByte || std::size_t(slots[r].numel()) != payload || !slots[r].is_contiguous())
-        sidco::throw_error("slot ", r, ": ", slots[r].numel(), " ", slots[r].scalar_type(), " values, a payload takes ",
-                           payload, " contiguous bytes");
-    }
+    for (std::size_t r = 0; r < slots.size(); ++r) check_slot(slots[r], r);
     const auto frames = hops_->finish(spans_of(received, hops_->second_receives().size()), plan().format,
                                       kind_of(selection), failure_writer());
-    const sidco::comm::wire_header header = sidco::comm::detail::header_for<H, Index>(step_fields_, size(), plan().format);
-    for (std::size_t s = 0; s < frames.size(); ++s)
-      sidco::comm::read_frame<H, Index>(frames[s], header, plan().format, kind_of(selection), bytes_of(slots[s]));
+    sidco::comm::read_frames<H, Index>(frames, sidco::comm::detail::header_for<H, Index>(step_fields_, size(), plan().format),
+                                       plan().format, kind_of(selection),
+                                       [&](std::size_t s) { return bytes_of(slots[s]); });
     hop_inbox_.clear();
     return {std::int64_t(hops_->bytes_sent()), std::int64_t(hops_->bytes_received())};
   }
@@ -247,11 +222,26 @@ class reduce_codec_base : public reduce_codec_impl {
 
   // A frame saying that rank `sender`'s message could not be read.
   sidco::comm::two_hop_router::failure_writer failure_writer() {
-    return [this](std::size_t sender, const char* why, std::vector<std::byte>& out) {
-      const sidco::runtime_error reason(
-          sidco::detail::message("the message from rank ", sender, " to rank ", rank_, " held ", why));
-      sidco::comm::append_failure_frame<H, Index>(reason, size(), step_fields_, plan().format, failure_scratch_, out);
-    };
+    return sidco::comm::message_failure<H, Index>(rank_, size(), step_fields_, plan().format, failure_scratch_);
+  }
+
+  // How many payloads `payloads` holds (P blocks, or one selection): throws when it is not that.
+  std::size_t check_payloads(const at::Tensor& payloads, bool selection) const {
+    check_cpu_tensor("payloads", payloads);
+    const std::size_t bytes = block_bytes(), count = selection ? 1 : ranks();
+    if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
+      sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
+                         " payloads take ", bytes * count, " bytes");
+    return count;
+  }
+
+  // Throws unless slot (rank r's) is a CPU payload's room: contiguous uint8 of block_bytes().
+  void check_slot(const at::Tensor& slot, std::size_t r) const {
+    check_cpu_tensor("slot", slot);
+    const std::size_t payload = block_bytes();
+    if (slot.scalar_type() != at::kByte || std::size_t(slot.numel()) != payload || !slot.is_contiguous())
+      sidco::throw_error("slot ", r, ": ", slot.numel(), " ", slot.scalar_type(), " values, a payload takes ", payload,
+                         " contiguous bytes");
   }
 
   static std::vector<std::span<const std::byte>> spans_of(const std::vector<at::Tensor>& received, std::size_t count) {

@@ -172,6 +172,23 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
     append_whole();
 }
 
+/// Frames of count payloads (format.bytes() each, one after another) into bytes, one after
+/// another, and each one's span into frames (valid while bytes is unchanged).
+template <class T, class Index>
+void append_frames(std::span<const std::byte> payloads, std::size_t count, const wire_format& format, frame_kind kind,
+                   std::vector<std::byte>& bytes, std::vector<std::span<const std::byte>>& frames) {
+  const std::size_t payload = format.bytes();
+  bytes.clear();
+  std::vector<std::size_t> ends(count);
+  for (std::size_t r = 0; r < count; ++r) {
+    append_frame<T, Index>(payloads.subspan(r * payload, payload), format, kind, bytes);
+    ends[r] = bytes.size();
+  }
+  frames.assign(count, {});
+  for (std::size_t r = 0, begin = 0; r < count; begin = ends[r++])
+    frames[r] = std::span<const std::byte>(bytes).subspan(begin, ends[r] - begin);
+}
+
 /// The length of the frame at the start of bytes, or 0 when bytes cannot hold it (damaged).
 inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_format& format, frame_kind kind) {
   std::size_t length = 0;

@@ -224,4 +224,23 @@ class two_hop_router {
   std::size_t bytes_sent_ = 0, bytes_received_ = 0;
 };
 
+/// The router's failure_writer on rank `me`: a failure frame "the message from rank s to
+/// rank me held why" under this step's fields (scratch: a payload's room, reused).
+template <class T, class Index>
+two_hop_router::failure_writer message_failure(std::size_t me, std::size_t dense_size, const wire_fields& fields,
+                                               const wire_format& format, std::vector<std::byte>& scratch) {
+  return [=, &scratch](std::size_t sender, const char* why, std::vector<std::byte>& out) {
+    const sidco::runtime_error reason(
+        sidco::detail::message("the message from rank ", sender, " to rank ", me, " held ", why));
+    append_failure_frame<T, Index>(reason, dense_size, fields, format, scratch, out);
+  };
+}
+
+/// Writes the frame of each rank s (finish()'s) into slot(s), a payload's bytes.
+template <class T, class Index, class Slot>
+void read_frames(std::span<const std::span<const std::byte>> frames, const wire_header& header,
+                 const wire_format& format, frame_kind kind, Slot&& slot) {
+  for (std::size_t s = 0; s < frames.size(); ++s) read_frame<T, Index>(frames[s], header, format, kind, slot(s));
+}
+
 }  // namespace sidco::comm
