@@ -263,10 +263,165 @@ void reduce_frames(benchmark::State& state) {
   state.counters["frame_bytes_per_entry"] = double(frames.size()) / double(std::max<std::size_t>(1, sent.size()));
 }
 
+
+// sum_runs/W/P/R: the fold of P ascending runs over N = 2^20 indices (comm/sum.hpp), as an
+// owner adds the blocks it received and every rank merges the owners' selections: R = 0,
+// P runs of k / P entries each (k = 0.01 N, the reduce exchange's shapes); R = 1, P runs of
+// k each (the all-gather's). W: 0 the windowed walk, 1 the grouped one, 2 what sum_runs
+// chooses. Indices are drawn from a hash-like spread, values uniform:
+//
+//   ns_per_entry          the fold's time over the entries it read
+void sum_runs(benchmark::State& state) {
+  constexpr std::size_t n = std::size_t(1) << 20, k = n / 100;
+  const int walk = int(state.range(0));
+  const std::size_t ranks = std::size_t(state.range(1));
+  const std::size_t per_run = state.range(2) == 0 ? (k + ranks - 1) / ranks : k;
+  std::mt19937_64 rng(ranks * 7 + per_run);
+  std::uniform_int_distribution<std::uint32_t> index(0, n - 1);
+  std::uniform_real_distribution<float> value(-1, 1);
+  std::vector<std::vector<std::uint32_t>> indices(ranks);
+  std::vector<std::vector<float>> values(ranks);
+  std::vector<comm::entry_run<float, std::uint32_t>> runs(ranks);
+  std::size_t entries = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    for (std::size_t e = 0; e < per_run; ++e) indices[r].push_back(index(rng));
+    std::sort(indices[r].begin(), indices[r].end());
+    indices[r].erase(std::unique(indices[r].begin(), indices[r].end()), indices[r].end());
+    for (std::size_t e = 0; e < indices[r].size(); ++e) values[r].push_back(value(rng));
+    runs[r] = {reinterpret_cast<const std::byte*>(indices[r].data()), reinterpret_cast<const std::byte*>(values[r].data()),
+               indices[r].size()};
+    entries += indices[r].size();
+  }
+  const std::span<const comm::entry_run<float, std::uint32_t>> view(runs);
+  std::vector<std::uint32_t> out_index(entries);
+  std::vector<float> out_value(entries);
+  using writer = comm::detail::entry_writer<std::uint32_t, float>;
+  const comm::detail::accumulate<float> add;
+  for (auto _ : state) {
+    const writer w{out_index.data(), out_value.data(), 0};
+    std::size_t written = 0;
+    if (walk == 0) written = comm::detail::fold_runs_windowed<float, std::uint32_t, float>(view, 0, n, add, w).count;
+    else if (walk == 1) written = comm::detail::fold_runs_grouped<float, std::uint32_t, float>(view, 0, n, add, w).count;
+    else written = comm::sum_runs<float, std::uint32_t>(view, 0, n, w).count;
+    benchmark::DoNotOptimize(written);
+    benchmark::ClobberMemory();
+  }
+  state.counters["ns_per_entry"] =
+      benchmark::Counter(double(entries) * double(state.iterations()) * 1e-9,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["grouped_chosen"] = comm::detail::fold_grouped(view, 0, n) ? 1 : 0;
+}
+
+// reduce_rank/P: one rank's whole CPU share of a reduce-exchange step at P ranks, the
+// collectives aside, on the bundled LSTM gradient (delta = 0.01, SIDCo-E locally, the default
+// owner policy): its pack into P blocks, the frames of the two-hop schedule (its P blocks
+// framed, P frames read back), its owner's selection over the P blocks it received, and the
+// decode of the P owners' selections. 16 ranks' selections are compressed from their
+// gradients; rank r >= 16 sends rank r % 16's selection rotated by a rank-specific offset
+// (so the owners receive P distinct selections without P compresses). Counters: each part's
+// ms, their sum, and the sum over the local compress (median of 5, same run):
+//
+//   pack_ms frames_ms select_ms apply_ms step_ms compress_ms step_over_compress
+void reduce_rank(benchmark::State& state) {
+  static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
+  const std::size_t ranks = std::size_t(state.range(0)), n = gradient.size();
+  const std::vector<segment> layout{{0, n}};
+  constexpr std::size_t distinct = 16;
+  std::vector<sparse_vector<float>> base(std::min(ranks, distinct));
+  std::vector<double> compress_seconds;
+  for (std::size_t r = 0; r < base.size(); ++r) {
+    const auto g = rank_gradient(gradient, r);
+    local_compressor compressor({}, {}, backend::cpu(1));
+    compressor.compress(std::span<const float>(g), delta, base[r]);  // warm
+    for (int c = 0; c < (r == 0 ? 5 : 0); ++c) {
+      const auto start = std::chrono::steady_clock::now();
+      compressor.compress(std::span<const float>(g), delta, base[r]);
+      compress_seconds.push_back(seconds_since(start));
+    }
+  }
+  std::sort(compress_seconds.begin(), compress_seconds.end());
+  std::vector<sparse_vector<float>> local(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto& from = base[r % distinct];
+    if (r < distinct) {
+      local[r] = from;
+      continue;
+    }
+    const std::size_t offset = (r / distinct) * 2654435761u % n;
+    std::vector<std::pair<std::uint32_t, float>> moved;
+    for (std::size_t e = 0; e < from.size(); ++e)
+      moved.emplace_back(std::uint32_t((from.indices()[e] + offset) % n), from.values()[e]);
+    std::sort(moved.begin(), moved.end());
+    local[r] = sparse_vector<float>(n);
+    for (const auto& [i, v] : moved) local[r].push_back(i, v);
+  }
+  comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> core(layout, delta, ranks, 0);
+  const auto& plan = core.plan();
+  const std::size_t bytes = plan.format.bytes();
+  // Every owner's selection of this step (untimed): the decode's input.
+  std::vector<std::byte> selections(bytes * ranks);
+  std::vector<std::byte> owned;  // the blocks rank 0 owns, one per rank
+  {
+    const auto blocks = pack_all(local, plan);
+    owned.resize(bytes * ranks);
+    for (std::size_t r = 0; r < ranks; ++r) std::copy_n(blocks.received[0][r].data(), bytes, owned.data() + r * bytes);
+    for (std::size_t o = 0; o < ranks; ++o) {
+      comm::owner_sidco_e policy{local_owner_compressor({}, {}, backend::cpu(1))};
+      comm::owner_scratch<float, std::uint32_t> scratch;
+      comm::reduce_report report;
+      comm::select_owned<float, std::uint32_t>(blocks.received[o], o, plan, comm::wire_fields{}, policy,
+                                                std::span<std::byte>(selections).subspan(o * bytes, bytes), report,
+                                                scratch);
+    }
+  }
+  std::vector<std::span<const std::byte>> owned_views(ranks), selection_views(ranks), frames;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    owned_views[r] = std::span<const std::byte>(owned).subspan(r * bytes, bytes);
+    selection_views[r] = std::span<const std::byte>(selections).subspan(r * bytes, bytes);
+  }
+  std::vector<std::byte> blocks(bytes * ranks), back(bytes * ranks), frame_bytes, selection(bytes);
+  std::vector<float> residual(n);
+  comm::host_residual<float> sink{std::span<float>(residual)};
+  const comm::frame_kind kind = comm::frame_kind_for(false, core.coding());
+  const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>({}, n, plan.format);
+  sparse_vector<float> sent;
+  double pack = 0, framing = 0, select = 0, apply = 0;
+  for (auto _ : state) {
+    sent = local[0];  // pack trims in place
+    auto start = std::chrono::steady_clock::now();
+    core.pack(sent, sink, comm::wire_fields{}, std::span<std::byte>(blocks));
+    pack += seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    comm::append_frames<float, std::uint32_t>(blocks, ranks, plan.format, kind, frame_bytes, frames);
+    comm::read_frames<float, std::uint32_t>(frames, header, plan.format, kind,
+                                            [&](std::size_t r) { return std::span<std::byte>(back).subspan(r * bytes, bytes); });
+    framing += seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    core.select(owned_views, std::span<std::byte>(selection));
+    select += seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    core.apply(selection_views, sink);
+    apply += seconds_since(start);
+    benchmark::ClobberMemory();
+  }
+  const double iterations = double(state.iterations()), compress = compress_seconds[compress_seconds.size() / 2];
+  const double step = (pack + framing + select + apply) / iterations;
+  state.counters["pack_ms"] = pack / iterations * 1e3;
+  state.counters["frames_ms"] = framing / iterations * 1e3;
+  state.counters["select_ms"] = select / iterations * 1e3;
+  state.counters["apply_ms"] = apply / iterations * 1e3;
+  state.counters["step_ms"] = step * 1e3;
+  state.counters["compress_ms"] = compress * 1e3;
+  state.counters["step_over_compress"] = step / compress;
+}
+
 }  // namespace
 
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}, {10, 100}})->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_frames)->ArgsProduct({{0, 1}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
+BENCHMARK(reduce_rank)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {4, 16, 64, 256, 1024}, {0}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {2, 4, 16, 64}, {1}})->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -504,10 +504,13 @@ TEST_CASE("reduce-scatter: a rank's own problem after round 1 fails the step on 
 TEST_CASE_TEMPLATE("sum_runs: each index's values added in run order, in the accumulator type", T, float, double,
                    float16) {
   // Ranges crossing several windows and starting mid-window, runs with no entries, indices
-  // on window edges, signed zeros, values whose sum depends on the order.
+  // on window edges, signed zeros, values whose sum depends on the order; both walks (the
+  // windowed one and the grouped one, which sum_runs takes for many short runs) and sum_runs'
+  // choice, at few runs and at many (a few entries each).
   using A = typename float_traits<T>::accumulator;
   constexpr std::size_t size = 3 * comm::sum_window + 777;
-  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5), std::size_t(17)}) {
+  for (const std::size_t ranks :
+       {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5), std::size_t(17), std::size_t(300)}) {
     for (const std::size_t begin : {std::size_t(0), std::size_t(13), comm::sum_window - 1}) {
       const std::size_t end = size - (begin == 0 ? 0 : 5);
       std::mt19937_64 rng(ranks * 131 + begin);
@@ -516,8 +519,9 @@ TEST_CASE_TEMPLATE("sum_runs: each index's values added in run order, in the acc
                                               end - 1};
       std::vector<sparse_vector<T, std::uint32_t>> sent(ranks, sparse_vector<T, std::uint32_t>(size));
       std::map<std::size_t, A> expected;
+      const double scale = ranks > 100 ? 0.005 : 1.0;  // many runs: a few entries each
       for (std::size_t r = 0; r < ranks; ++r) {
-        const double keep = r == 1 ? 0.0 : 0.05 + 0.1 * double(r % 8);  // rank 1 sends nothing
+        const double keep = r == 1 ? 0.0 : scale * (0.05 + 0.1 * double(r % 8));  // rank 1 sends nothing
         for (std::size_t i = begin; i < end; ++i) {
           const bool edge = std::find(edges.begin(), edges.end(), i) != edges.end();
           if (!(edge && r != 1) && u(rng) >= keep) continue;
@@ -531,17 +535,44 @@ TEST_CASE_TEMPLATE("sum_runs: each index's values added in run order, in the acc
       for (const auto& s : sent)
         runs.push_back({reinterpret_cast<const std::byte*>(s.indices().data()),
                         reinterpret_cast<const std::byte*>(s.values().data()), s.size()});
-      std::vector<std::pair<std::uint64_t, A>> got;
-      comm::sum_runs<T, std::uint32_t>(runs, begin, end, [&](std::uint64_t i, A sum) { got.emplace_back(i, sum); });
-      REQUIRE(got.size() == expected.size());
-      std::size_t j = 0;
-      for (const auto& [index, sum] : expected) {
-        REQUIRE(got[j].first == index);
-        REQUIRE(std::memcmp(&got[j].second, &sum, sizeof sum) == 0);
-        ++j;
+      const std::span<const comm::entry_run<T, std::uint32_t>> view(runs);
+      for (const int walk : {0, 1, 2}) {
+        CAPTURE(ranks);
+        CAPTURE(begin);
+        CAPTURE(walk);
+        std::vector<std::pair<std::uint64_t, A>> got;
+        const auto add = [&](std::uint64_t i, A sum) { got.emplace_back(i, sum); };
+        if (walk == 0) comm::detail::fold_runs_windowed<T, std::uint32_t, A>(view, begin, end, comm::detail::accumulate<T>{}, add);
+        else if (walk == 1) comm::detail::fold_runs_grouped<T, std::uint32_t, A>(view, begin, end, comm::detail::accumulate<T>{}, add);
+        else comm::sum_runs<T, std::uint32_t>(view, begin, end, add);
+        REQUIRE(got.size() == expected.size());
+        std::size_t j = 0;
+        for (const auto& [index, sum] : expected) {
+          REQUIRE(got[j].first == index);
+          REQUIRE(std::memcmp(&got[j].second, &sum, sizeof sum) == 0);
+          ++j;
+        }
       }
     }
   }
+}
+
+TEST_CASE("sum_runs groups the entries first for many short runs, not for a few long ones") {
+  // The reduce exchange's shapes at N = 2^20, k = N / 100: P runs of k / P entries (an
+  // owner's blocks, the owners' selections), and the all-gather's P runs of k.
+  constexpr std::size_t n = std::size_t(1) << 20, k = n / 100;
+  const auto runs_of = [&](std::size_t ranks, std::size_t each) {
+    return std::vector<comm::entry_run<float, std::uint32_t>>(ranks, comm::entry_run<float, std::uint32_t>{nullptr, nullptr, each});
+  };
+  const auto grouped = [&](std::size_t ranks, std::size_t each) {
+    const auto runs = runs_of(ranks, each);
+    return comm::detail::fold_grouped(std::span<const comm::entry_run<float, std::uint32_t>>(runs), 0, n);
+  };
+  CHECK(grouped(1024, k / 1024));
+  CHECK(grouped(256, k / 256));
+  CHECK_FALSE(grouped(16, k / 16));
+  CHECK_FALSE(grouped(4, k / 4));
+  CHECK_FALSE(grouped(64, k));
 }
 
 TEST_CASE_TEMPLATE("reduce-scatter: the Top-k owner keeps the exact Top-k, ties to the lower index", T, float, double) {
@@ -725,28 +756,27 @@ TEST_CASE_TEMPLATE("the device path's decode (entries written into zeros) gives 
   }
 }
 
-TEST_CASE_TEMPLATE("reduce-scatter: the update is the rule applied to the owners' rank-order sums; nothing lost per rank",
-                   T, float, double, float16, bfloat16) {
-  // A real gradient split among 1, 2, 3 and 5 ranks, summed and averaged, over three steps:
-  // every rank applies the same bits, the global selection's update at each index is comm/sum.hpp's rule over what the
-  // ranks' blocks held there (computed here from the blocks' own entries), and per rank,
-  // bitwise, residual + applied contribution = gradient + old residual.
+// The reduce exchange's oracle on a real gradient split among `ranks`, over `steps` steps:
+// every rank applies the same bits, the global selection's update at each index is
+// comm/sum.hpp's rule over what the ranks' blocks held there (computed here from the blocks'
+// own entries), and per rank, bitwise, residual + applied contribution = gradient + old
+// residual.
+template <class T>
+void check_reduce_rule(const std::vector<T>& gradient, std::size_t ranks, comm::reduction op, std::uint64_t steps) {
   using A = typename float_traits<T>::accumulator;
-  std::vector<T> gradient;
-  for (const float v : test::load_gradient<float>("cnn_it200.npy")) gradient.push_back(T(v));
   const std::size_t size = gradient.size();
-  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5)}) {
-    for (const comm::reduction op : {comm::reduction::average, comm::reduction::sum}) {
+  {
+    {
       simulated_reduce<T, comm::owner_top_k> sim(ranks, {{0, size}}, 0.01, 1.25, op);
       std::vector<std::vector<T>> residuals(ranks, std::vector<T>(size, T(0)));
-      for (std::uint64_t step = 0; step < 3; ++step) {
+      for (std::uint64_t step = 0; step < steps; ++step) {
         std::vector<sparse_vector<T, std::uint32_t>> sent(ranks);
         std::vector<std::vector<T>> inputs(ranks);
         for (std::size_t r = 0; r < ranks; ++r) {
           std::vector<T> g(size);
           for (std::size_t i = 0; i < size; ++i) g[i] = gradient[(i + r * 997 + step * 31) % size];
           feedback::residual<T> state{std::span<T>(residuals[r])};
-          presets::top_k<> compressor;
+          presets::top_k<> compressor({}, {}, backend::cpu(1));  // one thread: ranks compress one after another
           compressor.compress(std::span<const T>(g), 0.01, sent[r], state);
           inputs[r] = residuals[r];
           for (std::size_t j = 0; j < sent[r].size(); ++j) inputs[r][sent[r].indices()[j]] = sent[r].values()[j];
@@ -803,6 +833,30 @@ TEST_CASE_TEMPLATE("reduce-scatter: the update is the rule applied to the owners
   }
 }
 
+TEST_CASE_TEMPLATE("reduce-scatter: the update is the rule applied to the owners' rank-order sums; nothing lost per rank",
+                   T, float, double, float16, bfloat16) {
+  // 1, 2, 3 and 5 ranks, summed and averaged, over three steps.
+  std::vector<T> gradient;
+  for (const float v : test::load_gradient<float>("cnn_it200.npy")) gradient.push_back(T(v));
+  for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(5)})
+    for (const comm::reduction op : {comm::reduction::average, comm::reduction::sum})
+      check_reduce_rule<T>(gradient, ranks, op, 3);
+}
+
+TEST_CASE("reduce-scatter: the same rule at 300 ranks, where the owners' sums and the decode group entries first") {
+  // 2^17 values of a real gradient, k = 1,311: a block holds about 5 entries, few enough that
+  // sum_runs takes the grouped walk (checked on that shape) for the owners' sums and every
+  // rank's merge of the 300 selections.
+  std::vector<float> gradient = test::load_gradient<float>("cnn_it200.npy");
+  gradient.resize(std::size_t(1) << 17);
+  constexpr std::size_t ranks = 300;
+  simulated_reduce<float, comm::owner_top_k> shape(ranks, {{0, gradient.size()}}, 0.01);
+  const std::size_t per_block = (shape.cores[0].plan().target + ranks - 1) / ranks;  // what a block holds, about
+  std::vector<comm::entry_run<float, std::uint32_t>> runs(ranks, {nullptr, nullptr, per_block});
+  REQUIRE(comm::detail::fold_grouped(std::span<const comm::entry_run<float, std::uint32_t>>(runs), 0, gradient.size()));
+  check_reduce_rule<float>(gradient, ranks, comm::reduction::average, 2);
+}
+
 TEST_CASE("reduce-scatter: moving hot rows keep the applied density at 16 and 64 ranks") {
   // Heavy-tailed values (log-normal), 30% zeros, plus 32 rows of 64 values 50x larger that every rank
   // shares and that move every step (an embedding's rows for this batch): whatever indices
@@ -834,7 +888,7 @@ TEST_CASE("reduce-scatter: moving hot rows keep the applied density at 16 and 64
           for (std::size_t i = row * width; i < (row + 1) * width; ++i) g[i] *= 50.0f;
         feedback::residual<float> state{std::span<float>(residuals[r])};
         sparse_vector<float, std::uint32_t> sent;
-        presets::top_k<> compressor;
+        presets::top_k<> compressor({}, {}, backend::cpu(1));  // one thread: ranks compress one after another
         compressor.compress(std::span<const float>(g), delta, sent, state);
         comm::host_residual<float> sink{std::span<float>(residuals[r])};
         REQUIRE(sim.cores[r].pack(sent, sink, sim.cores[r].fields(step), sim.blocks[r]));

@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "sidco/comm/report.hpp"
 #include "sidco/core/error.hpp"
@@ -75,7 +76,8 @@ namespace detail {
 /// emit is taken and returned by value, so that what it writes through and counts stays in
 /// registers (a callable held by reference kept its counter in memory: 25% slower).
 template <class T, class Index, class Slot, class Fold, class Emit>
-Emit fold_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Fold fold, Emit emit) {
+Emit fold_runs_windowed(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Fold fold,
+                        Emit emit) {
   constexpr std::size_t words = sum_window / 64;
   static_assert(words <= 64, "one summary word marks the window's nonzero bitmap words");
   struct cursor {
@@ -145,17 +147,107 @@ Emit fold_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std
   return emit;
 }
 
+/// fold_runs_windowed's result by another walk, for many short runs (an owner's P blocks and
+/// the P owners' selections at many ranks, where every window asks every run): the entries
+/// first grouped by window in run order (a counting sort on the window), then each window's
+/// folded as fold_runs_windowed folds them; O(entries + windows of the range), whatever the
+/// number of runs. The same bits: each index's values fold from Slot{} in run order either way.
+template <class T, class Index, class Slot, class Fold, class Emit>
+Emit fold_runs_grouped(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Fold fold,
+                       Emit emit) {
+  constexpr std::size_t words = sum_window / 64;
+  if (end <= begin) return emit;
+  struct entry {
+    std::uint32_t at;  // the index's place in its window
+    T value;
+  };
+  const std::size_t windows = (end - begin + sum_window - 1) / sum_window;
+  std::vector<std::size_t> first(windows + 1, 0);  // window w's entries: [first[w], first[w + 1])
+  std::size_t total = 0;
+  for (const auto& run : runs)
+    for (std::size_t e = 0; e < run.count; ++e) {
+      const std::uint64_t index = run.index(e);
+      if (index < begin || index >= end) continue;
+      ++first[(index - begin) / sum_window + 1];
+      ++total;
+    }
+  for (std::size_t w = 0; w < windows; ++w) first[w + 1] += first[w];
+  std::vector<entry> grouped(total);
+  {
+    std::vector<std::size_t> next(first.begin(), first.end() - 1);
+    for (const auto& run : runs)
+      for (std::size_t e = 0; e < run.count; ++e) {
+        const std::uint64_t index = run.index(e);
+        if (index < begin || index >= end) continue;
+        const std::size_t offset = std::size_t(index - begin);
+        grouped[next[offset / sum_window]++] = {std::uint32_t(offset % sum_window), run.value(e)};
+      }
+  }
+  std::array<Slot, sum_window> slots{};
+  std::array<std::uint64_t, words> seen{};
+  for (std::size_t w = 0; w < windows; ++w) {
+    if (first[w] == first[w + 1]) continue;
+    std::uint64_t touched = 0;
+    for (std::size_t j = first[w]; j < first[w + 1]; ++j) {
+      const std::size_t at = grouped[j].at;
+      fold(slots[at], grouped[j].value);
+      seen[at / 64] |= std::uint64_t(1) << (at % 64);
+      touched |= std::uint64_t(1) << (at / 64);
+    }
+    const std::uint64_t window = std::uint64_t(begin) + std::uint64_t(w) * sum_window;
+    for (; touched != 0; touched &= touched - 1) {
+      const std::size_t word = std::size_t(std::countr_zero(touched));
+      for (std::uint64_t bits = seen[word]; bits != 0; bits &= bits - 1) {
+        const std::size_t at = word * 64 + std::size_t(std::countr_zero(bits));
+        const Slot slot = slots[at];
+        slots[at] = Slot{};
+        emit(window + at, slot);
+      }
+      seen[word] = 0;
+    }
+  }
+  return emit;
+}
+
+/// Whether fold_runs groups first: when the windowed walk would ask every run at every
+/// window holding an entry (runs x windows) more often than grouping reads and moves the
+/// entries and walks the range's windows.
+template <class T, class Index>
+bool fold_grouped(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end) {
+  if (end <= begin) return false;
+  std::size_t total = 0;
+  for (const auto& run : runs) total += run.count;
+  const std::size_t windows = (end - begin + sum_window - 1) / sum_window;
+  return runs.size() * std::min(total, windows) > 2 * total + windows;
+}
+
+/// emit(index, slot) for every index in [begin, end) some run holds, ascending, where slot is
+/// Slot{} folded with the runs' values at that index in run order: by the windowed walk or
+/// the grouped one, whichever costs less for these runs (the same bits).
+template <class T, class Index, class Slot, class Fold, class Emit>
+Emit fold_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Fold fold, Emit emit) {
+  if (fold_grouped(runs, begin, end))
+    return fold_runs_grouped<T, Index, Slot>(runs, begin, end, std::move(fold), std::move(emit));
+  return fold_runs_windowed<T, Index, Slot>(runs, begin, end, std::move(fold), std::move(emit));
+}
+
+/// What sum_runs folds: A(0) plus each value, in T's accumulator type A.
+template <class T>
+struct accumulate {
+  using A = typename float_traits<T>::accumulator;
+  void operator()(A& sum, T v) const { sum = A(sum + to_accumulator(v)); }
+};
+
 }  // namespace detail
 
 /// emit(index, sum) for every index in [begin, end) some run holds, ascending, where sum is
 /// A(0) plus the runs' values at that index added in run order, in T's accumulator type A
-/// (detail::fold_runs: O(entries + runs x windows holding an entry)). Every run must be
-/// ascending and inside [begin, end).
+/// (detail::fold_runs: O(entries + runs x windows holding an entry), or O(entries) for many
+/// short runs). Every run must be ascending and inside [begin, end).
 template <class T, class Index, class Emit>
 Emit sum_runs(std::span<const entry_run<T, Index>> runs, std::size_t begin, std::size_t end, Emit emit) {
-  using A = typename float_traits<T>::accumulator;
-  return detail::fold_runs<T, Index, A>(
-      runs, begin, end, [](A& sum, T v) { sum = A(sum + to_accumulator(v)); }, std::move(emit));
+  return detail::fold_runs<T, Index, typename float_traits<T>::accumulator>(runs, begin, end, detail::accumulate<T>{},
+                                                                           std::move(emit));
 }
 
 /// emit(index, value) for every entry of runs whose indices are disjoint (each index in one

@@ -261,6 +261,13 @@ void read_frame(std::span<const std::byte> frame, const wire_header& header, con
   }
 }
 
+/// Writes each frame s (of frames) into slot(s), a payload's bytes, as read_frame does.
+template <class T, class Index, class Slot>
+void read_frames(std::span<const std::span<const std::byte>> frames, const wire_header& header,
+                 const wire_format& format, frame_kind kind, Slot&& slot) {
+  for (std::size_t s = 0; s < frames.size(); ++s) read_frame<T, Index>(frames[s], header, format, kind, slot(s));
+}
+
 /// Appends a frame that says rank `who` failed, for reason.
 template <class T, class Index>
 void append_failure_frame(const std::exception& reason, std::size_t dense_size, const wire_fields& fields,

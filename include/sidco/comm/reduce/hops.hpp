@@ -236,11 +236,4 @@ two_hop_router::failure_writer message_failure(std::size_t me, std::size_t dense
   };
 }
 
-/// Writes the frame of each rank s (finish()'s) into slot(s), a payload's bytes.
-template <class T, class Index, class Slot>
-void read_frames(std::span<const std::span<const std::byte>> frames, const wire_header& header,
-                 const wire_format& format, frame_kind kind, Slot&& slot) {
-  for (std::size_t s = 0; s < frames.size(); ++s) read_frame<T, Index>(frames[s], header, format, kind, slot(s));
-}
-
 }  // namespace sidco::comm
