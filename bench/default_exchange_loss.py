@@ -7,17 +7,22 @@ default: the reduce-scatter exchange from 3 ranks on) against exchange="allgathe
 DDP (dense all-reduce), the same steps and seeds; "reduce:compact" (any exchange with
 ":compact") runs it with State(wire="compact"). Each rank draws its own batches; the
 model's embedding rows of this batch's tokens are the large, moving part of the gradient.
-Prints one line per run (with the reduce exchange, also the density its update applied
-over the target, p5 / median / p95 over steps 10 on) and, at the end, the final train loss
-(the mean of the last 20 steps) of each run over the all-gather's.
+Prints one line per run (its seconds per step from step 10 on, all ranks on this machine;
+with the reduce exchange, also the density its update applied over the target, p5 / median /
+p95 over steps 10 on) and, at the end, the final train loss (the mean of the last 20 steps)
+of each run over the all-gather's, and the time to loss: when the run's mean of 20 steps
+first reaches the all-gather's final loss (step and seconds; --steps longer than the
+all-gather's by --extra lets a run that needs more steps get there).
 
   PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 bench/default_exchange_loss.py \\
       --ranks 4 --steps 200 --seeds 1 2
 """
 import argparse
+import json
 import os
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -67,8 +72,10 @@ def worker(rank, a, exchange, seed, port, out):
         sidco_torch.register(ddp, state)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
     generator = torch.Generator().manual_seed(1000 * seed + rank)
-    losses, applied = [], []
-    for step in range(a.steps):
+    losses, applied, times = [], [], []
+    steps = a.steps if exchange == "allgather" else a.steps + a.extra
+    start = time.perf_counter()
+    for step in range(steps):
         x, y = batch(generator, a)
         loss = nn.functional.cross_entropy(ddp(x).reshape(-1, a.vocabulary), y.reshape(-1))
         optimizer.zero_grad()
@@ -78,6 +85,7 @@ def worker(rank, a, exchange, seed, port, out):
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses.append(mean.item() / a.ranks)
+        times.append(time.perf_counter() - start)
         stats = state.stats().values() if exchange != "dense" else []
         sparse = [s for s in stats if s.get("exchange") == "reduce" and s["path"] == "sparse"]
         if step >= 10 and sparse:
@@ -89,7 +97,7 @@ def worker(rank, a, exchange, seed, port, out):
         spread = (f"{applied[len(applied) // 20]:.3f}/{applied[len(applied) // 2]:.3f}/"
                   f"{applied[len(applied) * 19 // 20]:.3f}" if applied else "-")
         with open(out, "w") as f:
-            f.write(f"{used} {sum(losses[-20:]) / 20:.4f} {spread}\n")
+            json.dump({"used": used, "losses": losses, "times": times, "spread": spread}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -111,23 +119,36 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--bptt", type=int, default=20)
     ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--extra", type=int, default=0, help="steps beyond --steps for the runs other than the all-gather")
     ap.add_argument("--exchanges", nargs="+", default=["auto", "allgather", "dense"],
                     help="auto, allgather, reduce or dense; EXCHANGE:compact for the compact wire")
     a = ap.parse_args()
     import tempfile
-    finals = {}
+    runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:
             for exchange in a.exchanges:
                 out = os.path.join(tmp, f"{exchange}-{seed}")
                 mp.spawn(worker, args=(a, exchange, seed, free_port(), out), nprocs=a.ranks, join=True)
-                used, final, spread = open(out).read().split()
-                finals[(exchange, seed)] = float(final)
-                density = f", applied density / target p5/p50/p95 {spread}" if spread != "-" else ""
-                print(f"seed {seed}, exchange={exchange} ({used}): final train loss {final}{density}", flush=True)
+                with open(out) as f:
+                    run = json.load(f)
+                runs[(exchange, seed)] = run
+                final = sum(run["losses"][a.steps - 20:a.steps]) / 20
+                per_step = (run["times"][-1] - run["times"][9]) / (len(run["times"]) - 10)
+                density = f", applied density / target p5/p50/p95 {run['spread']}" if run["spread"] != "-" else ""
+                print(f"seed {seed}, exchange={exchange} ({run['used']}): final train loss {final:.4f} at step "
+                      f"{a.steps}, {per_step:.4f} s a step{density}", flush=True)
     if "allgather" in a.exchanges:
-        for (exchange, seed), final in finals.items():
-            print(f"seed {seed}, {exchange}: {final / finals[('allgather', seed)]:.3f}x the all-gather's loss")
+        for (exchange, seed), run in runs.items():
+            base = runs[("allgather", seed)]
+            target = sum(base["losses"][-20:]) / 20
+            final = sum(run["losses"][a.steps - 20:a.steps]) / 20
+            reached = next((s for s in range(19, len(run["losses"]))
+                            if sum(run["losses"][s - 19:s + 1]) / 20 <= target), None)
+            when = (f"reaches it at step {reached + 1}, {run['times'][reached]:.1f} s (all-gather: step {a.steps}, "
+                    f"{base['times'][-1]:.1f} s)" if reached is not None
+                    else f"does not reach it in {len(run['losses'])} steps")
+            print(f"seed {seed}, {exchange}: {final / target:.3f}x the all-gather's loss at step {a.steps}; {when}")
     return 0
 
 
