@@ -66,6 +66,25 @@ inline constexpr std::size_t sum_window = 4096;
 
 namespace detail {
 
+/// emit(window + at, slots[at]) for every index at marked in seen (touched: bit w set where
+/// seen[w] is nonzero), ascending, each slot put back to Slot{} and seen cleared: the end of
+/// one window of fold_runs_windowed and fold_runs_grouped (inlined there: their emit, a
+/// local, stays in registers).
+template <class Slot, std::size_t Words, class Emit>
+void emit_window(std::array<Slot, sum_window>& slots, std::array<std::uint64_t, Words>& seen, std::uint64_t touched,
+                 std::uint64_t window, Emit& emit) {
+  for (; touched != 0; touched &= touched - 1) {
+    const std::size_t word = std::size_t(std::countr_zero(touched));
+    for (std::uint64_t bits = seen[word]; bits != 0; bits &= bits - 1) {
+      const std::size_t at = word * 64 + std::size_t(std::countr_zero(bits));
+      const Slot slot = slots[at];
+      slots[at] = Slot{};
+      emit(window + at, slot);
+    }
+    seen[word] = 0;
+  }
+}
+
 /// emit(index, slot) for every index in [begin, end) some run holds, ascending, where slot
 /// is Slot{} folded with the runs' values at that index in run order (fold(slot, value)).
 /// Every run must be ascending and inside [begin, end). The range is walked in windows of
@@ -133,16 +152,7 @@ Emit fold_runs_windowed(std::span<const entry_run<T, Index>> runs, std::size_t b
       }
       cursors[r].at = e;
     }
-    for (; touched != 0; touched &= touched - 1) {
-      const std::size_t w = std::size_t(std::countr_zero(touched));
-      for (std::uint64_t bits = seen[w]; bits != 0; bits &= bits - 1) {
-        const std::size_t at = w * 64 + std::size_t(std::countr_zero(bits));
-        const Slot slot = slots[at];
-        slots[at] = Slot{};
-        emit(std::uint64_t(window + at), slot);
-      }
-      seen[w] = 0;
-    }
+    emit_window(slots, seen, touched, std::uint64_t(window), emit);
   }
   return emit;
 }
@@ -194,17 +204,7 @@ Emit fold_runs_grouped(std::span<const entry_run<T, Index>> runs, std::size_t be
       seen[at / 64] |= std::uint64_t(1) << (at % 64);
       touched |= std::uint64_t(1) << (at / 64);
     }
-    const std::uint64_t window = std::uint64_t(begin) + std::uint64_t(w) * sum_window;
-    for (; touched != 0; touched &= touched - 1) {
-      const std::size_t word = std::size_t(std::countr_zero(touched));
-      for (std::uint64_t bits = seen[word]; bits != 0; bits &= bits - 1) {
-        const std::size_t at = word * 64 + std::size_t(std::countr_zero(bits));
-        const Slot slot = slots[at];
-        slots[at] = Slot{};
-        emit(window + at, slot);
-      }
-      seen[word] = 0;
-    }
+    emit_window(slots, seen, touched, std::uint64_t(begin) + std::uint64_t(w) * sum_window, emit);
   }
   return emit;
 }
