@@ -57,6 +57,28 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Ranks 0 .. count - 1's selections of their gradients (rank_gradient) at density, SIDCo-E on
+// one thread each; compress_seconds: the median of 5 timed compresses of rank 0's, the
+// benches' baseline.
+std::vector<sparse_vector<float>> compress_ranks(const std::vector<float>& gradient, std::size_t count,
+                                                 double density, double& compress_seconds) {
+  std::vector<sparse_vector<float>> local(count);
+  std::vector<double> seconds;
+  for (std::size_t r = 0; r < count; ++r) {
+    const auto g = rank_gradient(gradient, r);
+    local_compressor compressor({}, {}, backend::cpu(1));
+    compressor.compress(std::span<const float>(g), density, local[r]);  // warm
+    for (int c = 0; c < (r == 0 ? 5 : 0); ++c) {
+      const auto start = std::chrono::steady_clock::now();
+      compressor.compress(std::span<const float>(g), density, local[r]);
+      seconds.push_back(seconds_since(start));
+    }
+  }
+  std::sort(seconds.begin(), seconds.end());
+  compress_seconds = seconds[seconds.size() / 2];
+  return local;
+}
+
 // Every rank's blocks for one step, routed to their owners.
 struct step_blocks {
   std::vector<std::vector<std::byte>> sent;  // per rank: P blocks
@@ -84,20 +106,8 @@ void owner_select(benchmark::State& state) {
   const std::vector<segment> layout{{0, n}};
   const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
 
-  std::vector<sparse_vector<float>> local(ranks);
-  std::vector<double> compress_seconds;
-  for (std::size_t r = 0; r < ranks; ++r) {
-    const auto g = rank_gradient(gradient, r);
-    local_compressor compressor({}, {}, backend::cpu(1));
-    compressor.compress(std::span<const float>(g), delta, local[r]);  // warm
-    const int calls = r == 0 ? 5 : 1;
-    for (int c = 0; c < calls; ++c) {
-      const auto start = std::chrono::steady_clock::now();
-      compressor.compress(std::span<const float>(g), delta, local[r]);
-      if (r == 0) compress_seconds.push_back(seconds_since(start));
-    }
-  }
-  std::sort(compress_seconds.begin(), compress_seconds.end());
+  double compress = 0;
+  const auto local = compress_ranks(gradient, ranks, delta, compress);
 
   std::vector<comm::owner_sidco_e> policies(ranks, comm::owner_sidco_e{local_owner_compressor({}, {}, backend::cpu(1))});
   std::vector<comm::owner_scratch<float, std::uint32_t>> workspaces(ranks);  // each owner's, kept as the exchange keeps it
@@ -139,7 +149,6 @@ void owner_select(benchmark::State& state) {
   }
   const std::size_t union_size = apply_all(global).union_size;
   const double per_owner = owner_seconds / double(state.iterations()) / double(ranks);
-  const double compress = compress_seconds[compress_seconds.size() / 2];
   state.counters["per_owner_ms"] = per_owner * 1e3;
   state.counters["compress_ms"] = compress * 1e3;
   state.counters["owner_over_compress"] = per_owner / compress;
@@ -163,19 +172,8 @@ void allgather_codec(benchmark::State& state) {
   const std::size_t ranks = std::size_t(state.range(1)), n = gradient.size();
   const double density = double(state.range(2)) / 1000;
   comm::allgather_core<float> core({{0, n}}, density, 1.25, coding);
-  std::vector<sparse_vector<float>> local(ranks);
-  std::vector<double> compress_seconds;
-  for (std::size_t r = 0; r < ranks; ++r) {
-    const auto g = rank_gradient(gradient, r);
-    local_compressor compressor({}, {}, backend::cpu(1));
-    compressor.compress(std::span<const float>(g), density, local[r]);  // warm
-    for (int c = 0; c < (r == 0 ? 5 : 0); ++c) {
-      const auto start = std::chrono::steady_clock::now();
-      compressor.compress(std::span<const float>(g), density, local[r]);
-      compress_seconds.push_back(seconds_since(start));
-    }
-  }
-  std::sort(compress_seconds.begin(), compress_seconds.end());
+  double compress = 0;
+  const auto local = compress_ranks(gradient, ranks, density, compress);
   const std::size_t bytes = core.format().bytes();
   std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(bytes));
   comm::host_residual<float> none;
@@ -196,7 +194,6 @@ void allgather_codec(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   const double codec = codec_seconds / double(state.iterations());
-  const double compress = compress_seconds[compress_seconds.size() / 2];
   state.counters["codec_ms"] = codec * 1e3;
   state.counters["compress_ms"] = compress * 1e3;
   state.counters["codec_over_compress"] = codec / compress;
@@ -327,19 +324,8 @@ void reduce_rank(benchmark::State& state) {
   const std::size_t ranks = std::size_t(state.range(0)), n = gradient.size();
   const std::vector<segment> layout{{0, n}};
   constexpr std::size_t distinct = 16;
-  std::vector<sparse_vector<float>> base(std::min(ranks, distinct));
-  std::vector<double> compress_seconds;
-  for (std::size_t r = 0; r < base.size(); ++r) {
-    const auto g = rank_gradient(gradient, r);
-    local_compressor compressor({}, {}, backend::cpu(1));
-    compressor.compress(std::span<const float>(g), delta, base[r]);  // warm
-    for (int c = 0; c < (r == 0 ? 5 : 0); ++c) {
-      const auto start = std::chrono::steady_clock::now();
-      compressor.compress(std::span<const float>(g), delta, base[r]);
-      compress_seconds.push_back(seconds_since(start));
-    }
-  }
-  std::sort(compress_seconds.begin(), compress_seconds.end());
+  double compress = 0;
+  const auto base = compress_ranks(gradient, std::min(ranks, distinct), delta, compress);
   std::vector<sparse_vector<float>> local(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
     const auto& from = base[r % distinct];
@@ -404,7 +390,7 @@ void reduce_rank(benchmark::State& state) {
     apply += seconds_since(start);
     benchmark::ClobberMemory();
   }
-  const double iterations = double(state.iterations()), compress = compress_seconds[compress_seconds.size() / 2];
+  const double iterations = double(state.iterations());
   const double step = (pack + framing + select + apply) / iterations;
   state.counters["pack_ms"] = pack / iterations * 1e3;
   state.counters["frames_ms"] = framing / iterations * 1e3;
