@@ -1,5 +1,6 @@
 // Device memory: the memory space of backend::cuda. Buffers grow geometrically and keep
-// their contents, in their stream's order when they have one (cudaMallocAsync), else
+// their contents, in their stream's order when they have one (the installed
+// device_allocator: cudaMallocAsync unless a program installed its own), else
 // synchronously (cudaMalloc); pointers and views are device addresses the host never
 // dereferences. Whole-buffer operations (zero, copies to and
 // from host vectors) are synchronous: they are for setting up and inspecting, not for the
@@ -14,13 +15,14 @@
 #include <utility>
 
 #include "sidco/backend/cuda/check.cuh"
+#include "sidco/memory/device_allocator.cuh"
 #include "sidco/memory/device_view.hpp"
 
 namespace sidco::memory {
 
 /// Owned device storage: data(), size(), capacity(), resize() (keeps contents; new
 /// elements unspecified), reserve(), clear(). A buffer given a stream allocates, grows and
-/// releases in that stream's order (cudaMallocAsync, cudaMemcpyAsync, cudaFreeAsync: no
+/// releases in that stream's order (the installed device_allocator, cudaMemcpyAsync: no
 /// host wait, no other stream touched); a backend gives the buffers it writes its own
 /// stream. Without one (nullptr) it is synchronous, like cudaMalloc, so that a buffer a
 /// caller fills is ready for any stream. Copies take the source's stream and are complete
@@ -50,7 +52,7 @@ class device_buffer {
     swap(other);
     return *this;
   }
-  ~device_buffer() { release(data_); }
+  ~device_buffer() { release(data_, source_); }
 
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -67,18 +69,22 @@ class device_buffer {
 
   void reserve(std::size_t count) {
     if (count <= capacity_) return;
+    const device_allocator* source = stream_ ? &current_device_allocator() : nullptr;
     T* grown = nullptr;
-    SIDCO_CUDA(stream_ ? cudaMallocAsync(reinterpret_cast<void**>(&grown), count * sizeof(T), stream_)
-                       : cudaMalloc(reinterpret_cast<void**>(&grown), count * sizeof(T)));
+    if (source)
+      grown = static_cast<T*>(source->allocate(count * sizeof(T), stream_));
+    else
+      SIDCO_CUDA(cudaMalloc(reinterpret_cast<void**>(&grown), count * sizeof(T)));
     if (size_) {
       const cudaError_t copied =
           stream_ ? cudaMemcpyAsync(grown, data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice, stream_)
                   : cudaMemcpy(grown, data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice);
-      if (copied != cudaSuccess) release(grown);
+      if (copied != cudaSuccess) release(grown, source);
       SIDCO_CUDA(copied);
     }
-    release(data_);
+    release(data_, source_);
     data_ = grown;
+    source_ = source;
     capacity_ = count;
   }
   void resize(std::size_t count) {
@@ -91,13 +97,15 @@ class device_buffer {
     std::swap(size_, other.size_);
     std::swap(capacity_, other.capacity_);
     std::swap(stream_, other.stream_);
+    std::swap(source_, other.source_);
   }
 
  private:
-  void release(T* storage) {
+  // source: the allocator storage came from; nullptr: cudaMalloc.
+  void release(T* storage, const device_allocator* source) {
     if (!storage) return;
-    if (stream_)
-      cudaFreeAsync(storage, stream_);
+    if (source)
+      source->release(storage, stream_);
     else
       cudaFree(storage);
   }
@@ -105,6 +113,7 @@ class device_buffer {
   T* data_ = nullptr;
   std::size_t size_ = 0, capacity_ = 0;
   cudaStream_t stream_ = nullptr;
+  const device_allocator* source_ = nullptr;
 };
 
 /// Page-locked host memory that uploads go through: cudaMemcpyAsync from it leaves the

@@ -73,8 +73,10 @@ class cuda_codec final : public codec_impl {
   cuda_codec(const cuda_codec&) = delete;
   cuda_codec& operator=(const cuda_codec&) = delete;
   ~cuda_codec() override {
-    // Buffers ordered on the stream are released on it first; the stream goes once its
-    // work is done.
+    // The buffers go back to torch's caching allocator, which reuses them for this stream's
+    // next allocation at once: the stream's work is waited for first, so that a stream
+    // created later at the same address never gets a buffer still being written.
+    if (stream_) cudaStreamSynchronize(stream_);
     engine_.reset();
     sent_ = {};
     writer_.release();

@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cuda_bf16.h>
@@ -61,7 +62,10 @@ class cuda_compressor final : public compressor_impl {
   cuda_compressor(const cuda_compressor&) = delete;
   cuda_compressor& operator=(const cuda_compressor&) = delete;
   ~cuda_compressor() override {
-    // The engines' buffers are released on the stream first; the stream goes once its work is done.
+    // The buffers go back to torch's caching allocator, which reuses them for this stream's
+    // next allocation at once: the stream's work is waited for first, so that a stream
+    // created later at the same address never gets a buffer still being written.
+    if (stream_) cudaStreamSynchronize(stream_);
     whole_.reset();
     layered_.reset();
     out_ = {};
@@ -198,10 +202,26 @@ std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec(const codec_settings& 
   });
 }
 
+// The ops' device scratch (every stream-ordered sidco buffer) from torch's caching allocator
+// on the compressor's stream: torch.cuda.memory_allocated() counts it, running out is
+// torch's OutOfMemoryError, and no cudaMallocAsync pool grows beside torch's. Buffers are
+// allocated under the op's device guard (the allocator takes the current device).
+const sidco::memory::device_allocator torch_caching_allocator{
+    [](std::size_t bytes, cudaStream_t stream) -> void* {
+      return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
+    },
+    [](void* storage, cudaStream_t) noexcept {
+      try {
+        c10::cuda::CUDACachingAllocator::raw_delete(storage);
+      } catch (...) {  // a destructor's release: nothing to report to
+      }
+    }};
+
 // Compressor::on, Codec::on and ReduceCodec find the CUDA sides through these, set when the
 // library loads.
 const bool registered = (register_cuda_compressor(&make_cuda_compressor), register_cuda_codec(&make_cuda_codec),
-                         register_cuda_reduce_codec(&make_cuda_reduce_codec), true);
+                         register_cuda_reduce_codec(&make_cuda_reduce_codec),
+                         sidco::memory::install_device_allocator(torch_caching_allocator), true);
 
 }  // namespace
 

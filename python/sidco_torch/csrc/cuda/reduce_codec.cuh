@@ -71,8 +71,8 @@ class cuda_reduce_codec final : public reduce_codec_base<engine<T, Index, sidco:
   cuda_reduce_codec(const cuda_reduce_codec&) = delete;
   cuda_reduce_codec& operator=(const cuda_reduce_codec&) = delete;
   ~cuda_reduce_codec() override {
-    // Buffers ordered on the stream are released on it first; the stream goes once its
-    // work is done.
+    // As cuda_codec's: the stream's work is waited for before its buffers go back to torch.
+    if (stream_) cudaStreamSynchronize(stream_);
     engine_.reset();
     sent_ = {};
     writer_.release();
