@@ -11,7 +11,9 @@
 #                                         runs every test, the N = 2^26, δ = 0.001 benchmarks
 #                                         and, where python3 has a CUDA torch, builds
 #                                         sidco_torch's ops against that torch (no meson:
-#                                         torch.utils.cpp_extension) and runs its CUDA tests.
+#                                         torch.utils.cpp_extension), runs the seeds'
+#                                         comparison with torch.topk (scripts/gpu_seeds.py)
+#                                         and the CUDA Python tests.
 #                                         Prints one table. Exits 77 without a GPU; non-zero
 #                                         when a GPU is visible and any test failed or skipped.
 #
@@ -134,6 +136,20 @@ run() {
     status=1
   fi
 
+  echo "== cub::DeviceTopK in this machine's CCCL (CCCL 3.3 on)"
+  local topk_headers
+  topk_headers=$( (find /usr/local/cuda*/ /opt /usr/include -path '*cub/device/device_topk.cuh' 2> /dev/null;
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2> /dev/null |
+      xargs -r -I{} find {} -path '*cub/device/device_topk.cuh' 2> /dev/null) | sort -u || true)
+  if [ -n "$topk_headers" ]; then
+    while read -r header; do
+      echo "  present: $header (CUB_VERSION $(grep -m1 -oE 'define CUB_VERSION [0-9]+' \
+        "$(dirname "$(dirname "$header")")/version.cuh" 2> /dev/null | awk '{print $3}'))"
+    done <<< "$topk_headers"
+  else
+    echo "  absent: no cub/device/device_topk.cuh under the toolkits, /opt or Python's packages; nvcc: $(nvcc --version 2> /dev/null | tail -1)"
+  fi
+
   echo "== sidco_torch against this machine's torch"
   if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
     if timeout 300 python3 "$root/scripts/gpu_torch_ops.py" "$folder/include" "$logs/torch-build" \
@@ -170,7 +186,12 @@ print("step: cuda sidco-e", sidco_torch.compress(d, 0.01)[0].numel(), flush=True
 print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs().sum()), flush=True)
 ' > "$logs/torch-steps.log" 2>&1 || status=1
       sed 's/^/  /' "$logs/torch-steps.log" | head -80
-      for t in cuda_ops_test cuda_hook_test cuda_amp_test; do
+      echo "== the seeds' comparison: SIDCo and Top-k against torch.topk (ratios to a device copy)"
+      LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python PYTHONUNBUFFERED=1 timeout 200 \
+        python3 -X faulthandler "$root/scripts/gpu_seeds.py" "$SIDCO_GRADIENTS_DIR" "$logs/seeds.json" \
+        > "$logs/seeds.log" 2>&1 || { echo "  gpu_seeds.py failed or timed out"; status=1; }
+      cat "$logs/seeds.log"
+      for t in cuda_ops_test cuda_memory_test cuda_hook_test cuda_amp_test; do
         local rc=0
         LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
           timeout 180 python3 -X faulthandler "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
