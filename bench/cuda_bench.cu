@@ -157,6 +157,32 @@ struct shape : sidco::backend::cuda_detail::default_tuning {
   BENCHMARK(compress<top_k<sidco::backend::basic_cuda<shape<loads, blocks, writes>>>, false>)                   \
       ->Name("top-k@" #loads "x" #blocks "x" #writes)                                                           \
       ->Apply(sizes)
+// The write pass before it was striped (write_items consecutive values a thread a step,
+// ranked by a block scan), against the striped default in the same run.
+struct blocked_write : sidco::backend::cuda_detail::default_tuning {
+  static constexpr bool striped_write = false;
+};
+using blocked = sidco::backend::basic_cuda<blocked_write>;
+BENCHMARK(compress<sidco_e<blocked>, false>)->Name("sidco-e@blocked-write")->Apply(sizes);
+BENCHMARK(compress<sidco_e<blocked>, true>)->Name("sidco-e@blocked-write:feedback")->Apply(sizes);
+BENCHMARK(compress<top_k<blocked>, false>)->Name("top-k@blocked-write")->Apply(sizes);
+BENCHMARK(compress<top_k<blocked>, true>)->Name("top-k@blocked-write:feedback")->Apply(sizes);
+// Rows a striped write step loads where it settles error feedback (default 4).
+template <int Rows>
+struct stateful_rows : sidco::backend::cuda_detail::default_tuning {
+  static constexpr int stateful_write_rows = Rows;
+};
+#define SIDCO_STATEFUL_ROWS(rows)                                                                              \
+  BENCHMARK(compress<sidco_e<sidco::backend::basic_cuda<stateful_rows<rows>>>, true>)                          \
+      ->Name("sidco-e@" #rows "-rows:feedback")                                                                \
+      ->Apply(sizes);                                                                                          \
+  BENCHMARK(compress<top_k<sidco::backend::basic_cuda<stateful_rows<rows>>>, true>)                            \
+      ->Name("top-k@" #rows "-rows:feedback")                                                                  \
+      ->Apply(sizes)
+SIDCO_STATEFUL_ROWS(8);
+SIDCO_STATEFUL_ROWS(16);
+#undef SIDCO_STATEFUL_ROWS
+
 SIDCO_SHAPE(8, 8, 4);
 SIDCO_SHAPE(4, 8, 4);
 SIDCO_SHAPE(4, 8, 16);

@@ -18,6 +18,8 @@
 #                                         when a GPU is visible and any test failed or skipped.
 #
 # NCCL comes from the GPU machine at run time (pip's nvidia-nccl, else the toolkit's).
+# SIDCO_GPU_TORCH=0 skips the torch part (its build takes about 3 minutes there);
+# SIDCO_GPU_BENCH_ARGS adds benchmark arguments (another --benchmark_filter, repetitions).
 # Architectures: SIDCO_GPU_ARCH (default sm_90: H100, H200), e.g. "sm_80,sm_90".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -128,8 +130,11 @@ run() {
   grep -h "host waits per warm call" "$logs/test_cuda_backend.log" | sed 's/^/  /' | sort -u || echo "  (none printed)"
 
   echo "== benchmarks: N = 2^26 floats, delta = 0.001"
+  # SIDCO_GPU_BENCH_ARGS: more benchmark arguments (a later filter replaces this one).
+  # shellcheck disable=SC2086
   if timeout 240 "$folder/bin/sidco-cuda-bench" --benchmark_filter='/1/26/1000/real_time$' \
-       --benchmark_min_time=0.3 --benchmark_format=json > "$logs/bench.json" 2> "$logs/bench.err"; then
+       --benchmark_min_time=0.3 --benchmark_format=json ${SIDCO_GPU_BENCH_ARGS:-} \
+       > "$logs/bench.json" 2> "$logs/bench.err"; then
     python3 "$root/scripts/gpu_bench_table.py" "$logs/bench.json" || status=1
   else
     echo "  sidco-cuda-bench failed:"; tail -20 "$logs/bench.err" | sed 's/^/    /'
@@ -151,7 +156,9 @@ run() {
   fi
 
   echo "== sidco_torch against this machine's torch"
-  if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  if [ "${SIDCO_GPU_TORCH:-1}" = 0 ]; then
+    echo "  skipped (SIDCO_GPU_TORCH=0)"
+  elif python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
     if timeout 300 python3 "$root/scripts/gpu_torch_ops.py" "$folder/include" "$logs/torch-build" \
          > "$logs/torch-build.log" 2>&1; then
       local library

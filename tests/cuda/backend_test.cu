@@ -65,9 +65,11 @@ TEST_CASE("cuda kernels equal the serial oracle on the real gradients") {
 // Other launch shapes give the same bits: small blocks, two items per write step, three
 // loads in flight (so that the striped loops' remainders run), short pieces that grow with
 // N (one a multiprocessor), and a grid cap far below the block count, so that every
-// grid-stride loop wraps; Random-k's draws made on the device from k = 16.
+// grid-stride loop wraps; Random-k's draws made on the device from k = 16. Both write
+// passes: blocked (write_items a thread, block scan) and striped (load_items rows, ballots).
 struct narrow_tuning {
   static constexpr int block_threads = 64;
+  static constexpr bool striped_write = false;
   static constexpr int write_items = 2;
   static constexpr int load_items = 3;
   static constexpr int blocks_per_sm = 1;
@@ -75,19 +77,23 @@ struct narrow_tuning {
   static constexpr std::size_t max_grid = 3;
   static constexpr std::size_t device_draw_from = 16;
 };
+struct narrow_striped_tuning : narrow_tuning {
+  static constexpr bool striped_write = true;
+};
 
-TEST_CASE("cuda kernels with another tuning equal the serial oracle") {
-  using narrow = backend::basic_cuda<narrow_tuning>;
+TEST_CASE_TEMPLATE("cuda kernels with another tuning equal the serial oracle", Tuning, narrow_tuning,
+                   narrow_striped_tuning) {
+  using narrow = backend::basic_cuda<Tuning>;
   const auto data = test::mixed_values<float>(4 * narrow::min_tile + 7, 23, true);
   narrow gpu;
   for (std::size_t n = 1; n <= data.size(); n += (n < 70 ? 1 : 101))
-    test::oracle<narrow>::compare_kernels<float>(gpu, std::span<const float>(data.data(), n), "narrow tuning");
+    test::oracle<narrow>::template compare_kernels<float>(gpu, std::span<const float>(data.data(), n), "narrow tuning");
   const auto cnn = test::load_gradient("cnn_it200.npy");
   CHECK(gpu.tile_for(cnn.size()) > narrow::min_tile);  // 900,490 values: pieces grown past the smallest
-  test::oracle<narrow>::compare_kernels<float>(gpu, cnn, "narrow tuning, cnn_it200");
+  test::oracle<narrow>::template compare_kernels<float>(gpu, cnn, "narrow tuning, cnn_it200");
   const auto g = test::mixed_values<float>(20011, 5, false);
   const auto r0 = test::mixed_values<float>(20011, 6, false);
-  test::oracle<narrow>::compare_feedback<float>(gpu, g, r0);
+  test::oracle<narrow>::template compare_feedback<float>(gpu, g, r0);
 }
 
 TEST_CASE_TEMPLATE("cuda selection settles error feedback exactly as the oracle does", T, float, double) {

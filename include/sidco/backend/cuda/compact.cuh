@@ -1,9 +1,10 @@
 // backend::cuda's threshold selections (select_above per segment, select_band over one
 // source). Per-piece counts, their scan on the device, then each block writes its piece's
 // kept entries in index order, settling the error-feedback state as it goes, into an output
-// sized from the caller's hint; one host wait at the end brings the counts back (the
-// per-segment totals). A block whose entries would not fit writes and settles nothing; only
-// those run again, once the output has grown (never when the hint held).
+// sized from the caller's hint (striped by default, see write_pieces_striped); one host wait
+// at the end brings the counts back (the per-segment totals). A block whose entries would
+// not fit writes and settles nothing; only those run again, once the output has grown
+// (never when the hint held).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -101,6 +102,102 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   }
 }
 
+/// Rows a step of the striped write loads: load_items, or stateful_write_rows where it
+/// also settles an error-feedback state (two loads and a store a value: the registers of
+/// load_items rows would leave fewer blocks resident than the pieces were sized for).
+template <class Tuning, bool Settles>
+SIDCO_HOST_DEVICE constexpr int striped_write_rows() {
+  if constexpr (Settles && requires { Tuning::stateful_write_rows; })
+    return Tuning::stateful_write_rows;
+  else
+    return Tuning::load_items;
+}
+
+// The same as write_pieces, striped: each step loads load_items rows of the piece (row r of
+// thread t at chunk + r * threads + t: every load a warp-wide coalesced stripe, all issued
+// before any is used) and ranks the kept values in index order from warp ballots (row by
+// row, warp by warp within a row, lane by lane within a warp), so a step of
+// threads * load_items values needs two barriers and a one-warp scan of rows * warps counts.
+template <class Tuning, bool Rescan, bool Settle, bool Final, class Source, class Predicate, class Index>
+__global__ void __launch_bounds__(Tuning::block_threads)
+    write_pieces_striped(Source source, const piece* pieces, const Predicate* predicates, const std::size_t* offsets,
+                         const std::uint32_t* counts, std::size_t capacity, bool retry, Index* __restrict__ indices,
+                         typename Source::value_type* __restrict__ values) {
+  using T = typename Source::value_type;
+  constexpr int threads = Tuning::block_threads, rows = striped_write_rows<Tuning, Settle && Source::has_state>();
+  static_assert(threads % 32 == 0, "the striped write ranks by whole warps");
+  constexpr int warps = threads / 32, slots = rows * warps, per_lane = (slots + 31) / 32;
+  // Kept counts per (row, warp), scanned in place into each one's first output position.
+  __shared__ std::uint32_t firsts[slots];
+  __shared__ std::uint32_t step_kept;
+  std::size_t at = offsets[blockIdx.x];
+  if ((at + counts[blockIdx.x] > capacity) != retry) return;
+  const piece pc = pieces[blockIdx.x];
+  const Predicate keep = predicates[pc.segment];
+  const std::size_t end = pc.offset + pc.size;
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, lanes_below = (1u << lane) - 1;
+  for (std::size_t chunk = pc.offset; chunk < end; chunk += std::size_t(threads) * rows) {
+    T v[rows];
+    unsigned kept[rows];
+    // Every row loaded before any state is stored (a store may alias a later load).
+#pragma unroll
+    for (int r = 0; r < rows; ++r) {
+      const std::size_t i = chunk + std::size_t(r) * threads + threadIdx.x;
+      if (i < end) v[r] = read<Rescan>(source, i);
+    }
+#pragma unroll
+    for (int r = 0; r < rows; ++r) {
+      const std::size_t i = chunk + std::size_t(r) * threads + threadIdx.x;
+      bool flag = false;
+      if (i < end) {
+        flag = keep(v[r]);
+        if constexpr (Settle && Source::has_state) source.settle(i, v[r], Final && flag);
+      }
+      kept[r] = __ballot_sync(0xffffffffu, flag);
+      if (lane == 0) firsts[r * warps + int(warp)] = std::uint32_t(__popc(kept[r]));
+    }
+    __syncthreads();
+    if (warp == 0) {
+      std::uint32_t mine = 0;
+      for (int e = 0; e < per_lane; ++e)
+        if (const int slot = int(lane) * per_lane + e; slot < slots) mine += firsts[slot];
+      std::uint32_t before = mine;  // inclusive scan over the lanes, then made exclusive
+      for (int d = 1; d < 32; d *= 2) {
+        const std::uint32_t up = __shfl_up_sync(0xffffffffu, before, d);
+        if (int(lane) >= d) before += up;
+      }
+      if (lane == 31) step_kept = before;
+      before -= mine;
+      for (int e = 0; e < per_lane; ++e)
+        if (const int slot = int(lane) * per_lane + e; slot < slots) {
+          const std::uint32_t count = firsts[slot];
+          firsts[slot] = before;
+          before += count;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < rows; ++r)
+      if (kept[r] >> lane & 1u) {
+        const std::size_t position = at + firsts[r * warps + int(warp)] + std::size_t(__popc(kept[r] & lanes_below));
+        indices[position] = Index(source.base + chunk + std::size_t(r) * threads + threadIdx.x);
+        values[position] = v[r];
+      }
+    at += step_kept;
+    __syncthreads();  // firsts and step_kept are rewritten by the next step
+  }
+}
+
+/// Whether a tuning's write pass is striped (write_pieces_striped, the default) or blocked
+/// (write_pieces, write_items values a thread a step; tunings without the flag).
+template <class Tuning>
+constexpr bool striped_write() {
+  if constexpr (requires { Tuning::striped_write; })
+    return Tuning::striped_write;
+  else
+    return false;
+}
+
 struct add_counts {
   __device__ std::size_t operator()(std::size_t a, std::size_t b) const { return a + b; }
 };
@@ -132,9 +229,14 @@ void compact(workspace& ws, const Source& source, std::span<const segment> layou
   const std::size_t capacity = std::max(out.capacity() - start, wanted);
   out.resize(start + capacity);
   auto write = [&](bool retry) {
-    write_pieces<Tuning, Rescan, Settle, Final><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(
-        source, ws.piece_table.data(), device_predicates, ws.offsets.data(), ws.counts.data(), capacity, retry,
-        out.index_data() + start, out.value_data() + start);
+    if constexpr (striped_write<Tuning>())
+      write_pieces_striped<Tuning, Rescan, Settle, Final><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(
+          source, ws.piece_table.data(), device_predicates, ws.offsets.data(), ws.counts.data(), capacity, retry,
+          out.index_data() + start, out.value_data() + start);
+    else
+      write_pieces<Tuning, Rescan, Settle, Final><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(
+          source, ws.piece_table.data(), device_predicates, ws.offsets.data(), ws.counts.data(), capacity, retry,
+          out.index_data() + start, out.value_data() + start);
     SIDCO_CUDA(cudaGetLastError());
   };
   write(false);

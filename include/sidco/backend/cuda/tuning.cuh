@@ -11,12 +11,20 @@ namespace sidco::backend::cuda_detail {
 
 /// The shapes the kernels were written for (sm_80 / sm_90 class GPUs). Measured on one H200
 /// (docs/RESULTS.md, CUDA): 16 loads in flight a thread made SIDCo-E 11% and Top-k 4% faster at
-/// 2^26 values than 4; fewer blocks a multiprocessor or a wider write step, slower.
+/// 2^26 values than 4; fewer blocks a multiprocessor or a wider write step, slower; the
+/// striped write, SIDCo-E 12% and Top-k 9% faster than the blocked one.
 struct default_tuning {
   /// Threads per block of every kernel.
   static constexpr int block_threads = 256;
-  /// Values a thread handles per step of a selection's write pass (4 floats: 16 bytes, one
-  /// cache line a warp).
+  /// A selection's write pass loads load_items coalesced rows a step and ranks the kept
+  /// values by warp ballots (false: write_items consecutive values a thread a step, ranked
+  /// by a block scan).
+  static constexpr bool striped_write = true;
+  /// Rows a striped write step loads where it settles error feedback (else load_items): on
+  /// an H200, 4 ran as fast as the blocked write, 8 and 16 were 7% and 19% slower at 2^26.
+  static constexpr int stateful_write_rows = 4;
+  /// Values a thread handles per step of a blocked write pass (4 floats: 16 bytes, one
+  /// cache line a warp) and the sizing of Top-k's histogram chunks.
   static constexpr int write_items = 4;
   /// Independent loads a thread has in flight in a streaming pass (moments, counts,
   /// histograms): each a warp-wide coalesced stripe, issued before any is used.
