@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 56's convergence check of wire="compact": the WikiText-2 LSTM (examples/train_lm.py)
+# with SIDCo-E at RANKS ranks (default 4), plain and compact entries, seeds SEEDS (default
+# "1 2"), runs interleaved (plain, compact per seed), STEPS steps each (default 400), CSVs into
+# DIR (default build/lm-wire), then each pair's final training loss (the mean of the last 50
+# steps, which one noisy step does not move) and test perplexity, compact against plain.
+# About 10 minutes a run on two idle cores at 4 ranks. Needs the built package (meson compile
+# -C build) and python3-torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-build/lm-wire}
+steps=${STEPS:-400}
+ranks=${RANKS:-4}
+seeds=${SEEDS:-1 2}
+mkdir -p "$dir"
+export PYTHONPATH=$PWD/build/python
+for seed in $seeds; do
+  for wire in plain compact; do
+    name=$wire-seed$seed
+    [ -f "$dir/$name.csv" ] && { echo "$name: already run"; continue; }
+    /usr/bin/python3 examples/train_lm.py --method sidco-e --density 0.01 --ranks "$ranks" --steps "$steps" \
+      --eval-every "$steps" --wire "$wire" --seed "$seed" --csv "$dir/$name.tmp.csv"
+    mv "$dir/$name.tmp.csv" "$dir/$name.csv"
+  done
+done
+/usr/bin/python3 - "$dir" $seeds <<'EOF'
+import csv, os, sys
+folder, seeds = sys.argv[1], sys.argv[2:]
+def final(name):
+    rows = list(csv.DictReader(open(os.path.join(folder, name + ".csv"))))
+    tail = [float(r["train_loss"]) for r in rows[-50:]]
+    ppl = [r["test_perplexity"] for r in rows if r["test_perplexity"]]
+    return sum(tail) / len(tail), float(ppl[-1]) if ppl else float("nan"), len(rows)
+print("| seed | plain loss (last 50) | compact loss | compact / plain | plain perplexity | compact perplexity | steps |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for seed in seeds:
+    p, c = final(f"plain-seed{seed}"), final(f"compact-seed{seed}")
+    print(f"| {seed} | {p[0]:.4f} | {c[0]:.4f} | {c[0] / p[0]:.4f} | {p[1]:.1f} | {c[1]:.1f} | {p[2]} |")
+EOF
