@@ -291,6 +291,42 @@ TEST_CASE("a warm call allocates nothing on the host or the device") {
   CHECK(free_after == free_before);
 }
 
+namespace {
+// A device_allocator that counts what goes through it (cudaMallocAsync underneath).
+long counted_allocations = 0, counted_live = 0;
+const memory::device_allocator counting_allocator{
+    [](std::size_t bytes, cudaStream_t stream) -> void* {
+      ++counted_allocations;
+      ++counted_live;
+      return memory::cuda_stream_ordered_allocator.allocate(bytes, stream);
+    },
+    [](void* storage, cudaStream_t stream) noexcept {
+      --counted_live;
+      memory::cuda_stream_ordered_allocator.release(storage, stream);
+    }};
+}  // namespace
+
+TEST_CASE("an installed device_allocator serves every stream-ordered buffer and gets each back") {
+  const auto g = test::load_gradient("cnn_it200.npy");
+  const auto gradient = move::upload<float>(g);  // no stream: cudaMalloc, not the allocator
+  const memory::device_allocator& previous = memory::install_device_allocator(counting_allocator);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    presets::sidco_e<backend::cuda> c({}, {}, backend::cuda(stream));
+    sparse_vector<float, std::uint32_t, device> out;
+    feedback::residual<float, device> residual(g.size());
+    for (int call = 0; call < 3; ++call) c.compress<float>(gradient.view(), 0.01, out, residual);
+    c.backend().synchronize();
+    CHECK(counted_allocations > 0);
+    CHECK(counted_live > 0);
+    // What it kept is in use: a reinstalled default must not take it back.
+    memory::install_device_allocator(previous);
+  }
+  CHECK(counted_live == 0);  // every buffer went back to the allocator it came from
+  cudaStreamDestroy(stream);
+}
+
 TEST_CASE("host waits per warm call: one for the moments pass, one per estimator pass, one for the selection, one for DGC's sample, none for the exact Top-k") {
   const auto g = test::load_gradient("lstm_it10.npy");
   const auto gradient = move::upload<float>(g);
