@@ -1,7 +1,7 @@
 // backend::cuda against the serial oracle and end to end: the same kernel comparisons as
 // backend::cpu's (tests/backend_oracle.hpp), every preset on device memory, __half and
-// __nv_bfloat16 gradients, error feedback, and no allocation per warm call. Exits 77
-// (skipped) without a GPU.
+// __nv_bfloat16 gradients, error feedback, no allocation per warm call, and an installed
+// device_allocator serving every stream-ordered buffer. Exits 77 (skipped) without a GPU.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
