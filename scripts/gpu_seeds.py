@@ -3,8 +3,10 @@
 ops) against torch.topk as users call it (indices of the top |g|, then g at those indices), on
 the same device buffers, each time a ratio to a device-to-device copy of the gradient measured
 in the same run. Then the same with error feedback (the residual added before selection):
-ours fused, against torch's add + torch.topk + gather + zeroing of the sent entries. Last, the
-ops' device memory as torch's allocator and the driver see it, and whether 1,000 calls grow it.
+ours fused, against torch's add + torch.topk + gather + zeroing of the sent entries. Then where
+a warm SIDCo-E call's time goes at 2^26 (its kernels by torch's profiler against its wall
+time: the rest is the host's share). Last, the ops' device memory as torch's allocator and
+the driver see it, and whether 1,000 calls grow it.
 
 Inputs: the bundled real gradient (lstm_it10.npy, 3.7M values) tiled to N, each tile scaled by
 1 + t/100 so that no value repeats 70 times at 2^28; and a heavy-tie input, the same with half
@@ -170,6 +172,50 @@ def memory_report():
     return out
 
 
+def kernel_profile(gradients_dir, log2n=26, density=0.001, calls=20):
+    """Where a warm SIDCo-E call's time goes, float32 and bfloat16: its kernels' time (torch's
+    profiler, CUPTI) against the wall time of the calls; the difference is the host's share
+    (host waits, launches, the op's stream ordering and output copies)."""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    for dtype in DTYPES:
+        g = tiled(gradients_dir, 1 << log2n, dtype, False)
+        compressor = sidco_torch.Compressor("sidco-e")
+        for _ in range(3):
+            compressor.compress(g, density)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for _ in range(calls):
+                compressor.compress(g, density)
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            wall = (time.perf_counter() - start) / calls * 1e3
+        kernels = []
+        for event in prof.key_averages():
+            # The device's own events (kernels, copies, sets): a host op's device time
+            # counts its kernels again.
+            if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+                continue
+            device_us = getattr(event, "device_time_total", None)
+            if device_us is None:
+                device_us = getattr(event, "cuda_time_total", 0)
+            if device_us:
+                kernels.append((device_us / calls, event.count // calls, event.key[:90]))
+        kernels.sort(reverse=True)
+        name = str(dtype).replace("torch.", "")
+        total = sum(k[0] for k in kernels) / 1e3
+        print(f"SIDCo-E at 2^{log2n}, {name}, δ = {density}: {wall:.3f} ms a call (wall), "
+              f"its device work {total:.3f} ms (the profiler's events a call):")
+        for us, count, key in kernels[:14]:
+            print(f"  {us:8.1f} µs  ×{count}  {key}")
+        out[name] = {"wall_ms": wall, "device_ms": total, "kernels": kernels[:30]}
+        del g
+    return out
+
+
 def ratio(row, name, base="copy"):
     a, b = row["ms"].get(name), row["ms"].get(base)
     return f"{a / b:.2f}" if a and b else "-"
@@ -225,11 +271,16 @@ def main(argv):
                     for name, why in row["errors"].items():
                         print(f"  error: 2^{log2n} {dtype} {density} {kind} {name}: {why}", flush=True)
     print_tables(rows)
+    try:
+        profile_of = kernel_profile(gradients_dir, 22 if quick else 26)
+    except Exception as e:  # noqa: BLE001 - a profiler that cannot run leaves the tables standing
+        print(f"kernel profile: not taken ({type(e).__name__}: {e})")
+        profile_of = {}
     memory = memory_report() if DEVICE == "cuda" else {}
     print("Memory:", json.dumps(memory, indent=1))
     if json_out:
         with open(json_out, "w") as f:
-            json.dump({"device": name, "torch": torch.__version__, "rows": rows,
+            json.dump({"device": name, "torch": torch.__version__, "rows": rows, "profile": profile_of,
                        "memory": memory}, f, indent=1)
     return 1 if any(r["errors"] for r in rows) else 0
 
