@@ -179,6 +179,14 @@ struct stateful_rows : sidco::backend::cuda_detail::default_tuning {
   BENCHMARK(compress<top_k<sidco::backend::basic_cuda<stateful_rows<rows>>>, true>)                            \
       ->Name("top-k@" #rows "-rows:feedback")                                                                  \
       ->Apply(sizes)
+// The radix walks' digits chosen by the whole block (Top-k's and exact_k's keep_top_k).
+struct parallel_choice : sidco::backend::cuda_detail::default_tuning {
+  static constexpr bool parallel_digit_choice = true;
+};
+using choosing = sidco::backend::basic_cuda<parallel_choice>;
+BENCHMARK(compress<top_k<choosing>, false>)->Name("top-k@parallel-choice")->Apply(sizes);
+BENCHMARK(compress<top_k<choosing>, true>)->Name("top-k@parallel-choice:feedback")->Apply(sizes);
+BENCHMARK(compress<sidco_e_exact<choosing>, false>)->Name("sidco-e-exact@parallel-choice")->Apply(sizes);
 SIDCO_STATEFUL_ROWS(8);
 SIDCO_STATEFUL_ROWS(16);
 #undef SIDCO_STATEFUL_ROWS

@@ -128,6 +128,53 @@ TEST_CASE("the radix select's digit walk finds the k-th largest key as a sort do
     }
 }
 
+TEST_CASE("a digit chosen from the bins' running counts, as a block's threads do, equals the walk's choice") {
+  // Histograms of 256 bins: sparse with zeros, one heavy bin, all zeros, all ones; needed at
+  // 0, 1, each bin's running count and one past it, the total and beyond.
+  std::vector<std::vector<std::uint64_t>> histograms(4, std::vector<std::uint64_t>(256, 0));
+  splitmix64 draw{99};
+  for (auto& c : histograms[0]) c = draw() % 4 == 0 ? draw() % 50 : 0;
+  histograms[1][40] = 1000;
+  histograms[1][200] = 3;
+  for (auto& c : histograms[3]) c = 1;
+  for (const auto& counts : histograms) {
+    std::vector<std::uint64_t> at_or_above(256);  // position p: bin 255 - p
+    std::uint64_t running = 0;
+    std::vector<std::size_t> targets = {0, 1};
+    for (std::size_t p = 0; p < 256; ++p) {
+      running += counts[255 - p];
+      at_or_above[p] = running;
+      targets.push_back(std::size_t(running));
+      targets.push_back(std::size_t(running) + 1);
+    }
+    targets.push_back(std::size_t(running) + 1000);
+    for (const std::size_t needed : targets) {
+      CAPTURE(needed);
+      std::size_t want_needed = needed;
+      const std::size_t want = highest_bin_reaching(counts.data(), 256, want_needed);
+      std::size_t answers = 0, got = 0, got_needed = 0;
+      for (std::size_t p = 0; p < 256; ++p) {
+        std::size_t now = 0;
+        if (bin_reaching_at(p, 256, at_or_above[p], p ? at_or_above[p - 1] : std::uint64_t(0), needed, now)) {
+          ++answers;
+          got = 255 - p;
+          got_needed = now;
+        }
+      }
+      CHECK(answers == 1);
+      CHECK(got == want);
+      CHECK(got_needed == want_needed);
+      // take() fixes the digit as choose() does.
+      radix_select<std::uint32_t> chosen(needed), taken(needed);
+      chosen.choose(counts.data(), 1);
+      taken.take(got, got_needed, 1);
+      CHECK(chosen.prefix == taken.prefix);
+      CHECK(chosen.mask == taken.mask);
+      CHECK(chosen.needed == taken.needed);
+    }
+  }
+}
+
 TEST_CASE("the coarse bin of the k-th largest, split over a block's shares as the device does, equals the walk") {
   // Histograms of 4,096 bins: sparse, dense, one bin only, and empty; targets from 0 to past
   // the total, and at every share boundary's running count.

@@ -20,6 +20,20 @@ SIDCO_HOST_DEVICE constexpr std::size_t highest_bin_reaching(const Count* counts
   return bin;
 }
 
+/// highest_bin_reaching split over the positions of the bins counted from the top (position
+/// p: bin bins - 1 - p), as a block's threads see them after an inclusive scan:
+/// at_or_above, the counts of the p + 1 highest bins; before, those of the p highest (0 at
+/// p = 0). True for exactly one position, the answer's, where needed_now becomes what
+/// highest_bin_reaching leaves in needed: needed - before.
+template <class Count>
+SIDCO_HOST_DEVICE constexpr bool bin_reaching_at(std::size_t p, std::size_t bins, Count at_or_above, Count before,
+                                                 std::size_t needed, std::size_t& needed_now) {
+  const bool reached_here = std::size_t(at_or_above) >= needed || p + 1 == bins;  // bin 0 takes the rest
+  if (!reached_here || (p > 0 && std::size_t(before) >= needed)) return false;
+  needed_now = needed - std::size_t(before);
+  return true;
+}
+
 /// The coarse pass of radix selection looks at the top 12 bits of a magnitude key (whose
 /// top bit is clear): 4,096 bins, key >> coarse_shift<Key>.
 inline constexpr int coarse_key_bits = 12;
@@ -88,7 +102,15 @@ struct radix_select {
   /// Fixes this round's digit from the histogram (bins counts) of digit() over the entries.
   template <class Count>
   SIDCO_HOST_DEVICE constexpr void choose(const Count* counts, int round) {
-    const std::size_t d = highest_bin_reaching(counts, bins, needed);
+    std::size_t now = needed;
+    const std::size_t d = highest_bin_reaching(counts, bins, now);
+    take(d, now, round);
+  }
+
+  /// Fixes this round's digit to d, of whose entries needed_now complete the top k (what
+  /// choose() finds, when found another way: bin_reaching_at).
+  SIDCO_HOST_DEVICE constexpr void take(std::size_t d, std::size_t needed_now, int round) {
+    needed = needed_now;
     prefix = Key(prefix | Key(Key(d) << shift_of(round)));
     mask = Key(mask | Key(Key(0xff) << shift_of(round)));
   }

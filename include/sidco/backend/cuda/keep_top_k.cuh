@@ -15,6 +15,7 @@
 #include <span>
 #include <type_traits>
 
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
@@ -114,6 +115,46 @@ __global__ void choose_digits(const run_plan* plans, radix_select<Key>* walks, u
   for (unsigned b = threadIdx.x; b < bin_count; b += blockDim.x) run_bins[b] = 0;
 }
 
+// choose_digits with every thread of the block (a tuning's parallel_digit_choice): each holds
+// bins / threads consecutive positions counted from the top bin, an inclusive block scan sums
+// them from the top, and the one position where the count first reaches the walk's needed
+// (bin_reaching_at) fixes the digit; the same digit and needed as choose(), without one
+// thread reading 256 counts one after another.
+template <class Tuning, class Key>
+__global__ void __launch_bounds__(Tuning::block_threads)
+    choose_digits_parallel(const run_plan* plans, radix_select<Key>* walks, unsigned long long* bins, int round) {
+  constexpr std::size_t bin_count = radix_select<Key>::bins;
+  static_assert(bin_count % std::size_t(Tuning::block_threads) == 0, "whole shares of the bins a thread");
+  constexpr int items = int(bin_count / std::size_t(Tuning::block_threads));
+  using scan = cub::BlockScan<unsigned long long, Tuning::block_threads>;
+  __shared__ typename scan::TempStorage temp;
+  const std::size_t s = blockIdx.x;
+  if (!plans[s].trims()) return;
+  unsigned long long* run_bins = bins + s * bin_count;
+  const std::size_t needed = walks[s].needed;  // read by all before the scan's barriers
+  const std::size_t first = std::size_t(threadIdx.x) * items;
+  unsigned long long counts[items], at_or_above[items];
+  for (int i = 0; i < items; ++i) counts[i] = run_bins[bin_count - 1 - (first + std::size_t(i))];
+  scan(temp).InclusiveSum(counts, at_or_above);
+  for (int i = 0; i < items; ++i) {
+    const std::size_t p = first + std::size_t(i);
+    std::size_t needed_now = 0;
+    if (bin_reaching_at(p, bin_count, at_or_above[i], at_or_above[i] - counts[i], needed, needed_now))
+      walks[s].take(bin_count - 1 - p, needed_now, round);
+    run_bins[bin_count - 1 - p] = 0;  // for the next round; only this thread read it
+  }
+}
+
+/// Whether a tuning chooses the radix walks' digits with the whole block
+/// (choose_digits_parallel) or one thread (choose_digits; tunings without the flag).
+template <class Tuning>
+constexpr bool parallel_digit_choice() {
+  if constexpr (requires { Tuning::parallel_digit_choice; })
+    return Tuning::parallel_digit_choice;
+  else
+    return false;
+}
+
 // Each kept entry at its run's output offset plus its rank in the run: every entry of a run
 // kept whole; else the keys above the k-th before it plus the ties before it, at most
 // walk.needed of them (ties go to the lower index).
@@ -168,7 +209,10 @@ void keep_top_k(workspace& ws, sparse_vector<T, Index, sidco::memory::device>& o
     digit_histogram<Tuning><<<chunk_blocks, Tuning::block_threads, 0, ws.stream>>>(values, count, table, labels, walks,
                                                                                    round, bins);
     SIDCO_CUDA(cudaGetLastError());
-    choose_digits<<<unsigned(runs), Tuning::block_threads, 0, ws.stream>>>(table, walks, bins, round);
+    if constexpr (parallel_digit_choice<Tuning>())
+      choose_digits_parallel<Tuning><<<unsigned(runs), Tuning::block_threads, 0, ws.stream>>>(table, walks, bins, round);
+    else
+      choose_digits<<<unsigned(runs), Tuning::block_threads, 0, ws.stream>>>(table, walks, bins, round);
     SIDCO_CUDA(cudaGetLastError());
   }
   auto* tallies = workspace::staging<top_k_tally>(ws.tallies, count);

@@ -23,6 +23,10 @@ struct default_tuning {
   /// Rows a striped write step loads where it settles error feedback (else load_items): on
   /// an H200, 4 ran as fast as the blocked write, 8 and 16 were 7% and 19% slower at 2^26.
   static constexpr int stateful_write_rows = 4;
+  /// The radix walks' digit each round chosen by the whole block (a scan of the 256 bins)
+  /// instead of one thread reading them one after another: compiled, not yet measured on a
+  /// GPU, so off by default (the `@parallel-choice` benchmark rows).
+  static constexpr bool parallel_digit_choice = false;
   /// Values a thread handles per step of a blocked write pass (4 floats: 16 bytes, one
   /// cache line a warp) and the sizing of Top-k's histogram chunks.
   static constexpr int write_items = 4;
