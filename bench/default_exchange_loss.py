@@ -3,7 +3,8 @@
 a 2-layer LSTM language model on synthetic tokens (a Zipf-like unigram draw with a fixed
 successor table, so there is something to learn), P gloo ranks on 127.0.0.1, SGD with
 momentum, sidco_torch.State(method="sidco-e", density=0.01) with exchange="auto" (the
-default: the reduce-scatter exchange from 3 ranks on) against exchange="allgather" and plain
+default: from 3 ranks on it times both exchanges in its first sparse steps and keeps the
+one with the shorter time to loss) against exchange="allgather" and plain
 DDP (dense all-reduce), the same steps and seeds; "reduce:compact" (any exchange with
 ":compact") runs it with State(wire="compact"). Each rank draws its own batches; the
 model's embedding rows of this batch's tokens are the large, moving part of the gradient.
@@ -91,7 +92,13 @@ def worker(rank, a, exchange, seed, port, out):
         if step >= 10 and sparse:
             applied.append(sum(s["global_density"] * s["size"] for s in sparse) /
                            sum(s["target_density"] * s["size"] for s in sparse))
-    used = state.exchange_for(a.ranks) if exchange != "dense" else "dense"
+    used = "dense"
+    if exchange != "dense":
+        used = state.exchange_for(a.ranks)
+        measured = state.auto_exchange()
+        if measured:  # auto's choice, and the step times it chose by
+            used += (f" chosen at step {measured['iteration']}: all-gather {1e3 * measured['allgather_seconds']:.1f} "
+                     f"ms, reduce {1e3 * measured['reduce_seconds']:.1f} ms a step")
     if rank == 0:
         applied.sort()
         spread = (f"{applied[len(applied) // 20]:.3f}/{applied[len(applied) // 2]:.3f}/"

@@ -28,7 +28,10 @@ class _Agreement:
                   ("exchange", _EXCHANGES.index(self.exchange)), ("owner", int(self.owner == "top-k")),
                   ("nonfinite", _NONFINITE.index(self.nonfinite)), ("wire", _WIRES.index(self.wire)),
                   ("reduce_schedule", _REDUCE_SCHEDULES.index(self.reduce_schedule)),
-                  ("iteration", self.iteration), ("ranks", world)]
+                  ("iteration", self.iteration), ("ranks", world),
+                  # exchange="auto"'s choice and probe, as loaded: the ranks must alternate alike.
+                  ("auto exchange", _EXCHANGES.index(self._auto[1]) if self._auto is not None else 0),
+                  ("auto probe start", -1 if self._probe_start is None else self._probe_start)]
         rank = dist.get_rank(group)
         loaded = self._loaded_from
         # Whether this rank loaded a state another rank (or another world) saved: -1 if not.
@@ -41,7 +44,9 @@ class _Agreement:
         everyone = [t.cpu() for t in everyone]
         shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "agreed density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
-                 "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0]}
+                 "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
+                 "auto exchange": lambda index: _EXCHANGES[index] if index else "not chosen yet",
+                 "auto probe start": lambda start: start if start >= 0 else "not started"}
         loaded_at = len(fields) - 1
         for rank, theirs in enumerate(everyone):
             if int(theirs[loaded_at]) >= 0:

@@ -38,7 +38,16 @@ class _Checkpoints:
         return {"format": _STATE_FORMAT, "method": self.method, "density": self.density, "agreed_density": agreed,
                 "capacity_slack": self.capacity_slack, "feedback": self.feedback, "options": dict(self.options),
                 "iteration": self.iteration, "keys": self._keying or "order", "rank": rank, "world": world,
-                "exchange": self.exchange, "owner": self.owner, "layers": layers, "exchanges": exchanges}
+                "exchange": self.exchange, "owner": self.owner, "layers": layers, "exchanges": exchanges,
+                "auto_exchange": self._probe_state()}
+
+    def _probe_state(self):
+        """exchange="auto"'s probe, so that a resumed run alternates as the uninterrupted one
+        would and keeps its choice (None: nothing measured yet)."""
+        if self._auto is None and self._probe_start is None:
+            return None
+        return {"chosen": self._auto_measured, "start": self._probe_start,
+                "times": {e: list(t) for e, t in self._probe_times.items()}}
 
     def _rank_and_world(self):
         """This process's rank and world size in the State's group (None, None before
@@ -96,8 +105,10 @@ class _Checkpoints:
         exchanges = {_exchange_key(key.split("|")): state for key, state in exchanges.items()}
         for key, state in exchanges.items():
             self._check_exchange_state(key, state, layers, world)
+        probe = self._checked_probe(d.get("auto_exchange"))
         # Everything checked: apply.
         self._pending_exchanges = {k: v.clone() for k, v in exchanges.items()}
+        self._load_probe(probe)
         self._keying = d["keys"]
         self.iteration = iteration
         self._verified, self._next_verified, self._in_step = agreed, None, False
@@ -111,6 +122,35 @@ class _Checkpoints:
                 self._import(owner[0], owner[1], layer)
             else:
                 self._pending[key] = layer
+
+    @staticmethod
+    def _checked_probe(probe):
+        """A saved auto_exchange entry, refused with a sentence when damaged."""
+        if probe is None:
+            return None
+        where = "sidco_torch.State.load_state_dict: auto_exchange"
+        if not isinstance(probe, dict) or set(probe) != {"chosen", "start", "times"}:
+            raise ValueError(f"{where} is not a probe's state: {probe!r}")
+        chosen, start, times = probe["chosen"], probe["start"], probe["times"]
+        if chosen is not None and not (isinstance(chosen, dict) and chosen.get("chosen") in ("allgather", "reduce")
+                                       and isinstance(chosen.get("ranks"), int) and chosen["ranks"] >= 3):
+            raise ValueError(f"{where}: chosen {chosen!r}")
+        if start is not None and not (isinstance(start, int) and start >= 0):
+            raise ValueError(f"{where}: start {start!r}")
+        if not (isinstance(times, dict) and set(times) == {"allgather", "reduce"} and all(
+                isinstance(t, list) and all(isinstance(v, float) and v >= 0 for v in t) for t in times.values())):
+            raise ValueError(f"{where}: times {times!r}")
+        return probe
+
+    def _load_probe(self, probe):
+        self._reset_probe()
+        if probe is None:
+            return
+        chosen = probe["chosen"]
+        if chosen is not None:
+            self._auto, self._auto_measured = (chosen["ranks"], chosen["chosen"]), dict(chosen)
+        self._probe_start = probe["start"]
+        self._probe_times = {e: list(t) for e, t in probe["times"].items()}
 
     def _check_exchange_state(self, key, state, layers, world):
         """A saved reduce exchange state that could never apply is refused here: saved among

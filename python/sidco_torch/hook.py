@@ -49,9 +49,11 @@ def hook(state, bucket):
     ddp_model.register_comm_hook(state, sidco_torch.hook)."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
-    state._begin_step()
+    first_call = state._begin_step()
     if not state._agreed:
         state._agree_configuration(group, world, bucket.buffer().device)
+    if first_call:
+        state._probe_step(group, world, bucket.buffer().device.type)
     for p in bucket.parameters():
         state._key(p)  # a parameter of another model is refused on every path
     iteration = state.iteration

@@ -2,6 +2,8 @@
 of each step (the density, a skipped step put back, each bucket's codec)."""
 import difflib
 import math
+import statistics
+import time
 import warnings
 import weakref
 
@@ -22,6 +24,17 @@ _ARGUMENTS = ("method", "density", "process_group", "start_iter", "min_bucket_el
 
 # From how many ranks reduce_schedule="auto" takes two hops (docs/PYTORCH.md).
 _TWO_HOP_FROM = 16
+
+# exchange="auto" among 3 or more ranks on CPU buckets times both exchanges from the first
+# sparse step: blocks of _PROBE_STEPS steps in this order, the first step of each block
+# untimed (it builds the codecs and agrees the new wire format).
+_PROBE_ORDER = ("allgather", "reduce", "allgather", "reduce")
+_PROBE_STEPS = 3
+# The reduce exchange applies k entries a step where the all-gather applies the union of the
+# ranks' selections; at 4 ranks it took 1.10-1.13x the all-gather's steps to reach the same
+# loss (docs/PYTORCH.md), so "auto" takes it when its step is at most 1 / 1.15 of the
+# all-gather's.
+_REDUCE_STEPS_FACTOR = 1.15
 
 
 def _scheduled(schedule, iteration):
@@ -186,6 +199,7 @@ class State(_Checkpoints, _Agreement):
         self.capacity_slack = capacity_slack
         self.options = dict(options)
         self.iteration = 0
+        self._clock = time.perf_counter  # exchange="auto"'s probe times steps by it
         self._reset()
 
     def _reset(self):
@@ -224,6 +238,16 @@ class State(_Checkpoints, _Agreement):
         self._next_verified = None
         self.error = None       # the last ExchangeError the hook raised
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
+        self._step_began = None  # when this step's first hook call ran
+        self._reset_probe()
+
+    def _reset_probe(self):
+        """exchange="auto"'s measurement among 3 or more ranks, from its start."""
+        self._auto = None          # (world, the chosen exchange), once chosen
+        self._auto_measured = None  # what the choice was made from (auto_exchange())
+        self._probe_start = None   # the iteration the probe began at
+        self._probe_times = {"allgather": [], "reduce": []}  # this rank's timed steps, seconds
+        self._probe_last = None    # (iteration, when it began) of the last probed step
 
     @property
     def density(self):
@@ -245,21 +269,74 @@ class State(_Checkpoints, _Agreement):
         return _checked_density(_scheduled(self._schedule, iteration), f"density({iteration})")
 
     def exchange_for(self, world, device_type="cpu"):
-        """The exchange the hook uses among world ranks. "auto" follows the byte model each
-        rank's sent bytes per step give (k = density n entries of 4 + v bytes, slack s):
-        allgather (P - 1) s k (4 + v); reduce at most 2 (P - 1) (64 + ceil(s k / P) (4 + v)),
-        about 2 s k (4 + v) (on CPU buckets its blocks and selections travel at the size they
-        use, indices gap-coded, about 2 k (2 + v): less): reduce from 3 ranks on, allgather at 2 (the same bytes in
-        one round fewer). The cost model of bench/cost_model.py, with this machine's latency and compute,
-        agrees from 3 ranks on at 1 to 100 Gbit/s and puts the two within 2% at 2
-        (docs/RESULTS.md). On CUDA buckets "auto" keeps the all-gather: the reduce exchange
-        runs there (exchange="reduce") but its time on GPUs is not measured yet. With
-        wire="compact" the same: counted on the loopback, the reduce exchange's compact frames
-        take 0.75 x 8k a rank at 3 ranks where the compact all-gather takes 0.83, and 0.87
-        against 1.24 at 4 (docs/PYTORCH.md)."""
+        """The exchange the hook uses among world ranks this step. "auto": the all-gather at 2
+        ranks (the reduce exchange's bytes in one round more) and on CUDA buckets (the reduce
+        exchange runs there, exchange="reduce", but is not timed on GPUs yet). From 3 ranks on
+        CPU buckets it measures: from the first sparse step, 12 steps alternate the two in
+        blocks of 3 (all-gather, reduce, all-gather, reduce; each block's first step untimed),
+        then every rank takes the one with the shorter time to the same loss: the reduce
+        exchange when the ranks' mean of their median step times with it is at most 1 / 1.15
+        of the all-gather's (it applies k entries a step where the all-gather applies the union
+        of the ranks' selections, and needed 1.10-1.13x the steps to the same loss at 4 ranks).
+        By bytes alone it would always win from 3 ranks (about 2 s k (4 + v) bytes a rank
+        against (P - 1) s k (4 + v)), which on a fast link or a small model loses time (docs/
+        PYTORCH.md). auto_exchange() says what was measured and chosen."""
         if self.exchange != "auto":
             return self.exchange
-        return "reduce" if world >= 3 and device_type == "cpu" else "allgather"
+        if world < 3 or device_type != "cpu":
+            return "allgather"
+        if self._auto is not None and self._auto[0] == world:
+            return self._auto[1]
+        position = self._step_iteration - self._probe_start if self._probe_start is not None else -1
+        if 0 <= position < len(_PROBE_ORDER) * _PROBE_STEPS:
+            return _PROBE_ORDER[position // _PROBE_STEPS]
+        return "reduce"  # before the probe (dense steps), by bytes
+
+    def auto_exchange(self):
+        """What exchange="auto" measured among 3 or more ranks on CPU buckets, once it chose:
+        {"chosen", "allgather_seconds", "reduce_seconds" (the ranks' mean of each rank's
+        median step time with that exchange), "ranks", "iteration" (the step it chose at)};
+        None before (or with an exchange named)."""
+        return dict(self._auto_measured) if self._auto_measured is not None else None
+
+    def _probe_step(self, group, world, device_type):
+        """At a step's first hook call, exchange="auto" among 3 or more ranks on CPU buckets:
+        the last probed step's time noted; once the probe's steps are done, every rank's
+        medians gathered (one all_gather) and the same exchange chosen on every rank."""
+        if self.exchange != "auto" or world < 3 or device_type != "cpu":
+            return
+        if self._auto is not None:
+            if self._auto[0] == world:
+                return
+            self._reset_probe()  # a state chosen among another number of ranks measures again
+        now, iteration = self._step_began, self._step_iteration
+        if self._probe_start is None:
+            if iteration < self.start_iter:
+                return
+            self._probe_start = iteration
+        if self._probe_last is not None:
+            last, began = self._probe_last
+            position = last - self._probe_start
+            if 0 <= position < len(_PROBE_ORDER) * _PROBE_STEPS and position % _PROBE_STEPS and last < iteration:
+                self._probe_times[_PROBE_ORDER[position // _PROBE_STEPS]].append(now - began)
+        self._probe_last = (iteration, now)
+        if iteration - self._probe_start < len(_PROBE_ORDER) * _PROBE_STEPS:
+            return
+        times = self._probe_times
+        mine = torch.tensor([statistics.median(times[e]) if times[e] else -1.0 for e in ("allgather", "reduce")],
+                            dtype=torch.float64)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        self._in_flight.extend([mine, *everyone])  # see State._in_flight
+        dist.all_gather(everyone, mine, group=group)
+        # The same sums in the same order on every rank: the same choice.
+        allgather, reduce = (sum(float(t[j]) for t in everyone) / world for j in (0, 1))
+        if min(float(t.min()) for t in everyone) < 0:
+            chosen = "reduce"  # some rank timed no step of one of them (resumed mid-probe): by bytes
+        else:
+            chosen = "reduce" if reduce * _REDUCE_STEPS_FACTOR <= allgather else "allgather"
+        self._auto = (world, chosen)
+        self._auto_measured = {"chosen": chosen, "allgather_seconds": allgather, "reduce_seconds": reduce,
+                               "ranks": world, "iteration": iteration}
 
     def schedule_for(self, world):
         """The reduce exchange's schedule among world ranks on CPU buckets. "auto": "flat"
@@ -400,25 +477,29 @@ class State(_Checkpoints, _Agreement):
 
     def _begin_step(self):
         """At a step's first hook call: the previous step put back if it was skipped; the
-        density agreed in its payloads adopted; this step's density."""
-        if not self._in_step:
-            self._settle()
-            if self._stats:  # the last step's statistics join the totals (summary())
-                for key, value in _summed(self._stats.values()).items():
-                    self._totals[key] = self._totals.get(key, 0) + value
-                self._totals["steps"] = self._totals.get("steps", 0) + 1
-                self._stats = {}
-            if self._next_verified is not None:
-                self._verified, self._next_verified = self._next_verified, None
-            self._in_flight = []  # the last step's collectives are done: DDP waited for them
-            self._in_step = True
-            self._step_failed = False
-            self._step_iteration = self.iteration
-            try:
-                self._step_density, self._step_problem = self._density_at(self.iteration), None
-            except (TypeError, ValueError) as e:  # sent as this rank's failure: every rank raises it
-                self._step_density = self._verified if self._verified is not None else self._density
-                self._step_problem = f"{type(e).__name__}: {e}"
+        density agreed in its payloads adopted; this step's density. True at a step's first
+        call."""
+        if self._in_step:
+            return False
+        self._step_began = self._clock()
+        self._settle()
+        if self._stats:  # the last step's statistics join the totals (summary())
+            for key, value in _summed(self._stats.values()).items():
+                self._totals[key] = self._totals.get(key, 0) + value
+            self._totals["steps"] = self._totals.get("steps", 0) + 1
+            self._stats = {}
+        if self._next_verified is not None:
+            self._verified, self._next_verified = self._next_verified, None
+        self._in_flight = []  # the last step's collectives are done: DDP waited for them
+        self._in_step = True
+        self._step_failed = False
+        self._step_iteration = self.iteration
+        try:
+            self._step_density, self._step_problem = self._density_at(self.iteration), None
+        except (TypeError, ValueError) as e:  # sent as this rank's failure: every rank raises it
+            self._step_density = self._verified if self._verified is not None else self._density
+            self._step_problem = f"{type(e).__name__}: {e}"
+        return True
 
     def _settle(self):
         """nonfinite="skip": puts back what a skipped step changed (residuals, compressor and
@@ -498,7 +579,7 @@ class State(_Checkpoints, _Agreement):
         except Exception as e:  # noqa: BLE001 - any of it is this rank's failure to report
             return b, f"{type(e).__name__}: {e}"
         problem = None
-        saved = self._pending_exchanges.pop(b.exchange_key(), None)
+        saved = self._pending_exchanges.pop(b.exchange_key(), None) if exchange == "reduce" else None
         if previous is not None:
             saved = previous.codec.exchange_state()
         if saved is not None and exchange == "reduce":
@@ -509,11 +590,15 @@ class State(_Checkpoints, _Agreement):
         for i, key in enumerate(keys):
             self._pending.pop(key, None)
             self._owner[key] = (b, i)
+        replaced = self._buckets.get(keys)
         self._buckets[keys] = b
         self._warn_density(bucket.index(), sizes, b.density)
         owners = {id(owner[0]) for owner in self._owner.values()}
-        for other in [k for k, v in self._buckets.items() if id(v) not in owners]:
-            del self._buckets[other]
+        dropped = [self._buckets.pop(k) for k, v in list(self._buckets.items()) if id(v) not in owners]
+        for old in dropped + ([replaced] if replaced is not None else []):
+            if old.exchange == "reduce" != exchange:
+                # exchange="auto"'s probe comes back to it: its owners' state waits as a loaded one.
+                self._pending_exchanges[old.exchange_key()] = old.codec.exchange_state()
         return b, problem
 
     def _warn_density(self, index, sizes, density):

@@ -775,11 +775,10 @@ def scenario_dtype_mismatch(rank, world):
 
 
 def scenario_path_mismatch(rank, world):
-    """Rank 1 alone picks the all-gather (as "auto" does on a CUDA bucket, where the reduce
-    exchange does not run) while the others pick the reduce-scatter: the two paths' first
-    collectives differ in kind and size, so every rank must raise naming both paths before
-    either starts."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange="auto")
+    """Rank 1 alone picks the all-gather (as "auto" does on a CUDA bucket) while the others
+    pick the reduce-scatter: the two paths' first collectives differ in kind and size, so
+    every rank must raise naming both paths before either starts."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange="reduce")
     if rank == 1:
         state.exchange_for = lambda world, device_type="cpu": "allgather"
     model, ddp, optimizer = make(state, rank)
@@ -1164,6 +1163,80 @@ def scenario_state_dict_mid_step(rank, world):
     return "refused mid-step, given between steps"
 
 
+def scenario_auto_probe(rank, world, reduce_costs):
+    """exchange="auto" (the default) among 3 or more ranks times both exchanges in its first
+    sparse steps and every rank keeps the same one. A fake clock makes a step cost 1.0 with
+    the all-gather and reduce_costs[rank] with the reduce exchange. Checked: the probe's
+    order, the choice from the ranks' mean of medians (rank by rank it would differ), a
+    reduce owner state kept while the all-gather is probed, and a run checkpointed mid-probe
+    (in an all-gather block, that owner state waiting) equal to the uninterrupted one bit for
+    bit, and its choice kept by a checkpoint after it."""
+    from sidco_torch.state import _PROBE_ORDER, _PROBE_STEPS, _REDUCE_STEPS_FACTOR
+    start, split = 2, 2 + 7
+    probe = len(_PROBE_ORDER) * _PROBE_STEPS
+    steps = start + probe + 3
+    mean_reduce = sum(reduce_costs) / world
+    chosen = "reduce" if mean_reduce * _REDUCE_STEPS_FACTOR <= 1.0 else "allgather"
+    expected = [set()] * start + [{e} for e in _PROBE_ORDER for _ in range(_PROBE_STEPS)] + [{chosen}] * 3
+
+    def timed(state):
+        now = [0.0]
+
+        def clock():  # read at a step's first hook call, while the last step's statistics stand
+            used = {s["exchange"] for s in state._stats.values() if s["path"] == "sparse"}
+            if used:
+                now[0] += reduce_costs[rank] if used == {"reduce"} else 1.0
+            return now[0]
+        return clock
+
+    def made():
+        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
+        state._clock = timed(state)
+        return state
+
+    state = made()
+    model, ddp, optimizer = make(state, rank)
+    used, saved = [], io.BytesIO()
+    for step in range(steps):
+        train_step(ddp, optimizer, rank, step)
+        used.append({s["exchange"] for s in state.stats().values() if s["path"] == "sparse"})
+        if step == split - 1:
+            assert state._pending_exchanges, "the reduce owners' state was not kept through the all-gather's block"
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "sidco": state.state_dict()}, saved)
+        if step == start + 3 * _PROBE_STEPS:
+            assert not state._pending_exchanges, "the reduce owners' state waited but was not taken up again"
+    assert used == expected, f"exchanges used {used}, expected {expected}"
+    measured = state.auto_exchange()
+    assert measured["chosen"] == chosen and measured["iteration"] == start + probe and measured["ranks"] == world
+    assert measured["allgather_seconds"] == 1.0 and abs(measured["reduce_seconds"] - mean_reduce) < 1e-12, measured
+    mine = "reduce" if reduce_costs[rank] * _REDUCE_STEPS_FACTOR <= 1.0 else "allgather"
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    # Its choice survives a checkpoint: a loaded state probes no more.
+    after = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
+    after.load_state_dict(state.state_dict())
+    assert after.auto_exchange() == measured and after.exchange_for(world) == chosen
+    # Resumed from a checkpoint taken mid-probe: the same alternation, choice and bits.
+    saved.seek(0)
+    checkpoint = torch.load(saved)
+    state = made()
+    state.load_state_dict(checkpoint["sidco"])
+    model = Shuffled()
+    model.load_state_dict(checkpoint["model"])
+    model, ddp, optimizer = make(state, rank, model=model)
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    again = []
+    for step in range(split, steps):
+        train_step(ddp, optimizer, rank, step)
+        again.append({s["exchange"] for s in state.stats().values() if s["path"] == "sparse"})
+    assert again == expected[split:], f"resumed: exchanges used {again}, expected {expected[split:]}"
+    assert state.auto_exchange()["chosen"] == chosen
+    for a, b in zip(uninterrupted, model.parameters()):
+        assert torch.equal(a, b.detach()), f"resumed mid-probe: differs by {(a - b.detach()).abs().max().item()}"
+    flat = torch.cat([p.detach().reshape(-1) for p in uninterrupted])
+    return {"chosen": chosen, "this rank alone": mine, "parameters": flat.numpy().tobytes()}
+
+
 def run(scenario, world, *args, timeout=120):
     """scenario(rank, world, *args) on world processes; its per-rank results, or an error.
     The ranks meet at a store served from here, up before any of them starts (a rank that
@@ -1538,6 +1611,12 @@ def main():
         print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
               run(scenario_reduce_local_error, world)[0])
     print("state_dict() mid-step:", run(scenario_state_dict_mid_step, 2)[0])
+    for costs in ([0.5, 1.5, 0.8], [0.5, 1.0, 0.8]):
+        out = run(scenario_auto_probe, 3, costs, timeout=240)
+        assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ"
+        alone = {o["this rank alone"] for o in out.values()}
+        assert alone == {"reduce", "allgather"}, f"every rank alone would choose {alone}: the test tests less"
+        print(f"auto exchange, reduce steps costing {costs} of the all-gather's: {out[0]['chosen']} on every rank")
     for world in (2, 3):
         print(f"compact wire ({world} ranks):", run(scenario_compact, world)[0])
     print("wires that differ:", run(scenario_wire_mismatch, 2)[0])
