@@ -31,7 +31,8 @@ message under 1.4 KB about twice the latency and a third to four fifths of the l
 and Open MPI's dense all-reduce there is Rabenseifner's (2 log2 P messages), not a ring.
 
 Prints the model's table and where each wins; --png plots time against P per link speed.
-The hook's exchange="auto" follows the table's all-gather/reduce choice (see README).
+The hook's exchange="auto" follows it at 2 ranks (the all-gather); from 3 it times both
+exchanges in the run's first sparse steps instead (docs/PYTORCH.md).
 
   /usr/bin/python3 bench/fill_in.py --timing --json build/fill_in_timing.jsonl
   /usr/bin/python3 bench/cost_model.py --fill-in build/fill_in_timing.jsonl --png docs/cost_model.png

@@ -19,7 +19,8 @@ sends nothing: DDP's own cost), none (DDP's dense all-reduce), powersgd (torch's
 sidco_torch method (sidco-e, top-k, dgc, ...), optionally with the hook's exchange
 (sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"), or with the compact
 wire (sidco-e:compact: bfloat16 values, gap-coded indices, the hook's auto exchange: the
-all-gather at 2 ranks, the reduce exchange from 3). NAME@previous runs NAME with the package
+all-gather at 2 ranks; from 3 both timed in the first 12 sparse steps, which the warm-up is
+extended to cover). NAME@previous runs NAME with the package
 in --previous (an earlier build's python directory), for before/after comparisons.
 """
 import argparse
@@ -162,6 +163,12 @@ def run_step(job, a):
     As many blocks as fit in a.seconds (at least a.min_steps method steps), decided by
     rank 0 so that every rank runs the same steps."""
     rows = [job.step() for _ in range(a.warmup)]
+    # exchange="auto" among 3 or more ranks times both exchanges in its first sparse steps:
+    # the timed blocks start once it chose (every rank chooses at the same step).
+    probing = getattr(job, "state", None)
+    while hasattr(probing, "auto_exchange") and probing.exchange == "auto" and dist.get_world_size() >= 3 \
+            and probing.auto_exchange() is None and len(rows) < a.warmup + 40:
+        rows.append(job.step())
     mean = statistics.mean(r["seconds"] for r in rows[-3:])
     steps = max(a.min_steps, min(a.steps, int(a.seconds / max(mean, 1e-3))))
     blocks = int(agreed(max(1, math.ceil(steps / a.interleave))))
@@ -177,6 +184,8 @@ def run_step(job, a):
             sent += after[0] - before[0]
             retransmitted += after[1] - before[1]
     out = {"steps": timed, "floor": floor, "parameters": job.parameters}
+    if hasattr(probing, "auto_exchange") and probing.auto_exchange() is not None:
+        out["auto_exchange"] = probing.auto_exchange()
     if link_counters() is not None:
         out["link_bytes_per_step"] = sent / len(timed)
         out["retransmits_per_step"] = retransmitted / len(timed)
@@ -267,6 +276,8 @@ def summarize_step(method, out, a):
     rows = out["steps"]
     s = {"method": method, "steps": len(rows), "ms": 1e3 * statistics.median(r["seconds"] for r in rows),
          "floor_ms": 1e3 * statistics.median(r["seconds"] for r in out["floor"]), "parameters": out["parameters"]}
+    if "auto_exchange" in out:
+        s["auto_exchange"] = out["auto_exchange"]["chosen"]
     if "link_bytes_per_step" in out:
         s["link_bytes"] = out["link_bytes_per_step"]
         s["retransmits"] = out["retransmits_per_step"]

@@ -126,7 +126,7 @@ def main():
                     help="none, powersgd, or a sidco_torch method (sidco-e, sidco-gp, top-k, dgc, random-k, ...)")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--exchange", default="auto", choices=("auto", "allgather", "reduce"),
-                    help="sidco_torch's exchange (auto: reduce from 3 ranks on)")
+                    help="sidco_torch's exchange (auto: the all-gather at 2 ranks; from 3, timed in the first sparse steps)")
     ap.add_argument("--wire", default="plain", choices=("plain", "compact"),
                     help="sidco_torch's entry coding (compact: the all-gather only)")
     ap.add_argument("--ranks", type=int, default=2)
