@@ -335,6 +335,10 @@ class State(_Checkpoints, _Agreement):
         else:
             chosen = "reduce" if reduce * _REDUCE_STEPS_FACTOR <= allgather else "allgather"
         self._auto = (world, chosen)
+        if chosen == "allgather":
+            # The owners' states the probe kept would never be used (and would tie a saved
+            # state to this number of ranks).
+            self._pending_exchanges.clear()
         self._auto_measured = {"chosen": chosen, "allgather_seconds": allgather, "reduce_seconds": reduce,
                                "ranks": world, "iteration": iteration}
 
@@ -596,7 +600,7 @@ class State(_Checkpoints, _Agreement):
         owners = {id(owner[0]) for owner in self._owner.values()}
         dropped = [self._buckets.pop(k) for k, v in list(self._buckets.items()) if id(v) not in owners]
         for old in dropped + ([replaced] if replaced is not None else []):
-            if old.exchange == "reduce" != exchange:
+            if old.exchange == "reduce" != exchange and self._auto is None:
                 # exchange="auto"'s probe comes back to it: its owners' state waits as a loaded one.
                 self._pending_exchanges[old.exchange_key()] = old.codec.exchange_state()
         return b, problem

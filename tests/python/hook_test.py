@@ -1211,6 +1211,8 @@ def scenario_auto_probe(rank, world, reduce_costs):
     assert measured["chosen"] == chosen and measured["iteration"] == start + probe and measured["ranks"] == world
     assert measured["allgather_seconds"] == 1.0 and abs(measured["reduce_seconds"] - mean_reduce) < 1e-12, measured
     mine = "reduce" if reduce_costs[rank] * _REDUCE_STEPS_FACTOR <= 1.0 else "allgather"
+    # Kept with the reduce exchange; with the all-gather the probe's owner states are dropped.
+    assert bool(state.state_dict()["exchanges"]) == (chosen == "reduce"), list(state.state_dict()["exchanges"])
     uninterrupted = [p.detach().clone() for p in model.parameters()]
     # Its choice survives a checkpoint: a loaded state probes no more.
     after = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
