@@ -353,19 +353,56 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
         unpack=lambda: torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, b.inbox, b.codec, True))
 
 
-def _hops(state, group, phase, tag):
-    """One phase of the two-hop schedule: phase's messages sent (isend) and its messages
-    received (irecv, into buffers zeroed first: a message lies at the front of its buffer),
-    both waited for here. Returns the received buffers."""
+def _post_hops(state, group, phase, tag):
+    """One phase of the two-hop schedule posted: its messages sent (isend) and received
+    (irecv, into buffers zeroed first: a message lies at the front of its buffer). Returns
+    the work to wait for and the buffers that receive."""
     peers, messages, sources, most = phase
     ranks = state._group_ranks(group)
     received = [torch.zeros(n, dtype=torch.uint8) for n in most]
     state._in_flight.extend([*messages, *received])
     work = [dist.isend(m, ranks[p], group=group, tag=tag) for p, m in zip(peers, messages)]
     work += [dist.irecv(r, ranks[p], group=group, tag=tag) for p, r in zip(sources, received)]
+    return work, received
+
+
+def _hops(state, group, phase, tag):
+    """One phase of the two-hop schedule, posted and waited for. Returns the received buffers."""
+    work, received = _post_hops(state, group, phase, tag)
     for w in work:
         w.wait()
     return received
+
+
+class _RoundTwo:
+    """A bucket's owners' selections moving in two hops (phases 3 and 4), advanced a phase at
+    each later hook call of the step (State._advance_round_twos), so that they travel while
+    autograd computes the next buckets; every rank advances them at the same calls (DDP calls
+    the hook for the same buckets in the same order), and the step's last call drains them.
+    Once its messages are in, the bucket's inbox is filled and its future completes: the
+    decode runs in that future's then(), as on the other paths."""
+
+    def __init__(self, state, group, b, selection, stats, received, future):
+        self.state, self.group, self.b, self.stats, self.received, self.future = state, group, b, stats, received, future
+        self.work, self.inbound = _post_hops(state, group, torch.ops.sidco.reduce_hops_first(selection, b.codec, True), 3)
+        self.phase = 3
+
+    def advance(self):
+        """Waits for the phase in flight and starts the next; True once the selections are in."""
+        for w in self.work:
+            w.wait()
+        sidco = torch.ops.sidco
+        if self.phase == 3:
+            self.work, self.inbound = _post_hops(self.state, self.group,
+                                                 sidco.reduce_hops_second(self.inbound, self.b.codec, True), 4)
+            self.phase = 4
+            return False
+        sent, received = sidco.reduce_hops_finish(self.inbound, self.b.inbox, self.b.codec, True)
+        self.stats["bytes_sent"] += sent
+        self.stats["bytes_per_entry"] = (self.received["blocks_sent"] + sent) / max(1, self.stats["selected"])
+        self.received["bytes"] += received
+        self.future.set_result(None)
+        return True
 
 
 def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
@@ -373,9 +410,11 @@ def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
     sidco/comm/reduce/hops.hpp, the MPI exchange's router): each rank's blocks, as frames at
     their own size, go to the owners through an intermediate of a sqrt(P) grid, and the
     owners' selections come back the same way: O(sqrt P) messages a rank each way, where
-    the flat exchange's all-to-all and ring all-gather take P - 1. Both rounds are waited for
-    in the hook body (phase 2 forwards what phase 1 brought); the decode runs in a completed
-    future's then(), like the other paths."""
+    the flat exchange's all-to-all and ring all-gather take P - 1. Round 1 (the blocks) is
+    waited for in the hook body (phase 2 forwards what phase 1 brought, and the owners'
+    selection needs it); round 2 (the selections) is posted here and advanced by the step's
+    later hook calls (_RoundTwo), overlapping the rest of the backward pass; the decode runs
+    in the future's then() once it is in, like the other paths."""
     buffer = bucket.buffer()
     world, size = len(b.inbox), b.payload_bytes()
     sidco = torch.ops.sidco
@@ -386,16 +425,14 @@ def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
     # The bucket and residual checked here, before round 2: a problem travels.
     selection = sidco.reduce_select(b.received, buffer, b.residual, b.codec)
     report = b.codec.report()
-    first = _hops(state, group, sidco.reduce_hops_first(selection, b.codec, True), 3)
-    second = _hops(state, group, sidco.reduce_hops_second(first, b.codec, True), 4)
-    sent, received = sidco.reduce_hops_finish(second, b.inbox, b.codec, True)
-    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent + sent)
+    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent)
     stats["schedule"] = "two-hop"
     state._stats[bucket.index()] = stats
+    received = {"bytes": blocks_received, "blocks_sent": blocks_sent}
     gathered = torch.futures.Future()
-    gathered.set_result(None)
+    state._round_twos.append(_RoundTwo(state, group, b, selection, stats, received, gathered))
     return _decode_when(state, b, buffer, gathered, encoded, stats, sidco.reduce_decode,
-                        _reduce_stats(buffer, blocks_received + received))
+                        lambda done: _reduce_stats(buffer, received["bytes"])(done))
 
 
 def _allgather(state, bucket, b, group, iteration, problem, started):

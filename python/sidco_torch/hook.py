@@ -57,10 +57,21 @@ def hook(state, bucket):
     for p in bucket.parameters():
         state._key(p)  # a parameter of another model is refused on every path
     iteration = state.iteration
-    if bucket.is_last():
+    last = bucket.is_last()
+    if last:
         state.iteration += 1
         state._complete = True
         state._in_step = False
+    # Earlier buckets' second rounds (two hops) a phase further, before this bucket's collectives.
+    state._advance_round_twos()
+    future = _exchange(state, bucket, group, world, iteration)
+    if last:
+        state._advance_round_twos(drain=True)
+    return future
+
+
+def _exchange(state, bucket, group, world, iteration):
+    """The bucket's path: dense, or sparse by its exchange; its future."""
     buffer = bucket.buffer()
     reason = state._why_dense(buffer, world, iteration)
     if reason is not None:
@@ -81,4 +92,3 @@ def hook(state, bucket):
     stats["dense_values"] = dense_values
     stats["bytes_sent"] += dense_values * buffer.element_size()
     return _with_slices(future, reduced, slices)
-

@@ -123,8 +123,9 @@ class State(_Checkpoints, _Agreement):
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
     messages a rank each way, each block crossing one link), "two-hop" (the MPI exchange's
     default: through an intermediate of a sqrt(P) grid, by send/recv, O(sqrt P) messages a
-    rank each way, most blocks crossing two links: fewer latencies; both rounds waited for in
-    the hook body), or "auto" (see schedule_for). The same update either way, bit for bit.
+    rank each way, most blocks crossing two links: fewer latencies; the blocks waited for in
+    the hook body, the selections' two phases advanced by the step's later hook calls while
+    backward goes on), or "auto" (see schedule_for). The same update either way, bit for bit.
     CUDA buckets move flat.
 
     nonfinite: what a step does when some rank's bucket holds NaN or +-Inf: "raise" (every
@@ -239,6 +240,7 @@ class State(_Checkpoints, _Agreement):
         self.error = None       # the last ExchangeError the hook raised
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
         self._step_began = None  # when this step's first hook call ran
+        self._round_twos = []   # two-hop buckets whose owners' selections are still travelling
         self._reset_probe()
 
     def _reset_probe(self):
@@ -486,6 +488,9 @@ class State(_Checkpoints, _Agreement):
         if self._in_step:
             return False
         self._step_began = self._clock()
+        # A step cut short (a hook body raised on every rank) may leave second rounds posted:
+        # they finish alike on every rank before this step's collectives start.
+        self._advance_round_twos(drain=True)
         self._settle()
         if self._stats:  # the last step's statistics join the totals (summary())
             for key, value in _summed(self._stats.values()).items():
@@ -504,6 +509,14 @@ class State(_Checkpoints, _Agreement):
             self._step_density = self._verified if self._verified is not None else self._density
             self._step_problem = f"{type(e).__name__}: {e}"
         return True
+
+    def _advance_round_twos(self, drain=False):
+        """The two-hop buckets' second rounds a phase further (every one: drain=True, at the
+        step's last hook call), in the order they were posted, the same on every rank."""
+        while self._round_twos:
+            self._round_twos = [r for r in self._round_twos if not r.advance()]
+            if not drain:
+                return
 
     def _settle(self):
         """nonfinite="skip": puts back what a skipped step changed (residuals, compressor and
