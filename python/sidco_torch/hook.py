@@ -49,7 +49,7 @@ def hook(state, bucket):
     ddp_model.register_comm_hook(state, sidco_torch.hook)."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
-    first_call = state._begin_step()
+    first_call = state._begin_step(bucket.index())
     if not state._agreed:
         state._agree_configuration(group, world, bucket.buffer().device)
     if first_call:
@@ -64,7 +64,13 @@ def hook(state, bucket):
         state._in_step = False
     # Earlier buckets' second rounds (two hops) a phase further, before this bucket's collectives.
     state._advance_round_twos()
-    future = _exchange(state, bucket, group, world, iteration)
+    try:
+        future = _exchange(state, bucket, group, world, iteration)
+    except BaseException:
+        # The rounds in flight finish first (the agreements raise on every rank alike, at the
+        # same call), so that their decodes put every rank's state in order.
+        state._advance_round_twos(drain=True)
+        raise
     if last:
         state._advance_round_twos(drain=True)
     return future

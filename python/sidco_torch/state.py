@@ -241,6 +241,7 @@ class State(_Checkpoints, _Agreement):
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
         self._step_began = None  # when this step's first hook call ran
         self._round_twos = []   # two-hop buckets whose owners' selections are still travelling
+        self._last_index = -1   # the bucket index of this step's last hook call
         self._reset_probe()
 
     def _reset_probe(self):
@@ -481,12 +482,16 @@ class State(_Checkpoints, _Agreement):
 
     # ----- the hook's bookkeeping
 
-    def _begin_step(self):
-        """At a step's first hook call: the previous step put back if it was skipped; the
-        density agreed in its payloads adopted; this step's density. True at a step's first
-        call."""
-        if self._in_step:
+    def _begin_step(self, index):
+        """At a step's first hook call (bucket index): the previous step put back if it was
+        skipped; the density agreed in its payloads adopted; this step's density. True at a
+        step's first call: the first since a step's last bucket, or a bucket index no higher
+        than the last call's (DDP hands the buckets over in order, so a step cut short by a
+        raise in some hook body is over when the next one starts)."""
+        if self._in_step and index > self._last_index:
+            self._last_index = index
             return False
+        self._last_index = index
         self._step_began = self._clock()
         # A step cut short (a hook body raised on every rank) may leave second rounds posted:
         # they finish alike on every rank before this step's collectives start.

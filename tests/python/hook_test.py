@@ -10,7 +10,10 @@ a hang fails it. Checked:
 - a run resumed from state_dict() (new processes' worth of objects: model, DDP with another
   bucket layout, optimizer, State) is bit-identical to an uninterrupted one; so is a run
   whose model gets a new DDP wrapper midway;
-- the hook returns its future before the exchange completes;
+- the hook returns its future before the exchange completes; a step cut short in a hook body
+  while two-hop selections travel finishes them before the next step builds its buckets;
+- exchange="auto" from 3 ranks: the probe's order and the choice from every rank's times
+  (a fake clock), the same on every rank, resumed mid-probe bit for bit;
 - ranks with different configurations, and one State for two models, are refused;
 - State pickles, deep-copies and torch.save()s; densities as numpy or tensor scalars;
   bad arguments raise with their message; the dense switch is reported once."""
@@ -772,6 +775,44 @@ def scenario_dtype_mismatch(rank, world):
     model, ddp, optimizer = make(state, rank, hook=hook)
     return refused_on_first_step(ddp, optimizer, rank, "rank 1 sends bucket 0 as float16, rank 0 as float32",
                                  "different bucket dtypes")
+
+
+def scenario_two_hop_cut_short(rank, world):
+    """A step cut short in a later bucket's hook body, on every rank, while an earlier
+    bucket's selections are still travelling in two hops: they finish before the next step,
+    every rank's sent entries end in its residual or the update, and the next steps train
+    the ranks alike."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce",
+                              reduce_schedule="two-hop")
+    left = []
+
+    def cutting(state, bucket):
+        if state.iteration == 3 and bucket.index() == 1 and not left:
+            assert state._round_twos, "no second round in flight: the test tests nothing"
+            left.extend(state._round_twos)
+            raise RuntimeError("cut short on purpose")
+        return sidco_torch.hook(state, bucket)
+    building = state._bucket
+
+    def checked_bucket(*args):
+        # Before the next step builds a bucket (taking each parameter's residual from the
+        # bucket that held it), what the cut step left in flight is decoded.
+        assert all(r.future.done() for r in left), "a cut step's second round still in flight"
+        return building(*args)
+    state._bucket = checked_bucket
+    model, ddp, optimizer = make(state, rank, hook=cutting)
+    failed = 0
+    for step in range(6):
+        try:
+            train_step(ddp, optimizer, rank, step)
+        except RuntimeError as e:
+            assert "cut short on purpose" in str(e), str(e)
+            failed += 1
+            model, ddp, optimizer = make(state, rank, model=model, hook=cutting)  # DDP cannot go on
+    assert failed == 1 and left and not state._round_twos
+    assert all(r.future.done() for r in left)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"parameters": flat.numpy().tobytes(), "iteration": state.iteration}
 
 
 def scenario_path_mismatch(rank, world):
@@ -1601,6 +1642,9 @@ def main():
     for world, wire in ((3, "plain"), (5, "compact"), (4, "plain")):
         print(f"reduce exchange in two hops against flat ({world} ranks, {wire} wire):",
               run(scenario_reduce_two_hop, world, wire, timeout=240)[0])
+    out = run(scenario_two_hop_cut_short, 3)
+    assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ after a step cut short"
+    print("a step cut short while two-hop selections travel (3 ranks): finished first, ranks alike")
     print("failure (NaN on rank 1 of 5, reduce exchange in two hops):",
           run(scenario_failure_nan, 5, "reduce", "two-hop")[0])
     print("reduce schedules that differ:", run(scenario_schedule_mismatch, 2)[0])
