@@ -30,7 +30,7 @@ class _Agreement:
                   ("reduce_schedule", _REDUCE_SCHEDULES.index(self.reduce_schedule)),
                   ("iteration", self.iteration), ("ranks", world),
                   # exchange="auto"'s choice and probe, as loaded: the ranks must alternate alike.
-                  ("auto exchange", _EXCHANGES.index(self._auto[1]) if self._auto is not None else 0),
+                  ("auto exchange", _EXCHANGES.index(self._auto["chosen"]) if self._auto is not None else 0),
                   ("auto probe start", -1 if self._probe_start is None else self._probe_start)]
         rank = dist.get_rank(group)
         loaded = self._loaded_from

@@ -46,7 +46,7 @@ class _Checkpoints:
         would and keeps its choice (None: nothing measured yet)."""
         if self._auto is None and self._probe_start is None:
             return None
-        return {"chosen": self._auto_measured, "start": self._probe_start,
+        return {"chosen": self._auto, "start": self._probe_start,
                 "times": {e: list(t) for e, t in self._probe_times.items()}}
 
     def _rank_and_world(self):
@@ -148,7 +148,7 @@ class _Checkpoints:
             return
         chosen = probe["chosen"]
         if chosen is not None:
-            self._auto, self._auto_measured = (chosen["ranks"], chosen["chosen"]), dict(chosen)
+            self._auto = dict(chosen)
         self._probe_start = probe["start"]
         self._probe_times = {e: list(t) for e, t in probe["times"].items()}
 

@@ -246,8 +246,7 @@ class State(_Checkpoints, _Agreement):
 
     def _reset_probe(self):
         """exchange="auto"'s measurement among 3 or more ranks, from its start."""
-        self._auto = None          # (world, the chosen exchange), once chosen
-        self._auto_measured = None  # what the choice was made from (auto_exchange())
+        self._auto = None          # auto_exchange(): the choice and what it was made from, once made
         self._probe_start = None   # the iteration the probe began at
         self._probe_times = {"allgather": [], "reduce": []}  # this rank's timed steps, seconds
         self._probe_last = None    # (iteration, when it began) of the last probed step
@@ -288,19 +287,23 @@ class State(_Checkpoints, _Agreement):
             return self.exchange
         if world < 3 or device_type != "cpu":
             return "allgather"
-        if self._auto is not None and self._auto[0] == world:
-            return self._auto[1]
-        position = self._step_iteration - self._probe_start if self._probe_start is not None else -1
+        if self._auto is not None and self._auto["ranks"] == world:
+            return self._auto["chosen"]
+        return self._probed(self._step_iteration) or "reduce"  # before the probe (dense steps): by bytes
+
+    def _probed(self, iteration):
+        """The exchange the probe runs at iteration, None outside it."""
+        position = iteration - self._probe_start if self._probe_start is not None else -1
         if 0 <= position < len(_PROBE_ORDER) * _PROBE_STEPS:
             return _PROBE_ORDER[position // _PROBE_STEPS]
-        return "reduce"  # before the probe (dense steps), by bytes
+        return None
 
     def auto_exchange(self):
         """What exchange="auto" measured among 3 or more ranks on CPU buckets, once it chose:
         {"chosen", "allgather_seconds", "reduce_seconds" (the ranks' mean of each rank's
         median step time with that exchange), "ranks", "iteration" (the step it chose at)};
         None before (or with an exchange named)."""
-        return dict(self._auto_measured) if self._auto_measured is not None else None
+        return dict(self._auto) if self._auto is not None else None
 
     def _probe_step(self, group, world, device_type):
         """At a step's first hook call, exchange="auto" among 3 or more ranks on CPU buckets:
@@ -309,7 +312,7 @@ class State(_Checkpoints, _Agreement):
         if self.exchange != "auto" or world < 3 or device_type != "cpu":
             return
         if self._auto is not None:
-            if self._auto[0] == world:
+            if self._auto["ranks"] == world:
                 return
             self._reset_probe()  # a state chosen among another number of ranks measures again
         now, iteration = self._step_began, self._step_iteration
@@ -319,9 +322,9 @@ class State(_Checkpoints, _Agreement):
             self._probe_start = iteration
         if self._probe_last is not None:
             last, began = self._probe_last
-            position = last - self._probe_start
-            if 0 <= position < len(_PROBE_ORDER) * _PROBE_STEPS and position % _PROBE_STEPS and last < iteration:
-                self._probe_times[_PROBE_ORDER[position // _PROBE_STEPS]].append(now - began)
+            probed = self._probed(last)
+            if probed is not None and (last - self._probe_start) % _PROBE_STEPS and last < iteration:
+                self._probe_times[probed].append(now - began)
         self._probe_last = (iteration, now)
         if iteration - self._probe_start < len(_PROBE_ORDER) * _PROBE_STEPS:
             return
@@ -337,13 +340,12 @@ class State(_Checkpoints, _Agreement):
             chosen = "reduce"  # some rank timed no step of one of them (resumed mid-probe): by bytes
         else:
             chosen = "reduce" if reduce * _REDUCE_STEPS_FACTOR <= allgather else "allgather"
-        self._auto = (world, chosen)
+        self._auto = {"chosen": chosen, "allgather_seconds": allgather, "reduce_seconds": reduce, "ranks": world,
+                      "iteration": iteration}
         if chosen == "allgather":
             # The owners' states the probe kept would never be used (and would tie a saved
             # state to this number of ranks).
             self._pending_exchanges.clear()
-        self._auto_measured = {"chosen": chosen, "allgather_seconds": allgather, "reduce_seconds": reduce,
-                               "ranks": world, "iteration": iteration}
 
     def schedule_for(self, world):
         """The reduce exchange's schedule among world ranks on CPU buckets. "auto": "flat"
