@@ -382,8 +382,10 @@ class _RoundTwo:
     Once its messages are in, the bucket's inbox is filled and its future completes: the
     decode runs in that future's then(), as on the other paths."""
 
-    def __init__(self, state, group, b, selection, stats, received, future):
-        self.state, self.group, self.b, self.stats, self.received, self.future = state, group, b, stats, received, future
+    def __init__(self, state, group, b, selection, stats, blocks_sent, blocks_received):
+        self.state, self.group, self.b, self.stats = state, group, b, stats
+        self.blocks_sent, self.bytes_received = blocks_sent, blocks_received  # round 1's; round 2 adds
+        self.future = torch.futures.Future()
         self.work, self.inbound = _post_hops(state, group, torch.ops.sidco.reduce_hops_first(selection, b.codec, True), 3)
         self.phase = 3
 
@@ -399,8 +401,8 @@ class _RoundTwo:
             return False
         sent, received = sidco.reduce_hops_finish(self.inbound, self.b.inbox, self.b.codec, True)
         self.stats["bytes_sent"] += sent
-        self.stats["bytes_per_entry"] = (self.received["blocks_sent"] + sent) / max(1, self.stats["selected"])
-        self.received["bytes"] += received
+        self.stats["bytes_per_entry"] = (self.blocks_sent + sent) / max(1, self.stats["selected"])
+        self.bytes_received += received
         self.future.set_result(None)
         return True
 
@@ -428,11 +430,10 @@ def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
     stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent)
     stats["schedule"] = "two-hop"
     state._stats[bucket.index()] = stats
-    received = {"bytes": blocks_received, "blocks_sent": blocks_sent}
-    gathered = torch.futures.Future()
-    state._round_twos.append(_RoundTwo(state, group, b, selection, stats, received, gathered))
-    return _decode_when(state, b, buffer, gathered, encoded, stats, sidco.reduce_decode,
-                        lambda done: _reduce_stats(buffer, received["bytes"])(done))
+    round_two = _RoundTwo(state, group, b, selection, stats, blocks_sent, blocks_received)
+    state._round_twos.append(round_two)
+    return _decode_when(state, b, buffer, round_two.future, encoded, stats, sidco.reduce_decode,
+                        lambda done: _reduce_stats(buffer, round_two.bytes_received)(done))
 
 
 def _allgather(state, bucket, b, group, iteration, problem, started):
