@@ -98,7 +98,8 @@ def worker(rank, a, exchange, seed, port, out):
         measured = state.auto_exchange()
         if measured:  # auto's choice, and the step times it chose by
             used += (f" chosen at step {measured['iteration']}: all-gather {1e3 * measured['allgather_seconds']:.1f} "
-                     f"ms, reduce {1e3 * measured['reduce_seconds']:.1f} ms a step")
+                     f"ms, reduce {1e3 * measured['reduce_seconds']:.1f} ms a step, steps factor "
+                     f"{measured['steps_factor']:.3f}")
     if rank == 0:
         applied.sort()
         spread = (f"{applied[len(applied) // 20]:.3f}/{applied[len(applied) // 2]:.3f}/"

@@ -31,10 +31,26 @@ _TWO_HOP_FROM = 16
 _PROBE_ORDER = ("allgather", "reduce", "allgather", "reduce")
 _PROBE_STEPS = 3
 # The reduce exchange applies k entries a step where the all-gather applies the union of the
-# ranks' selections; at 4 ranks it took 1.10-1.13x the all-gather's steps to reach the same
-# loss (docs/PYTORCH.md), so "auto" takes it when its step is at most 1 / 1.15 of the
-# all-gather's.
-_REDUCE_STEPS_FACTOR = 1.15
+# ranks' selections, which grows with P; so it needs more steps to the same loss, the more
+# the ranks: measured on the synthetic-token LSTM of bench/default_exchange_loss.py (two
+# seeds, the larger ratio rounded up to 0.05; docs/PYTORCH.md), (ranks, steps factor).
+# "auto" keeps it when its step is at most 1 / factor of the all-gather's.
+_REDUCE_STEPS_FACTORS = ((4, 1.15), (8, 1.20), (16, 1.25), (32, 1.30))
+
+
+def _reduce_steps_factor(ranks):
+    """How many times the all-gather's steps the reduce exchange needs to its loss among
+    ranks: the measured factors, linear in log2(ranks) between them, the first below them
+    and the last beyond them (not measured there)."""
+    (low, first), (high, last) = _REDUCE_STEPS_FACTORS[0], _REDUCE_STEPS_FACTORS[-1]
+    if ranks <= low:
+        return first
+    if ranks >= high:
+        return last
+    for (p0, f0), (p1, f1) in zip(_REDUCE_STEPS_FACTORS, _REDUCE_STEPS_FACTORS[1:]):
+        if ranks <= p1:
+            return f0 + (f1 - f0) * (math.log2(ranks) - math.log2(p0)) / (math.log2(p1) - math.log2(p0))
+    return last
 
 
 def _scheduled(schedule, iteration):
@@ -277,9 +293,11 @@ class State(_Checkpoints, _Agreement):
         CPU buckets it measures: from the first sparse step, 12 steps alternate the two in
         blocks of 3 (all-gather, reduce, all-gather, reduce; each block's first step untimed),
         then every rank takes the one with the shorter time to the same loss: the reduce
-        exchange when the ranks' mean of their median step times with it is at most 1 / 1.15
-        of the all-gather's (it applies k entries a step where the all-gather applies the union
-        of the ranks' selections, and needed 1.10-1.13x the steps to the same loss at 4 ranks).
+        exchange when the ranks' mean of their median step times with it is at most 1 / f of
+        the all-gather's, f the steps it needs to the same loss over the all-gather's (it
+        applies k entries a step where the all-gather applies the union of the ranks'
+        selections): 1.15 at 3 and 4 ranks, 1.20 at 8, 1.25 at 16, 1.30 from 32, between them
+        by log2(world) (measured on one model: docs/PYTORCH.md).
         By bytes alone it would always win from 3 ranks (about 2 s k (4 + v) bytes a rank
         against (P - 1) s k (4 + v)), which on a fast link or a small model loses time (docs/
         PYTORCH.md). auto_exchange() says what was measured and chosen."""
@@ -301,8 +319,9 @@ class State(_Checkpoints, _Agreement):
     def auto_exchange(self):
         """What exchange="auto" measured among 3 or more ranks on CPU buckets, once it chose:
         {"chosen", "allgather_seconds", "reduce_seconds" (the ranks' mean of each rank's
-        median step time with that exchange), "ranks", "iteration" (the step it chose at)};
-        None before (or with an exchange named)."""
+        median step time with that exchange), "ranks", "iteration" (the step it chose at),
+        "steps_factor" (f of exchange_for: the reduce exchange kept when reduce_seconds x f <=
+        allgather_seconds)}; None before (or with an exchange named)."""
         return dict(self._auto) if self._auto is not None else None
 
     def _probe_step(self, group, world, device_type):
@@ -336,12 +355,13 @@ class State(_Checkpoints, _Agreement):
         dist.all_gather(everyone, mine, group=group)
         # The same sums in the same order on every rank: the same choice.
         allgather, reduce = (sum(float(t[j]) for t in everyone) / world for j in (0, 1))
+        factor = _reduce_steps_factor(world)
         if min(float(t.min()) for t in everyone) < 0:
             chosen = "reduce"  # some rank timed no step of one of them (resumed mid-probe): by bytes
         else:
-            chosen = "reduce" if reduce * _REDUCE_STEPS_FACTOR <= allgather else "allgather"
+            chosen = "reduce" if reduce * factor <= allgather else "allgather"
         self._auto = {"chosen": chosen, "allgather_seconds": allgather, "reduce_seconds": reduce, "ranks": world,
-                      "iteration": iteration}
+                      "iteration": iteration, "steps_factor": factor}
         if chosen == "allgather":
             # The owners' states the probe kept would never be used (and would tie a saved
             # state to this number of ranks).

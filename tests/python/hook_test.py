@@ -1212,12 +1212,13 @@ def scenario_auto_probe(rank, world, reduce_costs):
     reduce owner state kept while the all-gather is probed, and a run checkpointed mid-probe
     (in an all-gather block, that owner state waiting) equal to the uninterrupted one bit for
     bit, and its choice kept by a checkpoint after it."""
-    from sidco_torch.state import _PROBE_ORDER, _PROBE_STEPS, _REDUCE_STEPS_FACTOR
+    from sidco_torch.state import _PROBE_ORDER, _PROBE_STEPS, _reduce_steps_factor
     start, split = 2, 2 + 7
     probe = len(_PROBE_ORDER) * _PROBE_STEPS
     steps = start + probe + 3
     mean_reduce = sum(reduce_costs) / world
-    chosen = "reduce" if mean_reduce * _REDUCE_STEPS_FACTOR <= 1.0 else "allgather"
+    factor = _reduce_steps_factor(world)
+    chosen = "reduce" if mean_reduce * factor <= 1.0 else "allgather"
     expected = [set()] * start + [{e} for e in _PROBE_ORDER for _ in range(_PROBE_STEPS)] + [{chosen}] * 3
 
     def timed(state):
@@ -1251,7 +1252,8 @@ def scenario_auto_probe(rank, world, reduce_costs):
     measured = state.auto_exchange()
     assert measured["chosen"] == chosen and measured["iteration"] == start + probe and measured["ranks"] == world
     assert measured["allgather_seconds"] == 1.0 and abs(measured["reduce_seconds"] - mean_reduce) < 1e-12, measured
-    mine = "reduce" if reduce_costs[rank] * _REDUCE_STEPS_FACTOR <= 1.0 else "allgather"
+    assert measured["steps_factor"] == factor, measured
+    mine = "reduce" if reduce_costs[rank] * factor <= 1.0 else "allgather"
     # Kept with the reduce exchange; with the all-gather the probe's owner states are dropped.
     assert bool(state.state_dict()["exchanges"]) == (chosen == "reduce"), list(state.state_dict()["exchanges"])
     uninterrupted = [p.detach().clone() for p in model.parameters()]
@@ -1657,6 +1659,14 @@ def main():
         print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
               run(scenario_reduce_local_error, world)[0])
     print("state_dict() mid-step:", run(scenario_state_dict_mid_step, 2)[0])
+    # auto's steps factor: the measured points, between them by log2 P, flat outside them.
+    from sidco_torch.state import _REDUCE_STEPS_FACTORS, _reduce_steps_factor
+    for ranks, factor in _REDUCE_STEPS_FACTORS:
+        assert _reduce_steps_factor(ranks) == factor, (ranks, _reduce_steps_factor(ranks), factor)
+    factors = [_reduce_steps_factor(p) for p in range(3, 2049)]
+    assert factors == sorted(factors) and factors[0] == _REDUCE_STEPS_FACTORS[0][1], factors[:3]
+    assert factors[-1] == _REDUCE_STEPS_FACTORS[-1][1], factors[-1]
+    assert _REDUCE_STEPS_FACTORS[0][1] < _reduce_steps_factor(6) < _REDUCE_STEPS_FACTORS[1][1]
     for costs in ([0.5, 1.5, 0.8], [0.5, 1.0, 0.8]):
         out = run(scenario_auto_probe, 3, costs, timeout=240)
         assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ"
