@@ -13,7 +13,8 @@ a hang fails it. Checked:
 - the hook returns its future before the exchange completes; a step cut short in a hook body
   while two-hop selections travel finishes them before the next step builds its buckets;
 - exchange="auto" from 3 ranks: the probe's order and the choice from every rank's times
-  (a fake clock), the same on every rank, resumed mid-probe bit for bit;
+  (a fake clock), the same on every rank, resumed mid-probe bit for bit, and after one
+  rank's failure in the probe;
 - ranks with different configurations, and one State for two models, are refused;
 - State pickles, deep-copies and torch.save()s; densities as numpy or tensor scalars;
   bad arguments raise with their message; the dense switch is reported once."""
@@ -1282,6 +1283,41 @@ def scenario_auto_probe(rank, world, reduce_costs):
     return {"chosen": chosen, "this rank alone": mine, "parameters": flat.numpy().tobytes()}
 
 
+def scenario_auto_probe_failure(rank, world, fail_at):
+    """A NaN on rank 1 in the probe's reduce block: every rank raises, the user builds DDP
+    again and goes on, and the probe goes on to the same choice on every rank, ranks equal."""
+    from sidco_torch.state import _PROBE_ORDER, _PROBE_STEPS
+    start = 2
+    assert _PROBE_ORDER[(fail_at - start) // _PROBE_STEPS] == "reduce", "the test tests less"
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
+    now = [0.0]
+
+    def clock():  # a reduce step costs 0.5 of an all-gather step on every rank
+        used = {s["exchange"] for s in state._stats.values() if s["path"] == "sparse"}
+        now[0] += (0.5 if used == {"reduce"} else 1.0) if used else 0.0
+        return now[0]
+    state._clock = clock
+    model, ddp, optimizer = make(state, rank)
+    failed = []
+    for step in range(start + len(_PROBE_ORDER) * _PROBE_STEPS + 3):
+        x, y = batch(rank, step)
+        if step == fail_at and rank == 1:
+            x[0, 0] = float("nan")
+        try:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+        except RuntimeError as e:
+            assert "rank 1 failed" in str(e) and "non-finite" in str(e), str(e)
+            failed.append(step)
+            model, ddp, optimizer = make(state, rank, model=model)  # DDP cannot go on
+    assert failed == [fail_at], failed
+    measured = state.auto_exchange()
+    assert measured is not None and measured["chosen"] == "reduce", measured
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"auto": measured, "parameters": flat.numpy().tobytes()}
+
+
 def run(scenario, world, *args, timeout=120):
     """scenario(rank, world, *args) on world processes; its per-rank results, or an error.
     The ranks meet at a store served from here, up before any of them starts (a rank that
@@ -1673,6 +1709,10 @@ def main():
         alone = {o["this rank alone"] for o in out.values()}
         assert alone == {"reduce", "allgather"}, f"every rank alone would choose {alone}: the test tests less"
         print(f"auto exchange, reduce steps costing {costs} of the all-gather's: {out[0]['chosen']} on every rank")
+    out = run(scenario_auto_probe_failure, 3, 6, timeout=240)
+    assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ after a failure in the probe"
+    assert len({str(o["auto"]) for o in out.values()}) == 1, [o["auto"] for o in out.values()]
+    print("auto exchange, a NaN on one rank in the probe: every rank raised, went on, chose", out[0]["auto"]["chosen"])
     for world in (2, 3):
         print(f"compact wire ({world} ranks):", run(scenario_compact, world)[0])
     print("wires that differ:", run(scenario_wire_mismatch, 2)[0])
