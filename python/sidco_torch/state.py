@@ -42,15 +42,13 @@ def _reduce_steps_factor(ranks):
     """How many times the all-gather's steps the reduce exchange needs to its loss among
     ranks: the measured factors, linear in log2(ranks) between them, the first below them
     and the last beyond them (not measured there)."""
-    (low, first), (high, last) = _REDUCE_STEPS_FACTORS[0], _REDUCE_STEPS_FACTORS[-1]
-    if ranks <= low:
-        return first
-    if ranks >= high:
-        return last
-    for (p0, f0), (p1, f1) in zip(_REDUCE_STEPS_FACTORS, _REDUCE_STEPS_FACTORS[1:]):
+    points = _REDUCE_STEPS_FACTORS
+    if ranks <= points[0][0]:
+        return points[0][1]
+    for (p0, f0), (p1, f1) in zip(points, points[1:]):
         if ranks <= p1:
             return f0 + (f1 - f0) * (math.log2(ranks) - math.log2(p0)) / (math.log2(p1) - math.log2(p0))
-    return last
+    return points[-1][1]
 
 
 def _scheduled(schedule, iteration):
