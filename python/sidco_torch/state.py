@@ -295,7 +295,8 @@ class State(_Checkpoints, _Agreement):
         the all-gather's, f the steps it needs to the same loss over the all-gather's (it
         applies k entries a step where the all-gather applies the union of the ranks'
         selections): 1.15 at 3 and 4 ranks, 1.20 at 8, 1.25 at 16, 1.30 from 32, between them
-        by log2(world) (measured on one model: docs/PYTORCH.md).
+        by log2(world) (measured on a synthetic LSTM; on the WikiText-2 LSTM it needed fewer:
+        docs/PYTORCH.md).
         By bytes alone it would always win from 3 ranks (about 2 s k (4 + v) bytes a rank
         against (P - 1) s k (4 + v)), which on a fast link or a small model loses time (docs/
         PYTORCH.md). auto_exchange() says what was measured and chosen."""
