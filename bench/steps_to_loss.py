@@ -29,6 +29,7 @@ def main():
     losses = [float(r["train_loss"]) for r in base]
     target = sum(losses[-a.window:]) / a.window
     print(f"{a.base}: final train loss {target:.4f} (mean of its last {a.window} of {len(base)} steps)")
+    base_steps = int(base[-1]["step"])
     for path in a.others:
         run = rows(path)
         loss = [float(r["train_loss"]) for r in run]
@@ -37,9 +38,8 @@ def main():
         if reached is None:
             print(f"{path}: does not reach it in {len(run)} steps")
             continue
-        step = int(run[reached]["step"]) if "step" in run[reached] else reached + 1
-        base_step = int(base[-1]["step"]) if "step" in base[-1] else len(base)
-        print(f"{path}: reaches it at step {step} ({step / base_step:.3f}x the base's {base_step} steps)")
+        step = int(run[reached]["step"])
+        print(f"{path}: reaches it at step {step} ({step / base_steps:.3f}x the base's {base_steps} steps)")
     return 0
 
 

@@ -1205,6 +1205,20 @@ def scenario_state_dict_mid_step(rank, world):
     return "refused mid-step, given between steps"
 
 
+def probe_clock(state, reduce_cost):
+    """A fake clock for exchange="auto"'s probe: a step costs 1.0 with the all-gather and
+    reduce_cost with the reduce exchange (read at a step's first hook call, while the last
+    step's statistics stand)."""
+    now = [0.0]
+
+    def clock():
+        used = {s["exchange"] for s in state._stats.values() if s["path"] == "sparse"}
+        if used:
+            now[0] += reduce_cost if used == {"reduce"} else 1.0
+        return now[0]
+    return clock
+
+
 def scenario_auto_probe(rank, world, reduce_costs):
     """exchange="auto" (the default) among 3 or more ranks times both exchanges in its first
     sparse steps and every rank keeps the same one. A fake clock makes a step cost 1.0 with
@@ -1222,19 +1236,9 @@ def scenario_auto_probe(rank, world, reduce_costs):
     chosen = "reduce" if mean_reduce * factor <= 1.0 else "allgather"
     expected = [set()] * start + [{e} for e in _PROBE_ORDER for _ in range(_PROBE_STEPS)] + [{chosen}] * 3
 
-    def timed(state):
-        now = [0.0]
-
-        def clock():  # read at a step's first hook call, while the last step's statistics stand
-            used = {s["exchange"] for s in state._stats.values() if s["path"] == "sparse"}
-            if used:
-                now[0] += reduce_costs[rank] if used == {"reduce"} else 1.0
-            return now[0]
-        return clock
-
     def made():
         state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
-        state._clock = timed(state)
+        state._clock = probe_clock(state, reduce_costs[rank])
         return state
 
     state = made()
@@ -1290,13 +1294,7 @@ def scenario_auto_probe_failure(rank, world, fail_at):
     start = 2
     assert _PROBE_ORDER[(fail_at - start) // _PROBE_STEPS] == "reduce", "the test tests less"
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
-    now = [0.0]
-
-    def clock():  # a reduce step costs 0.5 of an all-gather step on every rank
-        used = {s["exchange"] for s in state._stats.values() if s["path"] == "sparse"}
-        now[0] += (0.5 if used == {"reduce"} else 1.0) if used else 0.0
-        return now[0]
-    state._clock = clock
+    state._clock = probe_clock(state, 0.5)  # on every rank
     model, ddp, optimizer = make(state, rank)
     failed = []
     for step in range(start + len(_PROBE_ORDER) * _PROBE_STEPS + 3):
