@@ -86,7 +86,8 @@ class Job:
         torch.manual_seed(a.seed)
         self.model = wikitext.make_model(spec["kind"], vocab, spec["dim"], spec["layers"])
         name, _, variant = method.partition("@")
-        # sidco-e:reduce, sidco-e:allgather (default: the hook's auto); sidco-e:compact: wire="compact"
+        # sidco-e:reduce, sidco-e:allgather (default: the hook's auto); sidco-e:compact and
+        # sidco-e:plain: that wire (default: the hook's auto)
         name, _, exchange = name.partition(":")
         self.state, self.sidco = None, name not in ("compute", "none", "powersgd", "ddp-local")
         if name == "powersgd":
@@ -107,7 +108,7 @@ class Job:
         if self.sidco:
             import sidco_torch
             self.state = sidco_torch.State(method=name, density=a.density, start_iter=2,
-                                           **({"wire": "compact"} if exchange == "compact" else
+                                           **({"wire": exchange} if exchange in ("compact", "plain") else
                                               {"exchange": exchange} if exchange else {}))
             if hasattr(sidco_torch, "register"):
                 sidco_torch.register(self.ddp, self.state)
@@ -163,11 +164,12 @@ def run_step(job, a):
     As many blocks as fit in a.seconds (at least a.min_steps method steps), decided by
     rank 0 so that every rank runs the same steps."""
     rows = [job.step() for _ in range(a.warmup)]
-    # exchange="auto" among 3 or more ranks times both exchanges in its first sparse steps:
-    # the timed blocks start once it chose (every rank chooses at the same step).
+    # exchange="auto" among 3 or more ranks and wire="auto" time their choices in the first
+    # sparse steps: the timed blocks start once they chose (every rank at the same step).
     probing = getattr(job, "state", None)
-    while hasattr(probing, "auto_exchange") and probing.exchange == "auto" and dist.get_world_size() >= 3 \
-            and probing.auto_exchange() is None and len(rows) < a.warmup + 40:
+    probes = hasattr(probing, "auto_exchange") and (
+        (probing.exchange == "auto" and dist.get_world_size() >= 3) or getattr(probing, "wire", "plain") == "auto")
+    while probes and probing.auto_exchange() is None and len(rows) < a.warmup + 60:
         rows.append(job.step())
     mean = statistics.mean(r["seconds"] for r in rows[-3:])
     steps = max(a.min_steps, min(a.steps, int(a.seconds / max(mean, 1e-3))))
@@ -277,7 +279,8 @@ def summarize_step(method, out, a):
     s = {"method": method, "steps": len(rows), "ms": 1e3 * statistics.median(r["seconds"] for r in rows),
          "floor_ms": 1e3 * statistics.median(r["seconds"] for r in out["floor"]), "parameters": out["parameters"]}
     if "auto_exchange" in out:
-        s["auto_exchange"] = out["auto_exchange"]["chosen"]
+        chosen = out["auto_exchange"]
+        s["auto_exchange"] = chosen["chosen"] + (f"/{chosen['wire']}" if "wire" in chosen else "")
     if "link_bytes_per_step" in out:
         s["link_bytes"] = out["link_bytes_per_step"]
         s["retransmits"] = out["retransmits_per_step"]

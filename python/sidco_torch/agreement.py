@@ -31,6 +31,7 @@ class _Agreement:
                   ("iteration", self.iteration), ("ranks", world),
                   # exchange="auto"'s choice and probe, as loaded: the ranks must alternate alike.
                   ("auto exchange", _EXCHANGES.index(self._auto["chosen"]) if self._auto is not None else 0),
+                  ("auto wire", _WIRES.index(self._auto["wire"]) if self._auto is not None else -1),
                   ("auto probe start", -1 if self._probe_start is None else self._probe_start)]
         rank = dist.get_rank(group)
         loaded = self._loaded_from
@@ -46,6 +47,7 @@ class _Agreement:
                  "agreed density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "auto exchange": lambda index: _EXCHANGES[index] if index else "not chosen yet",
+                 "auto wire": lambda index: _WIRES[index] if index >= 0 else "not chosen yet",
                  "auto probe start": lambda start: start if start >= 0 else "not started"}
         loaded_at = len(fields) - 1
         for rank, theirs in enumerate(everyone):

@@ -42,8 +42,8 @@ class _Checkpoints:
                 "auto_exchange": self._probe_state()}
 
     def _probe_state(self):
-        """exchange="auto"'s probe, so that a resumed run alternates as the uninterrupted one
-        would and keeps its choice (None: nothing measured yet)."""
+        """exchange="auto"'s and wire="auto"'s probe, so that a resumed run alternates as the
+        uninterrupted one would and keeps its choice (None: nothing measured yet)."""
         if self._auto is None and self._probe_start is None:
             return None
         return {"chosen": self._auto, "start": self._probe_start,
@@ -123,24 +123,32 @@ class _Checkpoints:
             else:
                 self._pending[key] = layer
 
-    @staticmethod
-    def _checked_probe(probe):
-        """A saved auto_exchange entry, refused with a sentence when damaged."""
+    def _checked_probe(self, probe):
+        """A saved auto_exchange entry, refused with a sentence when damaged; one saved before
+        wire="auto" (its times keyed by exchange alone, its choice without a wire) read as
+        timed with the wire it ran: this State's, plain for "auto" (then the default)."""
         if probe is None:
             return None
         where = "sidco_torch.State.load_state_dict: auto_exchange"
         if not isinstance(probe, dict) or set(probe) != {"chosen", "start", "times"}:
             raise ValueError(f"{where} is not a probe's state: {probe!r}")
         chosen, start, times = probe["chosen"], probe["start"], probe["times"]
+        ran = "plain" if self.wire == "auto" else self.wire
+        if isinstance(times, dict) and set(times) == {"allgather", "reduce"}:
+            times = {f"{e}/{ran}": t for e, t in times.items() if t}
+        if isinstance(chosen, dict) and "wire" not in chosen:
+            chosen = dict(chosen, wire=ran)
         if chosen is not None and not (isinstance(chosen, dict) and chosen.get("chosen") in ("allgather", "reduce")
-                                       and isinstance(chosen.get("ranks"), int) and chosen["ranks"] >= 3):
+                                       and chosen.get("wire") in ("plain", "compact")
+                                       and isinstance(chosen.get("ranks"), int) and chosen["ranks"] >= 2):
             raise ValueError(f"{where}: chosen {chosen!r}")
         if start is not None and not (isinstance(start, int) and start >= 0):
             raise ValueError(f"{where}: start {start!r}")
-        if not (isinstance(times, dict) and set(times) == {"allgather", "reduce"} and all(
+        pairs = {f"{e}/{w}" for e in ("allgather", "reduce") for w in ("plain", "compact")}
+        if not (isinstance(times, dict) and set(times) <= pairs and all(
                 isinstance(t, list) and all(isinstance(v, float) and v >= 0 for v in t) for t in times.values())):
             raise ValueError(f"{where}: times {times!r}")
-        return probe
+        return {"chosen": chosen, "start": start, "times": times}
 
     def _load_probe(self, probe):
         self._reset_probe()

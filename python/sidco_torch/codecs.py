@@ -30,13 +30,14 @@ class _Bucket:
     all-gather of every rank's payload) or "reduce" (an all-to-all of blocks to the indices'
     owners, then an all-gather of the owners' selections)."""
 
-    def __init__(self, state, keys, sizes, dtype, device, world, rank, exchange):
+    def __init__(self, state, keys, sizes, dtype, device, world, rank, exchange, wire):
         self.keys = keys
         self.sizes = sizes
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.dtype = dtype
         self.device = device
         self.exchange = exchange
+        self.wire = wire  # "plain" or "compact"
         # What it compresses at (this step's density) and plans capacity for (the agreed one).
         self.density, self.capacity_density = state._step_density, state._verified
         numel = sum(sizes)
@@ -46,12 +47,12 @@ class _Bucket:
             # The exchange lays the parameters out sorted by key: the same in every run.
             order = sorted(range(len(keys)), key=lambda i: keys[i])
             self.codec = _reduce_codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
-                                       world, rank, state.owner, self.capacity_density, device, order, state.wire)
+                                       world, rank, state.owner, self.capacity_density, device, order, wire)
             payload = self.codec.block_bytes()
             self.received = torch.empty(world * payload, dtype=torch.uint8, device=device)
         else:
             self.codec = _codec(state.method, state.options, sizes, dtype, self.density, state.capacity_slack,
-                                self.capacity_density, state.wire)
+                                self.capacity_density, wire)
             payload = self.codec.payload_bytes()
         self.inbox = [torch.empty(payload, dtype=torch.uint8, device=device) for _ in range(world)]
 
@@ -182,15 +183,15 @@ def _with_slices(future, reduced, slices):
     return torch.futures.collect_all([future, reduced]).then(merged)
 
 
-def _sparse_stats(state, buffer, report, exchange, compress_seconds, bytes_sent):
+def _sparse_stats(state, b, buffer, report, compress_seconds, bytes_sent):
     """A sparse bucket's statistics from its codec's report (State.stats() lists them)."""
-    return {"path": "sparse", "exchange": exchange, "size": buffer.numel(), "selected": int(report["selected"]),
+    return {"path": "sparse", "exchange": b.exchange, "size": buffer.numel(), "selected": int(report["selected"]),
             "candidates": int(report["candidates"]), "trimmed": int(report["trimmed"]),
             "capacity": int(report["capacity"]), "density": report["density"], "target_density": state._step_density,
             "threshold": report["threshold"], "stages": int(report["stages"]), "fallback": bool(report["fallback"]),
             "compress_seconds": compress_seconds, "bytes_sent": bytes_sent, "failed": bool(report["failed"]),
             "element_size": buffer.element_size(),
-            "wire": state.wire,
+            "wire": b.wire,
             # what this rank's payload costs each entry it carries (headers and slack included)
             "bytes_per_entry": bytes_sent / max(1, int(report["selected"]))}
 
@@ -291,7 +292,7 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     chosen = min(size, max(head, 64 + 256))
     sent, into = _heads(selection, b.inbox, chosen) if chosen < size else (selection, None)
     # What this rank hands the collectives: its P - 1 blocks and its selection, at the heads.
-    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, (world - 1) * head + chosen)
+    stats = _sparse_stats(state, b, buffer, report, encoded - started, (world - 1) * head + chosen)
     stats["schedule"] = "flat"
     state._stats[bucket.index()] = stats
 
@@ -343,7 +344,7 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
     # What this rank hands the collectives for the others: its P - 1 blocks' messages, its
     # selection's (at the agreed head), and the sizes.
     blocks_sent = sum(sent_sizes) - sent_sizes[rank]
-    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent + head + 8 * (world - 1))
+    stats = _sparse_stats(state, b, buffer, report, encoded - started, blocks_sent + head + 8 * (world - 1))
     stats["schedule"] = "flat"
     state._stats[bucket.index()] = stats
     received_bytes = sum(received_sizes) - received_sizes[rank] + (world - 1) * (head + 8)
@@ -427,7 +428,7 @@ def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
     # The bucket and residual checked here, before round 2: a problem travels.
     selection = sidco.reduce_select(b.received, buffer, b.residual, b.codec)
     report = b.codec.report()
-    stats = _sparse_stats(state, buffer, report, "reduce", encoded - started, blocks_sent)
+    stats = _sparse_stats(state, b, buffer, report, encoded - started, blocks_sent)
     stats["schedule"] = "two-hop"
     state._stats[bucket.index()] = stats
     round_two = _RoundTwo(state, group, b, selection, stats, blocks_sent, blocks_received)
@@ -443,12 +444,12 @@ def _allgather(state, bucket, b, group, iteration, problem, started):
     payload = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.encode, torch.ops.sidco.encode_failure)
     report = b.codec.report()
     sent, into = payload, None
-    if state.wire == "compact":
+    if b.wire == "compact":
         # Compact payloads end early (zeros after): every rank sends the head the longest one
         # needs, and the inbox's tails are zeroed, so the decode reads the whole payloads.
         head = _agreed_head(state, report["used_bytes"], payload.numel(), group, payload.device)
         sent, into = _heads(payload, b.inbox, head)
     encoded = time.perf_counter()
-    stats = _sparse_stats(state, buffer, report, "allgather", encoded - started, sent.numel())
+    stats = _sparse_stats(state, b, buffer, report, encoded - started, sent.numel())
     state._stats[bucket.index()] = stats
     return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.decode, into=into)

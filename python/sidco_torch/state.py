@@ -25,10 +25,11 @@ _ARGUMENTS = ("method", "density", "process_group", "start_iter", "min_bucket_el
 # From how many ranks reduce_schedule="auto" takes two hops (docs/PYTORCH.md).
 _TWO_HOP_FROM = 16
 
-# exchange="auto" among 3 or more ranks on CPU buckets times both exchanges from the first
-# sparse step: blocks of _PROBE_STEPS steps in this order, the first step of each block
+# exchange="auto" (among 3 or more ranks on CPU buckets) and wire="auto" (on CPU buckets)
+# time their choices from the first sparse step: each (exchange, wire) pair in a block of
+# _PROBE_STEPS steps, the pairs in order, _PROBE_ROUNDS times; the first step of each block
 # untimed (it builds the codecs and agrees the new wire format).
-_PROBE_ORDER = ("allgather", "reduce", "allgather", "reduce")
+_PROBE_ROUNDS = 2
 _PROBE_STEPS = 3
 # The reduce exchange applies k entries a step where the all-gather applies the union of the
 # ranks' selections, which grows with P; so it needs more steps to the same loss, the more
@@ -131,7 +132,8 @@ class State(_Checkpoints, _Agreement):
     bytes each), each rank's used size all-gathered first so that only the bytes used travel:
     about 3 bytes an entry where plain ones take 10. In the reduce exchange the values a rank
     sends are rounded alike and travel narrowed in its blocks' frames; the owners' sums travel
-    at full width. CPU buckets only.
+    at full width. CPU buckets only. "auto" (the default): timed against plain in the first
+    sparse steps, the faster kept (see wire_for); plain on CUDA buckets.
 
     reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
@@ -160,7 +162,7 @@ class State(_Checkpoints, _Agreement):
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
-                 nonfinite="raise", wire="plain", dense_parameters=None, reduce_schedule="auto", **options):
+                 nonfinite="raise", wire="auto", dense_parameters=None, reduce_schedule="auto", **options):
         schedule = density if callable(density) else None
         density = _checked_density(_scheduled(schedule, 0) if schedule else density,
                                    "density(0)" if schedule else "density")
@@ -197,7 +199,8 @@ class State(_Checkpoints, _Agreement):
             dense_parameters = frozenset(dense_parameters)
         _check_method(method, "sidco_torch.State")
         _options_dict(options, "sidco_torch.State", _ARGUMENTS)
-        _codec(method, options, [1], torch.float32, density, capacity_slack, wire=wire)  # what only the ops know
+        # What only the ops know ("auto" may choose either coding).
+        _codec(method, options, [1], torch.float32, density, capacity_slack, wire="plain" if wire == "plain" else "compact")
         self.method = method
         self.wire = wire
         self.exchange = exchange
@@ -259,10 +262,10 @@ class State(_Checkpoints, _Agreement):
         self._reset_probe()
 
     def _reset_probe(self):
-        """exchange="auto"'s measurement among 3 or more ranks, from its start."""
+        """exchange="auto"'s and wire="auto"'s measurement, from its start."""
         self._auto = None          # auto_exchange(): the choice and what it was made from, once made
         self._probe_start = None   # the iteration the probe began at
-        self._probe_times = {"allgather": [], "reduce": []}  # this rank's timed steps, seconds
+        self._probe_times = {}     # "exchange/wire" -> this rank's timed steps with it, seconds
         self._probe_last = None    # (iteration, when it began) of the last probed step
 
     @property
@@ -288,11 +291,10 @@ class State(_Checkpoints, _Agreement):
         """The exchange the hook uses among world ranks this step. "auto": the all-gather at 2
         ranks (the reduce exchange's bytes in one round more) and on CUDA buckets (the reduce
         exchange runs there, exchange="reduce", but is not timed on GPUs yet). From 3 ranks on
-        CPU buckets it measures: from the first sparse step, 12 steps alternate the two in
-        blocks of 3 (all-gather, reduce, all-gather, reduce; each block's first step untimed),
-        then every rank takes the one with the shorter time to the same loss: the reduce
-        exchange when the ranks' mean of their median step times with it is at most 1 / f of
-        the all-gather's, f the steps it needs to the same loss over the all-gather's (it
+        CPU buckets it measures: from the first sparse step the probe (see auto_exchange)
+        times both, then every rank takes the one with the shorter time to the same loss: the
+        reduce exchange when the ranks' mean of their median step times with it is at most 1 /
+        f of the all-gather's, f the steps it needs to the same loss over the all-gather's (it
         applies k entries a step where the all-gather applies the union of the ranks'
         selections): 1.15 at 3 and 4 ranks, 1.20 at 8, 1.25 at 16, 1.30 from 32, between them
         by log2(world) (measured on a synthetic LSTM; on the WikiText-2 LSTM it needed fewer:
@@ -300,34 +302,68 @@ class State(_Checkpoints, _Agreement):
         By bytes alone it would always win from 3 ranks (about 2 s k (4 + v) bytes a rank
         against (P - 1) s k (4 + v)), which on a fast link or a small model loses time (docs/
         PYTORCH.md). auto_exchange() says what was measured and chosen."""
-        if self.exchange != "auto":
-            return self.exchange
-        if world < 3 or device_type != "cpu":
-            return "allgather"
-        if self._auto is not None and self._auto["ranks"] == world:
-            return self._auto["chosen"]
-        return self._probed(self._step_iteration) or "reduce"  # before the probe (dense steps): by bytes
+        return self._configuration(world, device_type)[0]
 
-    def _probed(self, iteration):
-        """The exchange the probe runs at iteration, None outside it."""
+    def wire_for(self, world, device_type="cpu"):
+        """The entry coding the hook uses among world ranks this step. "auto": "plain" on CUDA
+        buckets (compact codes CPU buckets only) and in a world of one; otherwise the probe
+        (see auto_exchange) times both codings with each exchange it times and every rank
+        takes the one whose steps were shorter (ties: plain), for the exchange chosen: compact
+        sends a third of the bytes but narrows, codes and expands the entries, which pays on
+        a slow link and may cost on a fast one (docs/PYTORCH.md). The loss is the same either
+        way (measured within 0.1% on two language models)."""
+        return self._configuration(world, device_type)[1]
+
+    def _candidates(self, world, device_type):
+        """The (exchange, wire) pairs this State may use among world ranks, in the probe's
+        order: more than one when something is "auto" and there is something to time."""
+        if self.exchange != "auto":
+            exchanges = (self.exchange,)
+        else:
+            exchanges = ("allgather", "reduce") if world >= 3 and device_type == "cpu" else ("allgather",)
+        if self.wire != "auto":
+            wires = (self.wire,)
+        else:
+            wires = ("plain", "compact") if world >= 2 and device_type == "cpu" else ("plain",)
+        return tuple((e, w) for w in wires for e in exchanges)
+
+    def _configuration(self, world, device_type):
+        """This step's (exchange, wire)."""
+        candidates = self._candidates(world, device_type)
+        if len(candidates) == 1:
+            return candidates[0]
+        if self._auto is not None and self._auto["ranks"] == world:
+            return self._auto["chosen"], self._auto["wire"]
+        probed = self._probed(self._step_iteration, candidates)
+        # Before the probe (dense steps): by bytes, the last pair (the reduce exchange, compact).
+        return probed or candidates[-1]
+
+    def _probed(self, iteration, candidates):
+        """The (exchange, wire) the probe runs at iteration, None outside it."""
         position = iteration - self._probe_start if self._probe_start is not None else -1
-        if 0 <= position < len(_PROBE_ORDER) * _PROBE_STEPS:
-            return _PROBE_ORDER[position // _PROBE_STEPS]
+        if 0 <= position < _PROBE_ROUNDS * len(candidates) * _PROBE_STEPS:
+            return candidates[position // _PROBE_STEPS % len(candidates)]
         return None
 
     def auto_exchange(self):
-        """What exchange="auto" measured among 3 or more ranks on CPU buckets, once it chose:
-        {"chosen", "allgather_seconds", "reduce_seconds" (the ranks' mean of each rank's
-        median step time with that exchange), "ranks", "iteration" (the step it chose at),
-        "steps_factor" (f of exchange_for: the reduce exchange kept when reduce_seconds x f <=
-        allgather_seconds)}; None before (or with an exchange named)."""
+        """What exchange="auto" and wire="auto" measured (among 3 or more ranks on CPU buckets
+        for the exchange, 2 or more for the wire), once they chose; None before, or with both
+        named. From the first sparse step the probe runs each (exchange, wire) pair it may use
+        for 3 steps (the first untimed), the pairs in turn, twice: 12 steps for one of them
+        auto, 24 for both; then one all_gather of every rank's median step time per pair, and
+        the same choice on every rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/
+        wire" -> the ranks' mean of their medians), "ranks", "iteration" (the step it chose
+        at)}; when it chose the exchange also "allgather_seconds" and "reduce_seconds" (each
+        exchange's time with its faster wire) and "steps_factor" (f of exchange_for: the
+        reduce exchange kept when reduce_seconds x f <= allgather_seconds)."""
         return dict(self._auto) if self._auto is not None else None
 
     def _probe_step(self, group, world, device_type):
-        """At a step's first hook call, exchange="auto" among 3 or more ranks on CPU buckets:
-        the last probed step's time noted; once the probe's steps are done, every rank's
-        medians gathered (one all_gather) and the same exchange chosen on every rank."""
-        if self.exchange != "auto" or world < 3 or device_type != "cpu":
+        """At a step's first hook call, when something is "auto": the last probed step's time
+        noted; once the probe's steps are done, every rank's medians gathered (one
+        all_gather) and the same exchange and wire chosen on every rank."""
+        candidates = self._candidates(world, device_type)
+        if len(candidates) == 1:
             return
         if self._auto is not None:
             if self._auto["ranks"] == world:
@@ -340,27 +376,38 @@ class State(_Checkpoints, _Agreement):
             self._probe_start = iteration
         if self._probe_last is not None:
             last, began = self._probe_last
-            probed = self._probed(last)
+            probed = self._probed(last, candidates)
             if probed is not None and (last - self._probe_start) % _PROBE_STEPS and last < iteration:
-                self._probe_times[probed].append(now - began)
+                self._probe_times.setdefault("/".join(probed), []).append(now - began)
         self._probe_last = (iteration, now)
-        if iteration - self._probe_start < len(_PROBE_ORDER) * _PROBE_STEPS:
+        if iteration - self._probe_start < _PROBE_ROUNDS * len(candidates) * _PROBE_STEPS:
             return
+        keys = ["/".join(c) for c in candidates]
         times = self._probe_times
-        mine = torch.tensor([statistics.median(times[e]) if times[e] else -1.0 for e in ("allgather", "reduce")],
+        mine = torch.tensor([statistics.median(times[k]) if times.get(k) else -1.0 for k in keys],
                             dtype=torch.float64)
         everyone = [torch.empty_like(mine) for _ in range(world)]
         self._in_flight.extend([mine, *everyone])  # see State._in_flight
         dist.all_gather(everyone, mine, group=group)
         # The same sums in the same order on every rank: the same choice.
-        allgather, reduce = (sum(float(t[j]) for t in everyone) / world for j in (0, 1))
-        factor = _reduce_steps_factor(world)
+        seconds = {k: sum(float(t[j]) for t in everyone) / world for j, k in enumerate(keys)}
+        exchanges = list(dict.fromkeys(e for e, _ in candidates))
+        wires = list(dict.fromkeys(w for _, w in candidates))
+        self._auto = {"ranks": world, "iteration": iteration, "seconds": seconds}
         if min(float(t.min()) for t in everyone) < 0:
-            chosen = "reduce"  # some rank timed no step of one of them (resumed mid-probe): by bytes
+            # Some rank timed no step of some pair (resumed mid-probe): by bytes.
+            chosen, wire = exchanges[-1], wires[-1]
         else:
-            chosen = "reduce" if reduce * factor <= allgather else "allgather"
-        self._auto = {"chosen": chosen, "allgather_seconds": allgather, "reduce_seconds": reduce, "ranks": world,
-                      "iteration": iteration, "steps_factor": factor}
+            # Each exchange with its faster wire (min keeps the first of equals: plain).
+            best = {e: min(((seconds[f"{e}/{w}"], w) for w in wires), key=lambda tw: tw[0]) for e in exchanges}
+            chosen = exchanges[0]
+            if len(exchanges) == 2:
+                factor = _reduce_steps_factor(world)
+                allgather, reduce = best["allgather"][0], best["reduce"][0]
+                chosen = "reduce" if reduce * factor <= allgather else "allgather"
+                self._auto.update(allgather_seconds=allgather, reduce_seconds=reduce, steps_factor=factor)
+            wire = best[chosen][1]
+        self._auto.update(chosen=chosen, wire=wire)
         if chosen == "allgather":
             # The owners' states the probe kept would never be used (and would tie a saved
             # state to this number of ranks).
@@ -599,10 +646,10 @@ class State(_Checkpoints, _Agreement):
             raise ValueError(f"sidco_torch.State: bucket {bucket.index()} holds {buffer.numel()} values, its "
                              f"parameters {sum(sizes)}")
         keys = tuple(self._key(p) for p in params)
-        exchange = self.exchange_for(world, buffer.device.type)
+        exchange, wire = self._configuration(world, buffer.device.type)
         b = self._buckets.get(keys)
         if b is not None and b.dtype == buffer.dtype and b.device == buffer.device and len(b.inbox) == world \
-                and b.exchange == exchange and b.density == self._step_density \
+                and b.exchange == exchange and b.wire == wire and b.density == self._step_density \
                 and b.capacity_density == self._verified:
             return b, None
         # A reduce exchange's owner state carries over to a new codec of the same
@@ -610,7 +657,7 @@ class State(_Checkpoints, _Agreement):
         previous = next((v for v in self._buckets.values() if v.exchange == "reduce" == exchange
                          and len(v.inbox) == world and set(v.keys) == set(keys)), None)
         group = self.process_group if self.process_group is not None else dist.group.WORLD
-        b = _Bucket(self, keys, sizes, buffer.dtype, buffer.device, world, dist.get_rank(group), exchange)
+        b = _Bucket(self, keys, sizes, buffer.dtype, buffer.device, world, dist.get_rank(group), exchange, wire)
         # Each parameter's state follows it: from the bucket that held it, or a loaded state.
         try:
             for i, key in enumerate(keys):

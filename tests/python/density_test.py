@@ -29,7 +29,7 @@ def schedule(iteration):
 
 def scenario_schedule(rank, world):
     records, per_step = [], []
-    state = sidco_torch.State(method="sidco-e", density=schedule, start_iter=1, exchange="allgather")
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=schedule, start_iter=1, exchange="allgather")
     model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
     for step in range(STEPS):
         records.clear()
@@ -50,7 +50,7 @@ def scenario_schedule(rank, world):
         assert per_step[CHANGE + 1][index] < capacity / 3, (index, per_step)
     scheduled = [p.detach().clone() for p in model.parameters()]
     # The same with set_density() at the same step.
-    state = sidco_torch.State(method="sidco-e", density=0.2, start_iter=1, exchange="allgather")
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.2, start_iter=1, exchange="allgather")
     model, ddp, optimizer = make(state, rank)
     for step in range(STEPS):
         if step == CHANGE:
@@ -80,7 +80,7 @@ def failing_step(ddp, optimizer, rank, step):
 
 
 def scenario_one_rank(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(2):
         train_step(ddp, optimizer, rank, step)
@@ -93,7 +93,7 @@ def scenario_one_rank(rank, world):
 
 def scenario_resume(rank, world, exchange):
     def fresh():
-        return sidco_torch.State(method="sidco-e", density=schedule, start_iter=1, exchange=exchange)
+        return sidco_torch.State(wire="plain", method="sidco-e", density=schedule, start_iter=1, exchange=exchange)
 
     def build(state):
         torch.manual_seed(0)
@@ -128,7 +128,7 @@ def scenario_resume(rank, world, exchange):
 
 
 def scenario_bad_schedule(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=lambda it: 0.05 if it < 2 or rank == 0 else 1.5, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=lambda it: 0.05 if it < 2 or rank == 0 else 1.5, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(2):
         train_step(ddp, optimizer, rank, step)
@@ -140,7 +140,7 @@ def scenario_bad_schedule(rank, world):
 def scenario_warnings(rank, world):
     """A world of one, and a density under one entry per small tensor, say so once."""
     import warnings
-    state = sidco_torch.State(method="sidco-e", density=0.0001, start_iter=0)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.0001, start_iter=0)
     model, ddp, optimizer = make(state, rank)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

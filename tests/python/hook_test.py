@@ -212,7 +212,7 @@ WRAPPERS = {"fp16": "fp16_compress_wrapper", "bf16": "bf16_compress_wrapper"}
 def scenario_exact(rank, world, method, slack, wrapper=None, model_dtype=torch.float32):
     """wrapper: torch's fp16/bf16 compress wrapper around the hook (the bucket arrives in 16
     bits); model_dtype: the parameters' (and so the buckets') type."""
-    state = sidco_torch.State(method=method, density=0.05, start_iter=0 if model_dtype == torch.bfloat16 else 1,
+    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=0 if model_dtype == torch.bfloat16 else 1,
                               capacity_slack=slack, exchange="allgather")
     records = []
     hook = recording_hook(records)
@@ -261,7 +261,7 @@ def scenario_exact(rank, world, method, slack, wrapper=None, model_dtype=torch.f
 
 
 def scenario_failure_nan(rank, world, exchange="allgather", reduce_schedule="auto"):
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange=exchange,
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange=exchange,
                               reduce_schedule=reduce_schedule)
     calls = []
     armed = []
@@ -309,9 +309,9 @@ def scenario_failure_nan(rank, world, exchange="allgather", reduce_schedule="aut
 def scenario_failure_state(rank, world):
     """Rank 1 alone loads a state whose tensors have other sizes: its hook cannot attach it,
     so it reports the failure through its payload, and every rank raises."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0)
     if rank == 1:
-        other = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+        other = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0)
         layers = {}
         for name, p in Shuffled().named_parameters():
             size = p.numel() + 1
@@ -343,14 +343,14 @@ def layouts(seen):
 def scenario_resume(rank, world, method):
     steps, split = 8, 4
     # Uninterrupted.
-    state = sidco_torch.State(method=method, density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=1)
     whole = {}
     model, ddp, optimizer = make(state, rank, hook=layouts(whole))
     for step in range(steps):
         train_step(ddp, optimizer, rank, step)
     uninterrupted = [p.detach().clone() for p in model.parameters()]
     # Interrupted at split: everything saved, then built anew and loaded.
-    state = sidco_torch.State(method=method, density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(split):
         train_step(ddp, optimizer, rank, step)
@@ -359,7 +359,7 @@ def scenario_resume(rank, world, method):
     del model, ddp, optimizer, state
     saved.seek(0)
     checkpoint = torch.load(saved)
-    state = sidco_torch.State(method=method, density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=1)
     state.load_state_dict(checkpoint["sidco"])
     model = Shuffled()
     model.load_state_dict(checkpoint["model"])
@@ -378,12 +378,12 @@ def scenario_resume(rank, world, method):
 
 
 def scenario_new_wrapper(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(6):
         train_step(ddp, optimizer, rank, step)
     once = [p.detach().clone() for p in model.parameters()]
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(3):
         train_step(ddp, optimizer, rank, step)
@@ -397,7 +397,7 @@ def scenario_new_wrapper(rank, world):
 
 
 def scenario_returns_early(rank, world, recorded_path):
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0)
     pending = []
     armed = []
     calls = []
@@ -519,7 +519,7 @@ def scenario_wire_mismatch(rank, world):
 
 
 def scenario_schedule_mismatch(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.05, exchange="reduce",
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, exchange="reduce",
                               reduce_schedule="two-hop" if rank == 0 else "flat")
     model, ddp, optimizer = make(state, rank)
     return refused_on_first_step(ddp, optimizer, rank, "rank 1 has reduce_schedule 'flat', rank 0 has 'two-hop'",
@@ -605,14 +605,14 @@ def scenario_reduce_two_hop(rank, world, wire):
 
 
 def scenario_agreement(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.01 if rank == 0 else 0.02)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.01 if rank == 0 else 0.02)
     model, ddp, optimizer = make(state, rank)
     return refused_on_first_step(ddp, optimizer, rank, "rank 1 has density 0.02, rank 0 has 0.01", "different densities")
 
 
 def scenario_method_mismatch(rank, world):
     """Names, not hashes: the methods themselves, on every rank, as an ExchangeError."""
-    state = sidco_torch.State(method="sidco-e" if rank == 0 else "top-k", density=0.05)
+    state = sidco_torch.State(wire="plain", method="sidco-e" if rank == 0 else "top-k", density=0.05)
     model, ddp, optimizer = make(state, rank)
     try:
         train_step(ddp, optimizer, rank, 0)
@@ -624,7 +624,7 @@ def scenario_method_mismatch(rank, world):
 
 
 def scenario_two_models(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.05)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05)
     first = make(state, rank)
     try:
         make(state, rank, model=Shuffled())
@@ -634,7 +634,7 @@ def scenario_two_models(rank, world):
         raise AssertionError("register() gave one State two models")
     del first
     # Registered directly (no names): the second model's first bucket is refused.
-    state = sidco_torch.State(method="sidco-e", density=0.05)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05)
     torch.manual_seed(0)
     a, b = Shuffled(), Shuffled()
     ddp_a, ddp_b = DDP(a, bucket_cap_mb=0.1), DDP(b, bucket_cap_mb=0.1)
@@ -651,7 +651,7 @@ def scenario_two_models(rank, world):
 
 
 def scenario_dense_switch(rank, world):
-    state = sidco_torch.State(method="sidco-e", density=0.5, start_iter=0)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.5, start_iter=0)
     model, ddp, optimizer = make(state, rank)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -667,7 +667,7 @@ def scenario_dense_switch(rank, world):
 def scenario_summary(rank, world):
     """state.summary(): the last step's totals over its buckets and the sums over every step,
     equal to what stats() held after each step; a dense warm-up step counts every value."""
-    state = sidco_torch.State(method="sidco-e", density=0.02, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.02, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     seen = []
     for step in range(4):
@@ -697,7 +697,7 @@ def scenario_dense_parameters(rank, world, exchange):
     rank at 3); their residual stays empty; the
     rest of their buckets still goes sparse; a misspelt name is answered with a sentence."""
     names = {"last.bias", "middle.bias"}
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange=exchange,
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange,
                               dense_parameters=sorted(names))
     model, ddp, optimizer = make(state, rank)
     reference = Shuffled()
@@ -731,7 +731,7 @@ def scenario_dense_parameters(rank, world, exchange):
         assert all(s["path"] == "sparse" for s in stats), stats
         assert sum(s.get("dense_values", 0) for s in stats) == 10 + 256, stats
     try:
-        misspelt = sidco_torch.State(dense_parameters=["last.bais"])
+        misspelt = sidco_torch.State(wire="plain", dense_parameters=["last.bais"])
         sidco_torch.register(DDP(Shuffled()), misspelt)
     except ValueError as e:
         assert "dense_parameters names 'last.bais', which is not a parameter of Shuffled (did you mean " \
@@ -744,7 +744,7 @@ def scenario_dense_parameters(rank, world, exchange):
 def scenario_dense_parameters_differ(rank, world):
     """Ranks that name different dense_parameters are refused before the collectives."""
     names = ["last.bias"] if rank == 0 else ["last.bias", "middle.bias"]
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, dense_parameters=names)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, dense_parameters=names)
     model, ddp, optimizer = make(state, rank)
     return refused_on_first_step(ddp, optimizer, rank, "densely (dense_parameters), rank 0",
                                  "different dense_parameters")
@@ -753,7 +753,7 @@ def scenario_dense_parameters_differ(rank, world):
 def scenario_dense_then_sparse(rank, world):
     """A schedule that starts dense-worthy (0.5 at 2 ranks) goes sparse once it drops: the
     switch follows each step's density, not the last one the payloads agreed."""
-    state = sidco_torch.State(method="sidco-e", density=lambda i: 0.5 if i < 2 else 0.05, start_iter=0,
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=lambda i: 0.5 if i < 2 else 0.05, start_iter=0,
                               exchange="allgather")
     model, ddp, optimizer = make(state, rank)
     paths = []
@@ -771,7 +771,7 @@ def scenario_dtype_mismatch(rank, world):
     float32, so its payloads (and dense all-reduces) would be half as long. Every rank
     raises naming the dtypes instead of gloo aborting the process."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1)
     hook = default_hooks.fp16_compress_wrapper(sidco_torch.hook) if rank == 1 else None
     model, ddp, optimizer = make(state, rank, hook=hook)
     return refused_on_first_step(ddp, optimizer, rank, "rank 1 sends bucket 0 as float16, rank 0 as float32",
@@ -783,7 +783,7 @@ def scenario_two_hop_cut_short(rank, world):
     bucket's selections are still travelling in two hops: they finish before the next step,
     every rank's sent entries end in its residual or the update, and the next steps train
     the ranks alike."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce",
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange="reduce",
                               reduce_schedule="two-hop")
     left = []
 
@@ -820,9 +820,9 @@ def scenario_path_mismatch(rank, world):
     """Rank 1 alone picks the all-gather (as "auto" does on a CUDA bucket) while the others
     pick the reduce-scatter: the two paths' first collectives differ in kind and size, so
     every rank must raise naming both paths before either starts."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange="reduce")
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange="reduce")
     if rank == 1:
-        state.exchange_for = lambda world, device_type="cpu": "allgather"
+        state._configuration = lambda world, device_type: ("allgather", "plain")
     model, ddp, optimizer = make(state, rank)
     return refused_on_first_step(ddp, optimizer, rank, "rank 1 sends bucket 0 by all-gather, rank 0 by reduce-scatter",
                                  "ranks on different exchanges")
@@ -832,7 +832,7 @@ def scenario_foreign_checkpoint(rank, world):
     """Rank 0's checkpoint loaded on every rank (the usual DDP pattern for the model): the
     state holds rank 0's residuals, so every rank refuses it at the first step, naming the
     rank that loaded another's; each rank loading its own resumes."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(3):
         train_step(ddp, optimizer, rank, step)
@@ -841,20 +841,20 @@ def scenario_foreign_checkpoint(rank, world):
     everyone = [None] * world
     dist.all_gather_object(everyone, own)
     # Each rank its own: accepted.
-    fresh = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    fresh = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1)
     fresh.load_state_dict(own)
     # Rank 0's on every rank: refused where it is another's, at load time (the process knows
     # its rank) ...
     if rank != 0:
         try:
-            sidco_torch.State(method="sidco-e", density=0.05, start_iter=1).load_state_dict(everyone[0])
+            sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1).load_state_dict(everyone[0])
         except ValueError as e:
             assert f"saved by rank 0 of {world}, this process is rank {rank} of {world}" in str(e), str(e)
         else:
             raise AssertionError("another rank's state was accepted")
     # ... and, for a state loaded before the process group knew the rank, at the first step on
     # every rank alike.
-    other = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
+    other = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1)
     other.load_state_dict(everyone[rank])
     other._loaded_from = (0, world)  # what load_state_dict(everyone[0]) records before init_process_group
     model, ddp, optimizer = make(other, rank)
@@ -872,7 +872,7 @@ def scenario_dense_fold(rank, world):
     """Parameters that a new DDP wrapper puts alone in buckets under min_bucket_elements go
     dense: their residuals are sent with them (folded into the bucket) and cleared, not
     stranded in the state."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=300)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=300)
     model, ddp, optimizer = make(state, rank, bucket_cap_mb=1)
     for step in range(3):
         train_step(ddp, optimizer, rank, step)
@@ -990,7 +990,7 @@ def scenario_reduce_resume(rank, world):
         return model, ddp, torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
 
     def fresh():
-        return sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
+        return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
     state = fresh()
     model, ddp, optimizer = build(state, "whole")
     for step in range(steps):
@@ -1055,7 +1055,7 @@ def scenario_reduce_resume_reordered(rank, world):
         optimizer.step()
 
     def fresh():
-        return sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=64,
+        return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=64,
                                  exchange="reduce")
     state = fresh()
     model, ddp, optimizer = build(state, "whole")
@@ -1093,7 +1093,7 @@ def scenario_reduce_sixteen_bit_average(rank, world):
     30000 at one index: their sum (30000 x P) is beyond float16's range, their average is
     not. Every rank gets the average, finite, step after step."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange="reduce")
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange="reduce")
     got = []
 
     def inner(s, bucket):
@@ -1156,7 +1156,7 @@ def scenario_reduce_local_error(rank, world):
 def scenario_save_for_world(rank, world, path):
     """A reduce exchange state saved among world ranks, as format 1 wrote it (no rank or
     world of its own): to path."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
     model, ddp, optimizer = make(state, rank)
     for step in range(3):
         train_step(ddp, optimizer, rank, step)
@@ -1171,7 +1171,7 @@ def scenario_save_for_world(rank, world, path):
 def scenario_load_among_fewer(rank, world, path):
     """Rank r of fewer ranks loads the state rank r saved among more: refused at load, with
     a sentence, not carried into every step."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange="reduce")
     try:
         state.load_state_dict(torch.load(f"{path}-{rank}.pt"))
     except ValueError as e:
@@ -1185,7 +1185,7 @@ def scenario_load_among_fewer(rank, world, path):
 def scenario_state_dict_mid_step(rank, world):
     """state_dict() from a wrapping hook after bucket 0 (part of the step exchanged) is refused
     with a sentence; after backward() it works."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0)
     refused, calls = [], []
 
     def hook(s, bucket):
@@ -1205,67 +1205,92 @@ def scenario_state_dict_mid_step(rank, world):
     return "refused mid-step, given between steps"
 
 
-def probe_clock(state, reduce_cost):
-    """A fake clock for exchange="auto"'s probe: a step costs 1.0 with the all-gather and
-    reduce_cost with the reduce exchange (read at a step's first hook call, while the last
-    step's statistics stand)."""
+def probe_clock(state, costs):
+    """A fake clock for the auto probe: a step costs costs["exchange/wire"] of the pair its
+    sparse buckets used (read at a step's first hook call, while the last step's statistics
+    stand)."""
     now = [0.0]
 
     def clock():
-        used = {s["exchange"] for s in state._stats.values() if s["path"] == "sparse"}
+        used = {f"{s['exchange']}/{s['wire']}" for s in state._stats.values() if s["path"] == "sparse"}
         if used:
-            now[0] += reduce_cost if used == {"reduce"} else 1.0
+            (pair,) = used
+            now[0] += costs[pair]
         return now[0]
     return clock
 
 
-def scenario_auto_probe(rank, world, reduce_costs):
-    """exchange="auto" (the default) among 3 or more ranks times both exchanges in its first
-    sparse steps and every rank keeps the same one. A fake clock makes a step cost 1.0 with
-    the all-gather and reduce_costs[rank] with the reduce exchange. Checked: the probe's
-    order, the choice from the ranks' mean of medians (rank by rank it would differ), a
-    reduce owner state kept while the all-gather is probed, and a run checkpointed mid-probe
-    (in an all-gather block, that owner state waiting) equal to the uninterrupted one bit for
-    bit, and its choice kept by a checkpoint after it."""
-    from sidco_torch.state import _PROBE_ORDER, _PROBE_STEPS, _reduce_steps_factor
-    start, split = 2, 2 + 7
-    probe = len(_PROBE_ORDER) * _PROBE_STEPS
-    steps = start + probe + 3
-    mean_reduce = sum(reduce_costs) / world
-    factor = _reduce_steps_factor(world)
-    chosen = "reduce" if mean_reduce * factor <= 1.0 else "allgather"
-    expected = [set()] * start + [{e} for e in _PROBE_ORDER for _ in range(_PROBE_STEPS)] + [{chosen}] * 3
+def auto_choice(costs, world):
+    """What the probe should choose from costs ("exchange/wire" -> seconds): each exchange
+    with its faster wire (plain on a tie), the reduce exchange when its time x the steps
+    factor is at most the all-gather's; (exchange, wire, each exchange's best seconds)."""
+    from sidco_torch.state import _reduce_steps_factor
+    best = {}
+    for pair in sorted(costs, key=lambda p: p.endswith("compact")):  # plain first: it wins ties
+        exchange = pair.split("/")[0]
+        if exchange not in best or costs[pair] < best[exchange][0]:
+            best[exchange] = (costs[pair], pair.split("/")[1])
+    exchange = next(iter(best))
+    if len(best) == 2:
+        exchange = "reduce" if best["reduce"][0] * _reduce_steps_factor(world) <= best["allgather"][0] else "allgather"
+    return exchange, best[exchange][1], {e: t for e, (t, _) in best.items()}
+
+
+def scenario_auto_probe(rank, world, costs, wire="auto"):
+    """exchange="auto" and wire="auto" (the defaults) time their choices in the first sparse
+    steps and every rank keeps the same one. A fake clock makes a step cost costs[rank][pair]
+    ("exchange/wire"). Checked: the probe's order, the choice from the ranks' mean of medians
+    (rank by rank it would differ), a reduce owner state kept while the all-gather is probed
+    (and taken up again, across a change of wire too), a run checkpointed mid-probe equal to
+    the uninterrupted one bit for bit, and its choice kept by a checkpoint after it."""
+    from sidco_torch.state import _PROBE_ROUNDS, _PROBE_STEPS, _reduce_steps_factor
 
     def made():
-        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
-        state._clock = probe_clock(state, reduce_costs[rank])
+        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start, wire=wire)
+        state._clock = probe_clock(state, costs[rank])
         return state
 
+    start, split = 2, 2 + 7
     state = made()
+    order = ["/".join(pair) for pair in state._candidates(world, "cpu")] * _PROBE_ROUNDS
+    assert sorted(set(order)) == sorted(costs[rank]), (order, costs[rank])
+    probe = len(order) * _PROBE_STEPS
+    steps = start + probe + 3
+    mean = {pair: sum(c[pair] for c in costs) / world for pair in costs[rank]}
+    chosen, chosen_wire, best = auto_choice(mean, world)
+    expected = [set()] * start + [{p} for p in order for _ in range(_PROBE_STEPS)] + [{f"{chosen}/{chosen_wire}"}] * 3
+    reduce_probed = any(p.startswith("reduce") for p in order)
     model, ddp, optimizer = make(state, rank)
     used, saved = [], io.BytesIO()
     for step in range(steps):
         train_step(ddp, optimizer, rank, step)
-        used.append({s["exchange"] for s in state.stats().values() if s["path"] == "sparse"})
+        used.append({f"{s['exchange']}/{s['wire']}" for s in state.stats().values() if s["path"] == "sparse"})
         if step == split - 1:
-            assert state._pending_exchanges, "the reduce owners' state was not kept through the all-gather's block"
+            assert not reduce_probed or state._pending_exchanges, \
+                "the reduce owners' state was not kept through the all-gather's block"
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "sidco": state.state_dict()}, saved)
         if step == start + 3 * _PROBE_STEPS:
             assert not state._pending_exchanges, "the reduce owners' state waited but was not taken up again"
-    assert used == expected, f"exchanges used {used}, expected {expected}"
+    assert used == expected, f"pairs used {used}, expected {expected}"
     measured = state.auto_exchange()
-    assert measured["chosen"] == chosen and measured["iteration"] == start + probe and measured["ranks"] == world
-    assert measured["allgather_seconds"] == 1.0 and abs(measured["reduce_seconds"] - mean_reduce) < 1e-12, measured
-    assert measured["steps_factor"] == factor, measured
-    mine = "reduce" if reduce_costs[rank] * factor <= 1.0 else "allgather"
+    assert measured["chosen"] == chosen and measured["wire"] == chosen_wire, (measured, chosen, chosen_wire)
+    assert measured["iteration"] == start + probe and measured["ranks"] == world, measured
+    assert measured["seconds"].keys() == mean.keys(), measured
+    assert all(abs(measured["seconds"][p] - mean[p]) < 1e-12 for p in mean), measured
+    if reduce_probed:
+        assert abs(measured["allgather_seconds"] - best["allgather"]) < 1e-12, measured
+        assert abs(measured["reduce_seconds"] - best["reduce"]) < 1e-12, measured
+        assert measured["steps_factor"] == _reduce_steps_factor(world), measured
+    mine = auto_choice(costs[rank], world)[:2]
     # Kept with the reduce exchange; with the all-gather the probe's owner states are dropped.
     assert bool(state.state_dict()["exchanges"]) == (chosen == "reduce"), list(state.state_dict()["exchanges"])
     uninterrupted = [p.detach().clone() for p in model.parameters()]
     # Its choice survives a checkpoint: a loaded state probes no more.
-    after = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
+    after = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start, wire=wire)
     after.load_state_dict(state.state_dict())
-    assert after.auto_exchange() == measured and after.exchange_for(world) == chosen
+    assert after.auto_exchange() == measured
+    assert (after.exchange_for(world), after.wire_for(world)) == (chosen, chosen_wire)
     # Resumed from a checkpoint taken mid-probe: the same alternation, choice and bits.
     saved.seek(0)
     checkpoint = torch.load(saved)
@@ -1278,26 +1303,29 @@ def scenario_auto_probe(rank, world, reduce_costs):
     again = []
     for step in range(split, steps):
         train_step(ddp, optimizer, rank, step)
-        again.append({s["exchange"] for s in state.stats().values() if s["path"] == "sparse"})
-    assert again == expected[split:], f"resumed: exchanges used {again}, expected {expected[split:]}"
-    assert state.auto_exchange()["chosen"] == chosen
+        again.append({f"{s['exchange']}/{s['wire']}" for s in state.stats().values() if s["path"] == "sparse"})
+    assert again == expected[split:], f"resumed: pairs used {again}, expected {expected[split:]}"
+    assert state.auto_exchange()["chosen"] == chosen and state.auto_exchange()["wire"] == chosen_wire
     for a, b in zip(uninterrupted, model.parameters()):
         assert torch.equal(a, b.detach()), f"resumed mid-probe: differs by {(a - b.detach()).abs().max().item()}"
     flat = torch.cat([p.detach().reshape(-1) for p in uninterrupted])
-    return {"chosen": chosen, "this rank alone": mine, "parameters": flat.numpy().tobytes()}
+    return {"chosen": f"{chosen}/{chosen_wire}", "this rank alone": "/".join(mine), "parameters": flat.numpy().tobytes()}
 
 
 def scenario_auto_probe_failure(rank, world, fail_at):
     """A NaN on rank 1 in the probe's reduce block: every rank raises, the user builds DDP
     again and goes on, and the probe goes on to the same choice on every rank, ranks equal."""
-    from sidco_torch.state import _PROBE_ORDER, _PROBE_STEPS
+    from sidco_torch.state import _PROBE_ROUNDS, _PROBE_STEPS
     start = 2
-    assert _PROBE_ORDER[(fail_at - start) // _PROBE_STEPS] == "reduce", "the test tests less"
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start)
-    state._clock = probe_clock(state, 0.5)  # on every rank
+    order = state._candidates(world, "cpu") * _PROBE_ROUNDS
+    assert order[(fail_at - start) // _PROBE_STEPS][0] == "reduce", "the test tests less"
+    # On every rank: the reduce exchange's steps half the all-gather's, compact's 0.9 of plain's.
+    state._clock = probe_clock(state, {"allgather/plain": 1.0, "reduce/plain": 0.5, "allgather/compact": 0.9,
+                                       "reduce/compact": 0.45})
     model, ddp, optimizer = make(state, rank)
     failed = []
-    for step in range(start + len(_PROBE_ORDER) * _PROBE_STEPS + 3):
+    for step in range(start + len(order) * _PROBE_STEPS + 3):
         x, y = batch(rank, step)
         if step == fail_at and rank == 1:
             x[0, 0] = float("nan")
@@ -1311,7 +1339,7 @@ def scenario_auto_probe_failure(rank, world, fail_at):
             model, ddp, optimizer = make(state, rank, model=model)  # DDP cannot go on
     assert failed == [fail_at], failed
     measured = state.auto_exchange()
-    assert measured is not None and measured["chosen"] == "reduce", measured
+    assert measured is not None and (measured["chosen"], measured["wire"]) == ("reduce", "compact"), measured
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"auto": measured, "parameters": flat.numpy().tobytes()}
 
@@ -1387,7 +1415,7 @@ def check_local():
                                (dict(density=lambda: 0.1), TypeError,
                                 "the density schedule, called as density(0) (a schedule takes the iteration, an int, "
                                 "and returns a density), raised TypeError"),
-                               (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact'"),
+                               (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact', 'auto'"),
                                (dict(reduce_schedule="two_hop"), ValueError,
                                 "reduce_schedule = 'two_hop' is not one of 'auto', 'flat', 'two-hop'")]:
         try:
@@ -1427,6 +1455,12 @@ def check_exchange_devices():
     assert sidco_torch.State().exchange_for(4, "cuda") == "allgather"  # auto: not measured on GPUs yet
     assert sidco_torch.State().exchange_for(4, "cpu") == "reduce"
     assert sidco_torch.State(exchange="reduce").exchange_for(4, "cuda") == "reduce"
+    # wire="auto": plain on CUDA buckets (compact codes CPU ones) and alone; before the probe, by bytes.
+    assert sidco_torch.State().wire == "auto"
+    assert sidco_torch.State().wire_for(4, "cuda") == "plain" and sidco_torch.State().wire_for(1, "cpu") == "plain"
+    assert sidco_torch.State().wire_for(2, "cpu") == "compact"
+    assert sidco_torch.State(wire="plain").wire_for(2, "cpu") == "plain"
+    assert sidco_torch.State(exchange="reduce").wire_for(2, "cuda") == "plain"
     from sidco_torch.ops import _reduce_codec
     bad = [("meta", "device 'meta' is neither the CPU nor a CUDA device"),
            ("gpu0", "device 'gpu0' is not a device name")]
@@ -1465,7 +1499,23 @@ def check_exchange_devices():
 
 
 def check_loaded_states():
-    """A residual with NaN, and a state of another model's parameters, are refused whole."""
+    """A residual with NaN, and a state of another model's parameters, are refused whole; a
+    probe saved before wire="auto" reads as timed with the wire it ran."""
+    old_probe = {"chosen": {"chosen": "reduce", "allgather_seconds": 1.0, "reduce_seconds": 0.5, "ranks": 3,
+                            "iteration": 14, "steps_factor": 1.15},
+                 "start": 2, "times": {"allgather": [1.0, 1.0], "reduce": [0.5, 0.5]}}
+    for wire, ran in (("auto", "plain"), ("compact", "compact")):
+        read = sidco_torch.State(wire=wire)._checked_probe(copy.deepcopy(old_probe))
+        assert read["chosen"]["wire"] == ran and read["times"] == {f"allgather/{ran}": [1.0, 1.0],
+                                                                   f"reduce/{ran}": [0.5, 0.5]}, read
+    for damaged in (dict(old_probe, times={"allgather/bits": [1.0]}),
+                    dict(old_probe, chosen=dict(old_probe["chosen"], wire="bits"))):
+        try:
+            sidco_torch.State()._checked_probe(damaged)
+        except ValueError as e:
+            assert "auto_exchange" in str(e), e
+        else:
+            raise AssertionError(f"a damaged probe was accepted: {damaged}")
     model = Shuffled()
     state = sidco_torch.State(method="sidco-e", density=0.05)
     layers = {}
@@ -1701,12 +1751,21 @@ def main():
     assert factors == sorted(factors) and factors[0] == _REDUCE_STEPS_FACTORS[0][1], factors[:3]
     assert factors[-1] == _REDUCE_STEPS_FACTORS[-1][1], factors[-1]
     assert _REDUCE_STEPS_FACTORS[0][1] < _reduce_steps_factor(6) < _REDUCE_STEPS_FACTORS[1][1]
-    for costs in ([0.5, 1.5, 0.8], [0.5, 1.0, 0.8]):
-        out = run(scenario_auto_probe, 3, costs, timeout=240)
-        assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ"
-        alone = {o["this rank alone"] for o in out.values()}
-        assert alone == {"reduce", "allgather"}, f"every rank alone would choose {alone}: the test tests less"
-        print(f"auto exchange, reduce steps costing {costs} of the all-gather's: {out[0]['chosen']} on every rank")
+    # The exchange alone (wire named), the wire alone (2 ranks), both (3 ranks).
+    exchange_only = [[{"allgather/plain": 1.0, "reduce/plain": c} for c in costs]
+                     for costs in ([0.5, 1.5, 0.8], [0.5, 1.0, 0.8])]
+    wire_only = [[{"allgather/plain": 1.0, "allgather/compact": c} for c in costs] for costs in ([0.8, 1.1], [1.1, 0.95])]
+    both = [[{"allgather/plain": 1.0, "reduce/plain": r, "allgather/compact": a, "reduce/compact": rc}
+             for r, a, rc in ranks] for ranks in ([(0.8, 1.1, 0.6), (0.85, 0.85, 0.95), (0.75, 1.0, 0.7)],  # reduce, compact
+                                                  [(1.0, 1.05, 0.8), (0.95, 1.2, 1.1), (0.98, 1.1, 0.95)],  # allgather, plain
+                                                  [(1.0, 0.8, 0.9), (1.1, 1.05, 1.0), (0.9, 0.85, 0.95)])]  # allgather, compact
+    for world, wire, cases in ((3, "plain", exchange_only), (2, "auto", wire_only), (3, "auto", both)):
+        for costs in cases:
+            out = run(scenario_auto_probe, world, costs, wire, timeout=240)
+            assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ"
+            alone = {o["this rank alone"] for o in out.values()}
+            assert len(alone) > 1, f"every rank alone would choose {alone}: the test tests less"
+            print(f"auto, {world} ranks, wire {wire!r}, steps costing {costs}: {out[0]['chosen']} on every rank")
     out = run(scenario_auto_probe_failure, 3, 6, timeout=240)
     assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ after a failure in the probe"
     assert len({str(o["auto"]) for o in out.values()}) == 1, [o["auto"] for o in out.values()]

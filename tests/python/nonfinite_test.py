@@ -47,7 +47,7 @@ def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bu
     def fresh():
         holder = []
         dense = None if dense_from is None else (lambda name, p: name == "last.bias" and holder[0].iteration >= dense_from)
-        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start_iter, exchange=exchange,
+        state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=start_iter, exchange=exchange,
                                   nonfinite="skip", min_bucket_elements=min_bucket_elements, dense_parameters=dense,
                                   reduce_schedule=schedule or "auto")
         holder.append(state)
