@@ -229,7 +229,8 @@ class _Checkpoints:
         return {"config": dict(method=self.method, density=self._schedule or self._density, start_iter=self.start_iter,
                                min_bucket_elements=self.min_bucket_elements, feedback=self.feedback,
                                capacity_slack=self.capacity_slack, exchange=self.exchange, owner=self.owner,
-                               nonfinite=self.nonfinite, wire=self.wire, **self.options),
+                               nonfinite=self.nonfinite, wire=self.wire, reduce_schedule=self.reduce_schedule,
+                               dense_parameters=self.dense_parameters, **self.options),
                 "state": self.state_dict()}
 
     def __setstate__(self, pickled):

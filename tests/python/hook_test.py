@@ -1389,9 +1389,11 @@ def _entry(scenario, rank, world, port, args, results):
 
 def check_local():
     """What needs no process group: pickling, arguments."""
-    state = sidco_torch.State(method="dgc", density=0.02, start_iter=3, seed=7)
+    state = sidco_torch.State(method="dgc", density=0.02, start_iter=3, seed=7, reduce_schedule="two-hop",
+                              dense_parameters=["last.bias"], wire="compact")
     for clone in (pickle.loads(pickle.dumps(state)), copy.deepcopy(state)):
         assert clone.method == "dgc" and clone.density == 0.02 and clone.start_iter == 3 and clone.options == {"seed": 7}
+        assert clone.reduce_schedule == "two-hop" and clone.dense_parameters == {"last.bias"} and clone.wire == "compact"
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
