@@ -443,53 +443,13 @@ def _allgather(state, bucket, b, group, iteration, problem, started):
     buffer = bucket.buffer()
     payload = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.encode, torch.ops.sidco.encode_failure)
     report = b.codec.report()
-    encoded = time.perf_counter()
+    sent, into = payload, None
     if b.wire == "compact":
         # Compact payloads end early (zeros after): every rank sends the head the longest one
-        # needs (agreed first; the gather posted at a later hook call: _CompactGather).
-        stats = _sparse_stats(state, b, buffer, report, encoded - started, 0)
-        state._stats[bucket.index()] = stats
-        gather = _CompactGather(state, group, b, payload, report["used_bytes"], stats)
-        state._round_twos.append(gather)
-        return _decode_when(state, b, buffer, gather.future, encoded, stats, torch.ops.sidco.decode)
-    stats = _sparse_stats(state, b, buffer, report, encoded - started, payload.numel())
+        # needs, and the inbox's tails are zeroed, so the decode reads the whole payloads.
+        head = _agreed_head(state, report["used_bytes"], payload.numel(), group, payload.device)
+        sent, into = _heads(payload, b.inbox, head)
+    encoded = time.perf_counter()
+    stats = _sparse_stats(state, b, buffer, report, encoded - started, sent.numel())
     state._stats[bucket.index()] = stats
-    return _gather_and_decode(state, b, buffer, payload, group, encoded, stats, torch.ops.sidco.decode)
-
-
-class _CompactGather:
-    """A compact all-gather's two collectives: the ranks' longest used size (an all-reduce,
-    posted in the hook body), then every payload's head that long (the all-gather), posted
-    at the step's next hook call (State._advance_round_twos) or, for its last bucket, at
-    that call's end. So the hook body does not wait for the slowest rank's compress while
-    autograd could compute the next buckets. Every rank advances it at the same calls. The
-    inbox's tails are zeroed, so the decode (in the future's then()) reads whole payloads."""
-
-    def __init__(self, state, group, b, payload, used, stats):
-        self.state, self.group, self.b, self.payload, self.stats = state, group, b, payload, stats
-        self.longest = torch.tensor([int(used)], dtype=torch.int64, device=payload.device)
-        state._in_flight.extend([payload, self.longest])
-        self.work = dist.all_reduce(self.longest, op=dist.ReduceOp.MAX, group=group, async_op=True)
-        self.future = torch.futures.Future()
-
-    def advance(self):
-        """Waits for the agreed size and posts the all-gather of the heads; True (done)."""
-        self.work.wait()
-        head = min(self.payload.numel(), max(64, int(self.longest.item())))
-        sent, into = _heads(self.payload, self.b.inbox, head)
-        self.stats["bytes_sent"] = sent.numel()
-        self.stats["bytes_per_entry"] = sent.numel() / max(1, self.stats["selected"])
-        self.state._in_flight.extend([sent, *into])
-        gathered = dist.all_gather(into, sent, group=self.group, async_op=True).get_future()
-
-        def arrived(f):
-            try:
-                f.value()
-            except Exception as e:  # noqa: BLE001 - the decode's future raises it
-                self.future.set_exception(e)
-                return
-            self.future.set_result(None)
-        # Kept until the next step begins: a gloo worker must not drop the last reference to
-        # the callback (see State._in_flight).
-        self.state._in_flight.extend([gathered, arrived, gathered.then(arrived)])
-        return True
+    return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.decode, into=into)

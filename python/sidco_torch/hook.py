@@ -62,8 +62,7 @@ def hook(state, bucket):
         state.iteration += 1
         state._complete = True
         state._in_step = False
-    # Earlier buckets' later collectives (two hops' second rounds, compact all-gathers) a phase
-    # further, before this bucket's collectives.
+    # Earlier buckets' second rounds (two hops) a phase further, before this bucket's collectives.
     state._advance_round_twos()
     try:
         future = _exchange(state, bucket, group, world, iteration)

@@ -257,9 +257,7 @@ class State(_Checkpoints, _Agreement):
         self.error = None       # the last ExchangeError the hook raised
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
         self._step_began = None  # when this step's first hook call ran
-        # Collectives a bucket posts at the step's later hook calls: two-hop owners' selections
-        # still travelling (_RoundTwo), compact all-gathers waiting for their agreed size.
-        self._round_twos = []
+        self._round_twos = []   # two-hop buckets whose owners' selections are still travelling
         self._last_index = -1   # the bucket index of this step's last hook call
         self._reset_probe()
 
@@ -586,9 +584,8 @@ class State(_Checkpoints, _Agreement):
         return True
 
     def _advance_round_twos(self, drain=False):
-        """The collectives buckets left for later hook calls (two-hop second rounds, compact
-        all-gathers) a phase further (to the end: drain=True, at the step's last hook call),
-        in the order they were posted, the same on every rank."""
+        """The two-hop buckets' second rounds a phase further (every one: drain=True, at the
+        step's last hook call), in the order they were posted, the same on every rank."""
         while self._round_twos:
             self._round_twos = [r for r in self._round_twos if not r.advance()]
             if not drain:
