@@ -129,7 +129,7 @@ class State(_Checkpoints, _Agreement):
     bucket's dtype: (P - 1) slack 8k bytes a rank for float32) or "compact" (values narrowed
     to half their width: float32 as bfloat16, float64 as float32, 16-bit as they are; what
     rounding takes off stays in the residual; indices as variable-length gaps, one or two
-    bytes each), each rank's used size all-gathered first so that only the bytes used travel:
+    bytes each), the ranks' longest used size agreed first so that only the bytes used travel:
     about 3 bytes an entry where plain ones take 10. In the reduce exchange the values a rank
     sends are rounded alike and travel narrowed in its blocks' frames; the owners' sums travel
     at full width. CPU buckets only. "auto" (the default): timed against plain in the first
