@@ -72,7 +72,6 @@ class GPT(nn.Module):
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
         self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
-        self.register_buffer("mask", torch.triu(torch.ones(context, context, dtype=torch.bool), 1))
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 scaled = name.endswith(("proj.weight", "out.weight"))
@@ -83,8 +82,10 @@ class GPT(nn.Module):
     def forward(self, x, hidden=None):
         x = x.t()  # (batch, time)
         h = self.wte(x) + self.wpe(torch.arange(x.shape[1]))
+        # Made here, not a buffer: DDP broadcasts buffers at construction, and gloo has no bool.
+        mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device), 1)
         for block in self.blocks:
-            h = block(h, self.mask)
+            h = block(h, mask)
         return self.head(self.ln_f(h)).transpose(0, 1), None
 
 
