@@ -200,7 +200,8 @@ class State(_Checkpoints, _Agreement):
         _check_method(method, "sidco_torch.State")
         _options_dict(options, "sidco_torch.State", _ARGUMENTS)
         # What only the ops know ("auto" may choose either coding).
-        _codec(method, options, [1], torch.float32, density, capacity_slack, wire="plain" if wire == "plain" else "compact")
+        _codec(method, options, [1], torch.float32, density, capacity_slack,
+               wire="plain" if wire == "plain" else "compact")
         self.method = method
         self.wire = wire
         self.exchange = exchange
@@ -314,9 +315,9 @@ class State(_Checkpoints, _Agreement):
         way (measured within 0.1% on two language models)."""
         return self._configuration(world, device_type)[1]
 
-    def _candidates(self, world, device_type):
-        """The (exchange, wire) pairs this State may use among world ranks, in the probe's
-        order: more than one when something is "auto" and there is something to time."""
+    def _choices(self, world, device_type):
+        """(the exchanges, the wires) this State may use among world ranks: more than one of
+        either when it is "auto" and there is something to time."""
         if self.exchange != "auto":
             exchanges = (self.exchange,)
         else:
@@ -325,6 +326,11 @@ class State(_Checkpoints, _Agreement):
             wires = (self.wire,)
         else:
             wires = ("plain", "compact") if world >= 2 and device_type == "cpu" else ("plain",)
+        return exchanges, wires
+
+    def _candidates(self, world, device_type):
+        """The (exchange, wire) pairs of _choices, in the probe's order."""
+        exchanges, wires = self._choices(world, device_type)
         return tuple((e, w) for w in wires for e in exchanges)
 
     def _configuration(self, world, device_type):
@@ -391,8 +397,7 @@ class State(_Checkpoints, _Agreement):
         dist.all_gather(everyone, mine, group=group)
         # The same sums in the same order on every rank: the same choice.
         seconds = {k: sum(float(t[j]) for t in everyone) / world for j, k in enumerate(keys)}
-        exchanges = list(dict.fromkeys(e for e, _ in candidates))
-        wires = list(dict.fromkeys(w for _, w in candidates))
+        exchanges, wires = self._choices(world, device_type)
         self._auto = {"ranks": world, "iteration": iteration, "seconds": seconds}
         if min(float(t.min()) for t in everyone) < 0:
             # Some rank timed no step of some pair (resumed mid-probe): by bytes.

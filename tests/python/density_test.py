@@ -128,7 +128,8 @@ def scenario_resume(rank, world, exchange):
 
 
 def scenario_bad_schedule(rank, world):
-    state = sidco_torch.State(wire="plain", method="sidco-e", density=lambda it: 0.05 if it < 2 or rank == 0 else 1.5, start_iter=1)
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=lambda it: 0.05 if it < 2 or rank == 0 else 1.5,
+                              start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(2):
         train_step(ddp, optimizer, rank, step)

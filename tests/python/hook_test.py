@@ -212,8 +212,9 @@ WRAPPERS = {"fp16": "fp16_compress_wrapper", "bf16": "bf16_compress_wrapper"}
 def scenario_exact(rank, world, method, slack, wrapper=None, model_dtype=torch.float32):
     """wrapper: torch's fp16/bf16 compress wrapper around the hook (the bucket arrives in 16
     bits); model_dtype: the parameters' (and so the buckets') type."""
-    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=0 if model_dtype == torch.bfloat16 else 1,
-                              capacity_slack=slack, exchange="allgather")
+    state = sidco_torch.State(wire="plain", method=method, density=0.05,
+                              start_iter=0 if model_dtype == torch.bfloat16 else 1, capacity_slack=slack,
+                              exchange="allgather")
     records = []
     hook = recording_hook(records)
     if wrapper:
@@ -1309,7 +1310,8 @@ def scenario_auto_probe(rank, world, costs, wire="auto"):
     for a, b in zip(uninterrupted, model.parameters()):
         assert torch.equal(a, b.detach()), f"resumed mid-probe: differs by {(a - b.detach()).abs().max().item()}"
     flat = torch.cat([p.detach().reshape(-1) for p in uninterrupted])
-    return {"chosen": f"{chosen}/{chosen_wire}", "this rank alone": "/".join(mine), "parameters": flat.numpy().tobytes()}
+    return {"chosen": f"{chosen}/{chosen_wire}", "this rank alone": "/".join(mine),
+            "parameters": flat.numpy().tobytes()}
 
 
 def scenario_auto_probe_failure(rank, world, fail_at):
