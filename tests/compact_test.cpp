@@ -15,6 +15,8 @@
 #include <doctest/doctest.h>
 #include <sidco/comm/allgather/core.hpp>
 #include <sidco/comm/compact.hpp>
+#include <sidco/comm/reduce/carry.hpp>
+#include <sidco/comm/reduce/core.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/comm/setup.hpp>
 #include <sidco/sidco.hpp>
@@ -468,4 +470,213 @@ TEST_CASE("compact: the reduce core rounds what it packs to bfloat16, the rest i
   options.coding = comm::entry_coding(7);
   CHECK_THROWS_WITH_AS((comm::reduce_core<float, std::uint32_t, comm::owner_top_k>(layout, 0.01, 2, 0, options)),
                        doctest::Contains("options.coding = 7, neither plain (0) nor compact (1)"), sidco::error);
+}
+
+namespace {
+
+using reduce_top_k = comm::reduce_core<float, std::uint32_t, comm::owner_top_k>;
+
+// Each of ranks' cores packs what rank r sends this step (sent[r]), every owner selects
+// from the blocks routed to it (problem: owner `failing` finds one), every rank applies.
+// Returns whether the step applied (on every rank alike); the residuals are sinks per rank.
+bool reduce_step(std::vector<reduce_top_k>& cores, std::vector<sparse_vector<float>> sent,
+                 std::vector<std::vector<float>>& residuals, std::uint64_t step, std::size_t failing = SIZE_MAX) {
+  const std::size_t ranks = cores.size(), bytes = cores[0].block_bytes();
+  std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(ranks * bytes)),
+      selections(ranks, std::vector<std::byte>(bytes));
+  std::vector<comm::host_residual<float>> sinks;
+  for (auto& residual : residuals) sinks.push_back({residual});
+  for (std::size_t r = 0; r < ranks; ++r)  // as a compressor leaves it: +0 where it sends
+    for (const auto i : sent[r].indices()) residuals[r][i] = 0.0f;
+  for (std::size_t r = 0; r < ranks; ++r) REQUIRE(cores[r].pack(sent[r], sinks[r], cores[r].fields(step), blocks[r]));
+  const sidco::error problem("sidco: this rank's output is wrong");
+  for (std::size_t owner = 0; owner < ranks; ++owner) {
+    views received;
+    for (std::size_t r = 0; r < ranks; ++r) received.push_back(std::span<const std::byte>(blocks[r]).subspan(owner * bytes, bytes));
+    cores[owner].select(received, selections[owner], owner == failing ? &problem : nullptr);
+  }
+  bool applied = true;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    try {
+      cores[r].apply(views_of(selections), sinks[r]);
+    } catch (const sidco::runtime_error&) {
+      applied = false;
+    }
+  }
+  return applied;
+}
+
+// What each rank sends at a step: bfloat16 values (the compact pack then rounds nothing,
+// so a plain core sees the same blocks), at indices that overlap between ranks.
+std::vector<sparse_vector<float>> bfloat16_entries(std::size_t ranks, std::size_t n, std::size_t count,
+                                                   std::uint64_t step) {
+  std::vector<sparse_vector<float>> sent;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    std::mt19937_64 rng(1000 * step + r);
+    std::normal_distribution<float> value(0.0f, 1.0f);
+    std::vector<std::uint32_t> indices;
+    for (std::size_t j = 0; j < count; ++j) indices.push_back(std::uint32_t(rng() % (n / 4)));  // overlapping
+    std::sort(indices.begin(), indices.end());
+    indices.erase(std::unique(indices.begin(), indices.end()), indices.end());
+    sparse_vector<float> s(n);
+    for (const auto i : indices) s.push_back(i, float(bfloat16(value(rng))));
+    sent.push_back(std::move(s));
+  }
+  return sent;
+}
+
+}  // namespace
+
+TEST_CASE("compact: an owner's updates travel as bfloat16; what rounding took stays in its carry, exactly, and is "
+          "added the next time it keeps the index; a failed step leaves the carry as it was") {
+  const std::size_t n = 40000, ranks = 3;
+  const std::vector<segment> layout{{0, n}};
+  comm::exchange_options compact_options;
+  compact_options.coding = comm::entry_coding::compact;
+  std::vector<reduce_top_k> compact, plain;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    compact.emplace_back(layout, 0.01, ranks, r, compact_options);
+    plain.emplace_back(layout, 0.01, ranks, r, comm::exchange_options{});
+  }
+  std::vector<std::vector<float>> compact_residuals(ranks, std::vector<float>(n, 0.0f)), plain_residuals = compact_residuals;
+  std::vector<float> carry(n, 0.0f);  // the oracle: every owner's carry at its own indices
+  std::size_t carried = 0, reused = 0;
+  for (std::uint64_t step = 1; step <= 6; ++step) {
+    const auto sent = bfloat16_entries(ranks, n, 500, step);
+    if (step == 4) {  // owner 2 finds a problem: every rank raises, every carry as it was
+      std::vector<std::vector<float>> before;
+      for (const auto& core : compact) before.emplace_back(core.carry().begin(), core.carry().end());
+      CHECK_FALSE(reduce_step(compact, sent, compact_residuals, step, 2));
+      CHECK_FALSE(reduce_step(plain, sent, plain_residuals, step, 2));  // alike: every entry back
+      for (std::size_t r = 0; r < ranks; ++r)
+        CHECK(std::memcmp(before[r].data(), compact[r].carry().data(), n * sizeof(float)) == 0);
+      continue;
+    }
+    REQUIRE(reduce_step(plain, sent, plain_residuals, step));
+    REQUIRE(reduce_step(compact, sent, compact_residuals, step));
+    // The same selection: the carry is added after the owners chose.
+    const auto global = compact[0].global_selection();
+    REQUIRE(std::equal(global.begin(), global.end(), plain[0].global_selection().begin(), plain[0].global_selection().end()));
+    for (std::size_t j = 0; j < global.size(); ++j) {
+      const std::uint32_t i = global[j];
+      const float u = plain[0].updates()[j], t = u + carry[i], sent_value = float(bfloat16(t));
+      reused += carry[i] != 0.0f;
+      carry[i] = t - sent_value;
+      carried += carry[i] != 0.0f;
+      CHECK(same_bits(compact[0].updates()[j], sent_value));     // what every rank applies: bfloat16
+      CHECK(same_bits(sent_value + carry[i], t));                // nothing lost by the owner
+      for (std::size_t r = 1; r < ranks; ++r) CHECK(same_bits(compact[r].updates()[j], sent_value));
+    }
+    // Each owner holds the carry at its own indices, 0 elsewhere.
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t owner = comm::owner_of(i, ranks);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const float held = compact[r].carry().empty() ? 0.0f : compact[r].carry()[i];
+        REQUIRE(same_bits(held, r == owner ? carry[i] : 0.0f));
+      }
+    }
+    // Per rank, the residuals are the plain coding's: the owners' rounding is not theirs.
+    for (std::size_t r = 0; r < ranks; ++r)
+      REQUIRE(std::memcmp(compact_residuals[r].data(), plain_residuals[r].data(), n * sizeof(float)) == 0);
+  }
+  INFO("carried ", carried, ", reused ", reused);
+  CHECK(carried > 100);  // or the carry went untested
+  CHECK(reused > 10);    // or adding it back went untested
+}
+
+TEST_CASE("compact: an owner's carry is saved with the exchange's state and resumes bit for bit; a version-3 state "
+          "(before the carry) loads with none; a carry that does not fit is refused, changing nothing") {
+  const std::size_t n = 30000, ranks = 2;
+  const std::vector<segment> layout{{0, n}};
+  comm::exchange_options options;
+  options.coding = comm::entry_coding::compact;
+  const auto make = [&] {
+    std::vector<reduce_top_k> cores;
+    for (std::size_t r = 0; r < ranks; ++r) cores.emplace_back(layout, 0.01, ranks, r, options);
+    return cores;
+  };
+  auto whole = make(), resumed = make();
+  std::vector<std::vector<float>> residuals(ranks, std::vector<float>(n, 0.0f)), other = residuals;
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    REQUIRE(reduce_step(whole, bfloat16_entries(ranks, n, 400, step), residuals, step));
+    REQUIRE(reduce_step(resumed, bfloat16_entries(ranks, n, 400, step), other, step));
+  }
+  auto loaded = make();
+  for (std::size_t r = 0; r < ranks; ++r) {
+    state_writer out;
+    resumed[r].save_state(out);
+    const auto bytes = out.take();
+    CHECK(comm::read_reduce_state_info(bytes).version == 4);
+    state_reader in(bytes);
+    loaded[r].load_state(in);
+    in.finish();
+    REQUIRE(!loaded[r].carry().empty());
+    CHECK(std::memcmp(loaded[r].carry().data(), whole[r].carry().data(), n * sizeof(float)) == 0);
+  }
+  for (std::uint64_t step = 5; step <= 7; ++step) {
+    REQUIRE(reduce_step(whole, bfloat16_entries(ranks, n, 400, step), residuals, step));
+    REQUIRE(reduce_step(loaded, bfloat16_entries(ranks, n, 400, step), other, step));
+    CHECK(std::equal(whole[0].updates().begin(), whole[0].updates().end(), loaded[0].updates().begin(),
+                     loaded[0].updates().end(), [](float a, float b) { return same_bits(a, b); }));
+  }
+  // Version 3: the fields, the owner's name (Top-k keeps no state), no carry.
+  state_writer v3;
+  v3.name(comm::reduce_state_name);
+  v3.word(3);
+  v3.word(ranks);
+  v3.word(n);
+  v3.name(comm::owner_top_k::name);
+  {
+    const auto bytes = v3.take();
+    state_reader in(bytes);
+    loaded[0].load_state(in);
+    in.finish();
+    CHECK(loaded[0].carry().empty());
+  }
+  // A carried index beyond the dense size: refused, the carry as it was.
+  state_writer bad;
+  bad.name(comm::reduce_state_name);
+  bad.word(4);
+  bad.word(ranks);
+  bad.word(n);
+  bad.name(comm::owner_top_k::name);
+  bad.word(1);
+  bad.word(n);
+  bad.number(0.5);
+  const auto bytes = bad.take();
+  state_reader in(bytes);
+  const std::vector<float> before(whole[1].carry().begin(), whole[1].carry().end());
+  CHECK_THROWS_WITH_AS(whole[1].load_state(in), doctest::Contains("carried index 30000 (not ascending, or not below 30000)"),
+                       sidco::error);
+  CHECK(std::equal(before.begin(), before.end(), whole[1].carry().begin(), whole[1].carry().end()));
+}
+
+TEST_CASE("compact: an owner's update that bfloat16 cannot hold travels as it is, its carry then 0") {
+  const std::size_t n = 100;
+  const auto format = comm::format_for<float, std::uint32_t>(8);
+  std::vector<std::byte> payload(format.bytes());
+  // Beyond bfloat16's largest finite value (it rounds to infinity); so small that it rounds
+  // to 0 (5 x 2^-149: bfloat16 keeps a float's top 16 bits); a value that narrows with a
+  // remainder.
+  const float huge = std::numeric_limits<float>::max(), tiny = std::ldexp(1.0f, -149) * 5.0f,
+              plain = 1.0f + std::ldexp(1.0f, -20);
+  const std::vector<std::uint32_t> indices{3, 5, 7};
+  const std::vector<float> values{huge, tiny, plain};
+  comm::pack<float, std::uint32_t>(indices, values, n, 0, {1, 1, 0.1, comm::reduction::average}, format, payload);
+  comm::owner_carry<float, std::uint32_t> carry;
+  carry.apply(payload, format, n, true);
+  float sent[3];
+  std::memcpy(sent, payload.data() + format.values_offset(3), sizeof sent);
+  CHECK(same_bits(sent[0], huge));  // not narrowed: its frame travels whole
+  CHECK(same_bits(sent[1], tiny));
+  CHECK(carry.values()[3] == 0.0f);
+  CHECK(carry.values()[5] == 0.0f);
+  CHECK(same_bits(sent[2], 1.0f));
+  CHECK(same_bits(carry.values()[7], std::ldexp(1.0f, -20)));
+  carry.restore();  // the step failed: as before
+  CHECK(carry.values()[7] == 0.0f);
+  // The plain coding makes no carry.
+  comm::owner_carry<float, std::uint32_t> none;
+  none.apply(payload, format, n, false);
+  CHECK(none.empty());
 }

@@ -60,6 +60,10 @@ def read_payload(payload, dtype):
     return header, indices, values
 
 
+# What the compact coding sends a value as (comm/compact.hpp's compact_value_t).
+NARROW = {torch.float32: torch.bfloat16, torch.float64: torch.float32}
+
+
 def read_compact_payload(payload, dtype):
     """(header fields, indices, values) of one compact payload (comm/compact.hpp), decoded here
     from its definition: count values narrowed (float32 as bfloat16, float64 as float32, 16-bit
@@ -76,7 +80,7 @@ def read_compact_payload(payload, dtype):
                   sequence=sequence, trimmed=trimmed, delta=delta, index_code=coding >> 8)
     if status != 0:
         return header, None, None
-    narrow = {torch.float32: torch.bfloat16, torch.float64: torch.float32}.get(dtype, dtype)
+    narrow = NARROW.get(dtype, dtype)
     width = torch.tensor([], dtype=narrow).element_size()
     values = torch.frombuffer(bytearray(raw[64: 64 + width * count]), dtype=narrow).to(dtype)
     at, index, indices = 64 + (width * count + 7) // 8 * 8, 0, []
@@ -578,7 +582,7 @@ def scenario_reduce_two_hop(rank, world, wire):
             dtype = b["out"].dtype
             block = [[frame_bytes(everyone[d].view(world, size)[s], dtype, False, narrow) for d in range(world)]
                      for s in range(world)]
-            chosen = [frame_bytes(p, dtype, True) for p in b["inbox"]]
+            chosen = [frame_bytes(p, dtype, True, narrow) for p in b["inbox"]]
             expected, links1, links2 = 0, set(), set()
             for s in range(world):
                 for d in range(world):
@@ -912,12 +916,14 @@ def scenario_reduce_exact(rank, world, owner, wire="plain"):
     rank-order sum of what the ranks sent at each index the owners kept, divided by P; per
     rank, residual + applied contribution = gradient + old residual, bitwise; the global
     density tracks the target. wire="compact": what a rank sent is bfloat16 (the rest stayed
-    in its residual) and travels narrowed."""
+    in its residual), each owner's update is its sum / P plus what it carried at that index
+    rounded to bfloat16 (the rest carried: comm/reduce/carry.hpp), and both travel narrowed."""
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce", owner=owner, wire=wire)
     narrow = wire == "compact"
     records = []
     model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
     densities = []
+    carries = {}  # compact: bucket index -> what the owners carry, in the bucket's order
     for step in range(6):
         records.clear()
         train_step(ddp, optimizer, rank, step)
@@ -951,7 +957,7 @@ def scenario_reduce_exact(rank, world, owner, wire="plain"):
             size = r["inbox"][0].numel()
             blocks = sum(8 + frame_bytes(everyone_received[q].view(world, size)[rank], total.dtype, False, narrow)
                          for q in range(world) if q != rank)
-            head = max(frame_bytes(p, total.dtype, True) for p in r["inbox"])
+            head = max(frame_bytes(p, total.dtype, True, narrow) for p in r["inbox"])
             assert r["stats"]["bytes_sent"] == blocks + head + 8 * (world - 1), (blocks, head, r["stats"])
             assert longest < size
             # Per rank: outside the global selection the residual holds gradient + old residual.
@@ -966,6 +972,11 @@ def scenario_reduce_exact(rank, world, owner, wire="plain"):
                     assert torch.equal(contribution[sent].bfloat16().float(), contribution[sent]), "not bfloat16"
                 expected = torch.where(sent, expected + contribution, expected)
             expected = torch.where(kept, expected / world, torch.zeros_like(expected))
+            if narrow:
+                carry = carries.setdefault(r["index"], torch.zeros_like(expected))
+                t = torch.where(kept, expected + carry, expected)
+                expected = torch.where(kept, t.to(NARROW.get(t.dtype, t.dtype)).to(t.dtype), expected)
+                carry.copy_(torch.where(kept, t - expected, carry))
             assert torch.equal(r["out"], expected), f"step {step}: not the owners' rank-order sums / P"
             densities.append(r["stats"]["global_density"] / state.density)
     late = sorted(densities[len(densities) // 2:])

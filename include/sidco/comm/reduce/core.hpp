@@ -13,13 +13,16 @@
 //           residual. Per rank, bitwise: residual + applied contribution = gradient + old
 //           residual.
 //
+// In the compact coding both rounds' values are narrowed: a rank's sent values (the rest
+// into its residual) and an owner's updates (the rest into the owner's carry,
+// comm/reduce/carry.hpp, added the next time it keeps the index).
 // Every rank sends about 2 (P - 1) c (8 bytes) + 2 (P - 1) x 64-byte headers a step: about
 // 2 slack 8k, whatever P. A step commits only when every rank has agreed it: a problem on any
 // rank in either round (its compress, its arguments, a block an owner finds bad, a buffer
 // this rank finds wrong after round 1, an update beyond the type's range) travels in the
 // payloads, every rank's apply raises the same error, every rank gives back what it sent,
-// and the exchange's state (its owner policy's) stays as before the step: the next step
-// works. Transports hold only their collectives: comm/reduce_exchange.hpp (MPI),
+// and the exchange's state (its owner policy's and carry) stays as before the step: the next
+// step works. Transports hold only their collectives: comm/reduce_exchange.hpp (MPI),
 // comm/nccl_reduce.cuh (NCCL), the DDP hook's reduce codecs.
 #pragma once
 
@@ -35,6 +38,7 @@
 #include "sidco/comm/compact.hpp"
 #include "sidco/comm/options.hpp"
 #include "sidco/comm/owner.hpp"
+#include "sidco/comm/reduce/carry.hpp"
 #include "sidco/comm/reduce/plan.hpp"
 #include "sidco/comm/reduce/state.hpp"
 #include "sidco/comm/reduce/steps.hpp"
@@ -79,9 +83,9 @@ class reduce_core {
 
   const reduce_plan& plan() const { return plan_; }
   /// compact: pack() rounds what a rank sends to compact_value_t<T> (the rest into its
-  /// residual), so that transports that frame blocks (comm/reduce/frames.hpp) send the values
-  /// narrowed; payloads stay in the plain format, and the update is the same bits whatever
-  /// carries them.
+  /// residual) and select() an owner's updates (the rest into its carry), so that transports
+  /// that frame payloads (comm/reduce/frames.hpp) send the values narrowed; payloads stay in
+  /// the plain format, and the update is the same bits whatever carries them.
   entry_coding coding() const { return options_.coding; }
   std::size_t block_bytes() const { return plan_.format.bytes(); }
   /// The last global selection's indices and updates (ascending; the same on every rank).
@@ -90,6 +94,9 @@ class reduce_core {
   Policy& policy() { return policy_; }
   const Policy& policy() const { return policy_; }
   const reduce_report& report() const { return report_; }
+  /// What narrowing left off this owner's updates, per index of the dense size, to be added
+  /// the next time it keeps the index (comm/reduce/carry.hpp; empty: none yet).
+  std::span<const T> carry() const { return carry_.values(); }
   /// The header fields of a step at the exchange's own tag, density and reduction (a caller
   /// may pass others: the hook names each bucket and step in its tag and density).
   wire_fields fields(std::uint64_t step) const { return {options_.tag, step, delta_, options_.op}; }
@@ -144,6 +151,7 @@ class reduce_core {
     } else {
       save_owner();
       select_owned<T, Index>(received, rank_, plan_, fields_, policy_, selection, report_, scratch_);
+      carry_.apply(selection, plan_.format, plan_.size, compact());
     }
     report_.selection_bytes = used_bytes(selection, plan_.format);
   }
@@ -167,6 +175,7 @@ class reduce_core {
       report_.returned =
           returning(sink, [&](auto& back) { return give_back_all<T, Index>(packed_.indices(), packed_.values(), back); });
       restore_owner();
+      carry_.restore();
       global_.clear();
       updates_.clear();
       throw;
@@ -176,6 +185,7 @@ class reduce_core {
       return give_back_unkept<T, Index>(packed_.indices(), packed_.values(), global_, back);
     });
     owner_saved_ = false;
+    carry_.commit();
     return report_;
   }
 
@@ -186,18 +196,19 @@ class reduce_core {
     if (!in_step_) return;
     in_step_ = false;
     restore_owner();
+    carry_.restore();
   }
 
   bool in_step() const { return in_step_; }
 
-  /// The owner policy's state (comm/reduce/state.hpp). Not during a step.
+  /// The owner policy's state and the carry (comm/reduce/state.hpp). Not during a step.
   void save_state(state_writer& out) const {
     if (in_step_) sidco::detail::fail("reduce-scatter exchange: save_state() during a step (between pack and apply)");
-    save_reduce_state(out, plan_, policy_);
+    save_reduce_state(out, plan_, policy_, carry_);
   }
   void load_state(state_reader& in) {
     if (in_step_) sidco::detail::fail("reduce-scatter exchange: load_state() during a step (between pack and apply)");
-    load_reduce_state(in, plan_, policy_);
+    load_reduce_state(in, plan_, policy_, carry_);
   }
 
  private:
@@ -264,6 +275,7 @@ class reduce_core {
   exchange_options options_;
   Policy policy_;
   owner_scratch<T, Index> scratch_;
+  owner_carry<T, Index> carry_;
   sparse_vector<T, Index> packed_;     // what this rank's blocks hold, this step
   sparse_vector<T, Index> unrounded_;  // compact: what this rank sent, before rounding
   std::vector<Index> global_;

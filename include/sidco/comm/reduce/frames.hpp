@@ -8,11 +8,11 @@
 // one byte for up to 63 entries, two to 8,191: at a thousand ranks a block holds a handful
 // of entries and 4-byte words would be a fifth of the bytes. Anything else (a failure and
 // its message, a header a rank cannot rebuild) travels whole, as the used prefix of the
-// payload. In the compact coding (comm/options.hpp) a block's values travel narrowed
-// (comm/compact.hpp's compact_value_t: float as bfloat16), which is lossless because the
-// reduce core rounded them so before packing (the rest went back into the residual); a value
-// that does not narrow exactly sends the frame whole. Selections (the owners' sums) stay at
-// full width. Each message starts with an 8-byte digest of its sender's header fields, so that
+// payload. In the compact coding (comm/options.hpp) values travel narrowed (comm/compact.hpp's
+// compact_value_t: float as bfloat16), which is lossless because the reduce core rounded them
+// so: a block's before packing (the rest went back into the residual), an owner's updates
+// when it selected (the rest into its carry, comm/reduce/carry.hpp); a value that does not
+// narrow exactly sends the frame whole. Each message starts with an 8-byte digest of its sender's header fields, so that
 // a rank at another step or tensor is caught by the first rank that hears from it; what it
 // sent then arrives as a failure naming it.
 //
@@ -57,10 +57,10 @@ struct frame_kind {
   bool narrow_values = false;
 };
 
-/// The reduce exchange's frames: a block's values narrowed in the compact coding; an owner's
-/// selection (sums, at full width) with its trimmed count.
+/// The reduce exchange's frames: values narrowed in the compact coding; an owner's selection
+/// with its trimmed count.
 inline frame_kind frame_kind_for(bool selection, entry_coding coding) {
-  return selection ? frame_kind{true, false} : frame_kind{false, coding == entry_coding::compact};
+  return frame_kind{selection, coding == entry_coding::compact};
 }
 
 /// The most bytes a frame of a payload of format takes (a whole payload behind its code).

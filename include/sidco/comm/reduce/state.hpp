@@ -1,12 +1,14 @@
 // What a reduce-scatter exchange checkpoints to resume bit for bit, whatever carries it: its
-// owner policy's state (the local compressor and residual are the caller's; ownership is a
-// hash, nothing to save). One versioned format for every transport; the older ones (version
-// 2, and tags "sparse_reduce_exchange" of the MPI and NCCL exchanges and "reduce_codec" of
-// the DDP hook) still load: their region bounds, from when indices were owned by contiguous
-// regions, are read and dropped.
+// owner policy's state and its owner's carry (comm/reduce/carry.hpp; the local compressor
+// and residual are the caller's; ownership is a hash, nothing to save). One versioned format
+// for every transport; the older ones (versions 2 and 3, and tags "sparse_reduce_exchange"
+// of the MPI and NCCL exchanges and "reduce_codec" of the DDP hook) still load, with no
+// carry: their region bounds, from when indices were owned by contiguous regions, are read
+// and dropped.
 //
-//   name "reduce_exchange_state", version 3, ranks, dense size, the owner's name, the
-//   owner's state (a stateful owner's save_state)
+//   name "reduce_exchange_state", version 4, ranks, dense size, the owner's name, the
+//   owner's state (a stateful owner's save_state), the carry (owner_carry::save: a count,
+//   then index and value per nonzero entry)
 #pragma once
 
 #include <cstddef>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "sidco/comm/owner.hpp"
+#include "sidco/comm/reduce/carry.hpp"
 #include "sidco/comm/reduce/plan.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/state_io.hpp"
@@ -25,17 +28,19 @@
 namespace sidco::comm {
 
 inline constexpr std::string_view reduce_state_name = "reduce_exchange_state";
-inline constexpr std::uint64_t reduce_state_version = 3;
+inline constexpr std::uint64_t reduce_state_version = 4;
 
-/// Writes the plan's sizes and the owner policy's state in the format above.
-template <class Policy>
-void save_reduce_state(state_writer& out, const reduce_plan& plan, const Policy& policy) {
+/// Writes the plan's sizes, the owner policy's state and the carry in the format above.
+template <class Policy, class T, class Index>
+void save_reduce_state(state_writer& out, const reduce_plan& plan, const Policy& policy,
+                       const owner_carry<T, Index>& carry) {
   out.name(reduce_state_name);
   out.word(reduce_state_version);
   out.word(plan.ranks);
   out.word(plan.size);
   out.name(Policy::name);
   if constexpr (stateful<Policy>) policy.save_state(out);
+  carry.save(out);
 }
 
 /// What a saved exchange state says of itself, read without loading it: the format's
@@ -57,7 +62,7 @@ inline reduce_state_info read_reduce_state_head(state_reader& in) {
   info.tag = std::string(tag);
   if (tag == reduce_state_name) {
     info.version = in.word("reduce exchange state: version");
-    if (info.version != 2 && info.version != reduce_state_version)
+    if (info.version < 2 || info.version > reduce_state_version)
       sidco::detail::fail("reduce exchange state: version ", info.version, "; this sidco reads versions 1 to ",
                           reduce_state_version);
     info.ranks = in.word("reduce exchange state: ranks");
@@ -90,12 +95,12 @@ inline reduce_state_info read_reduce_state_info(std::span<const std::byte> bytes
   return detail::read_reduce_state_head(in);
 }
 
-/// Loads a saved state into policy, which changes only when all of it reads and fits the
-/// plan: a state saved for another rank count, dense size or owner is refused with a
+/// Loads a saved state into policy and carry (a version without one: no carry), which
+/// change only when all of it reads and fits the plan: a state saved for another rank count, dense size or owner is refused with a
 /// sidco::error saying so. Reads what save_reduce_state wrote (a hook's version 1 state with
 /// an owner state this owner has no use for: to the end).
-template <class Policy>
-void load_reduce_state(state_reader& in, const reduce_plan& plan, Policy& policy) {
+template <class Policy, class T, class Index>
+void load_reduce_state(state_reader& in, const reduce_plan& plan, Policy& policy, owner_carry<T, Index>& carry) {
   const reduce_state_info info = detail::read_reduce_state_head(in);
   if (info.ranks != plan.ranks || info.size != plan.size)
     sidco::detail::fail("reduce exchange state: saved for ", info.ranks, " ranks and ", info.size,
@@ -112,7 +117,10 @@ void load_reduce_state(state_reader& in, const reduce_plan& plan, Policy& policy
     if (owner_state_follows) loaded_policy.load_state(in);
   }
   if (info.version == 1 && !owner_state_follows) in.skip_rest();
+  owner_carry<T, Index> loaded_carry;
+  if (info.version >= 4) loaded_carry.load(in, plan.size);
   policy = std::move(loaded_policy);
+  carry = std::move(loaded_carry);
 }
 
 }  // namespace sidco::comm

@@ -1,0 +1,142 @@
+// An owner's carry in the reduce-scatter exchange's compact coding: the owners' sums travel
+// narrowed too (float as bfloat16), and what narrowing leaves off an update stays with its
+// owner, added to that index's update the next time the owner keeps it. Per kept index i,
+// with u the update by the sum rule and c[i] the carry:
+//
+//   t = u + c[i] (rounded once to T, as the update itself is); sent = t narrowed to
+//   nearest; c[i] = t - sent, exact (Sterbenz: sent lies within a factor 2 of t).
+//
+// So sent + the new carry is t, bit for bit, and no rank's residual takes another's
+// rounding: a rank's residual + its applied contribution is still its gradient + its old
+// residual. A t that does not narrow (beyond the narrow type's range, or below it) is sent
+// as it is, its carry then 0 (its frame travels whole); a u + c[i] that overflows leaves the
+// carry for later and sends u. The carry is dense (the owner's indices only are ever
+// nonzero: a hash spreads them), made on the first step that needs it, saved with the
+// exchange's state (nonzero entries) and put back when a step fails. The plain coding makes
+// no carry but applies one it loaded (a wire switched mid-run), so nothing is left behind.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "sidco/comm/compact.hpp"
+#include "sidco/comm/wire.hpp"
+#include "sidco/core/error.hpp"
+#include "sidco/core/state_io.hpp"
+
+namespace sidco::comm {
+
+template <class T, class Index>
+class owner_carry {
+  using N = compact_value_t<T>;
+
+ public:
+  /// Whether T has a narrower type to send (16-bit values do not: they never carry).
+  static constexpr bool narrows = !std::is_same_v<N, T>;
+
+  /// The carry per index of the dense size (empty: none made yet, all zero).
+  std::span<const T> values() const { return values_; }
+  bool empty() const { return values_.empty(); }
+
+  /// Adds the carry to each update of an ok selection payload (format: plain; the owner's)
+  /// and, when narrow, rounds it to N, keeping the rest as the new carry; the payload then
+  /// holds what is applied. Remembers what it changed until commit() or restore().
+  void apply(std::span<std::byte> selection, const wire_format& format, std::size_t dense_size, bool narrow) {
+    undo_.clear();
+    if constexpr (narrows) {
+      if (!narrow && values_.empty()) return;
+      const wire_header h = detail::read_header(selection);
+      if (h.status != std::uint8_t(wire_status::ok)) return;
+      const std::size_t count = std::size_t(h.count);
+      if (values_.empty()) values_.assign(dense_size, T(0));
+      const std::byte* indices = selection.data() + format.indices_offset();
+      std::byte* updates = selection.data() + format.values_offset(count);
+      for (std::size_t j = 0; j < count; ++j) {
+        const auto index = std::size_t(detail::index_at<Index>(indices + j * sizeof(Index)));
+        T u;
+        std::memcpy(&u, updates + j * sizeof u, sizeof u);
+        const T old = values_[index];
+        const T t = u + old;
+        if (!std::isfinite(double(t))) continue;  // u sent as it is; the carry waits
+        T sent = t;
+        if (narrow) {
+          const T rounded = T(N(t));
+          if (std::isfinite(double(rounded)) && (rounded != T(0) || t == T(0))) sent = rounded;
+        }
+        const T carried = t - sent;
+        if (std::memcmp(&carried, &old, sizeof old) != 0) {
+          undo_.emplace_back(Index(index), old);
+          values_[index] = carried;
+        }
+        std::memcpy(updates + j * sizeof sent, &sent, sizeof sent);
+      }
+    } else {
+      (void)selection, (void)format, (void)dense_size, (void)narrow;
+    }
+  }
+
+  /// The step applied: keep the carry as apply left it.
+  void commit() { undo_.clear(); }
+  /// The step failed: the carry as before apply.
+  void restore() {
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) values_[std::size_t(it->first)] = it->second;
+    undo_.clear();
+  }
+
+  /// The nonzero entries: their count, then each one's index and value (as a double: exact
+  /// for every T sidco sends).
+  void save(state_writer& out) const {
+    if constexpr (narrows) {
+      std::size_t nonzero = 0;
+      for (const T c : values_) nonzero += c != T(0);
+      out.word(nonzero);
+      for (std::size_t i = 0; i < values_.size(); ++i)
+        if (values_[i] != T(0)) {
+          out.word(i);
+          out.number(double(values_[i]));
+        }
+    } else {
+      out.word(0);
+    }
+  }
+  /// Reads what save wrote for dense_size values; changes nothing unless all of it reads
+  /// (ascending indices below dense_size, finite values of T).
+  void load(state_reader& in, std::size_t dense_size) {
+    const std::uint64_t count = in.word("reduce exchange state: carried entries");
+    if (count > dense_size)
+      sidco::detail::fail("reduce exchange state: ", count, " carried entries for ", dense_size, " values");
+    if constexpr (narrows) {
+      std::vector<T> loaded;
+      if (count > 0) loaded.assign(dense_size, T(0));
+      std::uint64_t next = 0;
+      for (std::uint64_t e = 0; e < count; ++e) {
+        const std::uint64_t index = in.word("reduce exchange state: a carried index");
+        const double value = in.number("reduce exchange state: a carried value");
+        if (index < next || index >= dense_size)
+          sidco::detail::fail("reduce exchange state: carried index ", index, " (not ascending, or not below ",
+                              dense_size, ")");
+        if (!std::isfinite(value) || double(T(value)) != value)
+          sidco::detail::fail("reduce exchange state: carried value ", value, " at index ", index,
+                              " is not a finite value of the exchange's type");
+        loaded[std::size_t(index)] = T(value);
+        next = index + 1;
+      }
+      values_ = std::move(loaded);
+    } else if (count > 0) {
+      sidco::detail::fail("reduce exchange state: ", count, " carried entries for 16-bit values, which never carry");
+    }
+    undo_.clear();
+  }
+
+ private:
+  std::vector<T> values_;
+  std::vector<std::pair<Index, T>> undo_;  // this step's changes: index, carry before
+};
+
+}  // namespace sidco::comm
