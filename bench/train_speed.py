@@ -20,7 +20,7 @@ sidco_torch method (sidco-e, top-k, dgc, ...), optionally with the hook's exchan
 (sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"), or with the compact
 wire (sidco-e:compact: bfloat16 values, gap-coded indices, the hook's auto exchange: the
 all-gather at 2 ranks; from 3 both timed in the first 12 sparse steps, which the warm-up is
-extended to cover). NAME@previous runs NAME with the package
+extended to cover), or both (sidco-e:reduce/compact). NAME@previous runs NAME with the package
 in --previous (an earlier build's python directory), for before/after comparisons.
 """
 import argparse
@@ -87,8 +87,11 @@ class Job:
         self.model = wikitext.make_model(spec["kind"], vocab, spec["dim"], spec["layers"])
         name, _, variant = method.partition("@")
         # sidco-e:reduce, sidco-e:allgather (default: the hook's auto); sidco-e:compact and
-        # sidco-e:plain: that wire (default: the hook's auto)
-        name, _, exchange = name.partition(":")
+        # sidco-e:plain: that wire (default: the hook's auto); sidco-e:reduce/compact: both
+        name, _, choices = name.partition(":")
+        choices = choices.split("/") if choices else []
+        named = {"wire": c for c in choices if c in ("compact", "plain")}
+        named.update({"exchange": c for c in choices if c not in ("compact", "plain")})
         self.state, self.sidco = None, name not in ("compute", "none", "powersgd", "ddp-local")
         if name == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -107,9 +110,7 @@ class Job:
             self.ddp.register_comm_hook(None, local)
         if self.sidco:
             import sidco_torch
-            self.state = sidco_torch.State(method=name, density=a.density, start_iter=2,
-                                           **({"wire": exchange} if exchange in ("compact", "plain") else
-                                              {"exchange": exchange} if exchange else {}))
+            self.state = sidco_torch.State(method=name, density=a.density, start_iter=2, **named)
             if hasattr(sidco_torch, "register"):
                 sidco_torch.register(self.ddp, self.state)
             else:  # an earlier package

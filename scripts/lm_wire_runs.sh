@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 56's convergence check of wire="compact": the WikiText-2 LSTM (examples/train_lm.py)
-# with SIDCo-E at RANKS ranks (default 4), plain and compact entries, seeds SEEDS (default
-# "1 2"), runs interleaved (plain, compact per seed), STEPS steps each (default 400), CSVs into
+# with SIDCo-E at RANKS ranks (default 4) over EXCHANGE (default reduce: named, so that no
+# timing chooses it), plain and compact entries (WIRES, default "plain compact"), seeds SEEDS
+# (default "1 2"), runs interleaved (plain, compact per seed), STEPS steps each (default 400), CSVs into
 # DIR (default build/lm-wire), then each pair's final training loss (the mean of the last 50
 # steps, which one noisy step does not move) and test perplexity, compact against plain.
 # About 10 minutes a run on two idle cores at 4 ranks. Needs the built package (meson compile
@@ -12,14 +13,15 @@ dir=${1:-build/lm-wire}
 steps=${STEPS:-400}
 ranks=${RANKS:-4}
 seeds=${SEEDS:-1 2}
+exchange=${EXCHANGE:-reduce}
 mkdir -p "$dir"
 export PYTHONPATH=$PWD/build/python
 for seed in $seeds; do
-  for wire in plain compact; do
+  for wire in ${WIRES:-plain compact}; do
     name=$wire-seed$seed
     [ -f "$dir/$name.csv" ] && { echo "$name: already run"; continue; }
     /usr/bin/python3 examples/train_lm.py --method sidco-e --density 0.01 --ranks "$ranks" --steps "$steps" \
-      --eval-every "$steps" --wire "$wire" --seed "$seed" --csv "$dir/$name.tmp.csv"
+      --eval-every "$steps" --exchange "$exchange" --wire "$wire" --seed "$seed" --csv "$dir/$name.tmp.csv"
     mv "$dir/$name.tmp.csv" "$dir/$name.csv"
   done
 done

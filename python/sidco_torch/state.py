@@ -131,8 +131,9 @@ class State(_Checkpoints, _Agreement):
     rounding takes off stays in the residual; indices as variable-length gaps, one or two
     bytes each), the ranks' longest used size agreed first so that only the bytes used travel:
     about 3 bytes an entry where plain ones take 10. In the reduce exchange the values a rank
-    sends are rounded alike and travel narrowed in its blocks' frames; the owners' sums travel
-    at full width. CPU buckets only. "auto" (the default): timed against plain in the first
+    sends are rounded alike, and so is each owner's update (what that takes off stays in the
+    owner's carry, added to the index's next update it keeps); both travel narrowed. CPU
+    buckets only. "auto" (the default): timed against plain in the first
     sparse steps, the faster kept (see wire_for); plain on CUDA buckets.
 
     reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
