@@ -525,20 +525,24 @@ std::vector<sparse_vector<float>> bfloat16_entries(std::size_t ranks, std::size_
   return sent;
 }
 
+// One core per rank of ranks, over one tensor of n values at δ = 0.01, in coding.
+std::vector<reduce_top_k> reduce_cores(std::size_t n, std::size_t ranks, comm::entry_coding coding) {
+  comm::exchange_options options;
+  options.coding = coding;
+  std::vector<reduce_top_k> cores;
+  for (std::size_t r = 0; r < ranks; ++r) cores.emplace_back(std::vector<segment>{{0, n}}, 0.01, ranks, r, options);
+  return cores;
+}
+
 }  // namespace
 
 TEST_CASE("compact: an owner's updates travel as bfloat16; what rounding took stays in its carry, exactly, and is "
           "added the next time it keeps the index; a failed step leaves the carry as it was") {
   const std::size_t n = 40000, ranks = 3;
-  const std::vector<segment> layout{{0, n}};
-  comm::exchange_options compact_options;
-  compact_options.coding = comm::entry_coding::compact;
-  std::vector<reduce_top_k> compact, plain;
-  for (std::size_t r = 0; r < ranks; ++r) {
-    compact.emplace_back(layout, 0.01, ranks, r, compact_options);
-    plain.emplace_back(layout, 0.01, ranks, r, comm::exchange_options{});
-  }
-  std::vector<std::vector<float>> compact_residuals(ranks, std::vector<float>(n, 0.0f)), plain_residuals = compact_residuals;
+  auto compact = reduce_cores(n, ranks, comm::entry_coding::compact),
+       plain = reduce_cores(n, ranks, comm::entry_coding::plain);
+  std::vector<std::vector<float>> compact_residuals(ranks, std::vector<float>(n, 0.0f)),
+      plain_residuals = compact_residuals;
   std::vector<float> carry(n, 0.0f);  // the oracle: every owner's carry at its own indices
   std::size_t carried = 0, reused = 0;
   for (std::uint64_t step = 1; step <= 6; ++step) {
@@ -556,7 +560,8 @@ TEST_CASE("compact: an owner's updates travel as bfloat16; what rounding took st
     REQUIRE(reduce_step(compact, sent, compact_residuals, step));
     // The same selection: the carry is added after the owners chose.
     const auto global = compact[0].global_selection();
-    REQUIRE(std::equal(global.begin(), global.end(), plain[0].global_selection().begin(), plain[0].global_selection().end()));
+    const auto plain_global = plain[0].global_selection();
+    REQUIRE(std::equal(global.begin(), global.end(), plain_global.begin(), plain_global.end()));
     for (std::size_t j = 0; j < global.size(); ++j) {
       const std::uint32_t i = global[j];
       const float u = plain[0].updates()[j], t = u + carry[i], sent_value = float(bfloat16(t));
@@ -587,14 +592,7 @@ TEST_CASE("compact: an owner's updates travel as bfloat16; what rounding took st
 TEST_CASE("compact: an owner's carry is saved with the exchange's state and resumes bit for bit; a version-3 state "
           "(before the carry) loads with none; a carry that does not fit is refused, changing nothing") {
   const std::size_t n = 30000, ranks = 2;
-  const std::vector<segment> layout{{0, n}};
-  comm::exchange_options options;
-  options.coding = comm::entry_coding::compact;
-  const auto make = [&] {
-    std::vector<reduce_top_k> cores;
-    for (std::size_t r = 0; r < ranks; ++r) cores.emplace_back(layout, 0.01, ranks, r, options);
-    return cores;
-  };
+  const auto make = [&] { return reduce_cores(n, ranks, comm::entry_coding::compact); };
   auto whole = make(), resumed = make();
   std::vector<std::vector<float>> residuals(ranks, std::vector<float>(n, 0.0f)), other = residuals;
   for (std::uint64_t step = 1; step <= 4; ++step) {
@@ -646,8 +644,8 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
   const auto bytes = bad.take();
   state_reader in(bytes);
   const std::vector<float> before(whole[1].carry().begin(), whole[1].carry().end());
-  CHECK_THROWS_WITH_AS(whole[1].load_state(in), doctest::Contains("carried index 30000 (not ascending, or not below 30000)"),
-                       sidco::error);
+  CHECK_THROWS_WITH_AS(whole[1].load_state(in),
+                       doctest::Contains("carried index 30000 (not ascending, or not below 30000)"), sidco::error);
   CHECK(std::equal(before.begin(), before.end(), whole[1].carry().begin(), whole[1].carry().end()));
 }
 

@@ -111,7 +111,9 @@ std::size_t two_hop_bytes(std::size_t me, const std::vector<std::vector<std::vec
     left_out[d] = received.size() - owned[d].size();
   }
   // The compact coding narrows the owners' updates as it does the blocks' values.
-  const auto selection_bytes = [&](std::size_t d) { return frame_bytes(owned[d], left_out[d], true, block_value_bytes); };
+  const auto selection_bytes = [&](std::size_t d) {
+    return frame_bytes(owned[d], left_out[d], true, block_value_bytes);
+  };
   const comm::grid_routes routes(ranks);
   std::size_t bytes = 0;
   for (const std::size_t peer : routes.neighbours(me)) {

@@ -96,9 +96,10 @@ inline reduce_state_info read_reduce_state_info(std::span<const std::byte> bytes
 }
 
 /// Loads a saved state into policy and carry (a version without one: no carry), which
-/// change only when all of it reads and fits the plan: a state saved for another rank count, dense size or owner is refused with a
-/// sidco::error saying so. Reads what save_reduce_state wrote (a hook's version 1 state with
-/// an owner state this owner has no use for: to the end).
+/// change only when all of it reads and fits the plan: a state saved for another rank
+/// count, dense size or owner is refused with a sidco::error saying so. Reads what
+/// save_reduce_state wrote (a hook's version 1 state with an owner state this owner has no
+/// use for: to the end).
 template <class Policy, class T, class Index>
 void load_reduce_state(state_reader& in, const reduce_plan& plan, Policy& policy, owner_carry<T, Index>& carry) {
   const reduce_state_info info = detail::read_reduce_state_head(in);
