@@ -16,6 +16,7 @@
 // In the compact coding both rounds' values are narrowed: a rank's sent values (the rest
 // into its residual) and an owner's updates (the rest into the owner's carry,
 // comm/reduce/carry.hpp, added the next time it keeps the index).
+//
 // Every rank sends about 2 (P - 1) c (8 bytes) + 2 (P - 1) x 64-byte headers a step: about
 // 2 slack 8k, whatever P. A step commits only when every rank has agreed it: a problem on any
 // rank in either round (its compress, its arguments, a block an owner finds bad, a buffer

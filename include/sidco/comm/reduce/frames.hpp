@@ -12,9 +12,9 @@
 // compact_value_t: float as bfloat16), which is lossless because the reduce core rounded them
 // so: a block's before packing (the rest went back into the residual), an owner's updates
 // when it selected (the rest into its carry, comm/reduce/carry.hpp); a value that does not
-// narrow exactly sends the frame whole. Each message starts with an 8-byte digest of its sender's header fields, so that
-// a rank at another step or tensor is caught by the first rank that hears from it; what it
-// sent then arrives as a failure naming it.
+// narrow exactly sends the frame whole. Each message starts with an 8-byte digest of its
+// sender's header fields, so that a rank at another step or tensor is caught by the first
+// rank that hears from it; what it sent then arrives as a failure naming it.
 //
 //   frame:   code(2·count)      | code(trimmed) (selections) | values | gap codes
 //            code(2·length + 1) | the payload's first length bytes
