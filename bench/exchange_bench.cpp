@@ -18,6 +18,7 @@
 //   build/bench/sidco-exchange-bench
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -25,6 +26,7 @@
 
 #include <benchmark/benchmark.h>
 #include <sidco/comm/allgather/core.hpp>
+#include <sidco/comm/reduce/carry.hpp>
 #include <sidco/comm/reduce/frames.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/io/npy.hpp>
@@ -401,11 +403,82 @@ void reduce_rank(benchmark::State& state) {
   state.counters["step_over_compress"] = step / compress;
 }
 
+// owner_carry/P: the compact coding's owner carry (comm/reduce/carry.hpp) on owner 0 of P
+// ranks, against the local compress in the same run: its pass over a selection of k / P
+// updates (each plus its carry, rounded to bfloat16, the rest kept), and the snapshot of the
+// exchange's state that checkpoints and the hook's nonfinite="skip" take, in the worst case:
+// every index the owner owns carrying.
+//
+//   apply_ms              the pass over one selection (commit included)
+//   save_ms               the carry's part of save_state (a scan of the dense size, 8 bytes
+//                         a carried index)
+//   compress_ms           one rank's local compress (median of 5 calls, same run)
+//   apply_over_compress, save_over_compress   the ratios
+void owner_carry(benchmark::State& state) {
+  static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
+  const std::size_t ranks = std::size_t(state.range(0)), n = gradient.size();
+  double compress = 0;
+  const auto local = compress_ranks(gradient, 1, delta, compress);
+  // Owner 0's selection: the entries of rank 0's that it owns, at the plan's capacity.
+  std::vector<std::uint32_t> indices;
+  std::vector<float> values;
+  for (std::size_t e = 0; e < local[0].size(); ++e)
+    if (comm::owner_of(local[0].indices()[e], ranks) == 0) {
+      indices.push_back(local[0].indices()[e]);
+      values.push_back(local[0].values()[e] / float(ranks));
+    }
+  const auto format = comm::format_for<float, std::uint32_t>(indices.size());
+  std::vector<std::byte> selection(format.bytes()), packed(format.bytes());
+  comm::pack<float, std::uint32_t>(indices, values, n, 0, {}, format, packed);
+  comm::owner_carry<float, std::uint32_t> carry;
+  double apply_seconds = 0;
+  for (auto _ : state) {
+    selection = packed;  // outside the timing: apply rounds in place
+    const auto start = std::chrono::steady_clock::now();
+    carry.apply(selection, format, n, true);
+    carry.commit();
+    apply_seconds += seconds_since(start);
+    benchmark::ClobberMemory();
+  }
+  // The worst case for the snapshot: every index owner 0 owns carrying.
+  state_writer every;
+  std::size_t owned = 0;
+  for (std::size_t i = 0; i < n; ++i) owned += comm::owner_of(i, ranks) == 0;
+  every.word(owned);
+  every.word(2);  // layout: index and value, a word each
+  for (std::size_t i = 0; i < n; ++i)
+    if (comm::owner_of(i, ranks) == 0) {
+      every.word(i);
+      every.number(std::ldexp(1.0, -20));
+    }
+  {
+    const auto bytes = every.take();
+    state_reader in(bytes);
+    carry.load(in, n);
+  }
+  std::vector<double> saves;
+  for (int c = 0; c < 5; ++c) {
+    state_writer out;
+    const auto start = std::chrono::steady_clock::now();
+    carry.save(out);
+    saves.push_back(seconds_since(start));
+    benchmark::DoNotOptimize(out.bytes().data());
+  }
+  std::sort(saves.begin(), saves.end());
+  const double apply = apply_seconds / double(state.iterations()), save = saves[saves.size() / 2];
+  state.counters["apply_ms"] = apply * 1e3;
+  state.counters["save_ms"] = save * 1e3;
+  state.counters["compress_ms"] = compress * 1e3;
+  state.counters["apply_over_compress"] = apply / compress;
+  state.counters["save_over_compress"] = save / compress;
+}
+
 }  // namespace
 
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}, {10, 100}})->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_frames)->ArgsProduct({{0, 1}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
+BENCHMARK(owner_carry)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_rank)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {4, 16, 64, 256, 1024}, {0}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {2, 4, 16, 64}, {1}})->Unit(benchmark::kMicrosecond);

@@ -661,7 +661,8 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
   bad.word(ranks);
   bad.word(n);
   bad.name(comm::owner_top_k::name);
-  bad.word(1);
+  bad.word(1);  // one entry
+  bad.word(2);  // two words each
   bad.word(n);
   bad.number(0.5);
   const auto bytes = bad.take();
@@ -670,6 +671,19 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
   CHECK_THROWS_WITH_AS(whole[1].load_state(in),
                        doctest::Contains("carried index 30000 (not ascending, or not below 30000)"), sidco::error);
   CHECK(std::equal(before.begin(), before.end(), whole[1].carry().begin(), whole[1].carry().end()));
+  // A layout this sidco does not write.
+  state_writer odd;
+  odd.name(comm::reduce_state_name);
+  odd.word(4);
+  odd.word(ranks);
+  odd.word(n);
+  odd.name(comm::owner_top_k::name);
+  odd.word(0);
+  odd.word(7);
+  const auto odd_bytes = odd.take();
+  state_reader odd_in(odd_bytes);
+  CHECK_THROWS_WITH_AS(whole[1].load_state(odd_in), doctest::Contains("the carry's layout is 7, neither 1 nor 2"),
+                       sidco::error);
 }
 
 TEST_CASE("compact: an owner's update that bfloat16 cannot hold travels as it is, its carry then 0") {

@@ -19,9 +19,7 @@ namespace sidco {
 /// names that the reader checks, so that a state cannot be loaded into another policy.
 class state_writer {
  public:
-  void word(std::uint64_t v) {
-    for (int b = 0; b < 8; ++b) bytes_.push_back(std::byte(v >> (8 * b)));
-  }
+  void word(std::uint64_t v) { put_word(extend(8), v); }
   void number(double v) { word(detail::bit_cast<std::uint64_t>(v)); }
   void name(std::string_view text) {
     word(text.size());
@@ -32,6 +30,16 @@ class state_writer {
   std::vector<std::byte> take() { return std::move(bytes_); }
   /// Empties the writer, keeping its storage (a state written every step).
   void clear() { bytes_.clear(); }
+  /// bytes more at the end, for the caller to fill with put_word (a long state written in
+  /// one go); valid until the next write.
+  std::byte* extend(std::size_t bytes) {
+    bytes_.resize(bytes_.size() + bytes);
+    return bytes_.data() + bytes_.size() - bytes;
+  }
+  /// Writes v as a word at `at` (8 bytes, little-endian).
+  static void put_word(std::byte* at, std::uint64_t v) {
+    for (int b = 0; b < 8; ++b) at[b] = std::byte(v >> (8 * b));
+  }
 
  private:
   std::vector<std::byte> bytes_;

@@ -12,7 +12,7 @@
 // as it is, its carry then 0 (its frame travels whole); a u + c[i] that overflows leaves the
 // carry for later and sends u. The carry is dense (the owner's indices only are ever
 // nonzero: a hash spreads them), made on the first step that needs it, saved with the
-// exchange's state (nonzero entries) and put back when a step fails. The plain coding makes
+// exchange's state (nonzero entries: 8 bytes each for float) and put back when a step fails. The plain coding makes
 // no carry but applies one it loaded (a wire switched mid-run), so nothing is left behind.
 #pragma once
 
@@ -89,35 +89,63 @@ class owner_carry {
     undo_.clear();
   }
 
-  /// The nonzero entries: their count, then each one's index and value (as a double: exact
-  /// for every T sidco sends).
+  /// The nonzero entries: their count, their layout (1: one word each, the index in the low
+  /// 32 bits and the value's float bits in the high ones, where every index and value fits;
+  /// 2: two words each, the index and the value as a double, exact for every T sidco sends),
+  /// then the entries, ascending.
   void save(state_writer& out) const {
     if constexpr (narrows) {
       std::size_t nonzero = 0;
       for (const T c : values_) nonzero += c != T(0);
+      const bool packed = std::is_same_v<T, float> && values_.size() <= (std::size_t(1) << 32);
       out.word(nonzero);
-      for (std::size_t i = 0; i < values_.size(); ++i)
-        if (values_[i] != T(0)) {
-          out.word(i);
-          out.number(double(values_[i]));
+      out.word(packed ? 1 : 2);
+      // In one go and without a branch per entry (the owner's indices fall at random: a
+      // snapshot may be taken every step): each slot is written, and kept when nonzero.
+      const std::size_t width = packed ? 8 : 16;
+      std::byte* const at = out.extend(width * nonzero);
+      for (std::size_t i = 0, written = 0; written < nonzero; ++i) {
+        const T c = values_[i];
+        std::byte* const slot = at + width * written;
+        if (packed) {
+          const auto bits = sidco::detail::bit_cast<std::uint32_t>(float(c));
+          state_writer::put_word(slot, std::uint64_t(i) | std::uint64_t(bits) << 32);
+        } else {
+          state_writer::put_word(slot, i);
+          state_writer::put_word(slot + 8, sidco::detail::bit_cast<std::uint64_t>(double(c)));
         }
+        written += c != T(0);
+      }
     } else {
       out.word(0);
+      out.word(1);
     }
   }
-  /// Reads what save wrote for dense_size values; changes nothing unless all of it reads
-  /// (ascending indices below dense_size, finite values of T).
+  /// Reads what save wrote (either layout, whatever T wrote it) for dense_size values;
+  /// changes nothing unless all of it reads (ascending indices below dense_size, finite
+  /// values T holds exactly).
   void load(state_reader& in, std::size_t dense_size) {
     const std::uint64_t count = in.word("reduce exchange state: carried entries");
+    const std::uint64_t layout = in.word("reduce exchange state: the carry's layout");
     if (count > dense_size)
       sidco::detail::fail("reduce exchange state: ", count, " carried entries for ", dense_size, " values");
+    if (layout != 1 && layout != 2)
+      sidco::detail::fail("reduce exchange state: the carry's layout is ", layout, ", neither 1 nor 2");
     if constexpr (narrows) {
       std::vector<T> loaded;
       if (count > 0) loaded.assign(dense_size, T(0));
       std::uint64_t next = 0;
       for (std::uint64_t e = 0; e < count; ++e) {
-        const std::uint64_t index = in.word("reduce exchange state: a carried index");
-        const double value = in.number("reduce exchange state: a carried value");
+        std::uint64_t index = 0;
+        double value = 0;
+        if (layout == 1) {
+          const std::uint64_t word = in.word("reduce exchange state: a carried entry");
+          index = word & 0xffffffffu;
+          value = double(sidco::detail::bit_cast<float>(std::uint32_t(word >> 32)));
+        } else {
+          index = in.word("reduce exchange state: a carried index");
+          value = in.number("reduce exchange state: a carried value");
+        }
         if (index < next || index >= dense_size)
           sidco::detail::fail("reduce exchange state: carried index ", index, " (not ascending, or not below ",
                               dense_size, ")");

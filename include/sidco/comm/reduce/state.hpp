@@ -8,7 +8,7 @@
 //
 //   name "reduce_exchange_state", version 4, ranks, dense size, the owner's name, the
 //   owner's state (a stateful owner's save_state), the carry (owner_carry::save: a count,
-//   then index and value per nonzero entry)
+//   a layout, then index and value per nonzero entry, one word each for float)
 #pragma once
 
 #include <cstddef>
