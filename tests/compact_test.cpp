@@ -640,27 +640,25 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
     CHECK(std::equal(whole[0].updates().begin(), whole[0].updates().end(), loaded[0].updates().begin(),
                      loaded[0].updates().end(), [](float a, float b) { return same_bits(a, b); }));
   }
-  // Version 3: the fields, the owner's name (Top-k keeps no state), no carry.
-  state_writer v3;
-  v3.name(comm::reduce_state_name);
-  v3.word(3);
-  v3.word(ranks);
-  v3.word(n);
-  v3.name(comm::owner_top_k::name);
-  {
-    const auto bytes = v3.take();
+  // A state's head at version: its fields and the owner's name (Top-k keeps no state).
+  const auto head = [&](std::uint64_t version) {
+    state_writer out;
+    out.name(comm::reduce_state_name);
+    out.word(version);
+    out.word(ranks);
+    out.word(n);
+    out.name(comm::owner_top_k::name);
+    return out;
+  };
+  {  // Version 3: no carry.
+    const auto bytes = head(3).take();
     state_reader in(bytes);
     loaded[0].load_state(in);
     in.finish();
     CHECK(loaded[0].carry().empty());
   }
   // A carried index beyond the dense size: refused, the carry as it was.
-  state_writer bad;
-  bad.name(comm::reduce_state_name);
-  bad.word(4);
-  bad.word(ranks);
-  bad.word(n);
-  bad.name(comm::owner_top_k::name);
+  auto bad = head(4);
   bad.word(1);  // one entry
   bad.word(2);  // two words each
   bad.word(n);
@@ -672,12 +670,7 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
                        doctest::Contains("carried index 30000 (not ascending, or not below 30000)"), sidco::error);
   CHECK(std::equal(before.begin(), before.end(), whole[1].carry().begin(), whole[1].carry().end()));
   // A layout this sidco does not write.
-  state_writer odd;
-  odd.name(comm::reduce_state_name);
-  odd.word(4);
-  odd.word(ranks);
-  odd.word(n);
-  odd.name(comm::owner_top_k::name);
+  auto odd = head(4);
   odd.word(0);
   odd.word(7);
   const auto odd_bytes = odd.take();
