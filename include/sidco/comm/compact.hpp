@@ -221,6 +221,15 @@ std::size_t fit_compact_body(sparse_vector<T, Index>& sent, const wire_format& f
   }
 }
 
+/// v rounded to the nearest compact_value_t<T> into rounded; false when that value cannot
+/// stand for v: beyond the narrow type's range, or 0 where v is not. The one rule for what a
+/// rank sends (round_for_compact) and what an owner sends (comm/reduce/carry.hpp).
+template <class T>
+bool round_to_compact(T v, T& rounded) {
+  rounded = T(compact_value_t<T>(v));
+  return std::isfinite(double(rounded)) && (rounded != T(0) || v == T(0));
+}
+
 /// Rounds each value of sent to what the compact coding sends (compact_value_t<T>, to
 /// nearest) and gives the difference back to sink, exactly: value - rounded is a T. An entry
 /// that rounds to zero or beyond the narrow type's range goes back whole and is not sent.
@@ -236,13 +245,13 @@ std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink) {
     std::size_t write = 0;
     for (std::size_t j = 0; j < sent.size(); ++j) {
       const T v = values[j];
-      const T rounded = T(N(v));
       if (!std::isfinite(double(v))) {  // sent as it is: every rank refuses it (agree())
         indices[write] = indices[j];
         values[write++] = v;
         continue;
       }
-      if (rounded == T(0) || !std::isfinite(double(rounded))) {
+      T rounded;
+      if (!round_to_compact(v, rounded) || rounded == T(0)) {  // a 0 is not sent either
         sink.give_back(indices[j], v);
         continue;
       }

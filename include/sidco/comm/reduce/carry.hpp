@@ -12,8 +12,9 @@
 // as it is, its carry then 0 (its frame travels whole); a u + c[i] that overflows leaves the
 // carry for later and sends u. The carry is dense (the owner's indices only are ever
 // nonzero: a hash spreads them), made on the first step that needs it, saved with the
-// exchange's state (nonzero entries: 8 bytes each for float) and put back when a step fails. The plain coding makes
-// no carry but applies one it loaded (a wire switched mid-run), so nothing is left behind.
+// exchange's state (nonzero entries: 8 bytes each for float) and put back when a step fails.
+// The plain coding makes no carry but applies one it loaded (a wire switched mid-run), so
+// nothing is left behind.
 #pragma once
 
 #include <cmath>
@@ -64,11 +65,8 @@ class owner_carry {
         const T old = values_[index];
         const T t = u + old;
         if (!std::isfinite(double(t))) continue;  // u sent as it is; the carry waits
-        T sent = t;
-        if (narrow) {
-          const T rounded = T(N(t));
-          if (std::isfinite(double(rounded)) && (rounded != T(0) || t == T(0))) sent = rounded;
-        }
+        T sent = t, rounded;
+        if (narrow && round_to_compact(t, rounded)) sent = rounded;
         const T carried = t - sent;
         if (std::memcmp(&carried, &old, sizeof old) != 0) {
           undo_.emplace_back(Index(index), old);
