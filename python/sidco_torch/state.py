@@ -132,9 +132,11 @@ class State(_Checkpoints, _Agreement):
     bytes each), the ranks' longest used size agreed first so that only the bytes used travel:
     about 3 bytes an entry where plain ones take 10. In the reduce exchange the values a rank
     sends are rounded alike, and so is each owner's update (what that takes off stays in the
-    owner's carry, added to the index's next update it keeps); both travel narrowed. CPU
-    buckets only. "auto" (the default): timed against plain in the first
-    sparse steps, the faster kept (see wire_for); plain on CUDA buckets.
+    owner's carry, added to the index's next update it keeps); both travel narrowed. On CUDA
+    buckets with the all-gather only (their payloads are packed on the host either way; not
+    yet run on a GPU); the reduce exchange refuses it there. "auto" (the default): timed
+    against plain in the first sparse steps, the faster kept (see wire_for); plain on CUDA
+    buckets.
 
     reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
@@ -308,9 +310,9 @@ class State(_Checkpoints, _Agreement):
 
     def wire_for(self, world, device_type="cpu"):
         """The entry coding the hook uses among world ranks this step. "auto": "plain" on CUDA
-        buckets (compact codes CPU buckets only) and in a world of one; otherwise the probe
-        (see auto_exchange) times both codings with each exchange it times and every rank
-        takes the one whose steps were shorter (ties: plain), for the exchange chosen: compact
+        buckets (compact is not timed there: not yet run on a GPU) and in a world of one;
+        otherwise the probe (see auto_exchange) times both codings with each exchange it times
+        and every rank takes the one whose steps were shorter (ties: plain), for the exchange chosen: compact
         sends a third of the bytes but narrows, codes and expands the entries, which pays on
         a slow link and may cost on a fast one (docs/PYTORCH.md). The loss is the same either
         way (measured within 0.1% on two language models)."""

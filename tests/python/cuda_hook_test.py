@@ -2,8 +2,9 @@
 """The communication hook's encode and decode on CUDA buckets against the CPU's. Exits 77
 (skip) without a CUDA device or when this sidco_torch was built without CUDA. Checked:
 - two ranks' codecs in one process, on the bundled real gradients, per layer, with error
-  feedback, float32 and float16, SIDCo-E and Top-k, a capacity that trims: every payload
-  byte, the decoded bucket and the residuals equal the CPU codecs', bit for bit, step by step;
+  feedback, float32 and float16, SIDCo-E and Top-k, a capacity that trims, plain and compact
+  entries: every payload byte, the bytes used, the decoded bucket and the residuals (which
+  hold what narrowing rounds off) equal the CPU codecs', bit for bit, step by step;
 - a rank that fails: decode raises the same error on CUDA as on the CPU, and the residual
   gets back what this rank sent, as on the CPU;
 - the reduce-scatter exchange's codecs, three ranks' in one process, on the bundled real
@@ -13,8 +14,9 @@
   training); a rank that fails: every rank raises the same error, and each residual gets
   back what its rank sent, as on the CPU;
 - 2-rank DDP steps with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one), by
-  all-gather and by reduce-scatter: every rank ends with the same averaged gradients, all
-  sent sparse."""
+  all-gather (plain and compact entries) and by reduce-scatter: every rank ends with the same
+  averaged gradients, all sent sparse; the compact reduce exchange is refused on CUDA
+  buckets, naming the device."""
 import os
 import sys
 
@@ -33,11 +35,11 @@ def load(name, dtype):
     return torch.from_numpy(np.load(os.path.join(GRADIENTS, name)).astype(np.float32)).to(dtype)
 
 
-def codecs_agree(method, dtype):
+def codecs_agree(method, dtype, wire):
     g = [load("cnn_it200.npy", dtype), load("cnn_it200.npy", dtype).flip(0) * 0.5]
     n = g[0].numel()
     layers = [n // 3, n - n // 3]
-    make = lambda: _codec(method, {}, layers, dtype, 0.01, 1.0)  # noqa: E731 - slack 1: trims
+    make = lambda: _codec(method, {}, layers, dtype, 0.01, 1.0, wire=wire)  # noqa: E731 - slack 1: trims
     cpu = [make(), make()]
     gpu = [make(), make()]
     res_cpu = [torch.zeros(n, dtype=dtype) for _ in range(2)]
@@ -48,7 +50,9 @@ def codecs_agree(method, dtype):
         sent_gpu = [torch.ops.sidco.encode((g[r] * (1 + step)).cuda(), res_gpu[r], gpu[r], 7, step).clone()
                     for r in range(2)]
         for r in range(2):
-            assert torch.equal(sent_gpu[r].cpu(), sent_cpu[r]), f"{method} {dtype} step {step}: payload {r} differs"
+            assert torch.equal(sent_gpu[r].cpu(), sent_cpu[r]), f"{method} {dtype} {wire} step {step}: payload {r} differs"
+            used = [int(c.report()["used_bytes"]) for c in (cpu[r], gpu[r])]
+            assert used[0] == used[1], f"{method} {dtype} {wire} step {step}: bytes used {used}"
             trimmed += int(gpu[r].report()["trimmed"])
         out_cpu = [torch.empty(n, dtype=dtype) for _ in range(2)]
         out_gpu = [torch.empty(n, dtype=dtype, device="cuda") for _ in range(2)]
@@ -135,22 +139,29 @@ def main():
         return 77
     for method in ("sidco-e", "top-k"):
         for dtype in (torch.float32, torch.float16):
-            trimmed = codecs_agree(method, dtype)
-            print(f"{method} {dtype}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
+            for wire in ("plain", "compact"):
+                trimmed = codecs_agree(method, dtype, wire)
+                print(f"{method} {dtype} {wire}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
     for owner in ("sidco-e-exact", "top-k"):
         for dtype in (torch.float32, torch.float16):
             trimmed = reduce_codecs_agree(owner, dtype)
             assert trimmed > 0, f"owner {owner} {dtype}: no block trimmed, the test checks less than it says"
             print(f"reduce exchange, owner {owner}, {dtype}: the CUDA codecs equal the CPU's ({trimmed} entries trimmed)")
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    for exchange in ("allgather", "reduce"):
-        results = run_ranks(sparse_ddp_step, backend, "cuda", 2, exchange, timeout=180)
+    for exchange, wire in (("allgather", "plain"), ("allgather", "compact"), ("reduce", "plain")):
+        results = run_ranks(sparse_ddp_step, backend, "cuda", 2, exchange, wire, timeout=180)
         for rank, same, paths, nonzero, size in results:
-            assert same, f"rank {rank}: the averaged gradients differ between ranks ({exchange})"
+            assert same, f"rank {rank}: the averaged gradients differ between ranks ({exchange}, {wire})"
             assert paths == {f"sparse ({exchange})"}, f"rank {rank}: bucket paths {paths}"
             assert 0 < nonzero < size, (rank, nonzero, size)
-        print(f"2-rank DDP steps on CUDA buckets over {backend} by {exchange}: every rank has the same averaged "
-              "gradients")
+        print(f"2-rank DDP steps on CUDA buckets over {backend} by {exchange}, {wire} entries: every rank has the "
+              "same averaged gradients")
+    try:
+        _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 2, 0, "sidco-e-exact", device="cuda",
+                      wire="compact")
+        raise AssertionError("a compact reduce codec was made on a CUDA bucket")
+    except RuntimeError as e:
+        assert "cuda" in str(e) and "wire='plain' or exchange='allgather'" in str(e), str(e)
     return 0
 
 

@@ -69,7 +69,7 @@ def cuda_skip_reason():
     return None
 
 
-def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1, exchange="auto"):
+def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1, exchange="auto", wire="auto"):
     """For run_ranks: a small model's DDP steps with the SIDCo-E hook on 2 ranks (device
     "cuda": rank r on GPU r with NCCL, on GPU 0 with gloo). Puts (rank, whether both ranks
     hold the same averaged gradients, the buckets' paths ("sparse (allgather)", "sparse
@@ -84,7 +84,7 @@ def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1, exch
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=0, exchange=exchange, wire=wire)
     sidco_torch.register(ddp, state)
     torch.manual_seed(1 + rank)
     for _ in range(steps):

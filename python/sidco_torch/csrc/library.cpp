@@ -155,12 +155,7 @@ void register_cuda_codec(cuda_codec_factory factory) { cuda_codecs = factory; }
 codec_impl& Codec::on(const at::Device& device) const {
   std::unique_ptr<codec_impl>& slot = per_device(
       device, "bucket", cuda_codecs != nullptr, cpu_, cuda_, [&] { return make_cpu_codec(settings_, format_, plan_); },
-      [&](const at::Device& on) {
-        if (settings_.coding != sidco::comm::entry_coding::plain)
-          sidco::throw_error("bucket on ", on, ": wire = 'compact' codes CPU buckets only so far (the CUDA codec packs "
-                             "plain entries on the device); use wire='plain'");
-        return cuda_codecs(settings_, format_, plan_, on);
-      });
+      [&](const at::Device& on) { return cuda_codecs(settings_, format_, plan_, on); });
   // The compressors' state follows the bucket from the device it was last on (or loaded into).
   if (current_ && current_ != slot.get())
     for (std::size_t i = 0; i < settings_.layout.size(); ++i) slot->load_layer(i, current_->save_layer(i));
@@ -321,8 +316,9 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
     const at::Device on = parse_device(device);
     if (on.is_cuda()) {
       if (settings_.coding != sidco::comm::entry_coding::plain)
-        sidco::throw_error("bucket on ", on, ": wire = 'compact' codes CPU buckets only so far (CUDA buckets send ",
-                           "plain heads); use wire='plain'");
+        sidco::throw_error("bucket on ", on, ": wire = 'compact' with the reduce exchange codes CPU buckets only so far ",
+                           "(CUDA buckets send fixed-size heads, which narrowed values would not shorten); use ",
+                           "wire='plain' or exchange='allgather'");
       if (cuda_reduce_codecs == nullptr)
         sidco::throw_error("bucket: device ", on, ": this sidco_torch was built without CUDA (the torch it was ",
                            "built against had none)");

@@ -57,7 +57,9 @@ class cuda_codec final : public codec_impl {
  public:
   cuda_codec(const codec_settings& settings, const sidco::comm::wire_format&, const sidco::comm::capacity_plan&,
              const at::Device& device)
-      : settings_(settings), core_(settings.layout, settings.capacity_density, settings.slack), device_(device) {
+      : settings_(settings),
+        core_(settings.layout, settings.capacity_density, settings.slack, settings.coding),
+        device_(device) {
     const c10::cuda::CUDAGuard guard(device_);
     SIDCO_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ready_ = std::make_unique<event>();
@@ -115,6 +117,7 @@ class cuda_codec final : public codec_impl {
       return payload_;
     }
     report_.trimmed = core_.encode(host_sent_, staged_, fields, bytes_of(host_payload_));
+    report_.used_bytes = core_.used_bytes();
     report_.failed = sidco::comm::header_of(bytes_of(host_payload_)).status != std::uint8_t(sidco::comm::wire_status::ok);
     report_.compress.selected = host_sent_.size();
     report_.compress.density = double(host_sent_.size()) / double(core_.size());
