@@ -1,8 +1,9 @@
 // The reduce-scatter exchange over NCCL, in one process over every visible GPU (one rank
 // each; NCCL takes one rank per GPU, so one GPU gives one rank): on a real gradient, in
-// float, __half and __nv_bfloat16, every rank's dense update and residual have the bits the
-// host transports' code gives (the exchange core's pack, select and apply, as MPI and gloo
-// run them), so every rank's update is rank 0's; a rank whose compress threw, or whose arguments are wrong, makes
+// float, __half and __nv_bfloat16, plain and compact entries (two steps, so that the owners'
+// carry of the compact coding enters the second), every rank's dense update and residual
+// have the bits the host transports' code gives (the exchange core's pack, select and apply,
+// as MPI and gloo run them), so every rank's update is rank 0's; a rank whose compress threw, or whose arguments are wrong, makes
 // every rank throw the same error with its entries back in its residual; the default owner
 // (SIDCo) runs; the state resumes. Without a GPU the program exits 77 (skipped).
 #include <sidco/comm/nccl_reduce.cuh>
@@ -67,15 +68,14 @@ std::vector<D> download(const memory::device_buffer<D>& buffer) {
   return out;
 }
 
-// The host transports' result of one exact step (owner Top-k), every rank simulated here:
+// The host transports' result of one exact step (owner Top-k) of cores (one per rank, kept
+// between steps: the compact coding's carry lives in them), every rank simulated here:
 // each rank's dense update and residual.
 template <class H>
-void host_step(const std::vector<rank_input<H>>& inputs, std::size_t n, std::vector<std::vector<H>>& dense_ref,
-               std::vector<std::vector<H>>& residual_ref) {
+void host_step(std::vector<comm::reduce_core<H, std::uint32_t, comm::owner_top_k>>& cores,
+               const std::vector<rank_input<H>>& inputs, std::size_t n, std::uint64_t step,
+               std::vector<std::vector<H>>& dense_ref, std::vector<std::vector<H>>& residual_ref) {
   const std::size_t ranks = inputs.size();
-  const std::vector<segment> layout{{0, n}};
-  std::vector<comm::reduce_core<H, std::uint32_t, comm::owner_top_k>> cores;
-  for (std::size_t r = 0; r < ranks; ++r) cores.emplace_back(layout, delta, ranks, r);
   const std::size_t bytes = cores[0].block_bytes();
   residual_ref.assign(ranks, {});
   dense_ref.assign(ranks, std::vector<H>(n, H(0.f)));
@@ -84,7 +84,7 @@ void host_step(const std::vector<rank_input<H>>& inputs, std::size_t n, std::vec
     auto kept = inputs[r].sent;
     residual_ref[r] = inputs[r].residual;
     comm::host_residual<H> sink{std::span<H>(residual_ref[r])};
-    cores[r].pack(kept, sink, cores[r].fields(0), std::span<std::byte>(blocks[r]));
+    cores[r].pack(kept, sink, cores[r].fields(step), std::span<std::byte>(blocks[r]));
   }
   std::vector<std::vector<std::byte>> selections(ranks, std::vector<std::byte>(bytes));
   for (std::size_t j = 0; j < ranks; ++j) {
@@ -115,27 +115,44 @@ void upload(const rank_input<H>& in, std::size_t n, sparse_vector<D, std::uint32
   SIDCO_CUDA(cudaMemcpy(residual.data(), in.residual.data(), n * sizeof(D), cudaMemcpyHostToDevice));
 }
 
-// One exact step of nccl_reduce_exchange<D> on every rank against the host transports' bits.
+// Two exact steps of nccl_reduce_exchange<D> on every rank, in the given entry coding,
+// against the host transports' bits (step 1's inputs are rank r + 3's gradient: other
+// entries, some at indices step 0 kept, where an owner's carry adds in).
 template <class D>
-void exact_step(const std::vector<ncclComm_t>& comms, const std::vector<float>& gradient, const char* type) {
+void exact_steps(const std::vector<ncclComm_t>& comms, const std::vector<float>& gradient, const char* type,
+                 comm::entry_coding coding) {
   using H = host_value_t<D>;
   const int ranks = int(comms.size());
   const std::size_t n = gradient.size();
-  std::vector<rank_input<H>> inputs;
-  for (int r = 0; r < ranks; ++r) inputs.push_back(input_of<H>(gradient, r));
-  std::vector<std::vector<H>> dense_ref, residual_ref;
-  host_step(inputs, n, dense_ref, residual_ref);
+  comm::exchange_options options;
+  options.coding = coding;
+  const std::vector<segment> layout{{0, n}};
+  std::vector<comm::reduce_core<H, std::uint32_t, comm::owner_top_k>> cores;
+  for (int r = 0; r < ranks; ++r) cores.emplace_back(layout, delta, std::size_t(ranks), std::size_t(r), options);
+  std::vector<std::vector<rank_input<H>>> inputs(2);
+  std::vector<std::vector<std::vector<H>>> dense_ref(2), residual_ref(2);
+  for (std::uint64_t step = 0; step < 2; ++step) {
+    for (int r = 0; r < ranks; ++r) inputs[step].push_back(input_of<H>(gradient, r + 3 * int(step)));
+    host_step(cores, inputs[step], n, step, dense_ref[step], residual_ref[step]);
+  }
+  const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain");
   on_every_rank(ranks, [&](int r) {
-    const std::string who = std::string(type) + ", rank " + std::to_string(r) + ": ";
+    const std::string who = name + ", rank " + std::to_string(r) + ": ";
     sparse_vector<D, std::uint32_t, memory::device> sent;
     memory::device_buffer<D> residual, dense(n);
-    comm::nccl_reduce_exchange<D, std::uint32_t, comm::owner_top_k> exchange(comms[std::size_t(r)], n, delta);
-    upload(inputs[std::size_t(r)], n, sent, residual);
-    const comm::reduce_report report = exchange.exchange(sent, residual.view(), dense.view(), 0);
-    expect(same_bits(download(dense), dense_ref[std::size_t(r)]), who + "dense has the host transports' bits");
-    expect(same_bits(download(residual), residual_ref[std::size_t(r)]), who + "residual has the host transports' bits");
-    const auto plan = comm::plan_reduce<H, std::uint32_t>(std::vector<segment>{{0, n}}, delta, 1.25, std::size_t(ranks));
-    expect(report.ranks == ranks && report.target == plan.target && report.selected > 0, who + "report");
+    comm::nccl_reduce_exchange<D, std::uint32_t, comm::owner_top_k> exchange(comms[std::size_t(r)], n, delta, options);
+    for (std::uint64_t step = 0; step < 2; ++step) {
+      const std::string when = who + "step " + std::to_string(step) + ": ";
+      upload(inputs[step][std::size_t(r)], n, sent, residual);
+      const comm::reduce_report report = exchange.exchange(sent, residual.view(), dense.view(), step);
+      expect(same_bits(download(dense), dense_ref[step][std::size_t(r)]), when + "dense has the host transports' bits");
+      expect(same_bits(download(residual), residual_ref[step][std::size_t(r)]),
+             when + "residual has the host transports' bits");
+      const auto plan = comm::plan_reduce<H, std::uint32_t>(layout, delta, 1.25, std::size_t(ranks));
+      expect(report.ranks == ranks && report.target == plan.target && report.selected > 0, when + "report");
+      if (coding == comm::entry_coding::compact && ranks > 1)
+        expect(report.bytes_sent < 2 * std::size_t(ranks - 1) * plan.format.bytes(), when + "messages shorter than blocks");
+    }
   });
 }
 
@@ -152,9 +169,11 @@ int main() {
   std::printf("%d rank(s), one per GPU\n", ranks);
   const auto gradient = test::load_gradient<float>("cnn_it200.npy");
   const std::size_t n = gradient.size();
-  exact_step<float>(comms, gradient, "float");
-  exact_step<__half>(comms, gradient, "__half");
-  exact_step<__nv_bfloat16>(comms, gradient, "__nv_bfloat16");
+  for (const auto coding : {comm::entry_coding::plain, comm::entry_coding::compact}) {
+    exact_steps<float>(comms, gradient, "float", coding);
+    exact_steps<__half>(comms, gradient, "__half", coding);
+    exact_steps<__nv_bfloat16>(comms, gradient, "__nv_bfloat16", coding);
+  }
   std::vector<rank_input<>> inputs;
   for (int r = 0; r < ranks; ++r) inputs.push_back(input_of(gradient, r));
   const std::vector<segment> layout{{0, n}};

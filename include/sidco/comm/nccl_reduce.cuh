@@ -4,7 +4,12 @@
 //
 // Round 1 is a grouped ncclSend/ncclRecv of fixed-size blocks (one to each owner), round 2
 // one ncclAllGather of the owners' selections: both of fixed size, so no count exchange
-// comes first. The steps between them are the exchange core's host code, the one the MPI
+// comes first. In the compact coding (exchange_options::coding) both rounds move messages
+// of their own size instead (comm/reduce/frames.hpp: values narrowed, indices gap-coded,
+// round 1's led by the step's digest, as the MPI two-hop and hook transports send them):
+// each round's sizes go first (round 1: one word to each owner; round 2: one all-gathered
+// word), then the messages (round 2's at the longest one's size, zeros after each).
+// The steps between them are the exchange core's host code, the one the MPI
 // and gloo transports run, on copies of O(k) bytes through page-locked memory; the device
 // keeps the dense vectors and gets only the update's k entries and the entries going back
 // into its residual. So every rank's update has the same bits as those transports' (the
@@ -22,11 +27,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <span>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -38,6 +45,7 @@
 #include "sidco/comm/nccl_link.cuh"
 #include "sidco/comm/options.hpp"
 #include "sidco/comm/reduce/core.hpp"
+#include "sidco/comm/reduce/frames.hpp"
 #include "sidco/comm/residual_sink.hpp"
 #include "sidco/comm/setup.hpp"
 #include "sidco/core/error.hpp"
@@ -63,7 +71,11 @@ namespace sidco::comm {
 /// error otherwise). Every rank calls exchange (or exchange_failed) the same number of times.
 /// sent is only read: the entries its blocks could not hold, and those the global selection
 /// left out, are written back into residual (when given), so that per rank, bit for bit,
-/// residual + applied contribution = gradient + old residual. Not thread-safe.
+/// residual + applied contribution = gradient + old residual. With options.coding =
+/// entry_coding::compact the values a rank sends are rounded to half their width (what
+/// rounding takes off goes into residual), each owner's updates too (the rest in its carry,
+/// which save_state keeps), and both rounds move messages of their own size (top of this
+/// file). Not thread-safe.
 template <class T, class Index = std::uint32_t, class Policy = owner_sidco_e>
 class nccl_reduce_exchange {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
@@ -84,13 +96,10 @@ class nccl_reduce_exchange {
       : link_(comm, stream, timeout, "nccl_reduce_exchange") {
     for (auto* buffer : {&blocks_device_, &received_device_, &selection_device_, &selections_device_, &setups_device_})
       buffer->use_stream(link_.stream());
+    sizes_device_.use_stream(link_.stream());
     const std::size_t ranks = std::size_t(link_.ranks());
     exchange_setup mine{};
     try {
-      if (options.coding != entry_coding::plain)
-        sidco::detail::fail("nccl_reduce_exchange: options.coding = compact: NCCL moves whole blocks, so the compact "
-                            "coding would round values and save no bytes; it is the MPI exchange's (two hops) and "
-                            "the hook's CPU buckets'");
       core_ = reduce_core<H, Index, Policy>(layout, delta, ranks, std::size_t(link_.rank()), options, std::move(policy));
       const std::size_t bytes = core_.block_bytes();
       blocks_.resize(bytes * ranks);
@@ -102,6 +111,7 @@ class nccl_reduce_exchange {
       selection_device_.resize(bytes);
       selections_device_.resize(bytes * ranks);
       mine = setup_of<H, Index>(layout, core_.plan().format, core_.fields(0), options.slack);
+      mine.coding = std::uint8_t(options.coding);
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
@@ -134,7 +144,7 @@ class nccl_reduce_exchange {
   /// to dense, every entry of sent back into residual, and the exchange as before the step.
   reduce_report exchange(const sparse_vector<T, Index, memory::device>& sent, memory::device::view<T> residual,
                          memory::device::view<T> dense, std::uint64_t step) {
-    begin();
+    begin(step);
     const std::size_t size = core_.plan().size;
     // A buffer of the wrong size fails the step on every rank (it travels in the blocks);
     // a residual of the wrong size gets nothing back.
@@ -154,7 +164,7 @@ class nccl_reduce_exchange {
   /// For a rank whose compress threw: joins the rounds the others are in, so that none
   /// hangs, and throws (as every rank does) the error naming this rank and reason.
   [[noreturn]] void exchange_failed(const std::exception& reason, std::uint64_t step) {
-    begin();
+    begin(step);
     residual_ = {};
     core_.pack_failure(reason, core_.fields(step), std::span<std::byte>(blocks_));
     finish({});
@@ -180,13 +190,17 @@ class nccl_reduce_exchange {
     }
   }
 
-  void begin() {
+  void begin(std::uint64_t step) {
     if (link_.aborted())
       sidco::detail::fail_at_run_time("nccl_reduce_exchange: the NCCL communicator was aborted by an earlier failure; ",
                                       remedy);
     staged_.clear();
     sent_.clear(core_.plan().size);
+    step_fields_ = core_.fields(step);
   }
+
+  // The compact coding moves each payload as a message of its own size.
+  bool framed() const { return core_.coding() == entry_coding::compact; }
 
   void copy_to_host(const sparse_vector<T, Index, memory::device>& sent) {
     link_.order_after_writer(sent);
@@ -199,9 +213,9 @@ class nccl_reduce_exchange {
   // Both rounds, then the update; blocks_ holds this rank's blocks.
   reduce_report finish(memory::device::view<T> dense) {
     const std::size_t bytes = core_.block_bytes(), ranks = std::size_t(link_.ranks()), me = std::size_t(link_.rank());
-    aborting_on_failure([&] { all_to_all(bytes, ranks, me); });
+    aborting_on_failure([&] { framed() ? all_to_all_framed(bytes, ranks, me) : all_to_all(bytes, ranks, me); });
     core_.select(views_of(received_, bytes, ranks), std::span<std::byte>(selection_));
-    aborting_on_failure([&] { all_gather(bytes, ranks); });
+    aborting_on_failure([&] { framed() ? all_gather_framed(bytes, ranks) : all_gather(bytes, ranks); });
     try {
       core_.apply(views_of(selections_, bytes, ranks), staged_);
     } catch (...) {
@@ -213,7 +227,9 @@ class nccl_reduce_exchange {
       SIDCO_CUDA(cudaMemsetAsync(dense.data(), 0, dense.size() * sizeof(T), link_.stream()));
       write(core_.global_selection(), core_.updates(), dense);
     });
-    return core_.report();
+    reduce_report report = core_.report();
+    if (framed()) report.bytes_sent = framed_sent_, report.bytes_received = framed_received_;
+    return report;
   }
 
   static std::vector<std::span<const std::byte>> views_of(const std::vector<std::byte>& all, std::size_t bytes,
@@ -246,6 +262,106 @@ class nccl_reduce_exchange {
     SIDCO_NCCL(ncclAllGather(selection_device_.data(), selections_device_.data(), bytes, ncclUint8, link_.comm(),
                              link_.stream()));
     link_.to_host(selections_.data(), selections_device_.data(), bytes * ranks);
+  }
+
+  // Round 1, framed: block r as a message (led by the step's digest, which its owner checks)
+  // to rank r; the sizes first, one word to each owner. A message that cannot be read
+  // becomes a failure payload naming its sender, which the owner relays (read_message).
+  void all_to_all_framed(std::size_t bytes, std::size_t ranks, std::size_t me) {
+    const wire_format& format = core_.plan().format;
+    const std::uint64_t digest = fields_digest<H, Index>(step_fields_, core_.plan().size, format);
+    messages_.clear();
+    std::vector<std::uint64_t> out_sizes(ranks), out_at(ranks), in_sizes(ranks), in_at(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      out_at[r] = messages_.size();
+      append_message<H, Index>(std::span<const std::byte>(blocks_).subspan(r * bytes, bytes), format,
+                               frame_kind_for(false, core_.coding()), &digest, messages_);
+      out_sizes[r] = messages_.size() - out_at[r];
+    }
+    sizes_device_.resize(2 * ranks);
+    link_.to_device(sizes_device_.data(), out_sizes.data(), ranks * sizeof(std::uint64_t));
+    if (ranks > 1) {
+      nccl_detail::link::group open_group;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        if (r == me) continue;
+        SIDCO_NCCL(ncclSend(sizes_device_.data() + r, 1, ncclUint64, int(r), link_.comm(), link_.stream()));
+        SIDCO_NCCL(ncclRecv(sizes_device_.data() + ranks + r, 1, ncclUint64, int(r), link_.comm(), link_.stream()));
+      }
+      open_group.close();
+    }
+    link_.to_host(in_sizes.data(), sizes_device_.data() + ranks, ranks * sizeof(std::uint64_t));
+    in_sizes[me] = out_sizes[me];
+    std::uint64_t total = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      // Beyond any message of this format: not this sidco's (the communicator is aborted).
+      if (in_sizes[r] > sizeof digest + max_frame_bytes(format))
+        throw std::runtime_error(sidco::detail::message("rank ", r, " announced a message of ", in_sizes[r],
+                                                        " bytes, longer than any of this exchange's"));
+      in_at[r] = total;
+      total += in_sizes[r];
+    }
+    blocks_device_.resize(std::max<std::size_t>(messages_.size(), bytes * ranks));
+    received_device_.resize(std::max<std::size_t>(total, bytes * ranks));
+    link_.to_device(blocks_device_.data(), messages_.data(), messages_.size());
+    SIDCO_CUDA(cudaMemcpyAsync(received_device_.data() + in_at[me], blocks_device_.data() + out_at[me], out_sizes[me],
+                               cudaMemcpyDeviceToDevice, link_.stream()));
+    if (ranks > 1) {
+      nccl_detail::link::group open_group;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        if (r == me) continue;
+        SIDCO_NCCL(ncclSend(blocks_device_.data() + out_at[r], out_sizes[r], ncclUint8, int(r), link_.comm(),
+                            link_.stream()));
+        SIDCO_NCCL(ncclRecv(received_device_.data() + in_at[r], in_sizes[r], ncclUint8, int(r), link_.comm(),
+                            link_.stream()));
+      }
+      open_group.close();
+    }
+    inbox_.resize(total);
+    link_.to_host(inbox_.data(), received_device_.data(), total);
+    framed_sent_ = messages_.size() - out_sizes[me] + (ranks - 1) * sizeof(std::uint64_t);
+    framed_received_ = std::size_t(total - in_sizes[me]) + (ranks - 1) * sizeof(std::uint64_t);
+    const wire_header header = detail::header_for<H, Index>(step_fields_, core_.plan().size, format);
+    for (std::size_t r = 0; r < ranks; ++r)
+      read_message<H, Index>(std::span<const std::byte>(inbox_).subspan(in_at[r], in_sizes[r]), header, format,
+                             frame_kind_for(false, core_.coding()), &digest, r,
+                             std::span<std::byte>(received_).subspan(r * bytes, bytes));
+  }
+
+  // Round 2, framed: every owner's selection as a message, all-gathered at the longest one's
+  // size (the sizes first, one word each); each read at its own size.
+  void all_gather_framed(std::size_t bytes, std::size_t ranks) {
+    const wire_format& format = core_.plan().format;
+    messages_.clear();
+    append_message<H, Index>(std::span<const std::byte>(selection_), format, frame_kind_for(true, core_.coding()),
+                             nullptr, messages_);
+    const std::uint64_t mine = messages_.size();
+    std::vector<std::uint64_t> sizes(ranks);
+    sizes_device_.resize(ranks + 1);
+    link_.to_device(sizes_device_.data(), &mine, sizeof mine);
+    SIDCO_NCCL(ncclAllGather(sizes_device_.data(), sizes_device_.data() + 1, 1, ncclUint64, link_.comm(), link_.stream()));
+    link_.to_host(sizes.data(), sizes_device_.data() + 1, ranks * sizeof(std::uint64_t));
+    std::uint64_t longest = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (sizes[r] > max_frame_bytes(format))
+        throw std::runtime_error(sidco::detail::message("rank ", r, " announced a selection of ", sizes[r],
+                                                        " bytes, longer than any of this exchange's"));
+      longest = std::max(longest, sizes[r]);
+    }
+    messages_.resize(longest, std::byte{0});
+    selection_device_.resize(std::max<std::size_t>(longest, bytes));
+    selections_device_.resize(std::max<std::size_t>(longest * ranks, bytes * ranks));
+    link_.to_device(selection_device_.data(), messages_.data(), longest);
+    SIDCO_NCCL(ncclAllGather(selection_device_.data(), selections_device_.data(), longest, ncclUint8, link_.comm(),
+                             link_.stream()));
+    inbox_.resize(longest * ranks);
+    link_.to_host(inbox_.data(), selections_device_.data(), longest * ranks);
+    framed_sent_ += (ranks - 1) * (longest + sizeof(std::uint64_t));  // a ring's share: P - 1 chunks a rank
+    framed_received_ += (ranks - 1) * (longest + sizeof(std::uint64_t));
+    const wire_header header = detail::header_for<H, Index>(step_fields_, core_.plan().size, format);
+    for (std::size_t r = 0; r < ranks; ++r)
+      read_message<H, Index>(std::span<const std::byte>(inbox_).subspan(r * longest, sizes[r]), header, format,
+                             frame_kind_for(true, core_.coding()), nullptr, r,
+                             std::span<std::byte>(selections_).subspan(r * bytes, bytes));
   }
 
   // What goes back into the residual, in one go.
@@ -285,8 +401,12 @@ class nccl_reduce_exchange {
   nccl_detail::link link_;
   reduce_core<H, Index, Policy> core_;
   std::vector<std::byte> blocks_, received_, selection_, selections_;
+  std::vector<std::byte> messages_, inbox_;  // compact: this round's messages out and in
+  wire_fields step_fields_{};
+  std::size_t framed_sent_ = 0, framed_received_ = 0;  // compact: this step's bytes on the wire
   memory::device_buffer<unsigned char> blocks_device_, received_device_, selection_device_, selections_device_,
       setups_device_;
+  memory::device_buffer<std::uint64_t> sizes_device_;  // compact: the messages' sizes
   sparse_vector<H, Index> sent_;           // this step's sent entries, on the host
   staged_residual<H, Index> staged_;       // what goes back into the residual, this step
   memory::device::view<T> residual_;
