@@ -1,7 +1,7 @@
 // The reduce-scatter exchange over NCCL, in one process over every visible GPU (one rank
 // each; NCCL takes one rank per GPU, so one GPU gives one rank): on a real gradient, in
-// float, __half and __nv_bfloat16, plain and compact entries (two steps, so that the owners'
-// carry of the compact coding enters the second), every rank's dense update and residual
+// float, __half and __nv_bfloat16, plain entries in fixed blocks and in frames (exact
+// sizes) and compact ones (two steps, so that the owners' carry enters the second), every rank's dense update and residual
 // have the bits the host transports' code gives (the exchange core's pack, select and apply,
 // as MPI and gloo run them), so every rank's update is rank 0's; a rank whose compress threw, or whose arguments are wrong, makes
 // every rank throw the same error with its entries back in its residual; the default owner
@@ -120,12 +120,13 @@ void upload(const rank_input<H>& in, std::size_t n, sparse_vector<D, std::uint32
 // entries, some at indices step 0 kept, where an owner's carry adds in).
 template <class D>
 void exact_steps(const std::vector<ncclComm_t>& comms, const std::vector<float>& gradient, const char* type,
-                 comm::entry_coding coding) {
+                 comm::entry_coding coding, bool exact_sizes) {
   using H = host_value_t<D>;
   const int ranks = int(comms.size());
   const std::size_t n = gradient.size();
   comm::exchange_options options;
   options.coding = coding;
+  options.exact_sizes = exact_sizes;
   const std::vector<segment> layout{{0, n}};
   std::vector<comm::reduce_core<H, std::uint32_t, comm::owner_top_k>> cores;
   for (int r = 0; r < ranks; ++r) cores.emplace_back(layout, delta, std::size_t(ranks), std::size_t(r), options);
@@ -135,7 +136,8 @@ void exact_steps(const std::vector<ncclComm_t>& comms, const std::vector<float>&
     for (int r = 0; r < ranks; ++r) inputs[step].push_back(input_of<H>(gradient, r + 3 * int(step)));
     host_step(cores, inputs[step], n, step, dense_ref[step], residual_ref[step]);
   }
-  const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain");
+  const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain") +
+                           (exact_sizes ? ", exact sizes" : "");
   on_every_rank(ranks, [&](int r) {
     const std::string who = name + ", rank " + std::to_string(r) + ": ";
     sparse_vector<D, std::uint32_t, memory::device> sent;
@@ -150,7 +152,7 @@ void exact_steps(const std::vector<ncclComm_t>& comms, const std::vector<float>&
              when + "residual has the host transports' bits");
       const auto plan = comm::plan_reduce<H, std::uint32_t>(layout, delta, 1.25, std::size_t(ranks));
       expect(report.ranks == ranks && report.target == plan.target && report.selected > 0, when + "report");
-      if (coding == comm::entry_coding::compact && ranks > 1)
+      if ((coding == comm::entry_coding::compact || exact_sizes) && ranks > 1)
         expect(report.bytes_sent < 2 * std::size_t(ranks - 1) * plan.format.bytes(), when + "messages shorter than blocks");
     }
   });
@@ -169,10 +171,12 @@ int main() {
   std::printf("%d rank(s), one per GPU\n", ranks);
   const auto gradient = test::load_gradient<float>("cnn_it200.npy");
   const std::size_t n = gradient.size();
-  for (const auto coding : {comm::entry_coding::plain, comm::entry_coding::compact}) {
-    exact_steps<float>(comms, gradient, "float", coding);
-    exact_steps<__half>(comms, gradient, "__half", coding);
-    exact_steps<__nv_bfloat16>(comms, gradient, "__nv_bfloat16", coding);
+  for (const auto& [coding, exact_sizes] : {std::pair{comm::entry_coding::plain, false},
+                                             std::pair{comm::entry_coding::plain, true},
+                                             std::pair{comm::entry_coding::compact, false}}) {
+    exact_steps<float>(comms, gradient, "float", coding, exact_sizes);
+    exact_steps<__half>(comms, gradient, "__half", coding, exact_sizes);
+    exact_steps<__nv_bfloat16>(comms, gradient, "__nv_bfloat16", coding, exact_sizes);
   }
   std::vector<rank_input<>> inputs;
   for (int r = 0; r < ranks; ++r) inputs.push_back(input_of(gradient, r));

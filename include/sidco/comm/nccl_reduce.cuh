@@ -4,8 +4,8 @@
 //
 // Round 1 is a grouped ncclSend/ncclRecv of fixed-size blocks (one to each owner), round 2
 // one ncclAllGather of the owners' selections: both of fixed size, so no count exchange
-// comes first. In the compact coding (exchange_options::coding) both rounds move messages
-// of their own size instead (comm/reduce/frames.hpp: values narrowed, indices gap-coded,
+// comes first. In the compact coding (exchange_options::coding), or with
+// exchange_options::exact_sizes, both rounds move messages of their own size instead (comm/reduce/frames.hpp: values narrowed, indices gap-coded,
 // round 1's led by the step's digest, as the MPI two-hop and hook transports send them):
 // each round's sizes go first (round 1: one word to each owner; round 2: one all-gathered
 // word), then the messages (round 2's at the longest one's size, zeros after each).
@@ -75,7 +75,7 @@ namespace sidco::comm {
 /// entry_coding::compact the values a rank sends are rounded to half their width (what
 /// rounding takes off goes into residual), each owner's updates too (the rest in its carry,
 /// which save_state keeps), and both rounds move messages of their own size (top of this
-/// file). Not thread-safe.
+/// file), as they do with options.exact_sizes in the plain coding. Not thread-safe.
 template <class T, class Index = std::uint32_t, class Policy = owner_sidco_e>
 class nccl_reduce_exchange {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
@@ -112,6 +112,8 @@ class nccl_reduce_exchange {
       selections_device_.resize(bytes * ranks);
       mine = setup_of<H, Index>(layout, core_.plan().format, core_.fields(0), options.slack);
       mine.coding = std::uint8_t(options.coding);
+      mine.exact_sizes = options.exact_sizes;
+      framed_ = options.exact_sizes || options.coding == entry_coding::compact;
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
@@ -199,8 +201,8 @@ class nccl_reduce_exchange {
     step_fields_ = core_.fields(step);
   }
 
-  // The compact coding moves each payload as a message of its own size.
-  bool framed() const { return core_.coding() == entry_coding::compact; }
+  // Each payload as a message of its own size (the compact coding, or exact_sizes).
+  bool framed() const { return framed_; }
 
   void copy_to_host(const sparse_vector<T, Index, memory::device>& sent) {
     link_.order_after_writer(sent);
@@ -401,12 +403,13 @@ class nccl_reduce_exchange {
   nccl_detail::link link_;
   reduce_core<H, Index, Policy> core_;
   std::vector<std::byte> blocks_, received_, selection_, selections_;
-  std::vector<std::byte> messages_, inbox_;  // compact: this round's messages out and in
+  std::vector<std::byte> messages_, inbox_;  // framed: this round's messages out and in
   wire_fields step_fields_{};
-  std::size_t framed_sent_ = 0, framed_received_ = 0;  // compact: this step's bytes on the wire
+  bool framed_ = false;
+  std::size_t framed_sent_ = 0, framed_received_ = 0;  // framed: this step's bytes on the wire
   memory::device_buffer<unsigned char> blocks_device_, received_device_, selection_device_, selections_device_,
       setups_device_;
-  memory::device_buffer<std::uint64_t> sizes_device_;  // compact: the messages' sizes
+  memory::device_buffer<std::uint64_t> sizes_device_;  // framed: the messages' sizes
   sparse_vector<H, Index> sent_;           // this step's sent entries, on the host
   staged_residual<H, Index> staged_;       // what goes back into the residual, this step
   memory::device::view<T> residual_;

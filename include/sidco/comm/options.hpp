@@ -19,7 +19,7 @@ enum class entry_coding : std::uint8_t { plain = 0, compact = 1 };
 /// payloads each way, at a fixed size or, with exact_sizes, the agreed head). Under SimGrid's
 /// SMPI two_hop took less time and fewer bytes at every P from 16 to 1,024, and fewer bytes on
 /// the loopback at 4 to 16 ranks (docs/RESULTS.md). The NCCL exchange moves its blocks flat
-/// whatever this says; the PyTorch hook chooses by State(reduce_schedule=...), over the same
+/// whatever this says (as frames with exact_sizes or the compact coding); the PyTorch hook chooses by State(reduce_schedule=...), over the same
 /// router (comm/reduce/hops.hpp).
 enum class reduce_schedule : std::uint8_t { flat = 0, two_hop = 1 };
 
@@ -32,8 +32,9 @@ struct exchange_options {
   /// whose algorithm the MPI library chooses by size and rank count (non-blocking ones are
   /// often a flat schedule: SimGrid's SMPI simulates those P^2 messages slowly).
   bool overlap = true;
-  /// The all-gather exchange's payloads: plain, or compact (comm/compact.hpp). Every rank
-  /// must choose alike (the constructors agree on it).
+  /// How entries travel: plain, or compact (comm/compact.hpp; in the reduce-scatter
+  /// exchanges as frames: MPI two hops, NCCL). Every rank must choose alike (the constructors
+  /// agree on it).
   entry_coding coding = entry_coding::plain;
   /// Payloads at the size they use, not the capacity's. The MPI all-gather exchange: each
   /// rank sends only its payload's bytes (compact: about 3.2 an entry at 1%, where the fixed
@@ -42,7 +43,9 @@ struct exchange_options {
   /// travel while the caller works. The MPI reduce-scatter exchange: blocks and selections
   /// travel at the head the longest block uses, agreed by a one-integer all-reduce (a latency
   /// more a step; fewer bytes where blocks are mostly slack or the 320-byte minimum: many
-  /// ranks). Every rank must choose alike.
+  /// ranks). The NCCL reduce-scatter exchange: blocks and selections as frames at their own
+  /// size (comm/reduce/frames.hpp), each round's sizes first (the compact coding always
+  /// does). Every rank must choose alike.
   bool exact_sizes = false;
   /// The share of the entries a rank hands start() that it may trim for want of capacity
   /// (what does not fit goes back into its residual; reports count it as trimmed). Beyond
