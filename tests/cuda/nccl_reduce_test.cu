@@ -23,50 +23,22 @@
 
 #include "../support.hpp"
 #include "device.hpp"
+#include "exchange_inputs.hpp"
 #include "ranks.hpp"
 
 using namespace sidco;
 
+using test::download;
 using test::expect;
+using test::input_of;
 using test::on_every_rank;
+using test::rank_input;
+using test::same_bits;
+using test::upload;
 
 namespace {
 
 constexpr double delta = 0.01;
-
-// Rank r's step: the real gradient rotated by r 997 places, as H, compressed on the host by
-// exact Top-k with error feedback from a zero residual.
-template <class H = float>
-struct rank_input {
-  sparse_vector<H> sent;
-  std::vector<H> residual;
-};
-
-template <class H = float>
-rank_input<H> input_of(const std::vector<float>& gradient, int r) {
-  rank_input<H> in;
-  const std::size_t n = gradient.size();
-  std::vector<H> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = H(gradient[(i + std::size_t(r) * 997) % n]);
-  in.residual.assign(n, H(0.f));
-  feedback::residual<H> state(std::span<H>(in.residual));
-  presets::top_k<> compressor;
-  compressor.compress(std::span<const H>(g), delta, in.sent, state);
-  return in;
-}
-
-template <class A, class B>
-bool same_bits(const std::vector<A>& a, const std::vector<B>& b) {
-  static_assert(sizeof(A) == sizeof(B));
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(A)) == 0;
-}
-
-template <class D>
-std::vector<D> download(const memory::device_buffer<D>& buffer) {
-  std::vector<D> out(buffer.size());
-  SIDCO_CUDA(cudaMemcpy(out.data(), buffer.data(), out.size() * sizeof(D), cudaMemcpyDeviceToHost));
-  return out;
-}
 
 // The host transports' result of one exact step (owner Top-k) of cores (one per rank, kept
 // between steps: the compact coding's carry lives in them), every rank simulated here:
@@ -101,20 +73,6 @@ void host_step(std::vector<comm::reduce_core<H, std::uint32_t, comm::owner_top_k
   }
 }
 
-// Rank r's input in device memory, as device type D (the host type's bits).
-template <class D, class H>
-void upload(const rank_input<H>& in, std::size_t n, sparse_vector<D, std::uint32_t, memory::device>& sent,
-            memory::device_buffer<D>& residual) {
-  static_assert(sizeof(D) == sizeof(H));
-  sent.clear(n);
-  sent.resize(in.sent.size());
-  memory::device::copy_from_host(in.sent.indices(), sent.mutable_indices());
-  SIDCO_CUDA(cudaMemcpy(sent.mutable_values().data(), in.sent.values().data(), in.sent.size() * sizeof(D),
-                        cudaMemcpyHostToDevice));
-  residual.resize(n);
-  SIDCO_CUDA(cudaMemcpy(residual.data(), in.residual.data(), n * sizeof(D), cudaMemcpyHostToDevice));
-}
-
 // Two exact steps of nccl_reduce_exchange<D> on every rank, in the given entry coding,
 // against the host transports' bits (step 1's inputs are rank r + 3's gradient: other
 // entries, some at indices step 0 kept, where an owner's carry adds in).
@@ -133,7 +91,7 @@ void exact_steps(const std::vector<ncclComm_t>& comms, const std::vector<float>&
   std::vector<std::vector<rank_input<H>>> inputs(2);
   std::vector<std::vector<std::vector<H>>> dense_ref(2), residual_ref(2);
   for (std::uint64_t step = 0; step < 2; ++step) {
-    for (int r = 0; r < ranks; ++r) inputs[step].push_back(input_of<H>(gradient, r + 3 * int(step)));
+    for (int r = 0; r < ranks; ++r) inputs[step].push_back(input_of<H>(gradient, r + 3 * int(step), delta));
     host_step(cores, inputs[step], n, step, dense_ref[step], residual_ref[step]);
   }
   const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain") +
@@ -179,7 +137,7 @@ int main() {
     exact_steps<__nv_bfloat16>(comms, gradient, "__nv_bfloat16", coding, exact_sizes);
   }
   std::vector<rank_input<>> inputs;
-  for (int r = 0; r < ranks; ++r) inputs.push_back(input_of(gradient, r));
+  for (int r = 0; r < ranks; ++r) inputs.push_back(input_of(gradient, r, delta));
   const std::vector<segment> layout{{0, n}};
   const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, std::size_t(ranks));
 
@@ -201,11 +159,7 @@ int main() {
     } catch (const sidco::runtime_error& e) {
       failed[std::size_t(r)] = e.what();
     }
-    if (r != 0) {
-      std::vector<float> restored = in.residual;
-      for (std::size_t j = 0; j < in.sent.size(); ++j) restored[in.sent.indices()[j]] = in.sent.values()[j];
-      expect(same_bits(download(residual), restored), who + "every entry sent is back in the residual");
-    }
+    if (r != 0) expect(same_bits(download(residual), test::restored(in)), who + "every entry sent is back in the residual");
 
     // The last rank's dense vector is too short: every rank raises it, naming that rank.
     upload(in, n, sent, residual);

@@ -1,8 +1,13 @@
 // The NCCL sparse all-reduce in one process over every visible GPU (one rank each): the
 // result equals the rank-order sum of what each rank sent, on every rank, bit for bit;
 // uneven and empty counts; the dense fallback; mismatched sizes and a failing rank make
-// every rank throw the same error. With one GPU the ranks are one (the multi-rank checks
-// say so and are skipped); without a GPU the program exits 77 (skipped).
+// every rank throw the same error. Then the all-gather exchange over NCCL (nccl_exchange) on
+// a real gradient in two layers with a capacity that trims, float, __half and
+// __nv_bfloat16, plain, plain at exact sizes and compact: every rank's dense update and
+// residual have the bits the host core gives (as the MPI exchange and the hook run it); a
+// failing rank and a short output on one rank make every rank throw the same error with its
+// entries back in its residual. With one GPU the ranks are one (the multi-rank checks say so
+// and are skipped); without a GPU the program exits 77 (skipped).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -20,15 +25,106 @@
 
 #include <sidco/backend/cuda.cuh>
 #include <sidco/comm/nccl.cuh>
+#include <sidco/comm/nccl_exchange.cuh>
 #include <sidco/sidco.hpp>
 
+#include "../support.hpp"
 #include "device.hpp"
+#include "exchange_inputs.hpp"
 #include "ranks.hpp"
 
 using namespace sidco;
 
+using test::download;
 using test::expect;
 using test::on_every_rank;
+using test::same_bits;
+
+namespace {
+
+// One step of nccl_exchange<D> on every rank against the host core's bits: the gradient in
+// two layers, capacity slack 0.8 (Top-k's k entries do not fit: what is trimmed goes back).
+template <class D>
+void exchange_step(const std::vector<ncclComm_t>& comms, const std::vector<float>& gradient, const char* type,
+                   comm::entry_coding coding, bool exact_sizes) {
+  using H = host_value_t<D>;
+  const int ranks = int(comms.size());
+  const std::size_t n = gradient.size();
+  const double delta = 0.01;
+  const std::vector<segment> layout{{0, n / 3}, {n / 3, n - n / 3}};
+  comm::exchange_options options;
+  options.slack = 0.8;
+  options.coding = coding;
+  options.exact_sizes = exact_sizes;
+  std::vector<test::rank_input<H>> inputs;
+  for (int r = 0; r < ranks; ++r) inputs.push_back(test::input_of<H>(gradient, r, delta));
+  // The host core's step, every rank simulated here.
+  std::vector<comm::allgather_core<H>> cores;
+  std::vector<std::vector<std::byte>> payloads;
+  std::vector<std::vector<H>> residual_ref(static_cast<std::size_t>(ranks)), dense_ref(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    cores.emplace_back(layout, delta, options.slack, coding);
+    payloads.emplace_back(cores.back().format().bytes());
+    auto sent = inputs[std::size_t(r)].sent;
+    residual_ref[std::size_t(r)] = inputs[std::size_t(r)].residual;
+    comm::host_residual<H> sink{std::span<H>(residual_ref[std::size_t(r)])};
+    cores.back().encode(sent, sink, comm::wire_fields{options.tag, 0, delta, options.op},
+                        std::span<std::byte>(payloads.back()));
+  }
+  const std::vector<std::span<const std::byte>> views(payloads.begin(), payloads.end());
+  std::size_t trimmed = 0;
+  for (int r = 0; r < ranks; ++r) {
+    dense_ref[std::size_t(r)].assign(n, H(0.f));
+    comm::host_residual<H> sink{std::span<H>(residual_ref[std::size_t(r)])};
+    trimmed = cores[std::size_t(r)].decode(views, std::span<H>(dense_ref[std::size_t(r)]), sink).trimmed;
+  }
+  expect(trimmed > 0, std::string(type) + ": the capacity trims (the test checks what it says)");
+  const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain") +
+                           (exact_sizes ? ", exact sizes" : "");
+  std::vector<std::string> failed(static_cast<std::size_t>(ranks)), refused(static_cast<std::size_t>(ranks));
+  on_every_rank(ranks, [&](int r) {
+    const std::string who = name + ", rank " + std::to_string(r) + ": ";
+    const test::rank_input<H>& in = inputs[std::size_t(r)];
+    sparse_vector<D, std::uint32_t, memory::device> sent;
+    memory::device_buffer<D> residual, dense(n);
+    comm::nccl_exchange<D> exchange(comms[std::size_t(r)], layout, delta, options);
+    test::upload(in, n, sent, residual);
+    const comm::exchange_report report = exchange.exchange(sent, residual.view(), dense.view(), 0);
+    expect(same_bits(download(dense), dense_ref[std::size_t(r)]), who + "dense has the host core's bits");
+    expect(same_bits(download(residual), residual_ref[std::size_t(r)]), who + "residual has the host core's bits");
+    expect(report.ranks == ranks && report.trimmed > 0, who + "report");
+    if (coding == comm::entry_coding::compact || exact_sizes)
+      expect(report.bytes < exchange.format().bytes(), who + "payloads sent at the head they use");
+
+    // Rank 0's compress threw: every rank raises it, each with its entries back.
+    test::upload(in, n, sent, residual);
+    try {
+      if (r == 0) exchange.exchange_failed(std::runtime_error("gradient contains NaN"), 1);
+      exchange.exchange(sent, residual.view(), dense.view(), 1);
+    } catch (const sidco::runtime_error& e) {
+      failed[std::size_t(r)] = e.what();
+    }
+    if (r != 0) expect(same_bits(download(residual), test::restored(in)), who + "every entry sent is back in the residual");
+
+    // The last rank's dense vector is too short: every rank raises it, naming that rank.
+    test::upload(in, n, sent, residual);
+    memory::device_buffer<D> short_dense(n - 1);
+    try {
+      exchange.exchange(sent, residual.view(), r == ranks - 1 ? short_dense.view() : dense.view(), 2);
+    } catch (const sidco::runtime_error& e) {
+      refused[std::size_t(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < ranks; ++r) {
+    expect(failed[std::size_t(r)].find("rank 0 failed: gradient contains NaN") != std::string::npos,
+           name + ": rank " + std::to_string(r) + " names the failing rank: '" + failed[std::size_t(r)] + "'");
+    expect(refused[std::size_t(r)] == refused[0] &&
+               refused[std::size_t(r)].find("nccl_exchange: dense") != std::string::npos,
+           name + ": rank " + std::to_string(r) + " names the short dense vector: '" + refused[std::size_t(r)] + "'");
+  }
+}
+
+}  // namespace
 
 int main() {
   if (!sidco::test::cuda_device_present()) {
@@ -176,7 +272,16 @@ int main() {
       expect(messages[std::size_t(r)].find("rank 1 failed: gradient contains NaN") != std::string::npos,
             "rank " + std::to_string(r) + " names the failing rank: '" + messages[std::size_t(r)] + "'");
   }
+  // The all-gather exchange over NCCL against the host core.
+  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
+  for (const auto& [coding, exact_sizes] : {std::pair{comm::entry_coding::plain, false},
+                                             std::pair{comm::entry_coding::plain, true},
+                                             std::pair{comm::entry_coding::compact, false}}) {
+    exchange_step<float>(comms, gradient, "float", coding, exact_sizes);
+    exchange_step<__half>(comms, gradient, "__half", coding, exact_sizes);
+    exchange_step<__nv_bfloat16>(comms, gradient, "__nv_bfloat16", coding, exact_sizes);
+  }
   for (auto c : comms) ncclCommDestroy(c);
-  std::printf("%s\n", test::failures ? "FAILED" : "NCCL sparse all-reduce checks passed");
+  std::printf("%s\n", test::failures ? "FAILED" : "NCCL sparse all-reduce and exchange checks passed");
   return test::failures ? 1 : 0;
 }

@@ -39,10 +39,10 @@
 #include <vector>
 
 #include "sidco/backend/cuda/check.cuh"
-#include "sidco/backend/cuda/entries.cuh"
 #include "sidco/backend/cuda/half.cuh"
 #include "sidco/comm/collective_wait.hpp"
 #include "sidco/comm/nccl_link.cuh"
+#include "sidco/comm/nccl_stage.cuh"
 #include "sidco/comm/options.hpp"
 #include "sidco/comm/reduce/core.hpp"
 #include "sidco/comm/reduce/frames.hpp"
@@ -94,7 +94,7 @@ class nccl_reduce_exchange {
                        Policy policy = {}, cudaStream_t stream = nullptr,
                        std::chrono::milliseconds timeout = default_collective_timeout)
       : link_(comm, stream, timeout, "nccl_reduce_exchange") {
-    for (auto* buffer : {&blocks_device_, &received_device_, &selection_device_, &selections_device_, &setups_device_})
+    for (auto* buffer : {&blocks_device_, &received_device_, &selection_device_, &selections_device_})
       buffer->use_stream(link_.stream());
     sizes_device_.use_stream(link_.stream());
     const std::size_t ranks = std::size_t(link_.ranks());
@@ -117,7 +117,7 @@ class nccl_reduce_exchange {
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }
-    agree_setup(mine);
+    nccl_detail::agree_setup(link_, mine, remedy);
   }
 
   /// One tensor of size values.
@@ -157,7 +157,7 @@ class nccl_reduce_exchange {
                                                       residual.size(), "): not the exchange's size ", size));
       core_.pack_failure(wrong, core_.fields(step), std::span<std::byte>(blocks_));
     } else {
-      aborting_on_failure([&] { copy_to_host(sent); });
+      aborting_on_failure([&] { stage_.fetch(link_, sent, sent_); });
       core_.pack(sent_, staged_, core_.fields(step), std::span<std::byte>(blocks_));
     }
     return finish(dense);
@@ -179,7 +179,6 @@ class nccl_reduce_exchange {
   void load_state(state_reader& in) { core_.load_state(in); }
 
  private:
-  using launch = backend::cuda_detail::default_tuning;
   static constexpr const char* remedy = "create a new communicator and exchange on every rank";
 
   template <class F>
@@ -204,14 +203,6 @@ class nccl_reduce_exchange {
   // Each payload as a message of its own size (the compact coding, or exact_sizes).
   bool framed() const { return framed_; }
 
-  void copy_to_host(const sparse_vector<T, Index, memory::device>& sent) {
-    link_.order_after_writer(sent);
-    sent_.clear(sent.dense_size());
-    sent_.resize(sent.size());
-    link_.to_host(sent_.index_data(), sent.indices().data(), sent.size() * sizeof(Index));
-    link_.to_host(sent_.value_data(), sent.values().data(), sent.size() * sizeof(T));
-  }
-
   // Both rounds, then the update; blocks_ holds this rank's blocks.
   reduce_report finish(memory::device::view<T> dense) {
     const std::size_t bytes = core_.block_bytes(), ranks = std::size_t(link_.ranks()), me = std::size_t(link_.rank());
@@ -227,7 +218,7 @@ class nccl_reduce_exchange {
     aborting_on_failure([&] {
       write_staged();
       SIDCO_CUDA(cudaMemsetAsync(dense.data(), 0, dense.size() * sizeof(T), link_.stream()));
-      write(core_.global_selection(), core_.updates(), dense);
+      stage_.write(link_, core_.global_selection(), core_.updates(), dense);
     });
     reduce_report report = core_.report();
     if (framed()) report.bytes_sent = framed_sent_, report.bytes_received = framed_received_;
@@ -367,37 +358,8 @@ class nccl_reduce_exchange {
   }
 
   // What goes back into the residual, in one go.
-  void write_staged() { write(std::span<const Index>(staged_.indices), std::span<const H>(staged_.values), residual_); }
-
-  // to[indices[j]] = values[j] on the device (nothing when to is empty), through page-locked
-  // staging (comm/nccl_link.cuh) and the one entry kernel (backend/cuda/entries.cuh).
-  void write(std::span<const Index> indices, std::span<const H> values, memory::device::view<T> to) {
-    if (to.empty() || indices.empty()) return;
-    entry_indices_.use_stream(link_.stream());
-    entry_values_.use_stream(link_.stream());
-    entry_indices_.resize(indices.size());
-    entry_values_.resize(values.size());
-    link_.to_device(entry_indices_.data(), indices.data(), indices.size() * sizeof(Index));
-    link_.to_device(entry_values_.data(), values.data(), values.size() * sizeof(T));
-    backend::cuda_detail::launch_set_entries<launch>(entry_indices_.data(), entry_values_.data(), indices.size(),
-                                                     to.data(), link_.stream());
-    link_.wait();  // the entries' buffers are reused by the next write
-  }
-
-  // Every rank's setup record, all-gathered; every rank throws alike what check_setups finds.
-  void agree_setup(const exchange_setup& mine) {
-    const std::size_t ranks = std::size_t(link_.ranks());
-    std::vector<exchange_setup> setups(ranks);
-    link_.aborting_on_failure(
-        [&] {
-          setups_device_.resize(sizeof mine * (ranks + 1));
-          link_.to_device(setups_device_.data(), &mine, sizeof mine);
-          SIDCO_NCCL(ncclAllGather(setups_device_.data(), setups_device_.data() + sizeof mine, sizeof mine, ncclUint8,
-                                   link_.comm(), link_.stream()));
-          link_.to_host(setups.data(), setups_device_.data() + sizeof mine, sizeof mine * ranks);
-        },
-        remedy);
-    check_setups(setups);
+  void write_staged() {
+    stage_.write(link_, std::span<const Index>(staged_.indices), std::span<const H>(staged_.values), residual_);
   }
 
   nccl_detail::link link_;
@@ -407,14 +369,12 @@ class nccl_reduce_exchange {
   wire_fields step_fields_{};
   bool framed_ = false;
   std::size_t framed_sent_ = 0, framed_received_ = 0;  // framed: this step's bytes on the wire
-  memory::device_buffer<unsigned char> blocks_device_, received_device_, selection_device_, selections_device_,
-      setups_device_;
+  memory::device_buffer<unsigned char> blocks_device_, received_device_, selection_device_, selections_device_;
   memory::device_buffer<std::uint64_t> sizes_device_;  // framed: the messages' sizes
   sparse_vector<H, Index> sent_;           // this step's sent entries, on the host
   staged_residual<H, Index> staged_;       // what goes back into the residual, this step
   memory::device::view<T> residual_;
-  memory::device_buffer<Index> entry_indices_;
-  memory::device_buffer<T> entry_values_;
+  nccl_detail::host_stage<T, Index> stage_;
 };
 
 }  // namespace sidco::comm
