@@ -32,6 +32,43 @@ sidco_use_ccache() {
   export PATH="$links:$PATH" CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-6G}"
 }
 
+# sidco_use_nvcc_deps: nvcc (when there is one) through a wrapper that asks it
+# for the header dependencies Meson 1.0 does not (-MD -MF OUT.d -MT OUT on a compile to OUT),
+# so that ninja rebuilds a CUDA object when a header it includes changes (without them an
+# edited .cuh or .hpp left every CUDA object as it was). Written only when its text changes,
+# so that ccache, which keys a compiler by its time stamp, keeps finding what it compiled.
+# Affects build directories set up after it (Meson records the compiler then, and every
+# later build of them, in any shell, runs the wrapper).
+sidco_use_nvcc_deps() {
+  local real wrapper="${XDG_CACHE_HOME:-$HOME/.cache}/sidco-nvcc-bin/nvcc" text
+  real=$(command -v nvcc) || return 0
+  text=$(cat <<WRAPPER
+#!/usr/bin/env bash
+# Written by sidco's scripts/setup.sh (sidco_use_nvcc_deps): $real, with header dependencies.
+args=("\$@") out="" compile=0 deps=0
+for ((i = 0; i < \${#args[@]}; i++)); do
+  case "\${args[i]}" in
+    -c) compile=1 ;;
+    -o) out=\${args[i + 1]:-} ;;
+    -M | -MM | -MD | -MMD | -MF | -MT | -E | --generate-dependencies* | --dependency-output*) deps=1 ;;
+  esac
+done
+[ "\$compile" = 1 ] && [ -n "\$out" ] && [ "\$deps" = 0 ] && args+=(-MD -MF "\$out.d" -MT "\$out")
+exec "$real" "\${args[@]}"
+WRAPPER
+)
+  mkdir -p "$(dirname "$wrapper")"
+  if [ ! -x "$wrapper" ] || [ "$(cat "$wrapper")" != "$text" ]; then
+    printf '%s\n' "$text" > "$wrapper.new" && chmod +x "$wrapper.new" && mv "$wrapper.new" "$wrapper"
+  fi
+  # Meson 1.0 takes a CUDA compiler from a native file only (no variable), records its path,
+  # and puts ccache before it only when told so there.
+  local launcher=""
+  command -v ccache > /dev/null && launcher="'ccache', "
+  printf "[binaries]\ncuda = [%s'%s']\n" "$launcher" "$wrapper" > "$wrapper.ini"
+  export SIDCO_MESON_NATIVE="$wrapper.ini"
+}
+
 # sidco_configure DIR [meson options...]: set up DIR, or reconfigure it (which also picks
 # up options added since it was set up). The log is shown only when it fails.
 sidco_configure() {
@@ -39,6 +76,7 @@ sidco_configure() {
   shift
   local mode=()
   [ -f "$dir/build.ninja" ] && mode=(--reconfigure)
+  [ -n "${SIDCO_MESON_NATIVE:-}" ] && mode+=(--native-file "$SIDCO_MESON_NATIVE")
   meson setup "${mode[@]}" "$dir" "$@" > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   rm -f "$dir.setup.log"
 }

@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 sidco_install_missing
 sidco_use_ccache
+sidco_use_nvcc_deps
 
 build_suite() {  # DIR [meson options]: configure and compile, the log shown only when it fails
   local dir=$1
