@@ -727,13 +727,17 @@ TEST_CASE_TEMPLATE("an average whose sum overflows is finite in both exchanges, 
 
 TEST_CASE_TEMPLATE("the device path's decode (entries written into zeros) gives decode's bits", T, float, double,
                    float16, bfloat16) {
-  // The hook's CUDA all-gather codec runs decode_entries on the host and writes the entries
-  // into the zeroed device bucket; the CPU codec runs decode into the bucket. Real gradients
-  // at 1, 2, 3 and 8 ranks, with one index whose sum overflows for the average.
+  // The CUDA transports (the hook's all-gather codec, nccl_exchange) run decode_into on the
+  // host and write the entries into the zeroed device buffer; the CPU codec runs decode into
+  // the bucket. Real gradients at 1, 2, 3 and 8 ranks, plain and compact payloads, with one
+  // index whose sum overflows for the average.
   const auto gradient = test::load_gradient<float>("cnn_it200.npy");
   const std::size_t size = gradient.size();
+  for (const auto coding : {comm::entry_coding::plain, comm::entry_coding::compact})
   for (const std::size_t ranks : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(8)}) {
-    comm::allgather_core<T> core({{0, size}}, 0.01, 1.25);
+    CAPTURE(int(coding));
+    CAPTURE(ranks);
+    comm::allgather_core<T> core({{0, size}}, 0.01, 1.25, coding);
     std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(core.format().bytes()));
     for (std::size_t r = 0; r < ranks; ++r) {
       std::vector<T> g(size);
@@ -747,10 +751,16 @@ TEST_CASE_TEMPLATE("the device path's decode (entries written into zeros) gives 
       core.encode(sent, none, {1, 0, 0.01, comm::reduction::average}, payloads[r]);
     }
     std::vector<T> dense(size), written(size, T(0));
-    const auto host = comm::decode<T, std::uint32_t>(views_of(payloads), core.format(), std::span<T>(dense));
-    const auto device = comm::decode_entries<T, std::uint32_t>(views_of(payloads), core.format(),
-                                                               [&](std::uint64_t i, T v) { written[i] = v; });
+    comm::host_residual<T> none;
+    const auto host = core.decode(views_of(payloads), std::span<T>(dense), none);
+    std::vector<std::uint32_t> indices{7};  // decode_into clears what they held
+    std::vector<T> values{T(1)};
+    const auto device = core.decode_into(views_of(payloads), indices, values, none);
+    REQUIRE(indices.size() == values.size());
+    CHECK(std::is_sorted(indices.begin(), indices.end()));
+    for (std::size_t j = 0; j < indices.size(); ++j) written[indices[j]] = values[j];
     CHECK(host.distinct == device.distinct);
+    CHECK(indices.size() == device.distinct);
     REQUIRE(std::memcmp(written.data(), dense.data(), size * sizeof(T)) == 0);
     CHECK(std::isfinite(double(to_accumulator(dense[size / 2]))));
   }

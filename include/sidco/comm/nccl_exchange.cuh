@@ -172,17 +172,9 @@ class nccl_exchange {
     const std::size_t bytes = core_.format().bytes(), ranks = std::size_t(link_.ranks());
     std::vector<std::span<const std::byte>> views(ranks);
     for (std::size_t r = 0; r < ranks; ++r) views[r] = std::span<const std::byte>(inbox_).subspan(r * bytes, bytes);
-    update_indices_.clear();
-    update_values_.clear();
     exchange_report report;
     try {
-      report = core_.decode_entries(
-          views,
-          [&](std::uint64_t i, H v) {
-            update_indices_.push_back(Index(i));
-            update_values_.push_back(v);
-          },
-          staged_);
+      report = core_.decode_into(views, update_indices_, update_values_, staged_);
     } catch (...) {
       aborting_on_failure([&] { write_staged(); });  // a failed step: what this rank sent, back
       throw;
@@ -220,12 +212,7 @@ class nccl_exchange {
 
   // The longest payload's used bytes, every rank's all-gathered (one word each).
   std::size_t agreed_head(std::size_t ranks) {
-    const std::uint64_t mine = core_.used_bytes();
-    std::vector<std::uint64_t> sizes(ranks);
-    sizes_device_.resize(ranks + 1);
-    link_.to_device(sizes_device_.data(), &mine, sizeof mine);
-    SIDCO_NCCL(ncclAllGather(sizes_device_.data(), sizes_device_.data() + 1, 1, ncclUint64, link_.comm(), link_.stream()));
-    link_.to_host(sizes.data(), sizes_device_.data() + 1, ranks * sizeof(std::uint64_t));
+    const std::vector<std::uint64_t> sizes = nccl_detail::all_gather_word(link_, sizes_device_, core_.used_bytes());
     std::uint64_t longest = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
       // Outside any payload of this format: not this sidco's (the communicator is aborted).

@@ -236,6 +236,21 @@ class allgather_core {
     }
   }
 
+  /// decode_entries() into indices and values (cleared first, then the update's entries,
+  /// ascending), for transports that write the update elsewhere (device memory).
+  template <class Sink>
+  exchange_report decode_into(payload_views payloads, std::vector<Index>& indices, std::vector<T>& values, Sink& sink) {
+    indices.clear();
+    values.clear();
+    return decode_entries(
+        payloads,
+        [&](std::uint64_t i, T v) {
+          indices.push_back(Index(i));
+          values.push_back(v);
+        },
+        sink);
+  }
+
   /// decode_entries(), giving back as decode() does.
   template <class Update, class Sink>
   exchange_report decode_entries(payload_views payloads, Update&& update, Sink& sink) {

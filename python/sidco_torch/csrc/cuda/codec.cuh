@@ -159,16 +159,8 @@ class cuda_codec final : public codec_impl {
     std::vector<std::span<const std::byte>> views;
     for (std::size_t r = 0; r < ranks; ++r) views.emplace_back(host + r * bytes, bytes);
     staged_.clear();
-    update_indices_.clear();
-    update_values_.clear();
     try {
-      report_.exchange = core_.decode_entries(
-          views,
-          [&](std::uint64_t i, H v) {
-            update_indices_.push_back(Index(i));
-            update_values_.push_back(v);
-          },
-          staged_);
+      report_.exchange = core_.decode_into(views, update_indices_, update_values_, staged_);
     } catch (...) {
       write_staged(current);  // a failed exchange: what this rank sent back into its residual
       throw;
