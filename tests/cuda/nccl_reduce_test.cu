@@ -23,7 +23,7 @@
 
 #include "../support.hpp"
 #include "device.hpp"
-#include "exchange_inputs.hpp"
+#include "exchange_checks.hpp"
 #include "ranks.hpp"
 
 using namespace sidco;
@@ -143,32 +143,14 @@ int main() {
 
   // A failing rank, wrong arguments, the default owner, and a resumed exchange, each on
   // every rank.
-  std::vector<std::string> failed(static_cast<std::size_t>(ranks)), refused(static_cast<std::size_t>(ranks));
+  std::vector<test::raised> raised(static_cast<std::size_t>(ranks));
   on_every_rank(ranks, [&](int r) {
     const rank_input<>& in = inputs[std::size_t(r)];
     sparse_vector<float, std::uint32_t, memory::device> sent;
     memory::device_buffer<float> residual, dense(n);
     const std::string who = "rank " + std::to_string(r) + ": ";
     comm::nccl_reduce_exchange<float, std::uint32_t, comm::owner_top_k> exchange(comms[std::size_t(r)], n, delta);
-
-    // Rank 0's compress threw: every rank raises it, each with its entries back.
-    upload(in, n, sent, residual);
-    try {
-      if (r == 0) exchange.exchange_failed(std::runtime_error("gradient contains NaN"), 1);
-      exchange.exchange(sent, residual.view(), dense.view(), 1);
-    } catch (const sidco::runtime_error& e) {
-      failed[std::size_t(r)] = e.what();
-    }
-    if (r != 0) expect(same_bits(download(residual), test::restored(in)), who + "every entry sent is back in the residual");
-
-    // The last rank's dense vector is too short: every rank raises it, naming that rank.
-    upload(in, n, sent, residual);
-    memory::device_buffer<float> short_dense(n - 1);
-    try {
-      exchange.exchange(sent, residual.view(), r == ranks - 1 ? short_dense.view() : dense.view(), 2);
-    } catch (const sidco::runtime_error& e) {
-      refused[std::size_t(r)] = e.what();
-    }
+    raised[std::size_t(r)] = test::failing_steps<decltype(exchange), float>(exchange, in, r, ranks, 1, who);
 
     // The default owner (SIDCo-E on the reduced values) over two steps, then resumed.
     comm::nccl_reduce_exchange<float> sidco_exchange(comms[std::size_t(r)], n, delta);
@@ -189,14 +171,7 @@ int main() {
       }
     }
   });
-  for (int r = 0; r < ranks; ++r) {
-    expect(failed[std::size_t(r)].find("rank 0 failed: gradient contains NaN") != std::string::npos,
-           "rank " + std::to_string(r) + " names the failing rank: '" + failed[std::size_t(r)] + "'");
-    expect(refused[std::size_t(r)] == refused[0] &&
-               refused[std::size_t(r)].find("rank " + std::to_string(ranks - 1) + " failed: nccl_reduce_exchange: dense") !=
-                   std::string::npos,
-           "rank " + std::to_string(r) + " names the rank with a short dense vector: '" + refused[std::size_t(r)] + "'");
-  }
+  test::expect_raised_alike(raised, "nccl_reduce_exchange: dense", "");
   for (auto comm : comms) ncclCommDestroy(comm);
   std::printf("%s\n", test::failures ? "FAILED" : "ok");
   return test::failures ? 1 : 0;

@@ -30,7 +30,7 @@
 
 #include "../support.hpp"
 #include "device.hpp"
-#include "exchange_inputs.hpp"
+#include "exchange_checks.hpp"
 #include "ranks.hpp"
 
 using namespace sidco;
@@ -81,7 +81,7 @@ void exchange_step(const std::vector<ncclComm_t>& comms, const std::vector<float
   expect(trimmed > 0, std::string(type) + ": the capacity trims (the test checks what it says)");
   const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain") +
                            (exact_sizes ? ", exact sizes" : "");
-  std::vector<std::string> failed(static_cast<std::size_t>(ranks)), refused(static_cast<std::size_t>(ranks));
+  std::vector<test::raised> raised(static_cast<std::size_t>(ranks));
   on_every_rank(ranks, [&](int r) {
     const std::string who = name + ", rank " + std::to_string(r) + ": ";
     const test::rank_input<H>& in = inputs[std::size_t(r)];
@@ -95,33 +95,9 @@ void exchange_step(const std::vector<ncclComm_t>& comms, const std::vector<float
     expect(report.ranks == ranks && report.trimmed > 0, who + "report");
     if (coding == comm::entry_coding::compact || exact_sizes)
       expect(report.bytes < exchange.format().bytes(), who + "payloads sent at the head they use");
-
-    // Rank 0's compress threw: every rank raises it, each with its entries back.
-    test::upload(in, n, sent, residual);
-    try {
-      if (r == 0) exchange.exchange_failed(std::runtime_error("gradient contains NaN"), 1);
-      exchange.exchange(sent, residual.view(), dense.view(), 1);
-    } catch (const sidco::runtime_error& e) {
-      failed[std::size_t(r)] = e.what();
-    }
-    if (r != 0) expect(same_bits(download(residual), test::restored(in)), who + "every entry sent is back in the residual");
-
-    // The last rank's dense vector is too short: every rank raises it, naming that rank.
-    test::upload(in, n, sent, residual);
-    memory::device_buffer<D> short_dense(n - 1);
-    try {
-      exchange.exchange(sent, residual.view(), r == ranks - 1 ? short_dense.view() : dense.view(), 2);
-    } catch (const sidco::runtime_error& e) {
-      refused[std::size_t(r)] = e.what();
-    }
+    raised[std::size_t(r)] = test::failing_steps<comm::nccl_exchange<D>, D>(exchange, in, r, ranks, 1, who);
   });
-  for (int r = 0; r < ranks; ++r) {
-    expect(failed[std::size_t(r)].find("rank 0 failed: gradient contains NaN") != std::string::npos,
-           name + ": rank " + std::to_string(r) + " names the failing rank: '" + failed[std::size_t(r)] + "'");
-    expect(refused[std::size_t(r)] == refused[0] &&
-               refused[std::size_t(r)].find("nccl_exchange: dense") != std::string::npos,
-           name + ": rank " + std::to_string(r) + " names the short dense vector: '" + refused[std::size_t(r)] + "'");
-  }
+  test::expect_raised_alike(raised, "nccl_exchange: dense", name + ": ");
 }
 
 }  // namespace

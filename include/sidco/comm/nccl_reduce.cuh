@@ -327,12 +327,7 @@ class nccl_reduce_exchange {
     messages_.clear();
     append_message<H, Index>(std::span<const std::byte>(selection_), format, frame_kind_for(true, core_.coding()),
                              nullptr, messages_);
-    const std::uint64_t mine = messages_.size();
-    std::vector<std::uint64_t> sizes(ranks);
-    sizes_device_.resize(ranks + 1);
-    link_.to_device(sizes_device_.data(), &mine, sizeof mine);
-    SIDCO_NCCL(ncclAllGather(sizes_device_.data(), sizes_device_.data() + 1, 1, ncclUint64, link_.comm(), link_.stream()));
-    link_.to_host(sizes.data(), sizes_device_.data() + 1, ranks * sizeof(std::uint64_t));
+    const std::vector<std::uint64_t> sizes = nccl_detail::all_gather_word(link_, sizes_device_, messages_.size());
     std::uint64_t longest = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
       if (sizes[r] > max_frame_bytes(format))

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -57,6 +58,19 @@ class host_stage {
   memory::device_buffer<Index> indices_;
   memory::device_buffer<T> values_;
 };
+
+/// Every rank's word (this rank's being mine), by one ncclAllGather through words (a device
+/// buffer the caller keeps from call to call).
+inline std::vector<std::uint64_t> all_gather_word(link& l, memory::device_buffer<std::uint64_t>& words,
+                                                  std::uint64_t mine) {
+  const std::size_t ranks = std::size_t(l.ranks());
+  std::vector<std::uint64_t> all(ranks);
+  words.resize(ranks + 1);
+  l.to_device(words.data(), &mine, sizeof mine);
+  SIDCO_NCCL(ncclAllGather(words.data(), words.data() + 1, 1, ncclUint64, l.comm(), l.stream()));
+  l.to_host(all.data(), words.data() + 1, ranks * sizeof(std::uint64_t));
+  return all;
+}
 
 /// Every rank's setup record, all-gathered; every rank throws alike what check_setups finds
 /// (a failure of the collective itself aborts the communicator: remedy says what to do).
