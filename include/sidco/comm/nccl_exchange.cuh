@@ -156,7 +156,8 @@ class nccl_exchange {
 
   void begin() {
     if (link_.aborted())
-      sidco::detail::fail_at_run_time("nccl_exchange: the NCCL communicator was aborted by an earlier failure; ", remedy);
+      sidco::detail::fail_at_run_time("nccl_exchange: the NCCL communicator was aborted by an earlier failure; ",
+                                      remedy);
     staged_.clear();
     sent_.clear(core_.size());
   }

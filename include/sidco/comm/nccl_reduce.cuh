@@ -5,10 +5,11 @@
 // Round 1 is a grouped ncclSend/ncclRecv of fixed-size blocks (one to each owner), round 2
 // one ncclAllGather of the owners' selections: both of fixed size, so no count exchange
 // comes first. In the compact coding (exchange_options::coding), or with
-// exchange_options::exact_sizes, both rounds move messages of their own size instead (comm/reduce/frames.hpp: values narrowed, indices gap-coded,
-// round 1's led by the step's digest, as the MPI two-hop and hook transports send them):
-// each round's sizes go first (round 1: one word to each owner; round 2: one all-gathered
-// word), then the messages (round 2's at the longest one's size, zeros after each).
+// exchange_options::exact_sizes, both rounds move messages of their own size instead
+// (comm/reduce/frames.hpp: values narrowed, indices gap-coded, round 1's led by the step's
+// digest, as the MPI two-hop and hook transports send them): each round's sizes go first
+// (round 1: one word to each owner; round 2: one all-gathered word), then the messages
+// (round 2's at the longest one's size, zeros after each).
 // The steps between them are the exchange core's host code, the one the MPI
 // and gloo transports run, on copies of O(k) bytes through page-locked memory; the device
 // keeps the dense vectors and gets only the update's k entries and the entries going back
@@ -296,8 +297,8 @@ class nccl_reduce_exchange {
     blocks_device_.resize(std::max<std::size_t>(messages_.size(), bytes * ranks));
     received_device_.resize(std::max<std::size_t>(total, bytes * ranks));
     link_.to_device(blocks_device_.data(), messages_.data(), messages_.size());
-    SIDCO_CUDA(cudaMemcpyAsync(received_device_.data() + in_at[me], blocks_device_.data() + out_at[me], out_sizes[me],
-                               cudaMemcpyDeviceToDevice, link_.stream()));
+    SIDCO_CUDA(cudaMemcpyAsync(received_device_.data() + in_at[me], blocks_device_.data() + out_at[me],
+                               out_sizes[me], cudaMemcpyDeviceToDevice, link_.stream()));
     if (ranks > 1) {
       nccl_detail::link::group open_group;
       for (std::size_t r = 0; r < ranks; ++r) {

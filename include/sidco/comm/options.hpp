@@ -19,8 +19,8 @@ enum class entry_coding : std::uint8_t { plain = 0, compact = 1 };
 /// payloads each way, at a fixed size or, with exact_sizes, the agreed head). Under SimGrid's
 /// SMPI two_hop took less time and fewer bytes at every P from 16 to 1,024, and fewer bytes on
 /// the loopback at 4 to 16 ranks (docs/RESULTS.md). The NCCL exchange moves its blocks flat
-/// whatever this says (as frames with exact_sizes or the compact coding); the PyTorch hook chooses by State(reduce_schedule=...), over the same
-/// router (comm/reduce/hops.hpp).
+/// whatever this says (as frames with exact_sizes or the compact coding); the PyTorch hook
+/// chooses by State(reduce_schedule=...), over the same router (comm/reduce/hops.hpp).
 enum class reduce_schedule : std::uint8_t { flat = 0, two_hop = 1 };
 
 struct exchange_options {

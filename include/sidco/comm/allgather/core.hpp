@@ -239,7 +239,8 @@ class allgather_core {
   /// decode_entries() into indices and values (cleared first, then the update's entries,
   /// ascending), for transports that write the update elsewhere (device memory).
   template <class Sink>
-  exchange_report decode_into(payload_views payloads, std::vector<Index>& indices, std::vector<T>& values, Sink& sink) {
+  exchange_report decode_into(payload_views payloads, std::vector<Index>& indices, std::vector<T>& values,
+                              Sink& sink) {
     indices.clear();
     values.clear();
     return decode_entries(
