@@ -1430,3 +1430,85 @@ TEST_CASE("frames: a payload as a count and its entries reads back as the payloa
   CHECK(digest(fields, 1001) != base);
   CHECK(comm::fields_digest<double, std::uint32_t>(fields, 1000, comm::format_for<double, std::uint32_t>(40)) != base);
 }
+
+TEST_CASE("frames: a round's messages (append_messages, read_messages) read back as its payloads; one cut short, "
+          "overlong or at another digest becomes a failure naming its sender") {
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(40);
+  const comm::wire_fields fields{9, 12, 0.01, comm::reduction::average};
+  const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>(fields, 1000, format);
+  const std::uint64_t digest = comm::fields_digest<float, std::uint32_t>(fields, 1000, format);
+  constexpr std::size_t ranks = 4;
+  std::vector<std::byte> payloads(ranks * format.bytes());
+  const auto payload_of = [&](std::size_t r) {
+    return std::span<const std::byte>(payloads).subspan(r * format.bytes(), format.bytes());
+  };
+  for (std::size_t r = 0; r < ranks; ++r) {  // rank r's payload: r + 1 entries, a failure at rank 2
+    const auto mine = std::span<std::byte>(payloads).subspan(r * format.bytes(), format.bytes());
+    if (r == 2) {
+      comm::pack_failure<float, std::uint32_t>(sidco::error("sidco: rank 2's reason"), 1000, fields, format, mine);
+      continue;
+    }
+    std::vector<std::uint32_t> indices;
+    std::vector<float> values;
+    for (std::size_t j = 0; j <= r; ++j) {
+      indices.push_back(std::uint32_t(100 * j + r));
+      values.push_back(0.5f + float(j));
+    }
+    comm::pack<float, std::uint32_t>(indices, values, 1000, 0, fields, format, mine);
+  }
+  for (const bool with_digest : {true, false}) {
+    const std::uint64_t* lead = with_digest ? &digest : nullptr;
+    std::vector<std::byte> out{std::byte{7}};  // appended after what is there
+    const auto sizes = comm::append_messages<float, std::uint32_t>(payloads, ranks, format, {}, lead, out);
+    REQUIRE(sizes.size() == ranks);
+    std::vector<std::span<const std::byte>> messages;
+    std::size_t at = 1;
+    for (const std::size_t size : sizes) {  // each: as append_message writes it alone
+      std::vector<std::byte> alone;
+      comm::append_message<float, std::uint32_t>(payload_of(messages.size()), format, {}, lead, alone);
+      messages.push_back(std::span<const std::byte>(out).subspan(at, size));
+      REQUIRE(std::ranges::equal(messages.back(), alone));
+      at += size;
+    }
+    CHECK(at == out.size());
+    std::vector<std::byte> back(ranks * format.bytes(), std::byte{1});
+    const auto slot = [&](std::size_t r) {
+      return std::span<std::byte>(back).subspan(r * format.bytes(), format.bytes());
+    };
+    comm::read_messages<float, std::uint32_t>(messages, header, format, {}, lead, slot);
+    CHECK(back == payloads);
+    // Rank 1's message cut short, rank 3's one byte longer: failures naming them; the rest as sent.
+    std::vector<std::byte> longer(messages[3].begin(), messages[3].end());
+    longer.push_back(std::byte{5});
+    std::vector<std::span<const std::byte>> damaged = messages;
+    damaged[1] = messages[1].first(messages[1].size() - 1);
+    damaged[3] = longer;
+    comm::read_messages<float, std::uint32_t>(damaged, header, format, {}, lead, slot);
+    for (const std::size_t r : {0, 2}) CHECK(std::ranges::equal(slot(r), payload_of(r)));
+    for (const std::size_t r : {1, 3}) {
+      const comm::wire_header h = comm::header_of(slot(r));
+      REQUIRE(h.status != std::uint8_t(comm::wire_status::ok));
+      const std::string text(reinterpret_cast<const char*>(slot(r).data()) + sizeof h, std::size_t(h.count));
+      CHECK(text.find("the message from rank " + std::to_string(r)) != std::string::npos);
+    }
+  }
+  // Messages led by another step's digest: every one a failure naming its sender.
+  std::vector<std::byte> out;
+  const std::uint64_t other = comm::fields_digest<float, std::uint32_t>({9, 13, 0.01, comm::reduction::average}, 1000,
+                                                                        format);
+  const auto sizes = comm::append_messages<float, std::uint32_t>(payloads, ranks, format, {}, &other, out);
+  std::vector<std::span<const std::byte>> messages;
+  for (std::size_t r = 0, at = 0; r < ranks; at += sizes[r++])
+    messages.push_back(std::span<const std::byte>(out).subspan(at, sizes[r]));
+  std::vector<std::byte> back(ranks * format.bytes());
+  comm::read_messages<float, std::uint32_t>(messages, header, format, {}, &digest, [&](std::size_t r) {
+    return std::span<std::byte>(back).subspan(r * format.bytes(), format.bytes());
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto mine = std::span<const std::byte>(back).subspan(r * format.bytes(), format.bytes());
+    const comm::wire_header h = comm::header_of(mine);
+    REQUIRE(h.status != std::uint8_t(comm::wire_status::ok));
+    const std::string text(reinterpret_cast<const char*>(mine.data()) + sizeof h, std::size_t(h.count));
+    CHECK(text.find("the message from rank " + std::to_string(r) + " held another tensor, step") != std::string::npos);
+  }
+}

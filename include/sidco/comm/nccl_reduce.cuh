@@ -265,13 +265,11 @@ class nccl_reduce_exchange {
     const wire_format& format = core_.plan().format;
     const std::uint64_t digest = fields_digest<H, Index>(step_fields_, core_.plan().size, format);
     messages_.clear();
-    std::vector<std::uint64_t> out_sizes(ranks), out_at(ranks), in_sizes(ranks), in_at(ranks);
-    for (std::size_t r = 0; r < ranks; ++r) {
-      out_at[r] = messages_.size();
-      append_message<H, Index>(std::span<const std::byte>(blocks_).subspan(r * bytes, bytes), format,
-                               frame_kind_for(false, core_.coding()), &digest, messages_);
-      out_sizes[r] = messages_.size() - out_at[r];
-    }
+    const std::vector<std::size_t> lengths = append_messages<H, Index>(blocks_, ranks, format,
+                                                                       frame_kind_for(false, core_.coding()), &digest,
+                                                                       messages_);
+    std::vector<std::uint64_t> out_sizes(lengths.begin(), lengths.end()), out_at(ranks), in_sizes(ranks), in_at(ranks);
+    for (std::size_t r = 1; r < ranks; ++r) out_at[r] = out_at[r - 1] + out_sizes[r - 1];
     sizes_device_.resize(2 * ranks);
     link_.to_device(sizes_device_.data(), out_sizes.data(), ranks * sizeof(std::uint64_t));
     if (ranks > 1) {
@@ -314,11 +312,11 @@ class nccl_reduce_exchange {
     link_.to_host(inbox_.data(), received_device_.data(), total);
     framed_sent_ = messages_.size() - out_sizes[me] + (ranks - 1) * sizeof(std::uint64_t);
     framed_received_ = std::size_t(total - in_sizes[me]) + (ranks - 1) * sizeof(std::uint64_t);
-    const wire_header header = detail::header_for<H, Index>(step_fields_, core_.plan().size, format);
+    std::vector<std::span<const std::byte>> received(ranks);
     for (std::size_t r = 0; r < ranks; ++r)
-      read_message<H, Index>(std::span<const std::byte>(inbox_).subspan(in_at[r], in_sizes[r]), header, format,
-                             frame_kind_for(false, core_.coding()), &digest, r,
-                             std::span<std::byte>(received_).subspan(r * bytes, bytes));
+      received[r] = std::span<const std::byte>(inbox_).subspan(in_at[r], in_sizes[r]);
+    read_messages<H, Index>(received, detail::header_for<H, Index>(step_fields_, core_.plan().size, format), format,
+                            frame_kind_for(false, core_.coding()), &digest, slots_of(received_, bytes));
   }
 
   // Round 2, framed: every owner's selection as a message, all-gathered at the longest one's
@@ -326,8 +324,7 @@ class nccl_reduce_exchange {
   void all_gather_framed(std::size_t bytes, std::size_t ranks) {
     const wire_format& format = core_.plan().format;
     messages_.clear();
-    append_message<H, Index>(std::span<const std::byte>(selection_), format, frame_kind_for(true, core_.coding()),
-                             nullptr, messages_);
+    append_messages<H, Index>(selection_, 1, format, frame_kind_for(true, core_.coding()), nullptr, messages_);
     const std::vector<std::uint64_t> sizes = nccl_detail::all_gather_word(link_, sizes_device_, messages_.size());
     std::uint64_t longest = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
@@ -346,11 +343,16 @@ class nccl_reduce_exchange {
     link_.to_host(inbox_.data(), selections_device_.data(), longest * ranks);
     framed_sent_ += (ranks - 1) * (longest + sizeof(std::uint64_t));  // a ring's share: P - 1 chunks a rank
     framed_received_ += (ranks - 1) * (longest + sizeof(std::uint64_t));
-    const wire_header header = detail::header_for<H, Index>(step_fields_, core_.plan().size, format);
+    std::vector<std::span<const std::byte>> received(ranks);
     for (std::size_t r = 0; r < ranks; ++r)
-      read_message<H, Index>(std::span<const std::byte>(inbox_).subspan(r * longest, sizes[r]), header, format,
-                             frame_kind_for(true, core_.coding()), nullptr, r,
-                             std::span<std::byte>(selections_).subspan(r * bytes, bytes));
+      received[r] = std::span<const std::byte>(inbox_).subspan(r * longest, sizes[r]);
+    read_messages<H, Index>(received, detail::header_for<H, Index>(step_fields_, core_.plan().size, format), format,
+                            frame_kind_for(true, core_.coding()), nullptr, slots_of(selections_, bytes));
+  }
+
+  // Slot r of all (payloads of bytes each), for read_messages.
+  static auto slots_of(std::vector<std::byte>& all, std::size_t bytes) {
+    return [&all, bytes](std::size_t r) { return std::span<std::byte>(all).subspan(r * bytes, bytes); };
   }
 
   // What goes back into the residual, in one go.

@@ -60,13 +60,15 @@ class reduce_codec_impl {
   /// This step's payloads as messages of their own size (comm/reduce/frames.hpp), for a
   /// transport that moves each at the size it uses: the P blocks (each led by the digest of
   /// the step's fields) or the selection (one, without). Returns the messages, one after
-  /// another (uint8), and their sizes (int64). CPU payloads only.
-  virtual std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) const = 0;
+  /// another (uint8), and their sizes (int64), on the payloads' device (a CUDA codec frames
+  /// on the host: the messages go through it).
+  virtual std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) = 0;
   /// Writes each message (sizes: one after another in bytes) back into its slot as the
   /// payload it carries; a message that cannot be read, or (blocks) at another digest,
   /// becomes a failure payload naming its sender. Selections may be followed by zeros.
+  /// bytes and slots on the codec's device.
   virtual void unframe(const at::Tensor& bytes, const std::vector<std::int64_t>& sizes,
-                       const std::vector<at::Tensor>& slots, bool selection) const = 0;
+                       const std::vector<at::Tensor>& slots, bool selection) = 0;
   /// The two-hop schedule (comm/reduce/hops.hpp) over a transport the hook drives (gloo's
   /// send/recv): hops_first gives phase 1's messages for the P blocks (personal) or the
   /// selection (one for all), hops_second phase 2's from phase 1's received buffers (zeroed
@@ -129,41 +131,22 @@ class reduce_codec_base : public reduce_codec_impl {
     return std::visit([](const auto& core) -> const auto& { return core.report(); }, core_);
   }
 
-  std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) const override {
-    const std::size_t bytes = block_bytes(), count = check_payloads(payloads, selection);
-    const auto all = bytes_of(payloads);
-    const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
+  std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) override {
+    const std::size_t count = check_payloads(payloads, selection);
     std::vector<std::byte> out;
-    std::vector<std::int64_t> sizes;
-    for (std::size_t r = 0; r < count; ++r) {
-      const std::size_t before = out.size();
-      sidco::comm::append_message<H, Index>(all.subspan(r * bytes, bytes), plan().format, kind_of(selection),
-                                            selection ? nullptr : &digest, out);
-      sizes.push_back(std::int64_t(out.size() - before));
-    }
+    const std::vector<std::int64_t> sizes = frame_payloads(bytes_of(payloads), count, selection, out);
     at::Tensor messages = at::empty({std::int64_t(out.size())}, at::kByte);
     if (!out.empty()) std::memcpy(messages.data_ptr(), out.data(), out.size());
     return {messages, at::tensor(sizes, at::kLong)};
   }
 
   void unframe(const at::Tensor& bytes, const std::vector<std::int64_t>& sizes, const std::vector<at::Tensor>& slots,
-               bool selection) const override {
+               bool selection) override {
     check_cpu_tensor("frames", bytes);
     if (bytes.scalar_type() != at::kByte) sidco::throw_error("frames: dtype ", bytes.scalar_type(), " is not uint8");
-    if (sizes.size() != slots.size() || slots.size() != ranks())
-      sidco::throw_error("unframe: ", sizes.size(), " sizes and ", slots.size(), " slots for ", ranks(), " ranks");
-    const auto all = bytes_of(bytes);
-    const sidco::comm::wire_header header = sidco::comm::detail::header_for<H, Index>(step_fields_, size(), plan().format);
-    const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < slots.size(); ++r) {
-      check_slot(slots[r], r);
-      if (sizes[r] < 0 || at + std::size_t(sizes[r]) > all.size())
-        sidco::throw_error("unframe: message ", r, " of ", sizes[r], " bytes runs past the ", all.size(), " received");
-      sidco::comm::read_message<H, Index>(all.subspan(at, std::size_t(sizes[r])), header, plan().format, kind_of(selection),
-                                          selection ? nullptr : &digest, r, bytes_of(slots[r]));
-      at += std::size_t(sizes[r]);
-    }
+    check_unframe(sizes, slots.size());
+    for (std::size_t r = 0; r < slots.size(); ++r) check_slot(slots[r], r);
+    unframe_payloads(bytes_of(bytes), sizes, selection, [&](std::size_t r) { return bytes_of(slots[r]); });
   }
 
   hop_messages hops_first(const at::Tensor& payloads, bool selection) override {
@@ -219,6 +202,42 @@ class reduce_codec_base : public reduce_codec_impl {
   std::size_t size() const { return plan().size; }
   std::size_t block_bytes() const { return plan().format.bytes(); }
   std::size_t ranks() const { return plan().ranks; }
+
+  /// count payloads (host bytes, one after another) as messages of their own size into out
+  /// (round 1's blocks each led by the step's digest); returns their sizes.
+  std::vector<std::int64_t> frame_payloads(std::span<const std::byte> payloads, std::size_t count, bool selection,
+                                           std::vector<std::byte>& out) const {
+    const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
+    const auto sizes = sidco::comm::append_messages<H, Index>(payloads, count, plan().format, kind_of(selection),
+                                                              selection ? nullptr : &digest, out);
+    return std::vector<std::int64_t>(sizes.begin(), sizes.end());
+  }
+
+  /// The messages in bytes (host, sizes[r] bytes from rank r, one after another) into
+  /// slot(r), a payload's host bytes.
+  template <class Slot>
+  void unframe_payloads(std::span<const std::byte> bytes, const std::vector<std::int64_t>& sizes, bool selection,
+                        Slot&& slot) const {
+    std::vector<std::span<const std::byte>> messages;
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < sizes.size(); ++r) {
+      if (sizes[r] < 0 || at + std::size_t(sizes[r]) > bytes.size())
+        sidco::throw_error("unframe: message ", r, " of ", sizes[r], " bytes runs past the ", bytes.size(),
+                           " received");
+      messages.push_back(bytes.subspan(at, std::size_t(sizes[r])));
+      at += std::size_t(sizes[r]);
+    }
+    const std::uint64_t digest = sidco::comm::fields_digest<H, Index>(step_fields_, size(), plan().format);
+    const auto header = sidco::comm::detail::header_for<H, Index>(step_fields_, size(), plan().format);
+    sidco::comm::read_messages<H, Index>(messages, header, plan().format, kind_of(selection),
+                                         selection ? nullptr : &digest, slot);
+  }
+
+  // Throws unless there are a size and a slot for each rank.
+  void check_unframe(const std::vector<std::int64_t>& sizes, std::size_t slots) const {
+    if (sizes.size() != slots || slots != ranks())
+      sidco::throw_error("unframe: ", sizes.size(), " sizes and ", slots, " slots for ", ranks(), " ranks");
+  }
 
   // A frame saying that rank `sender`'s message could not be read.
   sidco::comm::two_hop_router::failure_writer failure_writer() {
@@ -329,7 +348,7 @@ class ReduceCodec : public torch::CustomClassHolder {
   /// rank: the process group's; owner: "sidco-e-exact" or "top-k"; capacity_density: as
   /// Codec's; device: the bucket's ("cpu", "cuda:0", ...); wire: "plain" or "compact"
   /// (values rounded to half their width, the rest kept in the residual, and sent narrowed
-  /// in round 1's frames: CPU buckets).
+  /// in the frames of both rounds; a CUDA codec frames on the host).
   ReduceCodec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
               std::vector<std::int64_t> order, std::string dtype, double density, double slack, std::int64_t ranks,
               std::int64_t rank, std::string owner, double capacity_density, std::string device, std::string wire);

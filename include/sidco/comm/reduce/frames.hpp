@@ -321,4 +321,30 @@ void read_message(std::span<const std::byte> message, const wire_header& header,
                          wire_fields{header.tag, header.sequence, header.delta, reduction(header.op)}, format, payload);
 }
 
+/// count payloads (format.bytes() each, one after another) as messages of append_message,
+/// one after another in out, each led by digest when given (one to each owner: round 1's
+/// blocks; one for all: a selection). Returns each message's size.
+template <class T, class Index>
+std::vector<std::size_t> append_messages(std::span<const std::byte> payloads, std::size_t count,
+                                         const wire_format& format, frame_kind kind, const std::uint64_t* digest,
+                                         std::vector<std::byte>& out) {
+  const std::size_t bytes = format.bytes();
+  std::vector<std::size_t> sizes(count);
+  for (std::size_t r = 0; r < count; ++r) {
+    const std::size_t before = out.size();
+    append_message<T, Index>(payloads.subspan(r * bytes, bytes), format, kind, digest, out);
+    sizes[r] = out.size() - before;
+  }
+  return sizes;
+}
+
+/// Reads messages[r], the message from rank r, into slot(r) (a payload's bytes), as
+/// read_message does: one that cannot be read becomes a failure payload naming rank r.
+template <class T, class Index, class Slot>
+void read_messages(std::span<const std::span<const std::byte>> messages, const wire_header& header,
+                   const wire_format& format, frame_kind kind, const std::uint64_t* digest, Slot&& slot) {
+  for (std::size_t r = 0; r < messages.size(); ++r)
+    read_message<T, Index>(messages[r], header, format, kind, digest, r, slot(r));
+}
+
 }  // namespace sidco::comm
