@@ -258,10 +258,11 @@ def _heads(payload, inbox, head):
 def _reduce(state, bucket, b, group, iteration, problem, started):
     """The reduce-scatter exchange: blocks to the indices' owners (all_to_all_single, waited
     for here: the owners' selection needs them), each owner's selection all-gathered
-    asynchronously, and decoded in the future's then() (local work only). CPU buckets send
-    each payload at its own size (_reduce_framed); CUDA buckets' blocks and selections travel
-    at the head the longest block uses (one all-reduce agrees it), not at the capacity's
-    fixed size: the slack and the minimum size stay home."""
+    asynchronously, and decoded in the future's then() (local work only). CPU buckets, and
+    CUDA buckets in the compact coding, send each payload at its own size (_reduce_framed;
+    a CUDA codec frames on the host); CUDA buckets in the plain coding send their blocks and
+    selections at the head the longest block uses (one all-reduce agrees it), not at the
+    capacity's fixed size: the slack and the minimum size stay home."""
     buffer = bucket.buffer()
     blocks = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.reduce_encode,
                      torch.ops.sidco.reduce_encode_failure)
@@ -269,6 +270,8 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     if blocks.device.type == "cpu":
         if state.schedule_for(len(b.inbox)) == "two-hop":
             return _reduce_two_hop(state, bucket, b, group, blocks, encoded, started)
+        return _reduce_framed(state, bucket, b, group, blocks, encoded, started)
+    if b.wire == "compact":
         return _reduce_framed(state, bucket, b, group, blocks, encoded, started)
     world, size = len(b.inbox), b.payload_bytes()
     head = _agreed_head(state, b.codec.report()["longest_block"], size, group, blocks.device)
@@ -310,21 +313,22 @@ def _reduce_stats(buffer, bytes_received):
 
 
 def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
-    """The reduce-scatter exchange for CPU buckets, each payload at the size it uses
-    (comm/reduce/frames.hpp: a 4-byte count, the values, the indices gap-coded; each block led
-    by the digest of the step's fields, which its owner checks): the blocks' sizes by one
-    all-to-all, the blocks by another at those split sizes (waited for: the owners' selection
-    needs them), the selections all-gathered asynchronously at the longest one's size (one
-    all-reduce agrees it), and decoded in the future's then() (local work only)."""
+    """The reduce-scatter exchange with each payload at the size it uses (comm/reduce/
+    frames.hpp: a count, the values, the indices gap-coded; each block led by the digest of
+    the step's fields, which its owner checks), on the bucket's device: the blocks' sizes by
+    one all-to-all, the blocks by another at those split sizes (waited for: the owners'
+    selection needs them), the selections all-gathered asynchronously at the longest one's
+    size (one all-reduce agrees it), and decoded in the future's then() (local work only)."""
     buffer = bucket.buffer()
     world, size = len(b.inbox), b.payload_bytes()
     rank = dist.get_rank(group)
+    device = blocks.device
     frames, sizes = torch.ops.sidco.reduce_frames(blocks, b.codec, False)
     incoming = torch.empty_like(sizes)
     state._in_flight.extend([frames, sizes, incoming])
     dist.all_to_all_single(incoming, sizes, group=group)
     sent_sizes, received_sizes = sizes.tolist(), incoming.tolist()
-    received = torch.empty(sum(received_sizes), dtype=torch.uint8)
+    received = torch.empty(sum(received_sizes), dtype=torch.uint8, device=device)
     state._in_flight.append(received)
     dist.all_to_all_single(received, frames, output_split_sizes=received_sizes, input_split_sizes=sent_sizes,
                            group=group)
@@ -334,13 +338,13 @@ def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
     selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
     report = b.codec.report()
     frame = torch.ops.sidco.reduce_frames(selection, b.codec, True)[0]
-    longest = torch.tensor([frame.numel()], dtype=torch.int64)
+    longest = torch.tensor([frame.numel()], dtype=torch.int64, device=device)
     state._in_flight.append(longest)
     dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
     head = int(longest.item())
-    sent = torch.zeros(head, dtype=torch.uint8)
+    sent = torch.zeros(head, dtype=torch.uint8, device=device)
     sent[:frame.numel()] = frame
-    gathered = [torch.empty(head, dtype=torch.uint8) for _ in range(world)]
+    gathered = [torch.empty(head, dtype=torch.uint8, device=device) for _ in range(world)]
     # What this rank hands the collectives for the others: its P - 1 blocks' messages, its
     # selection's (at the agreed head), and the sizes.
     blocks_sent = sum(sent_sizes) - sent_sizes[rank]

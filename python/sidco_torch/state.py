@@ -133,8 +133,8 @@ class State(_Checkpoints, _Agreement):
     about 3 bytes an entry where plain ones take 10. In the reduce exchange the values a rank
     sends are rounded alike, and so is each owner's update (what that takes off stays in the
     owner's carry, added to the index's next update it keeps); both travel narrowed. On CUDA
-    buckets with the all-gather only (their payloads are packed on the host either way; not
-    yet run on a GPU); the reduce exchange refuses it there. "auto" (the default): timed
+    buckets too, by either exchange (their payloads are packed, and their messages framed,
+    on the host; not yet run on a GPU). "auto" (the default): timed
     against plain in the first sparse steps, the faster kept (see wire_for); plain on CUDA
     buckets.
 

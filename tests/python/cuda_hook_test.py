@@ -9,14 +9,14 @@
   gets back what this rank sent, as on the CPU;
 - the reduce-scatter exchange's codecs, three ranks' in one process, on the bundled real
   gradients with error feedback, per layer, float32 and float16, owners by SIDCo-E and by
-  Top-k, blocks that trim: every block, every owner's selection, the update and the
-  residuals equal the CPU codecs', bit for bit, step by step (the regions move on as in
-  training); a rank that fails: every rank raises the same error, and each residual gets
-  back what its rank sent, as on the CPU;
+  Top-k, blocks that trim, plain and compact entries (compact: both rounds through the
+  messages the hook sends, framed on the host by the CUDA codec): every block, every
+  message, every owner's selection, the update and the residuals equal the CPU codecs', bit
+  for bit, step by step (the regions move on as in training); a rank that fails: every rank
+  raises the same error, and each residual gets back what its rank sent, as on the CPU;
 - 2-rank DDP steps with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one), by
-  all-gather (plain and compact entries) and by reduce-scatter: every rank ends with the same
-  averaged gradients, all sent sparse; the compact reduce exchange is refused on CUDA
-  buckets, naming the device."""
+  all-gather and by reduce-scatter, plain and compact entries each: every rank ends with the
+  same averaged gradients, all sent sparse."""
 import os
 import sys
 
@@ -80,56 +80,111 @@ def codecs_agree(method, dtype, wire):
     return trimmed
 
 
-def reduce_codecs_agree(owner, dtype, ranks=3):
+def framed_blocks(blocks, codecs, block, device):
+    """Round 1 in the compact coding's messages (reduce_frames, reduce_unframe), as the hook's
+    all-to-all at split sizes moves them: what each owner receives, and every rank's messages
+    and their sizes (two tensors a rank)."""
+    ops, ranks = torch.ops.sidco, len(blocks)
+    messages = [ops.reduce_frames(blocks[r], codecs[r], False) for r in range(ranks)]
+    sizes = [m[1].tolist() for m in messages]
+    received = []
+    for o in range(ranks):
+        parts = [messages[r][0][sum(sizes[r][:o]):sum(sizes[r][:o + 1])] for r in range(ranks)]
+        slots = torch.empty(ranks * block, dtype=torch.uint8, device=device)
+        ops.reduce_unframe(torch.cat(parts), [sizes[r][o] for r in range(ranks)],
+                           list(slots.view(ranks, block).unbind(0)), codecs[o], False)
+        received.append(slots)
+    return received, [t for m in messages for t in m]
+
+
+def framed_selections(selections, codecs, block, device):
+    """Round 2 in the compact coding's messages, as the hook's all-gather moves them: every
+    rank's slots, and the owners' messages."""
+    ops, ranks = torch.ops.sidco, len(selections)
+    messages = [ops.reduce_frames(selections[o], codecs[o], True)[0] for o in range(ranks)]
+    slots = []
+    for r in range(ranks):
+        mine = [torch.empty(block, dtype=torch.uint8, device=device) for _ in range(ranks)]
+        ops.reduce_unframe(torch.cat(messages), [m.numel() for m in messages], mine, codecs[r], True)
+        slots.append(mine)
+    return slots, messages
+
+
+def reduce_codecs_agree(owner, dtype, wire="plain", devices=("cpu", "cuda"), ranks=3):
     ops = torch.ops.sidco
     base = load("cnn_it200.npy", dtype)
     g = [base * (1 + r) if r % 2 == 0 else base.flip(0) * 0.5 for r in range(ranks)]
     n = base.numel()
     layers = [n // 3, n - n // 3]
-    codecs = {device: [_reduce_codec("sidco-e", {}, layers, dtype, 0.01, 1.0, ranks, r, owner, device=device,
-                                     order=[1, 0]) for r in range(ranks)]
-              for device in ("cpu", "cuda")}  # slack 1: blocks trim; the layers in the exchange's order reversed
-    residuals = {device: [torch.zeros(n, dtype=dtype, device=device) for _ in range(ranks)] for device in codecs}
-    block = codecs["cpu"][0].block_bytes()
+    # slack 1: blocks trim; the layers in the exchange's order reversed
+    codecs = [[_reduce_codec("sidco-e", {}, layers, dtype, 0.01, 1.0, ranks, r, owner, device=device, order=[1, 0],
+                             wire=wire) for r in range(ranks)] for device in devices]
+    residuals = [[torch.zeros(n, dtype=dtype, device=device) for _ in range(ranks)] for device in devices]
+    block = codecs[0][0].block_bytes()
     trimmed = 0
     for step in range(4):
-        results = {}
-        for device, cs in codecs.items():
-            res = residuals[device]
+        results = []
+        for device, cs, res in zip(devices, codecs, residuals):
             if step < 3:
                 blocks = [ops.reduce_encode((g[r] * (1 + step)).to(device), res[r], cs[r], 7, step).clone()
                           for r in range(ranks)]
             else:  # the last rank fails
                 blocks = [ops.reduce_encode(g[r].to(device), res[r], cs[r], 7, step).clone() for r in range(ranks - 1)]
                 blocks.append(ops.reduce_encode_failure(g[-1].to(device), cs[-1], "out of memory", 7, step).clone())
-            received = [torch.cat([b[o * block:(o + 1) * block] for b in blocks]) for o in range(ranks)]
+            messages = []
+            if wire == "compact":
+                received, messages = framed_blocks(blocks, cs, block, device)
+            else:
+                received = [torch.cat([b[o * block:(o + 1) * block] for b in blocks]) for o in range(ranks)]
             selections = [ops.reduce_select(received[o], torch.zeros(n, dtype=dtype, device=device), res[o],
                                             cs[o]).clone() for o in range(ranks)]
+            if wire == "compact":
+                inboxes, sent = framed_selections(selections, cs, block, device)
+                messages += sent
+            else:
+                inboxes = [selections] * ranks
             outs, errors = [], []
             for r in range(ranks):
                 out = torch.zeros(n, dtype=dtype, device=device)
                 try:
-                    ops.reduce_decode(selections, out, res[r], cs[r])
+                    ops.reduce_decode(inboxes[r], out, res[r], cs[r])
                 except RuntimeError as e:
                     errors.append(str(e).splitlines()[0])
                 outs.append(out)
-            results[device] = (blocks, selections, outs, errors)
-        what = f"reduce owner {owner} {dtype} step {step}"
-        cpu, gpu = results["cpu"], results["cuda"]
+            results.append((blocks, selections, outs, errors, messages))
+        what = f"reduce owner {owner} {dtype} {wire} step {step}"
+        cpu, gpu = results
         for r in range(ranks):
-            assert torch.equal(gpu[0][r].cpu(), cpu[0][r]), f"{what}: rank {r}'s blocks differ"
-            assert torch.equal(gpu[1][r].cpu(), cpu[1][r]), f"{what}: owner {r}'s selection differs"
-            assert torch.equal(gpu[2][r].cpu(), cpu[2][r]), f"{what}: rank {r}'s update differs"
-            assert torch.equal(residuals["cuda"][r].cpu(), residuals["cpu"][r]), f"{what}: rank {r}'s residual differs"
-        assert gpu[3] == cpu[3], f"{what}: errors {gpu[3]} on CUDA, {cpu[3]} on the CPU"
+            assert torch.equal(gpu[0][r].cpu(), cpu[0][r].cpu()), f"{what}: rank {r}'s blocks differ"
+            assert torch.equal(gpu[1][r].cpu(), cpu[1][r].cpu()), f"{what}: owner {r}'s selection differs"
+            assert torch.equal(gpu[2][r].cpu(), cpu[2][r].cpu()), f"{what}: rank {r}'s update differs"
+            assert torch.equal(residuals[1][r].cpu(), residuals[0][r].cpu()), f"{what}: rank {r}'s residual differs"
+        assert len(gpu[4]) == len(cpu[4]) == (3 * ranks if wire == "compact" else 0), what
+        for x, y in zip(gpu[4], cpu[4]):  # the messages (and, round 1, their sizes), byte for byte
+            assert torch.equal(x.cpu(), y.cpu()), f"{what}: the messages differ"
+        assert gpu[3] == cpu[3], f"{what}: errors {gpu[3]} on {devices[1]}, {cpu[3]} on {devices[0]}"
         if step < 3:
             assert not cpu[3] and bool((cpu[2][0] != 0).any()), f"{what}: {cpu[3]}"
-            trimmed += sum(int(c.report()["trimmed"]) for c in codecs["cuda"])
+            trimmed += sum(int(c.report()["trimmed"]) for c in codecs[1])
+            if wire == "compact":  # 2-byte values and gap codes: a few bytes an entry where plain takes 8
+                framed = sum(m.numel() for m in cpu[4][:2 * ranks:2])
+                entries = sum(int(c.report()["selected"] - c.report()["trimmed"]) for c in codecs[0])
+                assert framed < 4.0 * entries, f"{what}: {framed} bytes framed for {entries} entries"
         else:
             assert len(cpu[3]) == ranks and len(set(cpu[3])) == 1 and "out of memory" in cpu[3][0], cpu[3]
-        for c_cpu, c_gpu in zip(codecs["cpu"], codecs["cuda"]):
+        for c_cpu, c_gpu in zip(codecs[0], codecs[1]):
             assert torch.equal(c_gpu.exchange_state(), c_cpu.exchange_state()), f"{what}: the exchanges' states differ"
     return trimmed
+
+
+def ddp_steps_agree(backend, exchange, wire):
+    results = run_ranks(sparse_ddp_step, backend, "cuda", 2, exchange, wire, timeout=180)
+    for rank, same, paths, nonzero, size in results:
+        assert same, f"rank {rank}: the averaged gradients differ between ranks ({exchange}, {wire})"
+        assert paths == {f"sparse ({exchange})"}, f"rank {rank}: bucket paths {paths}"
+        assert 0 < nonzero < size, (rank, nonzero, size)
+    print(f"2-rank DDP steps on CUDA buckets over {backend} by {exchange}, {wire} entries: every rank has the "
+          "same averaged gradients")
 
 
 def main():
@@ -144,24 +199,15 @@ def main():
                 print(f"{method} {dtype} {wire}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
     for owner in ("sidco-e-exact", "top-k"):
         for dtype in (torch.float32, torch.float16):
-            trimmed = reduce_codecs_agree(owner, dtype)
-            assert trimmed > 0, f"owner {owner} {dtype}: no block trimmed, the test checks less than it says"
-            print(f"reduce exchange, owner {owner}, {dtype}: the CUDA codecs equal the CPU's ({trimmed} entries trimmed)")
+            for wire in ("plain", "compact"):
+                trimmed = reduce_codecs_agree(owner, dtype, wire)
+                assert trimmed > 0, f"owner {owner} {dtype} {wire}: no block trimmed, the test checks less than it says"
+                print(f"reduce exchange, owner {owner}, {dtype}, {wire}: the CUDA codecs equal the CPU's ({trimmed} "
+                      "entries trimmed)")
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    for exchange, wire in (("allgather", "plain"), ("allgather", "compact"), ("reduce", "plain")):
-        results = run_ranks(sparse_ddp_step, backend, "cuda", 2, exchange, wire, timeout=180)
-        for rank, same, paths, nonzero, size in results:
-            assert same, f"rank {rank}: the averaged gradients differ between ranks ({exchange}, {wire})"
-            assert paths == {f"sparse ({exchange})"}, f"rank {rank}: bucket paths {paths}"
-            assert 0 < nonzero < size, (rank, nonzero, size)
-        print(f"2-rank DDP steps on CUDA buckets over {backend} by {exchange}, {wire} entries: every rank has the "
-              "same averaged gradients")
-    try:
-        _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 2, 0, "sidco-e-exact", device="cuda",
-                      wire="compact")
-        raise AssertionError("a compact reduce codec was made on a CUDA bucket")
-    except RuntimeError as e:
-        assert "cuda" in str(e) and "wire='plain' or exchange='allgather'" in str(e), str(e)
+    for exchange in ("allgather", "reduce"):
+        for wire in ("plain", "compact"):
+            ddp_steps_agree(backend, exchange, wire)
     return 0
 
 

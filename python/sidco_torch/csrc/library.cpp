@@ -315,10 +315,6 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
     const at::Device on = parse_device(device);
     if (on.is_cuda()) {
-      if (settings_.coding != sidco::comm::entry_coding::plain)
-        sidco::throw_error("bucket on ", on, ": wire = 'compact' with the reduce exchange codes CPU buckets only ",
-                           "so far (CUDA buckets send fixed-size heads, which narrowed values would not shorten); ",
-                           "use wire='plain' or exchange='allgather'");
       if (cuda_reduce_codecs == nullptr)
         sidco::throw_error("bucket: device ", on, ": this sidco_torch was built without CUDA (the torch it was ",
                            "built against had none)");

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -191,6 +192,59 @@ class cuda_reduce_codec final : public reduce_codec_base<engine<T, Index, sidco:
                   update_indices_.size(), current);
   }
 
+  // The compact coding's transport (the hook's all-to-all at split sizes): framed on the
+  // host, as the CPU codec frames, so the messages have its bytes; the payloads come down and
+  // the messages go up (O(k) bytes each way), on the current stream.
+  std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) override {
+    const c10::cuda::CUDAGuard guard(device_);
+    check_cuda_tensor("payloads", payloads, device_);
+    const std::size_t bytes = this->block_bytes(), count = selection ? 1 : this->ranks();
+    if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
+      sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
+                         " payloads take ", bytes * count, " bytes");
+    const cudaStream_t current = current_stream();
+    const std::span<std::byte> host = staging(bytes * count);
+    download(payloads, host_frames_, 0, host.size(), current);
+    SIDCO_CUDA(cudaStreamSynchronize(current));
+    std::vector<std::byte> out;
+    const std::vector<std::int64_t> sizes = this->frame_payloads(host, count, selection, out);
+    at::Tensor messages = at::empty({std::int64_t(out.size())}, at::TensorOptions().dtype(at::kByte).device(device_));
+    // From pageable memory: the call returns once out is copied out, so out may go.
+    if (!out.empty())
+      SIDCO_CUDA(cudaMemcpyAsync(messages.data_ptr(), out.data(), out.size(), cudaMemcpyHostToDevice, current));
+    return {messages, at::tensor(sizes, at::kLong).to(device_)};
+  }
+
+  // The messages come down, are read on the host into the payloads they carry (a message
+  // that cannot be read becomes a failure naming its sender, as on the CPU), which go up
+  // into slots.
+  void unframe(const at::Tensor& bytes, const std::vector<std::int64_t>& sizes, const std::vector<at::Tensor>& slots,
+               bool selection) override {
+    const c10::cuda::CUDAGuard guard(device_);
+    check_cuda_tensor("frames", bytes, device_);
+    if (bytes.scalar_type() != at::kByte) sidco::throw_error("frames: dtype ", bytes.scalar_type(), " is not uint8");
+    this->check_unframe(sizes, slots.size());
+    const std::size_t payload = this->block_bytes();
+    for (std::size_t r = 0; r < slots.size(); ++r) {
+      check_cuda_tensor("slot", slots[r], device_);
+      if (slots[r].scalar_type() != at::kByte || std::size_t(slots[r].numel()) != payload)
+        sidco::throw_error("slot ", r, ": ", slots[r].numel(), " ", slots[r].scalar_type(), " values, a payload takes ",
+                           payload, " contiguous bytes");
+    }
+    const cudaStream_t current = current_stream();
+    const std::span<std::byte> host = staging(std::size_t(bytes.numel()));
+    download(bytes, host_frames_, 0, host.size(), current);
+    SIDCO_CUDA(cudaStreamSynchronize(current));
+    // Pinned rooms for the payloads (selections: decode's; blocks: select's), free between ops.
+    const at::Tensor& rooms = selection ? host_selections_ : host_received_;
+    const std::span<std::byte> all = bytes_of(rooms);
+    this->unframe_payloads(host, sizes, selection, [&](std::size_t r) { return all.subspan(r * payload, payload); });
+    for (std::size_t r = 0; r < slots.size(); ++r)
+      SIDCO_CUDA(cudaMemcpyAsync(slots[r].data_ptr(), all.data() + r * payload, payload, cudaMemcpyHostToDevice,
+                                 current));
+    SIDCO_CUDA(cudaStreamSynchronize(current));  // the rooms are free again when this returns
+  }
+
  private:
   cudaStream_t current_stream() const { return at::cuda::getCurrentCUDAStream(device_.index()).stream(); }
 
@@ -221,6 +275,14 @@ class cuda_reduce_codec final : public reduce_codec_base<engine<T, Index, sidco:
     SIDCO_CUDA(cudaStreamSynchronize(stream_));
   }
 
+  // host_frames_'s first bytes (pinned), grown as needed; no copy uses it between ops.
+  std::span<std::byte> staging(std::size_t bytes) {
+    if (!host_frames_.defined() || std::size_t(host_frames_.numel()) < bytes)
+      host_frames_ = at::empty({std::int64_t(std::max<std::size_t>(bytes, 1))},
+                               at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    return bytes_of(host_frames_).first(bytes);
+  }
+
   // from (device, bytes long) into host (pinned) at offset, on stream.
   static void download(const at::Tensor& from, const at::Tensor& host, std::size_t offset, std::size_t bytes,
                        cudaStream_t stream) {
@@ -247,6 +309,7 @@ class cuda_reduce_codec final : public reduce_codec_base<engine<T, Index, sidco:
   T* residual_ = nullptr;  // this step's, given to encode
   entry_writer<T, Index> writer_;
   at::Tensor host_blocks_, host_received_, host_selection_, host_selections_, blocks_, selection_;
+  at::Tensor host_frames_;  // the compact coding's messages, staged (frames, unframe)
 };
 
 }  // namespace sidco_torch
