@@ -187,6 +187,13 @@ using choosing = sidco::backend::basic_cuda<parallel_choice>;
 BENCHMARK(compress<top_k<choosing>, false>)->Name("top-k@parallel-choice")->Apply(sizes);
 BENCHMARK(compress<top_k<choosing>, true>)->Name("top-k@parallel-choice:feedback")->Apply(sizes);
 BENCHMARK(compress<sidco_e_exact<choosing>, false>)->Name("sidco-e-exact@parallel-choice")->Apply(sizes);
+// The coarse histogram's zero bin counted in registers (the input's 30% exact zeros).
+struct zero_bin : sidco::backend::cuda_detail::default_tuning {
+  static constexpr bool zero_bin_in_registers = true;
+};
+using zero_counting = sidco::backend::basic_cuda<zero_bin>;
+BENCHMARK(compress<top_k<zero_counting>, false>)->Name("top-k@zero-bin")->Apply(sizes);
+BENCHMARK(compress<sidco_e_exact<zero_counting>, false>)->Name("sidco-e-exact@zero-bin")->Apply(sizes);
 SIDCO_STATEFUL_ROWS(8);
 SIDCO_STATEFUL_ROWS(16);
 #undef SIDCO_STATEFUL_ROWS

@@ -67,7 +67,9 @@ TEST_CASE("cuda kernels equal the serial oracle on the real gradients") {
 // N (one a multiprocessor), and a grid cap far below the block count, so that every
 // grid-stride loop wraps; Random-k's draws made on the device from k = 16. Both write
 // passes: blocked (write_items a thread, block scan) and striped (load_items rows, ballots);
-// both digit choices of the radix walks: one thread, and the block's scan.
+// both digit choices of the radix walks: one thread, and the block's scan; the coarse
+// histogram's zero bin (the inputs' exact zeros and subnormals) by shared atomics and in
+// registers.
 struct narrow_tuning {
   static constexpr int block_threads = 64;
   static constexpr bool striped_write = false;
@@ -81,6 +83,7 @@ struct narrow_tuning {
 struct narrow_striped_tuning : narrow_tuning {
   static constexpr bool striped_write = true;
   static constexpr bool parallel_digit_choice = true;  // 4 bins a thread
+  static constexpr bool zero_bin_in_registers = true;
 };
 
 TEST_CASE_TEMPLATE("cuda kernels with another tuning equal the serial oracle", Tuning, narrow_tuning,

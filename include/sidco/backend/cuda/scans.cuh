@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -29,6 +30,14 @@
 
 namespace sidco::backend::cuda_detail {
 
+/// Whether a tuning counts the coarse histogram's zero bin in registers (tunings without the
+/// flag: no). A class, not a function: device code reads it.
+template <class Tuning>
+struct counts_zero_bin_in_registers : std::false_type {};
+template <class Tuning>
+  requires requires { Tuning::zero_bin_in_registers; }
+struct counts_zero_bin_in_registers<Tuning> : std::bool_constant<Tuning::zero_bin_in_registers> {};
+
 // The coarse histogram of one piece per block (magnitude key >> coarse_shift) into its
 // segment's coarse_bins counters: in shared memory first, added to global where non-zero.
 template <class Tuning, class Source>
@@ -39,9 +48,20 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads) local[b] = 0;
   __syncthreads();
   const piece pc = pieces[blockIdx.x];
+  unsigned int zeros = 0;  // the zero bin's count, with zero_bin_in_registers
   for_each_striped<Tuning::load_items>(
       pc.offset + threadIdx.x, pc.offset + pc.size, Tuning::block_threads, [&](std::size_t i) { return source.value(i); },
-      [&](typename Source::value_type v) { atomicAdd(&local[magnitude_key(v) >> shift], 1u); });
+      [&](typename Source::value_type v) {
+        const auto bin = magnitude_key(v) >> shift;
+        if constexpr (counts_zero_bin_in_registers<Tuning>::value) {
+          if (bin == 0) {
+            ++zeros;
+            return;
+          }
+        }
+        atomicAdd(&local[bin], 1u);
+      });
+  if (zeros) atomicAdd(&local[0], zeros);
   __syncthreads();
   unsigned long long* own = bins + std::size_t(pc.segment) * coarse_bins;
   for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads)

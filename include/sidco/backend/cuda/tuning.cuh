@@ -27,6 +27,10 @@ struct default_tuning {
   /// instead of one thread reading them one after another: compiled, not yet measured on a
   /// GPU, so off by default (the `@parallel-choice` benchmark rows).
   static constexpr bool parallel_digit_choice = false;
+  /// The coarse histogram's lowest bin (exact zeros: 30-50% of some gradients) counted in a
+  /// register a thread and added once, instead of an atomic on one shared counter a zero:
+  /// compiled, not yet measured on a GPU, so off by default (the `@zero-bin` benchmark rows).
+  static constexpr bool zero_bin_in_registers = false;
   /// Values a thread handles per step of a blocked write pass (4 floats: 16 bytes, one
   /// cache line a warp) and the sizing of Top-k's histogram chunks.
   static constexpr int write_items = 4;
