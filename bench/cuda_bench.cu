@@ -194,6 +194,13 @@ struct zero_bin : sidco::backend::cuda_detail::default_tuning {
 using zero_counting = sidco::backend::basic_cuda<zero_bin>;
 BENCHMARK(compress<top_k<zero_counting>, false>)->Name("top-k@zero-bin")->Apply(sizes);
 BENCHMARK(compress<sidco_e_exact<zero_counting>, false>)->Name("sidco-e-exact@zero-bin")->Apply(sizes);
+// The moments pass held to 4 blocks of 256 a multiprocessor (at most 64 registers a thread).
+struct analyze_capped : sidco::backend::cuda_detail::default_tuning {
+  static constexpr int analyze_min_blocks = 4;
+};
+using capped = sidco::backend::basic_cuda<analyze_capped>;
+BENCHMARK(compress<sidco_e<capped>, false>)->Name("sidco-e@analyze-4-blocks")->Apply(sizes);
+BENCHMARK(compress<sidco_e<capped>, true>)->Name("sidco-e@analyze-4-blocks:feedback")->Apply(sizes);
 SIDCO_STATEFUL_ROWS(8);
 SIDCO_STATEFUL_ROWS(16);
 #undef SIDCO_STATEFUL_ROWS

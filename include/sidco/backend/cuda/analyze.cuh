@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
 
@@ -20,9 +21,16 @@
 
 namespace sidco::backend::cuda_detail {
 
+/// A tuning's analyze_min_blocks (tunings without it: 1, no cap).
+template <class Tuning>
+struct analyze_min_blocks : std::integral_constant<int, 1> {};
+template <class Tuning>
+  requires requires { Tuning::analyze_min_blocks; }
+struct analyze_min_blocks<Tuning> : std::integral_constant<int, Tuning::analyze_min_blocks> {};
+
 // Moments of |x| and the probes' tails over one piece per block, reduced in a fixed order.
 template <class Tuning, bool Log, bool TailLog, std::size_t Probes, class Source>
-__global__ void __launch_bounds__(Tuning::block_threads)
+__global__ void __launch_bounds__(Tuning::block_threads, analyze_min_blocks<Tuning>::value)
     analyze_pieces(Source source, const piece* pieces, const device_probe<typename Source::value_type>* probes,
                    moments_bundle<1 + Probes>* out) {
   using T = typename Source::value_type;

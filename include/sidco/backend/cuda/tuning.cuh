@@ -31,6 +31,12 @@ struct default_tuning {
   /// register a thread and added once, instead of an atomic on one shared counter a zero:
   /// compiled, not yet measured on a GPU, so off by default (the `@zero-bin` benchmark rows).
   static constexpr bool zero_bin_in_registers = false;
+  /// Blocks a multiprocessor the moments pass (analyze_pieces) must fit: its launch bounds'
+  /// second argument, capping its registers (nvcc 13 for sm_90 gives it 86 a thread, 128
+  /// with a probe's tail: 2 blocks of 256 a multiprocessor where blocks_per_sm aims at 8; at
+  /// 4 blocks, 64, the probe's variant spilling 48 bytes). 1: no cap, the compiler's
+  /// choice; not yet measured on a GPU (the `@analyze-4-blocks` benchmark rows).
+  static constexpr int analyze_min_blocks = 1;
   /// Values a thread handles per step of a blocked write pass (4 floats: 16 bytes, one
   /// cache line a warp) and the sizing of Top-k's histogram chunks.
   static constexpr int write_items = 4;
