@@ -21,9 +21,9 @@
 
 namespace sidco::backend::cuda_detail {
 
-/// A tuning's analyze_min_blocks (tunings without it: 1, no cap).
+/// A tuning's analyze_min_blocks (tunings without it: 0, no cap).
 template <class Tuning>
-struct analyze_min_blocks : std::integral_constant<int, 1> {};
+struct analyze_min_blocks : std::integral_constant<int, 0> {};
 template <class Tuning>
   requires requires { Tuning::analyze_min_blocks; }
 struct analyze_min_blocks<Tuning> : std::integral_constant<int, Tuning::analyze_min_blocks> {};
