@@ -2,26 +2,39 @@
 # Mistakes that must not compile, each with the sentence its error must contain: a backend
 # that lacks one member of the contract, types given on the wrong axis of a compressor, an
 # estimator with a misspelt hook, a distribution model missing part of its contract.
-# Arguments: the C++ compiler, then its flags (include paths).
+# Arguments: the C++ compiler's command (a launcher first, such as the ccache Meson puts
+# before the compiler when it finds one), then its flags (include paths).
 set -uo pipefail
-compiler=$1
-shift
+compiler=()
+while [ $# -gt 0 ] && [[ $1 != -* ]]; do compiler+=("$1"); shift; done
 source "$(dirname "$0")/expect_compile_error.sh"
 
-# sidco.hpp precompiled once (g++ reads NAME.gch, clang++ NAME.pch beside an -include'd
-# header): each case then parses only its body, about 1 s instead of 6. A compiler that
-# cannot use the file parses the header itself, with the same diagnostics.
+# sidco.hpp precompiled at the first case compiled (g++ reads NAME.gch, clang++ NAME.pch
+# beside an -include'd header): each case then parses only its body, about 1 s instead of 6.
+# A compiler that cannot use the file parses the header itself, with the same diagnostics.
+# The verdicts' key preprocesses the same text through a header without one beside it.
 printf '#include <sidco/sidco.hpp>\n' > "$tmp/sidco_all.hpp"
+cp "$tmp/sidco_all.hpp" "$tmp/sidco_text.hpp"
 pch=gch
-[[ $("$compiler" --version 2>&1) == *clang* ]] && pch=pch
-"$compiler" -std=c++20 -x c++-header "$@" "$tmp/sidco_all.hpp" -o "$tmp/sidco_all.hpp.$pch" > /dev/null 2>&1 ||
-  rm -f "$tmp/sidco_all.hpp.$pch"
+[[ $("${compiler[@]}" --version 2>&1) == *clang* ]] && pch=pch
+flags=("$@")
+precompiled=0
+shared=$(shared_key "$tmp/sidco_text.hpp" "${compiler[@]}" -std=c++20 -P "$@")
+
+syntax_check() {  # FLAGS... FILE
+  if [ "$precompiled" = 0 ]; then
+    precompiled=1
+    "${compiler[@]}" -std=c++20 -x c++-header "${flags[@]}" "$tmp/sidco_all.hpp" -o "$tmp/sidco_all.hpp.$pch" > /dev/null 2>&1 ||
+      rm -f "$tmp/sidco_all.hpp.$pch"
+  fi
+  "${compiler[@]}" -std=c++20 -fsyntax-only "$@"
+}
 
 compile() {
   local name=$1 body=$2
   shift 2
   printf '%s\n' "$body" > "$tmp/$name.cpp"
-  "$compiler" -std=c++20 -fsyntax-only "$@" -include "$tmp/sidco_all.hpp" "$tmp/$name.cpp" > "$tmp/$name.log" 2>&1
+  remembered "$name" "$shared" "$tmp/$name.cpp" syntax_check "$@" -include "$tmp/sidco_all.hpp" "$tmp/$name.cpp"
 }
 
 expect_control '
@@ -219,4 +232,5 @@ int main() {
   c.compress(g, 0.1, out);
 }' "$@"
 
+say_remembered
 exit $failed

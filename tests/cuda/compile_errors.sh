@@ -12,11 +12,14 @@ prelude='#include <sidco/backend/cuda.cuh>
 using namespace sidco;
 using on_device = presets::sidco_e<backend::cuda>;'
 
+printf '%s\n' "$prelude" > "$tmp/prelude.cu"
+shared=$(shared_key "$tmp/prelude.cu" "$compiler" "$@")
+
 compile() {  # name, body, flags: the exit status of compiling the prelude and body
   local name=$1 body=$2
   shift 2
   printf '%s\n%s\n' "$prelude" "$body" > "$tmp/$name.cu"
-  "$compiler" "$@" -c "$tmp/$name.cu" -o "$tmp/$name.o" > "$tmp/$name.log" 2>&1
+  remembered "$name" "$shared" "$tmp/$name.cu" "$compiler" "$@" -c "$tmp/$name.cu" -o "$tmp/$name.o"
 }
 
 # The control: a device view compiles, through the same harness.
@@ -65,4 +68,5 @@ int main() {
   c.compress(g, 0.1, out);
 }' "$@"
 
+say_remembered
 exit $failed
