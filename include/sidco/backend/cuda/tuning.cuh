@@ -32,9 +32,9 @@ struct default_tuning {
   /// compiled, not yet measured on a GPU, so off by default (the `@zero-bin` benchmark rows).
   static constexpr bool zero_bin_in_registers = false;
   /// Blocks a multiprocessor the moments pass (analyze_pieces) must fit: its launch bounds'
-  /// second argument, capping its registers (nvcc 13 for sm_90 gives it 44 a thread, 80
-  /// with a probe's tail: 3 blocks of 256 a multiprocessor where blocks_per_sm aims at 8; at
-  /// 4 blocks, 64, the probe's variant spilling 48 bytes). 0: none, the compiler's choice
+  /// second argument, capping its registers (nvcc 13 for sm_90 gives it 44 a thread, 5
+  /// blocks of 256 a multiprocessor, and 80 with a probe's tail, 3, where blocks_per_sm aims
+  /// at 8; at 4 blocks, 64, the probe's variant spilling 48 bytes). 0: none, the compiler's choice
   /// (the same cubin as without the argument; 1 is not: ptxas then took 86 and 128); not yet
   /// measured on a GPU (the `@analyze-4-blocks` benchmark rows).
   static constexpr int analyze_min_blocks = 0;
