@@ -24,8 +24,8 @@ shared=$(shared_key "$tmp/sidco_text.hpp" "${compiler[@]}" -std=c++20 -P "$@")
 syntax_check() {  # FLAGS... FILE
   if [ "$precompiled" = 0 ]; then
     precompiled=1
-    "${compiler[@]}" -std=c++20 -x c++-header "${flags[@]}" "$tmp/sidco_all.hpp" -o "$tmp/sidco_all.hpp.$pch" > /dev/null 2>&1 ||
-      rm -f "$tmp/sidco_all.hpp.$pch"
+    "${compiler[@]}" -std=c++20 -x c++-header "${flags[@]}" "$tmp/sidco_all.hpp" -o "$tmp/sidco_all.hpp.$pch" \
+      > /dev/null 2>&1 || rm -f "$tmp/sidco_all.hpp.$pch"
   fi
   "${compiler[@]}" -std=c++20 -fsyntax-only "$@"
 }

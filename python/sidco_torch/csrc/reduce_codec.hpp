@@ -247,6 +247,11 @@ class reduce_codec_base : public reduce_codec_impl {
   // How many payloads `payloads` holds (P blocks, or one selection): throws when it is not that.
   std::size_t check_payloads(const at::Tensor& payloads, bool selection) const {
     check_cpu_tensor("payloads", payloads);
+    return payload_count(payloads, selection);
+  }
+
+  // As check_payloads, on any device (the caller checks that).
+  std::size_t payload_count(const at::Tensor& payloads, bool selection) const {
     const std::size_t bytes = block_bytes(), count = selection ? 1 : ranks();
     if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
       sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
@@ -257,6 +262,11 @@ class reduce_codec_base : public reduce_codec_impl {
   // Throws unless slot (rank r's) is a CPU payload's room: contiguous uint8 of block_bytes().
   void check_slot(const at::Tensor& slot, std::size_t r) const {
     check_cpu_tensor("slot", slot);
+    check_slot_bytes(slot, r);
+  }
+
+  // As check_slot, on any device (the caller checks that).
+  void check_slot_bytes(const at::Tensor& slot, std::size_t r) const {
     const std::size_t payload = block_bytes();
     if (slot.scalar_type() != at::kByte || std::size_t(slot.numel()) != payload || !slot.is_contiguous())
       sidco::throw_error("slot ", r, ": ", slot.numel(), " ", slot.scalar_type(), " values, a payload takes ", payload,

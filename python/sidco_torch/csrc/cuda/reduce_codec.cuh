@@ -198,12 +198,9 @@ class cuda_reduce_codec final : public reduce_codec_base<engine<T, Index, sidco:
   std::vector<at::Tensor> frames(const at::Tensor& payloads, bool selection) override {
     const c10::cuda::CUDAGuard guard(device_);
     check_cuda_tensor("payloads", payloads, device_);
-    const std::size_t bytes = this->block_bytes(), count = selection ? 1 : this->ranks();
-    if (payloads.scalar_type() != at::kByte || std::size_t(payloads.numel()) != bytes * count)
-      sidco::throw_error("payloads: ", payloads.numel(), " ", payloads.scalar_type(), " values, ", count,
-                         " payloads take ", bytes * count, " bytes");
+    const std::size_t count = this->payload_count(payloads, selection);
     const cudaStream_t current = current_stream();
-    const std::span<std::byte> host = staging(bytes * count);
+    const std::span<std::byte> host = staging(this->block_bytes() * count);
     download(payloads, host_frames_, 0, host.size(), current);
     SIDCO_CUDA(cudaStreamSynchronize(current));
     std::vector<std::byte> out;
@@ -224,13 +221,11 @@ class cuda_reduce_codec final : public reduce_codec_base<engine<T, Index, sidco:
     check_cuda_tensor("frames", bytes, device_);
     if (bytes.scalar_type() != at::kByte) sidco::throw_error("frames: dtype ", bytes.scalar_type(), " is not uint8");
     this->check_unframe(sizes, slots.size());
-    const std::size_t payload = this->block_bytes();
     for (std::size_t r = 0; r < slots.size(); ++r) {
       check_cuda_tensor("slot", slots[r], device_);
-      if (slots[r].scalar_type() != at::kByte || std::size_t(slots[r].numel()) != payload)
-        sidco::throw_error("slot ", r, ": ", slots[r].numel(), " ", slots[r].scalar_type(), " values, a payload takes ",
-                           payload, " contiguous bytes");
+      this->check_slot_bytes(slots[r], r);
     }
+    const std::size_t payload = this->block_bytes();
     const cudaStream_t current = current_stream();
     const std::span<std::byte> host = staging(std::size_t(bytes.numel()));
     download(bytes, host_frames_, 0, host.size(), current);
