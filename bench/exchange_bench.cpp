@@ -231,7 +231,7 @@ void reduce_frames(benchmark::State& state) {
   }
   std::sort(compress_seconds.begin(), compress_seconds.end());
   comm::host_residual<float> none;
-  if (compact) comm::round_for_compact(sent, none);
+  if (compact) comm::round_for_compact(sent, none, none);
   const std::size_t bytes = plan.format.bytes();
   std::vector<std::byte> blocks(bytes * ranks), back(bytes * ranks), frames;
   comm::pack_blocks(sent, plan, comm::wire_fields{}, none, std::span<std::byte>(blocks));
@@ -321,7 +321,10 @@ void sum_runs(benchmark::State& state) {
 // ms, their sum, and the sum over the local compress (median of 5, same run):
 //
 //   pack_ms frames_ms select_ms apply_ms step_ms compress_ms step_over_compress
-void reduce_rank(benchmark::State& state) {
+//
+// reduce_rank_coded/compact/P: the same in the compact coding (values rounded at pack, what
+// rounding left off given back in apply, frames with narrowed values, the owner's carry).
+void reduce_rank_coded(benchmark::State& state, comm::entry_coding coding) {
   static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
   const std::size_t ranks = std::size_t(state.range(0)), n = gradient.size();
   const std::vector<segment> layout{{0, n}};
@@ -343,7 +346,9 @@ void reduce_rank(benchmark::State& state) {
     local[r] = sparse_vector<float>(n);
     for (const auto& [i, v] : moved) local[r].push_back(i, v);
   }
-  comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> core(layout, delta, ranks, 0);
+  comm::exchange_options options;
+  options.coding = coding;
+  comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> core(layout, delta, ranks, 0, options);
   const auto& plan = core.plan();
   const std::size_t bytes = plan.format.bytes();
   // Every owner's selection of this step (untimed): the decode's input.
@@ -402,6 +407,8 @@ void reduce_rank(benchmark::State& state) {
   state.counters["compress_ms"] = compress * 1e3;
   state.counters["step_over_compress"] = step / compress;
 }
+
+void reduce_rank(benchmark::State& state) { reduce_rank_coded(state, comm::entry_coding::plain); }
 
 // owner_carry/P: the compact coding's owner carry (comm/reduce/carry.hpp) on owner 0 of P
 // ranks, against the local compress in the same run: its pass over a selection of k / P
@@ -480,6 +487,8 @@ BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}, {10, 100}})->Unit(b
 BENCHMARK(reduce_frames)->ArgsProduct({{0, 1}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
 BENCHMARK(owner_carry)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_rank)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(reduce_rank_coded, compact, comm::entry_coding::compact)
+    ->Arg(4)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {4, 16, 64, 256, 1024}, {0}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {2, 4, 16, 64}, {1}})->Unit(benchmark::kMicrosecond);
 

@@ -41,6 +41,24 @@ struct map_residual {
   }
 };
 
+// A host residual that counts how often a step gives each index back: a device residual's
+// writer (backend/cuda/entries.cuh) takes each index once a write.
+struct counted_residual {
+  comm::host_residual<float> residual;
+  std::map<std::uint64_t, int> times;
+  template <class Index>
+  void give_back(Index index, float value) {
+    residual.give_back(index, value);
+    ++times[std::uint64_t(index)];
+  }
+  // The first index given back more than once ("" when none was).
+  std::string repeated() const {
+    for (const auto& [index, count] : times)
+      if (count > 1) return "index " + std::to_string(index) + " given back " + std::to_string(count) + " times";
+    return "";
+  }
+};
+
 // One rank's step: its gradient and old residual, the residual after compress and encode,
 // what it sent (as encoded: rounded), its payload.
 template <class T>
@@ -171,6 +189,43 @@ TEST_CASE("compact: a failed step gives back the values before rounding; every r
     for (std::size_t i = 0; i < size; ++i)
       REQUIRE(same_bits(mine.residual.values()[i], float(mine.gradient[i] + mine.old_residual[i])));
     CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 7.0f; }));
+  }
+}
+
+TEST_CASE("compact: the all-gather core gives each index back once a call (a transport writes after each), what "
+          "rounding drops not again") {
+  constexpr std::size_t size = 20000;
+  const double delta = 0.01;
+  sparse_vector<float> original(size);
+  for (std::uint32_t j = 0; j < 150; ++j) original.push_back(3 + 97 * j, 0.1f + 0.0123f * float(j));
+  original.value_data()[10] = std::numeric_limits<float>::denorm_min();  // rounds to 0 in bfloat16
+  original.value_data()[20] = std::numeric_limits<float>::max();         // rounds past bfloat16's range
+  for (const bool fail : {false, true}) {
+    CAPTURE(fail);
+    comm::allgather_core<float> core({{0, size}}, delta, 1.25, comm::entry_coding::compact), other = core;
+    std::vector<float> residual(size, 0.0f);
+    counted_residual sink{{residual}, {}};
+    std::vector<std::vector<std::byte>> payloads(2, std::vector<std::byte>(core.format().bytes()));
+    auto sent = original;
+    CHECK(core.encode(sent, sink, {1, 4, delta, comm::reduction::sum}, payloads[0]) == 2);
+    CHECK(sink.times.size() == original.size());  // kept: what rounding left off; dropped: whole
+    CHECK(sink.repeated() == "");
+    sink.times.clear();
+    if (fail) other.encode_failure(sidco::error("compress: out of memory"), {1, 4, delta, comm::reduction::sum},
+                                   payloads[1]);
+    else other.encode_failure(sidco::error("unused"), {1, 4, delta, comm::reduction::sum}, payloads[1]),
+         payloads[1] = payloads[0];  // rank 1 sent the same entries
+    std::vector<float> dense(size, 0.0f);
+    if (fail) CHECK_THROWS_AS(core.decode(views_of(payloads), std::span<float>(dense), sink), sidco::runtime_error);
+    else core.decode(views_of(payloads), std::span<float>(dense), sink);
+    CHECK(sink.times.size() == (fail ? original.size() - 2 : 0));  // a failed step: what it sent, whole
+    CHECK(sink.repeated() == "");
+    // Per index, bitwise: what the residual holds + what this rank's payload carried = what it sent.
+    for (std::size_t j = 0; j < original.size(); ++j) {
+      const std::uint32_t i = original.indices()[j];
+      const float carried = fail ? 0.0f : dense[i] / 2.0f;  // both ranks sent the same
+      REQUIRE(same_bits(float(residual[i] + carried), original.values()[j]));
+    }
   }
 }
 
@@ -353,8 +408,8 @@ TEST_CASE("compact: gaps that overflow the body give back the smallest entries w
   }
 }
 
-TEST_CASE_TEMPLATE("compact: rounding keeps non-finite input to be refused, gives back what no narrow value holds",
-                   T, float, double) {
+TEST_CASE_TEMPLATE("compact: rounding keeps non-finite input to be refused, gives back what no narrow value holds, "
+                   "and the rest at once or once each entry's fate is known", T, float, double) {
   using N = comm::compact_value_t<T>;
   constexpr std::size_t dense = 100;
   const T huge = std::is_same_v<T, double> ? T(1e300) : std::numeric_limits<T>::max();  // rounds past N's range
@@ -365,18 +420,48 @@ TEST_CASE_TEMPLATE("compact: rounding keeps non-finite input to be refused, give
   sent.push_back(3, tiny);
   sent.push_back(4, -std::numeric_limits<T>::infinity());
   sent.push_back(5, T(-1.7));
-  map_residual<T> sink;
-  CHECK(comm::round_for_compact(sent, sink) == 2);
+  const sparse_vector<T> unrounded = sent;
+  map_residual<T> sink, remainders;
+  CHECK(comm::round_for_compact(sent, sink, remainders) == 2);
   REQUIRE(sent.size() == 3);
   CHECK(sent.indices()[0] == 1);
   CHECK(sent.indices()[1] == 4);
   CHECK(std::isinf(double(sent.values()[1])));  // sent on: every rank's agree() refuses it
   CHECK(sent.indices()[2] == 5);
+  CHECK(sink.values.size() == 2);  // what it dropped, whole
   CHECK(same_bits(sink.values.at(2), huge));
   CHECK(same_bits(sink.values.at(3), tiny));
-  CHECK(same_bits(T(sink.values.at(1) + sent.values()[0]), T(0.3)));
-  CHECK(same_bits(T(sink.values.at(5) + sent.values()[2]), T(-1.7)));
   CHECK(same_bits(T(N(T(0.3))), sent.values()[0]));
+  CHECK(remainders.values.size() == 2);  // what rounding left off the finite ones it kept, exactly
+  CHECK(same_bits(T(remainders.values.at(1) + sent.values()[0]), T(0.3)));
+  CHECK(same_bits(T(remainders.values.at(5) + sent.values()[2]), T(-1.7)));
+
+  // Given back once the step's outcome is known instead (the reduce-scatter core): applied,
+  // what rounding left off (nothing for the non-finite one), exactly.
+  map_residual<T> applied;
+  CHECK(comm::give_back_rounded(unrounded, sent, [](std::uint32_t) { return true; }, applied) == 0);
+  CHECK(applied.values.size() == 2);
+  CHECK(same_bits(T(applied.values.at(1) + sent.values()[0]), T(0.3)));
+  CHECK(same_bits(T(applied.values.at(5) + sent.values()[2]), T(-1.7)));
+  // Index 5 not applied (the predicate is asked in ascending order): its value whole.
+  std::vector<std::uint32_t> asked;
+  map_residual<T> mixed;
+  CHECK(comm::give_back_rounded(unrounded, sent, [&](std::uint32_t i) { asked.push_back(i); return i != 5; },
+                                mixed) == 1);
+  CHECK(asked == std::vector<std::uint32_t>{1, 4, 5});
+  CHECK(same_bits(mixed.values.at(5), T(-1.7)));
+  CHECK(same_bits(T(mixed.values.at(1) + sent.values()[0]), T(0.3)));
+  // A failed step: every entry sent whole, the non-finite one too.
+  map_residual<T> failed;
+  CHECK(comm::give_back_rounded(unrounded, sent, [](std::uint32_t) { return false; }, failed) == 3);
+  CHECK(same_bits(failed.values.at(1), T(0.3)));
+  CHECK(std::isinf(double(failed.values.at(4))));
+  CHECK(same_bits(failed.values.at(5), T(-1.7)));
+  // An entry that was never among the unrounded ones is a caller's mistake, named.
+  sparse_vector<T> foreign(dense);
+  foreign.push_back(7, T(1));
+  CHECK_THROWS_WITH(comm::give_back_rounded(unrounded, foreign, [](std::uint32_t) { return true; }, failed),
+                    doctest::Contains("index 7 was not among the entries before rounding"));
 }
 
 TEST_CASE_TEMPLATE("compact: an average whose sum overflows is finite, divided first, as in the plain coding", T, float,
@@ -414,7 +499,8 @@ TEST_CASE("setup records: ranks that code their entries differently are refused,
 }
 
 TEST_CASE("compact: the reduce core rounds what it packs to bfloat16, the rest into the residual; what it gives "
-          "back (trimmed, unkept, a failed step) returns unrounded; a coding it does not know is refused") {
+          "back (trimmed, unkept, a failed step) returns unrounded, each index once a step; a coding it does not know "
+          "is refused") {
   const std::size_t n = 100000;
   const std::vector<segment> layout{{0, n}};
   comm::exchange_options options;
@@ -431,7 +517,8 @@ TEST_CASE("compact: the reduce core rounds what it packs to bfloat16, the rest i
   const std::size_t bytes = cores[0].block_bytes();
   for (const bool fail : {false, true}) {
     std::vector<float> residual(n, 0.0f), other(n, 0.0f);  // the compressor left +0 where it sent
-    comm::host_residual<float> sink{residual}, other_sink{other};
+    counted_residual sink{{residual}, {}};
+    comm::host_residual<float> other_sink{other};
     auto sent = original;
     sparse_vector<float> nothing(n);
     std::vector<std::vector<std::byte>> blocks(2, std::vector<std::byte>(2 * bytes)),
@@ -466,6 +553,10 @@ TEST_CASE("compact: the reduce core rounds what it packs to bfloat16, the rest i
       CHECK(residual[i] + applied[i] == original.values()[j]);
       if (applied[i] == 0.0f) CHECK(residual[i] == original.values()[j]);
     }
+    // Once each, over pack and apply: one write of a step's entries into a device residual
+    // (comm/nccl_reduce.cuh) would otherwise race between two values for an index.
+    CHECK(sink.times.size() == original.size());
+    CHECK(sink.repeated() == "");
   }
   options.coding = comm::entry_coding(7);
   CHECK_THROWS_WITH_AS((comm::reduce_core<float, std::uint32_t, comm::owner_top_k>(layout, 0.01, 2, 0, options)),

@@ -231,11 +231,15 @@ bool round_to_compact(T v, T& rounded) {
 }
 
 /// Rounds each value of sent to what the compact coding sends (compact_value_t<T>, to
-/// nearest) and gives the difference back to sink, exactly: value - rounded is a T. An entry
-/// that rounds to zero or beyond the narrow type's range goes back whole and is not sent.
-/// Returns how many entries it gave back whole.
-template <class T, class Index, class Sink>
-std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink) {
+/// nearest). An entry that rounds to zero or beyond the narrow type's range goes back to sink
+/// whole and is not sent; what rounding leaves off the others goes to remainders, exactly
+/// (value - rounded is a T): the all-gather core's residual at once, or nowhere
+/// (host_residual<T>{}) for a caller that gives it back once each entry's fate is known
+/// (give_back_rounded), so that a step gives each index back once (a device residual's entry
+/// writer takes distinct indices: backend/cuda/entries.cuh). Returns how many entries it gave
+/// back whole.
+template <class T, class Index, class Sink, class Remainders>
+std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink, Remainders& remainders) {
   using N = compact_value_t<T>;
   if constexpr (std::is_same_v<N, T>) {
     return 0;
@@ -255,7 +259,7 @@ std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink) {
         sink.give_back(indices[j], v);
         continue;
       }
-      sink.give_back(indices[j], T(v - rounded));  // exact (Sterbenz): rounded lies within a factor 2 of v
+      remainders.give_back(indices[j], T(v - rounded));  // exact (Sterbenz): rounded lies within a factor 2 of v
       indices[write] = indices[j];
       values[write] = rounded;
       ++write;
@@ -264,6 +268,36 @@ std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink) {
     sent.truncate(write);
     return dropped;
   }
+}
+
+/// For each entry of rounded (what round_for_compact left of unrounded, or a part of it;
+/// both ascending): where applied(index) holds (asked in ascending order), what rounding left
+/// off it, exactly (Sterbenz: rounded lies within a factor 2 of its value; nothing where
+/// compact values are T's own or the value is not finite: no step applies it); elsewhere its
+/// value before rounding, whole. Returns how many it gave back whole.
+template <class T, class Index, class Applied, class Sink>
+std::size_t give_back_rounded(const sparse_vector<T, Index>& unrounded, const sparse_vector<T, Index>& rounded,
+                              Applied&& applied, Sink& sink) {
+  const auto from = unrounded.indices();
+  const auto before = unrounded.values();
+  const auto indices = rounded.indices();
+  const auto values = rounded.values();
+  std::size_t u = 0, whole = 0;
+  for (std::size_t j = 0; j < indices.size(); ++j) {
+    const Index i = indices[j];
+    while (u < from.size() && from[u] < i) ++u;
+    if (u == from.size() || from[u] != i)
+      sidco::detail::fail("give_back_rounded: index ", i, " was not among the entries before rounding");
+    const T v = before[u];
+    if (applied(i)) {
+      if constexpr (!std::is_same_v<compact_value_t<T>, T>)
+        if (std::isfinite(double(v))) sink.give_back(i, T(v - values[j]));
+    } else {
+      sink.give_back(i, v);
+      ++whole;
+    }
+  }
+  return whole;
 }
 
 /// Writes the entries (ascending indices below dense_size; values that compact_value_t<T>

@@ -1,6 +1,9 @@
 // Where an exchange puts back what it took from a residual but did not apply: entries over a
 // capacity, entries the global selection left out, every entry of a step that failed. The
-// compressor left +0 at each index it sent, so giving back is residual[index] = value.
+// compressor left +0 at each index it sent, so giving back is residual[index] = value. A core
+// gives each index back at most once a call, and the reduce-scatter core once a step, pack and
+// apply together (its compact rounding remainders wait for the step's outcome: comm/compact.hpp
+// give_back_rounded), so that entries a transport writes into device memory at once cannot race.
 // One concept, one routine: every exchange and transport gives back through give_back_unkept
 // into a residual_sink, a host span (host_residual) or entries staged for one upload to
 // device memory (staged_residual; backend/cuda/entries.cuh writes them).

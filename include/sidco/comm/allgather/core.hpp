@@ -188,8 +188,10 @@ class allgather_core {
       if (format_.coding == entry_coding::compact) {
         trimmed += fit_compact_body(sent, format_, sink);
         packed_ = sent;  // the values before rounding: what a failed step gives back
+        const std::size_t dropped = round_for_compact(sent, sink, sink);  // given back whole, now
+        if (dropped > 0) keep_sent(packed_, sent.indices());
         rounded = true;
-        trimmed += round_for_compact(sent, sink);
+        trimmed += dropped;
         used_ = pack_compact<T, Index>(sent.indices(), sent.values(), size_, trimmed, fields, format_, payload);
       } else {
         pack(sent, trimmed, fields, format_, payload);
@@ -267,6 +269,21 @@ class allgather_core {
   }
 
  private:
+  // unrounded's entries whose index sent (ascending, a subset) holds: what rounding did not
+  // give back whole, so that a failed step gives back no index twice.
+  static void keep_sent(sparse_vector<T, Index>& unrounded, std::span<const Index> sent) {
+    Index* indices = unrounded.index_data();
+    T* values = unrounded.value_data();
+    std::size_t write = 0, s = 0;
+    for (std::size_t j = 0; j < unrounded.size() && s < sent.size(); ++j) {
+      if (indices[j] != sent[s]) continue;
+      indices[write] = indices[j];
+      values[write++] = values[j];
+      ++s;
+    }
+    unrounded.truncate(write);
+  }
+
   /// Compact payloads as plain ones (comm/compact.hpp), checked by agree() (the caller
   /// decodes them as agreed): a failure or disagreement anywhere comes first, then the first
   /// payload that did not decode.

@@ -116,8 +116,9 @@ class reduce_core {
                             " is not the exchange's ", plan_.size);
       if (compact()) unrounded_ = sent;
       checked = true;
-      // What rounding leaves off each entry goes to sink now.
-      const std::size_t rounded_off = compact() ? round_for_compact(sent, sink) : 0;
+      // What rounding leaves off each entry goes to sink in apply, once the owners have kept it.
+      host_residual<T> later;
+      const std::size_t rounded_off = compact() ? round_for_compact(sent, sink, later) : 0;
       report_.trimmed = returning(sink, [&](auto& back) { return pack_blocks(sent, plan_, fields_, back, blocks); });
       check_trimmed(report_.trimmed, sent.size() + report_.trimmed, options_.trim_limit, delta_);
       report_.trimmed += rounded_off;  // values below the narrow type's range: not a capacity's doing
@@ -182,9 +183,15 @@ class reduce_core {
       throw;
     }
     read_selections<T, Index>(selections, plan_, global_, updates_, report_);
-    report_.returned = returning(sink, [&](auto& back) {
-      return give_back_unkept<T, Index>(packed_.indices(), packed_.values(), global_, back);
-    });
+    if (compact()) {  // kept: what rounding left off; the rest whole (each index once a step)
+      std::size_t g = 0;
+      report_.returned = give_back_rounded(unrounded_, packed_, [&](Index i) {
+        while (g < global_.size() && global_[g] < i) ++g;
+        return g < global_.size() && global_[g] == i;
+      }, sink);
+    } else {
+      report_.returned = give_back_unkept<T, Index>(packed_.indices(), packed_.values(), global_, sink);
+    }
     owner_saved_ = false;
     carry_.commit();
     return report_;
@@ -224,9 +231,9 @@ class reduce_core {
 
   bool compact() const { return options_.coding == entry_coding::compact; }
 
-  // In the compact coding the residual holds what rounding left off each entry sent; an
-  // entry given back gets its value from before the rounding (sink assigns), not what
-  // rounding kept of it, so that nothing is lost.
+  // In the compact coding an entry given back whole (over a capacity, or the step failed)
+  // gets its value from before the rounding (sink assigns), not what rounding kept of it, so
+  // that nothing is lost; apply gives each kept entry what rounding left off instead.
   template <class Sink>
   struct unrounding_sink {
     Sink& sink;
