@@ -19,6 +19,7 @@
 #
 # NCCL comes from the GPU machine at run time (pip's nvidia-nccl, else the toolkit's).
 # SIDCO_GPU_TORCH=0 skips the torch part (its build takes about 3 minutes there);
+# SIDCO_GPU_QUICK=1 the benchmarks and the seeds' comparison (a rerun of the tests after a fix);
 # SIDCO_GPU_BENCH_ARGS adds benchmark arguments (another --benchmark_filter, repetitions).
 # Architectures: SIDCO_GPU_ARCH (default sm_90: H100, H200), e.g. "sm_80,sm_90".
 set -euo pipefail
@@ -42,8 +43,19 @@ build() {
     for tool in meson ninja nvcc; do
       command -v "$tool" > /dev/null || { echo "gpu_check: $tool not found"; exit 1; }
     done
+    # nvcc through the wrapper that asks for header dependencies (ccache inside it): a build
+    # set up without it recompiles no CUDA object when only a header changed, so one is set
+    # up anew.
+    source scripts/setup.sh
+    sidco_use_ccache
+    sidco_use_nvcc_deps
     local mode=()
+    if [ -f "$dir/build.ninja" ] && ! grep -q sidco-nvcc-deps-bin "$dir/build.ninja"; then
+      echo "gpu_check: $dir was set up without CUDA header dependencies; setting it up anew"
+      rm -rf "$dir"
+    fi
     [ -f "$dir/build.ninja" ] && mode=(--reconfigure)
+    mode+=(--native-file "$SIDCO_MESON_NATIVE")
     meson setup "${mode[@]}" "$dir" -Dcuda=enabled -Dtorch=disabled -Dmpi=disabled -Dexamples=false -Dtools=false \
       -Dbuildtype=release -Dnative=false "-Dgpu_arch=[$(sed "s/[^,]*/'&'/g" <<< "$arch")]" \
       > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; exit 1; }
@@ -132,7 +144,9 @@ run() {
   echo "== benchmarks: N = 2^26 floats, delta = 0.001"
   # SIDCO_GPU_BENCH_ARGS: more benchmark arguments (a later filter replaces this one).
   # shellcheck disable=SC2086
-  if timeout 240 "$folder/bin/sidco-cuda-bench" --benchmark_filter='/1/26/1000/real_time$' \
+  if [ "${SIDCO_GPU_QUICK:-0}" = 1 ]; then
+    echo "  skipped (SIDCO_GPU_QUICK=1)"
+  elif timeout 240 "$folder/bin/sidco-cuda-bench" --benchmark_filter='/1/26/1000/real_time$' \
        --benchmark_min_time=0.3 --benchmark_format=json ${SIDCO_GPU_BENCH_ARGS:-} \
        > "$logs/bench.json" 2> "$logs/bench.err"; then
     python3 "$root/scripts/gpu_bench_table.py" "$logs/bench.json" || status=1
@@ -194,10 +208,14 @@ print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs
 ' > "$logs/torch-steps.log" 2>&1 || status=1
       sed 's/^/  /' "$logs/torch-steps.log" | head -80
       echo "== the seeds' comparison: SIDCo and Top-k against torch.topk (ratios to a device copy)"
-      LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python PYTHONUNBUFFERED=1 timeout 200 \
-        python3 -X faulthandler "$root/scripts/gpu_seeds.py" "$SIDCO_GRADIENTS_DIR" "$logs/seeds.json" \
-        > "$logs/seeds.log" 2>&1 || { echo "  gpu_seeds.py failed or timed out"; status=1; }
-      cat "$logs/seeds.log"
+      if [ "${SIDCO_GPU_QUICK:-0}" = 1 ]; then
+        echo "  skipped (SIDCO_GPU_QUICK=1)"
+      else
+        LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python PYTHONUNBUFFERED=1 timeout 200 \
+          python3 -X faulthandler "$root/scripts/gpu_seeds.py" "$SIDCO_GRADIENTS_DIR" "$logs/seeds.json" \
+          > "$logs/seeds.log" 2>&1 || { echo "  gpu_seeds.py failed or timed out"; status=1; }
+        cat "$logs/seeds.log"
+      fi
       for t in cuda_ops_test cuda_memory_test cuda_hook_test cuda_amp_test; do
         local rc=0
         LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \

@@ -21,7 +21,7 @@ sidco_install_missing() {
 
 # sidco_use_ccache: the C and C++ compilers the build runs (g++, clang++, and those of the
 # consumers tests build with CMake and by hand) through ccache, by masquerade links first on
-# PATH (Meson puts ccache before nvcc itself); paths below this checkout hashed relative to
+# PATH (nvcc runs it itself: sidco_use_nvcc_deps); paths below this checkout hashed relative to
 # it, so that a second run, in this clone or a new one, finds what the first compiled.
 # Nothing happens without ccache.
 sidco_use_ccache() {
@@ -35,16 +35,19 @@ sidco_use_ccache() {
 # sidco_use_nvcc_deps: nvcc (when there is one) through a wrapper that asks it
 # for the header dependencies Meson 1.0 does not (-MD -MF OUT.d -MT OUT on a compile to OUT),
 # so that ninja rebuilds a CUDA object when a header it includes changes (without them an
-# edited .cuh or .hpp left every CUDA object as it was). Written only when its text changes,
-# so that ccache, which keys a compiler by its time stamp, keeps finding what it compiled.
-# Affects build directories set up after it (Meson records the compiler then, and every
-# later build of them, in any shell, runs the wrapper).
+# edited .cuh or .hpp left every CUDA object as it was). ccache, where there is one, runs
+# inside the wrapper, after the flags: it then keeps the dependency file with the object and
+# writes it on a hit too (behind ccache, a hit wrote none, and ninja forgot that object's
+# headers). Written only when its text changes. Affects build directories set up after it
+# (Meson records the compiler then, and every later build of them, in any shell, runs the
+# wrapper); one set up with the earlier wrapper (sidco-nvcc-bin, ccache in front) keeps it.
 sidco_use_nvcc_deps() {
-  local real wrapper="${XDG_CACHE_HOME:-$HOME/.cache}/sidco-nvcc-bin/nvcc" text
+  local real wrapper="${XDG_CACHE_HOME:-$HOME/.cache}/sidco-nvcc-deps-bin/nvcc" text launcher=""
   real=$(command -v nvcc) || return 0
+  command -v ccache > /dev/null && launcher="$(command -v ccache) "
   text=$(cat <<WRAPPER
 #!/usr/bin/env bash
-# Written by sidco's scripts/setup.sh (sidco_use_nvcc_deps): $real, with header dependencies.
+# Written by sidco's scripts/setup.sh (sidco_use_nvcc_deps): ${launcher}$real, with header dependencies.
 args=("\$@") out="" compile=0 deps=0
 for ((i = 0; i < \${#args[@]}; i++)); do
   case "\${args[i]}" in
@@ -54,18 +57,15 @@ for ((i = 0; i < \${#args[@]}; i++)); do
   esac
 done
 [ "\$compile" = 1 ] && [ -n "\$out" ] && [ "\$deps" = 0 ] && args+=(-MD -MF "\$out.d" -MT "\$out")
-exec "$real" "\${args[@]}"
+exec ${launcher}"$real" "\${args[@]}"
 WRAPPER
 )
   mkdir -p "$(dirname "$wrapper")"
   if [ ! -x "$wrapper" ] || [ "$(cat "$wrapper")" != "$text" ]; then
     printf '%s\n' "$text" > "$wrapper.new" && chmod +x "$wrapper.new" && mv "$wrapper.new" "$wrapper"
   fi
-  # Meson 1.0 takes a CUDA compiler from a native file only (no variable), records its path,
-  # and puts ccache before it only when told so there.
-  local launcher=""
-  command -v ccache > /dev/null && launcher="'ccache', "
-  printf "[binaries]\ncuda = [%s'%s']\n" "$launcher" "$wrapper" > "$wrapper.ini"
+  # Meson 1.0 takes a CUDA compiler from a native file only (no variable) and records its path.
+  printf "[binaries]\ncuda = ['%s']\n" "$wrapper" > "$wrapper.ini"
   export SIDCO_MESON_NATIVE="$wrapper.ini"
 }
 
