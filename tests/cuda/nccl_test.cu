@@ -43,7 +43,8 @@ using test::same_bits;
 namespace {
 
 // One step of nccl_exchange<D> on every rank against the host core's bits: the gradient in
-// two layers, capacity slack 0.8 (Top-k's k entries do not fit: what is trimmed goes back).
+// two layers, capacity slack 1 (Top-k over the whole gradient sends more than a layer's k to one of
+// them: what is trimmed goes back; about 4,000 of 9,000 entries on rank 0).
 template <class D>
 void exchange_step(const std::vector<ncclComm_t>& comms, const std::vector<float>& gradient, const char* type,
                    comm::entry_coding coding, bool exact_sizes) {
@@ -53,7 +54,7 @@ void exchange_step(const std::vector<ncclComm_t>& comms, const std::vector<float
   const double delta = 0.01;
   const std::vector<segment> layout{{0, n / 3}, {n / 3, n - n / 3}};
   comm::exchange_options options;
-  options.slack = 0.8;
+  options.slack = 1.0;
   options.coding = coding;
   options.exact_sizes = exact_sizes;
   std::vector<test::rank_input<H>> inputs;
