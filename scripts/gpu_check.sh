@@ -20,6 +20,8 @@
 # NCCL comes from the GPU machine at run time (pip's nvidia-nccl, else the toolkit's).
 # SIDCO_GPU_TORCH=0 skips the torch part (its build takes about 3 minutes there);
 # SIDCO_GPU_QUICK=1 the benchmarks and the seeds' comparison (a rerun of the tests after a fix);
+# logs go to SIDCO_GPU_LOGS, else $OUT/gpu-check-logs where OUT is set, else FOLDER/logs; the
+# tables are printed again at the end (a caller may keep only the output's tail);
 # SIDCO_GPU_BENCH_ARGS adds benchmark arguments (another --benchmark_filter, repetitions).
 # Architectures: SIDCO_GPU_ARCH (default sm_90: H100, H200), e.g. "sm_80,sm_90".
 set -euo pipefail
@@ -108,8 +110,15 @@ run() {
     exit 77
   fi
   nvidia-smi -L
-  local logs=${SIDCO_GPU_LOGS:-$folder/logs}
+  # Logs: SIDCO_GPU_LOGS, else under $OUT where the caller collects files from there (the
+  # lent machine's convention), else in the folder.
+  local logs=${SIDCO_GPU_LOGS:-}
+  [ -n "$logs" ] || logs=${OUT:+$OUT/gpu-check-logs}
+  [ -n "$logs" ] || logs=$folder/logs
   mkdir -p "$logs"
+  # The tables, printed again at the end for a caller that keeps only the output's tail.
+  local summary=$logs/summary.txt
+  : > "$summary"
   # NCCL: the machine's own (pip's nvidia-nccl beside its torch, else the toolkit's).
   local nccl
   nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
@@ -117,11 +126,11 @@ run() {
   export LD_LIBRARY_PATH="$folder/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export SIDCO_GRADIENTS_DIR=$root/examples/data/gradients
   local status=0
-  echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))"
-  printf '| %-22s | %-8s | %6s |\n' test result s
+  echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))" | tee -a "$summary"
+  printf '| %-22s | %-8s | %6s |\n' test result s | tee -a "$summary"
   for t in test_host_device_math test_cuda_backend test_nccl_allreduce test_nccl_reduce; do
     if [ ! -x "$folder/bin/$t" ]; then
-      printf '| %-22s | %-8s | %6s |\n' "$t" "not built" -
+      printf '| %-22s | %-8s | %6s |\n' "$t" "not built" - | tee -a "$summary"
       status=1
       continue
     fi
@@ -134,14 +143,14 @@ run() {
       124) result="TIMEOUT"; status=1 ;;
       *) result="FAIL $rc"; status=1 ;;
     esac
-    printf '| %-22s | %-8s | %6d |\n' "$t" "$result" $((($(date +%s%N) - start) / 1000000000))
+    printf '| %-22s | %-8s | %6d |\n' "$t" "$result" $((($(date +%s%N) - start) / 1000000000)) | tee -a "$summary"
     [ "$result" = pass ] || tail -30 "$logs/$t.log" | sed 's/^/    /'
   done
 
   echo "== host waits per warm call (cuda-backend's own count)"
   grep -h "host waits per warm call" "$logs/test_cuda_backend.log" | sed 's/^/  /' | sort -u || echo "  (none printed)"
 
-  echo "== benchmarks: N = 2^26 floats, delta = 0.001"
+  echo "== benchmarks: N = 2^26 floats, delta = 0.001" | tee -a "$summary"
   # SIDCO_GPU_BENCH_ARGS: more benchmark arguments (a later filter replaces this one).
   # shellcheck disable=SC2086
   if [ "${SIDCO_GPU_QUICK:-0}" = 1 ]; then
@@ -149,7 +158,7 @@ run() {
   elif timeout 240 "$folder/bin/sidco-cuda-bench" --benchmark_filter='/1/26/1000/real_time$' \
        --benchmark_min_time=0.3 --benchmark_format=json ${SIDCO_GPU_BENCH_ARGS:-} \
        > "$logs/bench.json" 2> "$logs/bench.err"; then
-    python3 "$root/scripts/gpu_bench_table.py" "$logs/bench.json" || status=1
+    python3 "$root/scripts/gpu_bench_table.py" "$logs/bench.json" | tee -a "$summary" || status=1
   else
     echo "  sidco-cuda-bench failed:"; tail -20 "$logs/bench.err" | sed 's/^/    /'
     status=1
@@ -173,7 +182,7 @@ run() {
   if [ "${SIDCO_GPU_TORCH:-1}" = 0 ]; then
     echo "  skipped (SIDCO_GPU_TORCH=0)"
   elif python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
-    if timeout 300 python3 "$root/scripts/gpu_torch_ops.py" "$folder/include" "$logs/torch-build" \
+    if timeout 300 python3 "$root/scripts/gpu_torch_ops.py" "$folder/include" "$folder/torch-build" \
          > "$logs/torch-build.log" 2>&1; then
       local library
       library=$(tail -1 "$logs/torch-build.log")
@@ -221,8 +230,9 @@ print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs
         LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
           timeout 180 python3 -X faulthandler "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
         case $rc in
-          0) printf '| %-22s | pass |\n' "$t" ;;
-          *) printf '| %-22s | FAIL %s |\n' "$t" "$rc"; tail -60 "$logs/$t.log" | sed 's/^/    /'; status=1 ;;
+          0) printf '| %-22s | pass |\n' "$t" | tee -a "$summary" ;;
+          *) printf '| %-22s | FAIL %s |\n' "$t" "$rc" | tee -a "$summary"; tail -60 "$logs/$t.log" | sed 's/^/    /'
+             status=1 ;;
         esac
       done
     else
@@ -233,6 +243,8 @@ print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs
   else
     echo "  python3 has no CUDA torch: not checked"
   fi
+  echo "== summary (the tables above again; logs in $logs)"
+  cat "$summary"
   return $status
 }
 
