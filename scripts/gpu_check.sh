@@ -12,14 +12,16 @@
 #                                         and, where python3 has a CUDA torch, builds
 #                                         sidco_torch's ops against that torch (no meson:
 #                                         torch.utils.cpp_extension), runs the seeds'
-#                                         comparison with torch.topk (scripts/gpu_seeds.py)
+#                                         comparison with torch.topk (scripts/gpu_seeds.py),
+#                                         the hook's costs by op (scripts/gpu_hook_costs.py)
 #                                         and the CUDA Python tests.
 #                                         Prints one table. Exits 77 without a GPU; non-zero
 #                                         when a GPU is visible and any test failed or skipped.
 #
 # NCCL comes from the GPU machine at run time (pip's nvidia-nccl, else the toolkit's).
 # SIDCO_GPU_TORCH=0 skips the torch part (its build takes about 3 minutes there);
-# SIDCO_GPU_QUICK=1 the benchmarks and the seeds' comparison (a rerun of the tests after a fix);
+# SIDCO_GPU_QUICK=1 the benchmarks, the seeds' comparison and the hook's costs (a rerun of the
+# tests after a fix);
 # logs go to SIDCO_GPU_LOGS, else $OUT/gpu-check-logs where OUT is set, else FOLDER/logs; the
 # tables are printed again at the end (a caller may keep only the output's tail);
 # SIDCO_GPU_BENCH_ARGS adds benchmark arguments (another --benchmark_filter, repetitions).
@@ -224,6 +226,15 @@ print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs
           python3 -X faulthandler "$root/scripts/gpu_seeds.py" "$SIDCO_GRADIENTS_DIR" "$logs/seeds.json" \
           > "$logs/seeds.log" 2>&1 || { echo "  gpu_seeds.py failed or timed out"; status=1; }
         cat "$logs/seeds.log"
+      fi
+      echo "== the hook's reduce exchange by op: CUDA codecs (host staging) against the CPU's" | tee -a "$summary"
+      if [ "${SIDCO_GPU_QUICK:-0}" = 1 ]; then
+        echo "  skipped (SIDCO_GPU_QUICK=1)"
+      else
+        LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python PYTHONUNBUFFERED=1 timeout 240 \
+          python3 -X faulthandler "$root/scripts/gpu_hook_costs.py" > "$logs/hook_costs.log" 2>&1 ||
+          { echo "  gpu_hook_costs.py failed or timed out"; status=1; }
+        tee -a "$summary" < "$logs/hook_costs.log"
       fi
       for t in cuda_ops_test cuda_memory_test cuda_hook_test cuda_amp_test; do
         local rc=0
