@@ -128,7 +128,8 @@ run() {
   export LD_LIBRARY_PATH="$folder/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export SIDCO_GRADIENTS_DIR=$root/examples/data/gradients
   local status=0
-  echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))" | tee -a "$summary"
+  echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))" |
+    tee -a "$summary"
   printf '| %-22s | %-8s | %6s |\n' test result s | tee -a "$summary"
   for t in test_host_device_math test_cuda_backend test_nccl_allreduce test_nccl_reduce; do
     if [ ! -x "$folder/bin/$t" ]; then
