@@ -58,63 +58,44 @@ def step_times(device, wire, g, ranks, steps):
     compact = wire == "compact"
     for step in range(steps + 1):
         ms = {}
-        blocks = []
-        for r in range(ranks):
-            b, t = timed(device, lambda: ops.reduce_encode(inputs[r], residuals[r], codecs[r], 7, step).clone())
-            blocks.append(b)
-            if r == 0:
-                ms["encode"] = t
-        if compact:
-            messages = []
+
+        def each_rank(op, call):
+            """call(r) for every rank r, each timed; rank 0's time is op's this step."""
+            results = []
             for r in range(ranks):
-                m, t = timed(device, lambda: ops.reduce_frames(blocks[r], codecs[r], False))
-                messages.append(m)
+                out, t = timed(device, lambda: call(r))
+                results.append(out)
                 if r == 0:
-                    ms["frames 1"] = t
+                    ms[op] = t
+            return results
+
+        blocks = each_rank("encode", lambda r: ops.reduce_encode(inputs[r], residuals[r], codecs[r], 7, step).clone())
+        if compact:
+            messages = each_rank("frames 1", lambda r: ops.reduce_frames(blocks[r], codecs[r], False))
             sizes = [m[1].tolist() for m in messages]
-            received = []
-            for o in range(ranks):
-                parts = [messages[r][0][sum(sizes[r][:o]):sum(sizes[r][:o + 1])] for r in range(ranks)]
-                joined = torch.cat(parts)
-                slots = torch.empty(ranks * block, dtype=torch.uint8, device=device)
-                _, t = timed(device, lambda: ops.reduce_unframe(joined, [sizes[r][o] for r in range(ranks)],
-                                                                list(slots.view(ranks, block).unbind(0)), codecs[o],
-                                                                False))
-                received.append(slots)
-                if o == 0:
-                    ms["unframe 1"] = t
+            # Owner o's share of every rank's messages, as the all-to-all at split sizes moves them.
+            inbound = [torch.cat([messages[r][0][sum(sizes[r][:o]):sum(sizes[r][:o + 1])] for r in range(ranks)])
+                       for o in range(ranks)]
+            received = [torch.empty(ranks * block, dtype=torch.uint8, device=device) for _ in range(ranks)]
+            each_rank("unframe 1", lambda o: ops.reduce_unframe(inbound[o], [sizes[r][o] for r in range(ranks)],
+                                                                list(received[o].view(ranks, block).unbind(0)),
+                                                                codecs[o], False))
         else:
             received = [torch.cat([b[o * block:(o + 1) * block] for b in blocks]) for o in range(ranks)]
-        selections = []
-        for o in range(ranks):
-            out = torch.zeros(n, dtype=g.dtype, device=device)
-            s, t = timed(device, lambda: ops.reduce_select(received[o], out, residuals[o], codecs[o]).clone())
-            selections.append(s)
-            if o == 0:
-                ms["select"] = t
+        outs = [torch.zeros(n, dtype=g.dtype, device=device) for _ in range(ranks)]
+        selections = each_rank("select", lambda o: ops.reduce_select(received[o], outs[o], residuals[o],
+                                                                      codecs[o]).clone())
         if compact:
-            sent = []
-            for o in range(ranks):
-                m, t = timed(device, lambda: ops.reduce_frames(selections[o], codecs[o], True)[0])
-                sent.append(m)
-                if o == 0:
-                    ms["frames 2"] = t
+            sent = each_rank("frames 2", lambda o: ops.reduce_frames(selections[o], codecs[o], True)[0])
             joined = torch.cat(sent)
-            inboxes = []
-            for r in range(ranks):
-                mine = [torch.empty(block, dtype=torch.uint8, device=device) for _ in range(ranks)]
-                _, t = timed(device, lambda: ops.reduce_unframe(joined, [m.numel() for m in sent], mine, codecs[r],
-                                                                True))
-                inboxes.append(mine)
-                if r == 0:
-                    ms["unframe 2"] = t
+            inboxes = [[torch.empty(block, dtype=torch.uint8, device=device) for _ in range(ranks)]
+                       for _ in range(ranks)]
+            each_rank("unframe 2", lambda r: ops.reduce_unframe(joined, [m.numel() for m in sent], inboxes[r],
+                                                                codecs[r], True))
         else:
             inboxes = [selections] * ranks
-        for r in range(ranks):
-            out = torch.zeros(n, dtype=g.dtype, device=device)
-            _, t = timed(device, lambda: ops.reduce_decode(inboxes[r], out, residuals[r], codecs[r]))
-            if r == 0:
-                ms["decode"] = t
+        outs = [torch.zeros(n, dtype=g.dtype, device=device) for _ in range(ranks)]
+        each_rank("decode", lambda r: ops.reduce_decode(inboxes[r], outs[r], residuals[r], codecs[r]))
         if step > 0:
             for op, t in ms.items():
                 times[op].append(t)
