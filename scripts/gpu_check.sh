@@ -105,6 +105,12 @@ build() {
   fi
 }
 
+# True, saying so, where SIDCO_GPU_QUICK=1 skips a measurement.
+skipped_when_quick() {
+  [ "${SIDCO_GPU_QUICK:-0}" = 1 ] || return 1
+  echo "  skipped (SIDCO_GPU_QUICK=1)"
+}
+
 run() {
   [ -d "$folder/bin" ] || { echo "gpu_check: no $folder/bin; run 'scripts/gpu_check.sh build' first"; exit 1; }
   if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
@@ -156,8 +162,8 @@ run() {
   echo "== benchmarks: N = 2^26 floats, delta = 0.001" | tee -a "$summary"
   # SIDCO_GPU_BENCH_ARGS: more benchmark arguments (a later filter replaces this one).
   # shellcheck disable=SC2086
-  if [ "${SIDCO_GPU_QUICK:-0}" = 1 ]; then
-    echo "  skipped (SIDCO_GPU_QUICK=1)"
+  if skipped_when_quick; then
+    :
   elif timeout 240 "$folder/bin/sidco-cuda-bench" --benchmark_filter='/1/26/1000/real_time$' \
        --benchmark_min_time=0.3 --benchmark_format=json ${SIDCO_GPU_BENCH_ARGS:-} \
        > "$logs/bench.json" 2> "$logs/bench.err"; then
@@ -192,10 +198,16 @@ run() {
       # A crash prints Python's stack (faulthandler) and the native one (the preloaded tracer).
       local preload=$folder/lib/libsidco_native_backtrace.so
       [ -f "$preload" ] || preload=
+      # python3 with these ops and the tracer loaded: ops_python SECONDS ARGS...
+      ops_python() {
+        local limit=$1
+        shift
+        LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
+          PYTHONUNBUFFERED=1 timeout "$limit" python3 -X faulthandler "$@"
+      }
       # Step by step first, each step printed as it ends, so that a crash names its step (the
       # CUDA tests of 2026-11-26 died before their first line).
-      LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python timeout 120 \
-        python3 -X faulthandler -c '
+      ops_python 120 -c '
 import torch
 print("step: torch", torch.__version__, flush=True)
 import sidco_torch
@@ -220,27 +232,20 @@ print("step: cuda decompress", float(sidco_torch.decompress(i, v, d.numel()).abs
 ' > "$logs/torch-steps.log" 2>&1 || status=1
       sed 's/^/  /' "$logs/torch-steps.log" | head -80
       echo "== the seeds' comparison: SIDCo and Top-k against torch.topk (ratios to a device copy)"
-      if [ "${SIDCO_GPU_QUICK:-0}" = 1 ]; then
-        echo "  skipped (SIDCO_GPU_QUICK=1)"
-      else
-        LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python PYTHONUNBUFFERED=1 timeout 200 \
-          python3 -X faulthandler "$root/scripts/gpu_seeds.py" "$SIDCO_GRADIENTS_DIR" "$logs/seeds.json" \
+      if ! skipped_when_quick; then
+        ops_python 200 "$root/scripts/gpu_seeds.py" "$SIDCO_GRADIENTS_DIR" "$logs/seeds.json" \
           > "$logs/seeds.log" 2>&1 || { echo "  gpu_seeds.py failed or timed out"; status=1; }
         cat "$logs/seeds.log"
       fi
       echo "== the hook's reduce exchange by op: CUDA codecs (host staging) against the CPU's" | tee -a "$summary"
-      if [ "${SIDCO_GPU_QUICK:-0}" = 1 ]; then
-        echo "  skipped (SIDCO_GPU_QUICK=1)"
-      else
-        LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python PYTHONUNBUFFERED=1 timeout 240 \
-          python3 -X faulthandler "$root/scripts/gpu_hook_costs.py" > "$logs/hook_costs.log" 2>&1 ||
+      if ! skipped_when_quick; then
+        ops_python 240 "$root/scripts/gpu_hook_costs.py" > "$logs/hook_costs.log" 2>&1 ||
           { echo "  gpu_hook_costs.py failed or timed out"; status=1; }
         tee -a "$summary" < "$logs/hook_costs.log"
       fi
       for t in cuda_ops_test cuda_memory_test cuda_hook_test cuda_amp_test; do
         local rc=0
-        LD_PRELOAD=$preload SIDCO_TORCH_LIBRARY=$library PYTHONPATH=$root/python:$root/tests/python \
-          timeout 180 python3 -X faulthandler "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
+        ops_python 180 "$root/tests/python/$t.py" > "$logs/$t.log" 2>&1 || rc=$?
         case $rc in
           0) printf '| %-22s | pass |\n' "$t" | tee -a "$summary" ;;
           *) printf '| %-22s | FAIL %s |\n' "$t" "$rc" | tee -a "$summary"; tail -60 "$logs/$t.log" | sed 's/^/    /'
