@@ -211,10 +211,10 @@ TEST_CASE("compact: the all-gather core gives each index back once a call (a tra
     CHECK(sink.times.size() == original.size());  // kept: what rounding left off; dropped: whole
     CHECK(sink.repeated() == "");
     sink.times.clear();
-    if (fail) other.encode_failure(sidco::error("compress: out of memory"), {1, 4, delta, comm::reduction::sum},
-                                   payloads[1]);
-    else other.encode_failure(sidco::error("unused"), {1, 4, delta, comm::reduction::sum}, payloads[1]),
-         payloads[1] = payloads[0];  // rank 1 sent the same entries
+    if (fail)
+      other.encode_failure(sidco::error("compress: out of memory"), {1, 4, delta, comm::reduction::sum}, payloads[1]);
+    else
+      payloads[1] = payloads[0];  // rank 1 sent the same entries
     std::vector<float> dense(size, 0.0f);
     if (fail) CHECK_THROWS_AS(core.decode(views_of(payloads), std::span<float>(dense), sink), sidco::runtime_error);
     else core.decode(views_of(payloads), std::span<float>(dense), sink);
