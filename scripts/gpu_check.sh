@@ -61,7 +61,7 @@ build() {
     [ -f "$dir/build.ninja" ] && mode=(--reconfigure)
     mode+=(--native-file "$SIDCO_MESON_NATIVE")
     meson setup "${mode[@]}" "$dir" -Dcuda=enabled -Dtorch=disabled -Dmpi=disabled -Dexamples=false -Dtools=false \
-      -Dbuildtype=release -Dnative=false "-Dgpu_arch=[$(sed "s/[^,]*/'&'/g" <<< "$arch")]" \
+      -Dbuildtype=release -Dgpu_compile_only=false -Dnative=false "-Dgpu_arch=[$(sed "s/[^,]*/'&'/g" <<< "$arch")]" \
       > "$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; exit 1; }
     grep -q test_nccl_allreduce "$dir/build.ninja" && targets+=(tests/cuda/test_nccl_allreduce)
     grep -q test_nccl_reduce "$dir/build.ninja" && targets+=(tests/cuda/test_nccl_reduce)
