@@ -10,6 +10,9 @@
 
 #include "reference.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace adversarial_test {
+
 using namespace sidco;
 
 namespace {
@@ -110,3 +113,5 @@ TEST_CASE("threshold methods keep an outlier and never select exact zeros") {
   e.compress<float>(single, 0.5, out);
   CHECK(test::entries(out) == std::vector<std::pair<std::size_t, float>>{{4999, -2.5f}});
 }
+
+}  // namespace adversarial_test

@@ -10,6 +10,9 @@
 
 #include <sidco/comm/collective_wait.hpp>
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace collective_wait_test {
+
 using sidco::comm::detail::poll_until_finished;
 using namespace std::chrono_literals;
 
@@ -40,3 +43,5 @@ TEST_CASE("the default timeout is finite") {
   CHECK(sidco::comm::default_collective_timeout > 0ms);
   CHECK(sidco::comm::default_collective_timeout <= std::chrono::minutes(30));
 }
+
+}  // namespace collective_wait_test

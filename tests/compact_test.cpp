@@ -23,6 +23,9 @@
 
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace compact_test {
+
 using namespace sidco;
 
 namespace {
@@ -799,3 +802,5 @@ TEST_CASE("compact: an owner's update that bfloat16 cannot hold travels as it is
   none.apply(payload, format, n, false);
   CHECK(none.empty());
 }
+
+}  // namespace compact_test

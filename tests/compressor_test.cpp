@@ -15,6 +15,9 @@
 
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace compressor_test {
+
 using namespace sidco;
 
 namespace {
@@ -505,3 +508,5 @@ TEST_CASE("a state written under the old underscore policy names loads, another 
   CHECK_THROWS_WITH_AS(refused.load_state(wrong), doctest::Contains("'bbove-threshold' where 'above-threshold'"),
                        sidco::error);
 }
+
+}  // namespace compressor_test

@@ -14,6 +14,9 @@
 #include "support.hpp"
 #include "tracked_backend.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace contract_test {
+
 using namespace sidco;
 namespace tracked = sidco::test::tracked;
 
@@ -123,3 +126,5 @@ TEST_CASE("the tracked memory does see an access made outside a backend") {
   CHECK(source.value(1) == -2.f);  // what a compressor reading the gradient itself would do
   CHECK(tracked::outside.load() == before + 1);
 }
+
+}  // namespace contract_test

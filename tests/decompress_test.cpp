@@ -6,6 +6,9 @@
 
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace decompress_test {
+
 using namespace sidco;
 
 TEST_CASE_TEMPLATE("decompress and scatter-add rebuild the dense sum", T, float, double) {
@@ -52,3 +55,5 @@ TEST_CASE("scatter-add refuses a wrong dense size or an index out of range, writ
                        doctest::Contains("index 9 at position 1 is out of range"), sidco::error);
   CHECK(dense == std::vector<float>(4, 0.f));  // the valid entry before it was not added either
 }
+
+}  // namespace decompress_test

@@ -13,6 +13,9 @@
 #include <sidco/io/manifest.hpp>
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace density_test {
+
 using namespace sidco;
 
 namespace {
@@ -119,3 +122,5 @@ TEST_CASE("a 10,000-step error-feedback soak holds the density within 5% in ever
   CHECK(std::fabs(first_window - 1) <= 0.05);
   CHECK(std::fabs(worst - 1) <= 0.05);
 }
+
+}  // namespace density_test

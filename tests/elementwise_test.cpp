@@ -22,6 +22,9 @@
 
 #include "backend_oracle.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace elementwise_test {
+
 using namespace sidco;
 using namespace sidco::backend::cuda_detail;
 
@@ -374,3 +377,5 @@ TEST_CASE("a sample position drawn by its index equals the sequential generator'
     }
   }
 }
+
+}  // namespace elementwise_test

@@ -15,6 +15,9 @@
 #include "reference.hpp"
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace half_test {
+
 using namespace sidco;
 
 namespace {
@@ -207,3 +210,5 @@ TEST_CASE_TEMPLATE("compressors on 16-bit gradients: the cpu backend selects wha
     }
   }
 }
+
+}  // namespace half_test

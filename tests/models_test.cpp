@@ -10,6 +10,9 @@
 #include <sidco/models/normal.hpp>
 #include <sidco/models/weibull.hpp>
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace models_test {
+
 using namespace sidco;
 
 // Spot values computed offline with SciPy 1.10 (Debian 12):
@@ -151,3 +154,5 @@ TEST_CASE("the Weibull fit inverts its log-moment gap and recovers known paramet
   CHECK(models::weibull::fit(equal).upper_quantile(0.01) == doctest::Approx(0.25));
   CHECK(std::isnan(models::weibull::fit(moments{}).upper_quantile(0.01)));
 }
+
+}  // namespace models_test

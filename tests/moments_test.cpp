@@ -6,6 +6,9 @@
 #include <doctest/doctest.h>
 #include <sidco/core/moments.hpp>
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace moments_test {
+
 using sidco::moments;
 
 TEST_CASE("moments count zeros and non-finite values apart from the sums") {
@@ -73,3 +76,5 @@ TEST_CASE("empty moments have zero mean and variance") {
   CHECK(m.mean() == 0.0);
   CHECK(m.variance() == 0.0);
 }
+
+}  // namespace moments_test

@@ -12,6 +12,9 @@
 #include "reference.hpp"
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace peers_test {
+
 using namespace sidco;
 using test::entries;
 
@@ -360,3 +363,5 @@ TEST_CASE("bad options of the peer methods are clear errors") {
                        doctest::Contains("momentum: size 10 does not match gradient size 11"),
                        sidco::error);
 }
+
+}  // namespace peers_test

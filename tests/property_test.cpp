@@ -19,6 +19,9 @@
 #include "reference.hpp"
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace property_test {
+
 using namespace sidco;
 
 namespace {
@@ -259,3 +262,5 @@ TEST_CASE_TEMPLATE("all-zero input: threshold methods send nothing, exact-count 
       threshold_method(methods::compressor_of<method>{}, method::about.name);
   });
 }
+
+}  // namespace property_test

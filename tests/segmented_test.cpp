@@ -12,6 +12,9 @@
 #include "reference.hpp"
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace segmented_test {
+
 using namespace sidco;
 using test::entries;
 
@@ -375,3 +378,5 @@ TEST_CASE("segmented ranking selections make one pass over all layers and equal 
   check_one_pass_per_layout<presets::dgc<counting_backend>>("dgc");
   check_one_pass_per_layout<presets::redsync_trimmed<counting_backend>>("redsync trimmed");
 }
+
+}  // namespace segmented_test

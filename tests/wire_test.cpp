@@ -31,6 +31,9 @@
 #include "reference.hpp"
 #include "support.hpp"
 
+// Named after the file: the test programs compile several test files as one unit.
+namespace wire_test {
+
 using namespace sidco;
 
 namespace {
@@ -1512,3 +1515,5 @@ TEST_CASE("frames: a round's messages (append_messages, read_messages) read back
     CHECK(text.find("the message from rank " + std::to_string(r) + " held another tensor, step") != std::string::npos);
   }
 }
+
+}  // namespace wire_test
