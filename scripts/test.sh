@@ -41,8 +41,8 @@ count() {  # DIR: "passed failed skipped" from meson's test log
 
 # Without a GPU the CUDA code is compiled and never run: one architecture, the host side
 # unoptimized, checks it. A machine with a GPU builds every architecture of gpu_arch, optimized.
-gpu_arch=(-Dgpu_compile_only=false)
-nvidia-smi -L > /dev/null 2>&1 || gpu_arch=(-Dgpu_arch=sm_80 -Dgpu_compile_only=true)
+gpu_options=(-Dgpu_compile_only=false)
+nvidia-smi -L > /dev/null 2>&1 || gpu_options=(-Dgpu_arch=sm_80 -Dgpu_compile_only=true)
 
 # Highway's kernels in the g++ build, the portable loops under the sanitizers: the oracle
 # tests cover both. Line tables are all the sanitizers' reports need (full -g compiles slower).
@@ -63,7 +63,7 @@ SIDCO_JOBS=2 setsid --wait nice -n 19 bash -c "set -euo pipefail; { echo 19 > /p
 sanitized_pid=$!
 trap 'kill -- "-$sanitized_pid" 2> /dev/null || true' EXIT
 
-CXX=g++ build_suite build -Dhighway=enabled "${gpu_arch[@]}"
+CXX=g++ build_suite build -Dhighway=enabled "${gpu_options[@]}"
 test_suite build
 sanitized_status=0
 wait "$sanitized_pid" || sanitized_status=$?
