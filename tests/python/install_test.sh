@@ -3,12 +3,18 @@
 # it, `pip install --no-build-isolation` into a fresh virtual environment that sees the
 # interpreter's torch, then a wheel from `python -m build --no-isolation` into another; each
 # imported from outside the source tree and run (a compress and a 2-rank hook step).
-#   install_test.sh PYTHON SOURCE_ROOT [WORK_PARENT]      exit 77 without venv, pip, meson-python or build
-# WORK_PARENT (default $TMPDIR or /tmp) holds its scratch directory: the build directory, so
-# that a compiler cache hashing paths relative to the checkout (scripts/test.sh) serves a
-# second run.
+#   install_test.sh PYTHON SOURCE_ROOT [WORK_PARENT [MESON_OPTION...]]
+# exits 77 without venv, pip, meson-python or build. WORK_PARENT (default $TMPDIR or /tmp)
+# holds its scratch directory. The build directory sits in the copy of the source as build/
+# sits in a checkout, and the MESON_OPTIONs (the calling build's werror) go to its setup: the
+# compile commands are then the calling build's own for the same objects, which a compiler
+# cache hashing paths relative to the checkout (scripts/test.sh) serves.
 set -euo pipefail
 python=$1 root=$(cd "$2" && pwd)
+pip_setup=() build_setup=()  # pip install's and python -m build's spelling of each option
+for option in "${@:4}"; do
+  pip_setup+=(--config-settings "setup-args=$option") build_setup+=("-Csetup-args=$option")
+done
 for module in venv pip mesonpy build; do
   "$python" -c "import $module" 2> /dev/null ||
     { echo "install_test: $python cannot import $module (Debian: python3-venv python3-pip python3-mesonpy python3-build)"; exit 77; }
@@ -34,11 +40,13 @@ smoke() {  # VENV: import from $tmp, not the source tree, and run
 # and still configures, installs and packs its wheel itself.
 echo "== pip install --no-build-isolation"
 "$python" -m venv --system-site-packages "$tmp/venv"
-(cd "$tmp" && "$tmp/venv/bin/pip" install -q --no-index --no-build-isolation --config-settings builddir="$tmp/meson" "$tmp/src")
+(cd "$tmp" && "$tmp/venv/bin/pip" install -q --no-index --no-build-isolation \
+   --config-settings builddir="$tmp/src/build" "${pip_setup[@]}" "$tmp/src")
 smoke "$tmp/venv"
 
 echo "== python -m build --no-isolation --wheel, then pip install the wheel"
-(cd "$tmp/src" && "$tmp/venv/bin/python" -m build --no-isolation --wheel -Cbuilddir="$tmp/meson" --outdir "$tmp/dist" . > "$tmp/build.log" 2>&1) ||
+(cd "$tmp/src" && "$tmp/venv/bin/python" -m build --no-isolation --wheel -Cbuilddir="$tmp/src/build" \
+   "${build_setup[@]}" --outdir "$tmp/dist" . > "$tmp/build.log" 2>&1) ||
   { tail -40 "$tmp/build.log"; exit 1; }
 wheel=$(ls "$tmp"/dist/*.whl)
 "$python" - "$wheel" <<'PY'
