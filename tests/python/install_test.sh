@@ -6,9 +6,10 @@
 #   install_test.sh PYTHON SOURCE_ROOT [WORK_PARENT [MESON_OPTION...]]
 # exits 77 without venv, pip, meson-python or build. WORK_PARENT (default $TMPDIR or /tmp)
 # holds its scratch directory. The build directory sits in the copy of the source as build/
-# sits in a checkout, and the MESON_OPTIONs (the calling build's werror) go to its setup: the
-# compile commands are then the calling build's own for the same objects, which a compiler
-# cache hashing paths relative to the checkout (scripts/test.sh) serves.
+# sits in a checkout, and the MESON_OPTIONs (the calling build's werror) go to its setup, its
+# compiler named by CXX as the calling build names it (the test sets both): the compile
+# commands are then the calling build's own for the same objects, which a compiler cache
+# hashing paths relative to the checkout (scripts/test.sh) serves.
 set -euo pipefail
 python=$1 root=$(cd "$2" && pwd)
 pip_setup=() build_setup=()  # pip install's and python -m build's spelling of each option
