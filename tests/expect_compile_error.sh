@@ -29,6 +29,17 @@ compiler_version() {
   c++ --version 2>&1 | head -1
 }
 
+# key_text COMMAND...: standard input with the paths that differ between clones and runs
+# (this run's scratch folder, the working folder, each include folder COMMAND names: the
+# checkout's, absolute) written as names, so that a clone elsewhere finds the same verdicts.
+key_text() {
+  local flag script=(-e "s|$tmp|TMP|g" -e "s|$PWD|CWD|g")
+  for flag in "$@"; do
+    [[ $flag == -I* ]] && [ -d "${flag#-I}" ] && script+=(-e "s|${flag#-I}|INCLUDE|g")
+  done
+  sed "${script[@]}"
+}
+
 # shared_key SHARED_FILE COMMAND...: once a script, what every case's key shares: COMMAND's
 # compiler and words, the include folders' files, and SHARED_FILE (what every case includes)
 # preprocessed by COMMAND -E. Empty without verdicts.
@@ -39,10 +50,10 @@ shared_key() {
   for flag in "$@"; do [[ $flag == -I* ]] && [ -d "${flag#-I}" ] && folders+=("${flag#-I}"); done
   {
     compiler_version "$@"
-    printf '%s\n' "${@//$tmp/TMP}"
+    printf '%s\n' "$@"
     [ ${#folders[@]} -eq 0 ] || find "${folders[@]}" -type f -print0 | sort -z | xargs -0 sha256sum
-    "$@" -E "$shared" 2> /dev/null | sed "s|$tmp|TMP|g"
-  } | sha256sum | cut -d' ' -f1
+    "$@" -E "$shared" 2> /dev/null
+  } | key_text "$@" | sha256sum | cut -d' ' -f1
 }
 
 # remembered NAME SHARED FILE COMMAND...: runs COMMAND (its output into $tmp/NAME.log) and
@@ -52,7 +63,7 @@ remembered() {
   local name=$1 shared=$2 file=$3 key="" status
   shift 3
   if [ -n "$verdicts" ] && [ -n "$shared" ]; then
-    key=$({ echo "$shared"; printf '%s\n' "${@//$tmp/TMP}"; cat "$file"; } | sha256sum | cut -d' ' -f1)
+    key=$({ echo "$shared"; printf '%s\n' "$@"; cat "$file"; } | key_text "$@" | sha256sum | cut -d' ' -f1)
     if [ -f "$verdicts/$key.status" ] && [ -f "$verdicts/$key.log" ]; then
       touch "$verdicts/$key.status" "$verdicts/$key.log"
       cp "$verdicts/$key.log" "$tmp/$name.log"
