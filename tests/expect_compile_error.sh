@@ -29,14 +29,20 @@ compiler_version() {
   c++ --version 2>&1 | head -1
 }
 
+# include_folders COMMAND...: the folders COMMAND's -I flags name, one a line.
+include_folders() {
+  local flag
+  for flag in "$@"; do
+    if [[ $flag == -I* ]] && [ -d "${flag#-I}" ]; then printf '%s\n' "${flag#-I}"; fi
+  done
+}
+
 # key_text COMMAND...: standard input with the paths that differ between clones and runs
 # (this run's scratch folder, the working folder, each include folder COMMAND names: the
 # checkout's, absolute) written as names, so that a clone elsewhere finds the same verdicts.
 key_text() {
-  local flag script=(-e "s|$tmp|TMP|g" -e "s|$PWD|CWD|g")
-  for flag in "$@"; do
-    [[ $flag == -I* ]] && [ -d "${flag#-I}" ] && script+=(-e "s|${flag#-I}|INCLUDE|g")
-  done
+  local folder script=(-e "s|$tmp|TMP|g" -e "s|$PWD|CWD|g")
+  while read -r folder; do script+=(-e "s|$folder|INCLUDE|g"); done < <(include_folders "$@")
   sed "${script[@]}"
 }
 
@@ -45,9 +51,9 @@ key_text() {
 # preprocessed by COMMAND -E. Empty without verdicts.
 shared_key() {
   [ -n "$verdicts" ] || return 0
-  local shared=$1 flag folders=()
+  local shared=$1 folders
   shift
-  for flag in "$@"; do [[ $flag == -I* ]] && [ -d "${flag#-I}" ] && folders+=("${flag#-I}"); done
+  mapfile -t folders < <(include_folders "$@")
   {
     compiler_version "$@"
     printf '%s\n' "$@"
