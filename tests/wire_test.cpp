@@ -820,10 +820,12 @@ void check_reduce_rule(const std::vector<T>& gradient, std::size_t ranks, comm::
         }
         for (std::size_t r = 0; r < ranks; ++r) {
           const auto kept = sent[r].indices();  // what the blocks held, ascending
-          std::size_t unconserved = 0;
+          std::size_t unconserved = 0, next_kept = 0, next_global = 0;  // both lists walked beside i
           for (std::size_t i = 0; i < size; ++i) {
-            const bool applied_here = std::binary_search(kept.begin(), kept.end(), std::uint32_t(i)) &&
-                                      std::binary_search(global.begin(), global.end(), std::uint32_t(i));
+            while (next_kept < kept.size() && kept[next_kept] < i) ++next_kept;
+            while (next_global < global.size() && global[next_global] < i) ++next_global;
+            const bool applied_here = next_kept < kept.size() && kept[next_kept] == i && next_global < global.size() &&
+                                      global[next_global] == i;
             unconserved += applied_here ? residuals[r][i] != T(0)
                                         : std::memcmp(&residuals[r][i], &inputs[r][i], sizeof(T)) != 0;
           }
