@@ -150,6 +150,11 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # The ranks' BLAS (OpenBLAS in Debian's torch) starts a thread per core unless told, and
+    # torch.set_num_threads does not reach it: ranks sharing the cores would spin against each
+    # other (2 ranks on 2 cores: 36 s for the test's run, 31 s with this). Read at its load,
+    # in the spawned ranks.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(a.threads))
     mp.spawn(worker, args=(a, port), nprocs=a.ranks, join=True)
     return 0
 
