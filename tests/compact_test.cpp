@@ -411,6 +411,73 @@ TEST_CASE("compact: gaps that overflow the body give back the smallest entries w
   }
 }
 
+TEST_CASE("compact: the index code's room is Elias-Fano's longest at any count up to the capacity") {
+  // Against every count, for sizes where the low-bit width changes inside the range.
+  for (const std::uint64_t dense : {1ull, 2ull, 7ull, 100ull, 1000ull, 4096ull, 100003ull}) {
+    for (const std::size_t capacity : {std::size_t(1), std::size_t(3), std::size_t(64), std::size_t(500),
+                                       std::size_t(dense)}) {
+      std::size_t longest = 0;
+      for (std::uint64_t count = 1; count <= std::min<std::uint64_t>(capacity, dense); ++count)
+        longest = std::max(longest, comm::detail::elias_fano_bytes(count, dense));
+      CAPTURE(dense);
+      CAPTURE(capacity);
+      CHECK(comm::compact_index_room(capacity, dense) == longest);
+    }
+  }
+  // A format made with the dense size: capacity values and that room; without, 2 bytes an index.
+  const auto tight = comm::compact_format_for<float, std::uint32_t>(1000, 100000);
+  CHECK(tight.index_room == comm::compact_index_room(1000, 100000));
+  CHECK(tight.bytes() == 64 + 2000 + (tight.index_room + 7) / 8 * 8);
+  CHECK(comm::compact_format_for<float, std::uint32_t>(1000).bytes() == 64 + 4000);
+  CHECK(comm::compact_format(1000, 4, sizeof(float), 100000).bytes() == tight.bytes());
+}
+
+TEST_CASE("compact: a selection of any count up to the capacity fits the fixed payload whole, however it spreads") {
+  // The bundled LSTM gradient's size, one segment, at three densities: selections of 1, half
+  // and all the capacity's entries, spread evenly (Elias-Fano's longest), clustered at one
+  // end, and at random; the core gives none back to fit, and the payload decodes to them.
+  const std::size_t dense = 3'713'440;
+  std::mt19937_64 rng(7);
+  std::vector<std::uint32_t> all(dense);
+  for (std::size_t i = 0; i < dense; ++i) all[i] = std::uint32_t(i);
+  for (const double delta : {0.001, 0.01, 0.1}) {
+    comm::allgather_core<float> core({segment{0, dense}}, delta, 1.25, comm::entry_coding::compact);
+    const std::size_t capacity = core.format().capacity;
+    CAPTURE(delta);
+    // About 2 + log2(1 / (1.25 delta)) bits an index (3.7 at 0.1, 8.4 at 0.01), against
+    // compact_index_budget's 16.
+    CHECK(double(core.format().index_room) <= capacity * (3.0 + std::log2(dense / double(capacity))) / 8.0);
+    for (const std::size_t count : {std::size_t(1), capacity / 2, capacity}) {
+      for (const int spread : {0, 1, 2}) {
+        std::vector<std::uint32_t> indices;
+        if (spread == 0) {
+          for (std::size_t j = 0; j < count; ++j) indices.push_back(std::uint32_t(j * (dense / count)));
+        } else if (spread == 1) {
+          for (std::size_t j = 0; j < count; ++j) indices.push_back(std::uint32_t(dense - count + j));
+        } else {
+          std::sample(all.begin(), all.end(), std::back_inserter(indices), count, rng);
+        }
+        sparse_vector<float> sent(dense);
+        for (const std::uint32_t i : indices) sent.push_back(i, 0.5f + float(i % 7));  // bfloat16 holds them
+        comm::host_residual<float> sink;
+        std::vector<float> residual(dense, 0.0f);
+        sink.values = residual;
+        std::vector<std::byte> payload(core.format().bytes());
+        CAPTURE(count);
+        CAPTURE(spread);
+        CHECK(core.encode(sent, sink, {1, 0, delta, comm::reduction::sum}, payload) == 0);
+        REQUIRE(sent.size() == count);
+        CHECK(std::all_of(residual.begin(), residual.end(), [](float v) { return v == 0.0f; }));
+        std::vector<std::uint32_t> got;
+        std::vector<float> values;
+        const std::vector<std::span<const std::byte>> one{payload};
+        core.decode_into(one, got, values, sink);
+        CHECK(got == indices);
+      }
+    }
+  }
+}
+
 TEST_CASE_TEMPLATE("compact: rounding keeps non-finite input to be refused, gives back what no narrow value holds, "
                    "and the rest at once or once each entry's fate is known", T, float, double) {
   using N = comm::compact_value_t<T>;

@@ -9,10 +9,12 @@
 // its gradient plus its old residual.
 //
 // Payloads keep a fixed size (the collectives move equal sizes): a 64-byte header, then
-// count narrowed values, then the index code, in a body of capacity x (value bytes +
-// compact_index_budget) bytes. A selection whose code would overflow the body gives its
-// smallest entries back to the residual until it fits (it never happens at δ >= 2^-13 per
-// segment, where Elias-Fano takes at most 16 bits an index; it may on a sparser one). A
+// count narrowed values, then the index code, in a body of room for capacity values and
+// Elias-Fano's longest code of at most capacity indices (compact_format_for: about 2 +
+// log2(N / capacity) bits an index, where the plain format spends 32). A body of a format
+// made without the dense size holds compact_index_budget bytes an index; there a selection
+// whose code would overflow gives its smallest entries back to the residual until it fits
+// (only below δ = 2^-13 per segment, where Elias-Fano takes over 16 bits an index). A
 // receiver expands each compact payload into the plain format (comm/wire.hpp) and checks
 // and sums it as any other.
 #pragma once
@@ -60,20 +62,6 @@ inline constexpr std::size_t compact_value_bytes(std::size_t value_bytes) {
 static_assert(compact_value_bytes(sizeof(float)) == sizeof(compact_value_t<float>) &&
               compact_value_bytes(sizeof(double)) == sizeof(compact_value_t<double>) &&
               compact_value_bytes(sizeof(float16)) == sizeof(compact_value_t<float16>));
-
-/// The compact format of capacity entries of T values.
-template <class T, class Index>
-wire_format compact_format_for(std::size_t capacity) {
-  wire_format f{capacity, sizeof(Index), sizeof(compact_value_t<T>)};
-  f.coding = entry_coding::compact;
-  return f;
-}
-
-/// The format of capacity entries in the given coding.
-template <class T, class Index>
-wire_format format_for(std::size_t capacity, entry_coding coding) {
-  return coding == entry_coding::compact ? compact_format_for<T, Index>(capacity) : format_for<T, Index>(capacity);
-}
 
 /// How a compact payload codes its indices (wire_header::index_code).
 enum class index_code : std::uint8_t { gaps = 0, elias_fano = 1 };
@@ -202,6 +190,45 @@ inline std::size_t gap_room(const wire_format& format, std::size_t count) {
 }
 
 }  // namespace detail
+
+/// The most bytes the index code of at most capacity ascending indices below dense_size
+/// takes: Elias-Fano's longest (pack_compact sends the shorter code), at whichever count.
+/// Within one low-bit width L the code grows with the count, so the longest is at the
+/// largest count of some L (or at capacity).
+inline std::size_t compact_index_room(std::size_t capacity, std::uint64_t dense_size) {
+  const std::uint64_t most = std::min<std::uint64_t>(capacity, dense_size);
+  std::size_t room = detail::elias_fano_bytes(most, dense_size);
+  for (unsigned low = 0; low < 64 && (dense_size >> low) > 0; ++low) {
+    const std::uint64_t count = std::min(most, dense_size >> low);  // the largest with dense_size / count >= 2^low
+    room = std::max(room, detail::elias_fano_bytes(count, dense_size));
+  }
+  return room;
+}
+
+/// compact_format_for for code that knows the index and value widths at run time (value_bytes:
+/// the uncompressed value's).
+inline wire_format compact_format(std::size_t capacity, std::size_t index_bytes, std::size_t value_bytes,
+                                  std::uint64_t dense_size = 0) {
+  wire_format f{capacity, index_bytes, compact_value_bytes(value_bytes), entry_coding::compact};
+  if (dense_size > 0 && capacity > 0) f.index_room = compact_index_room(capacity, dense_size);
+  return f;
+}
+
+/// The compact format of capacity entries of T values. With the dense size the index code's
+/// room is Elias-Fano's longest for that many entries (about 2 + log2(dense_size /
+/// capacity) bits an index: no selection of at most capacity entries is ever trimmed to
+/// fit); without it, compact_index_budget bytes an entry.
+template <class T, class Index>
+wire_format compact_format_for(std::size_t capacity, std::uint64_t dense_size = 0) {
+  return compact_format(capacity, sizeof(Index), sizeof(T), dense_size);
+}
+
+/// The format of capacity entries in the given coding (compact: compact_format_for).
+template <class T, class Index>
+wire_format format_for(std::size_t capacity, entry_coding coding, std::uint64_t dense_size = 0) {
+  return coding == entry_coding::compact ? compact_format_for<T, Index>(capacity, dense_size)
+                                         : format_for<T, Index>(capacity);
+}
 
 /// Gives sent's smallest entries back to sink (whole: the compressor left +0 there) until
 /// its index code fits format's body. Returns how many it gave back.

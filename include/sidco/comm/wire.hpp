@@ -52,8 +52,8 @@ inline constexpr std::uint32_t wire_magic = 0x57434453;  // "SDCW" in little-end
 // 4: a compact payload names its index code (gaps or Elias-Fano) in index_code.
 inline constexpr std::uint8_t wire_version = 4;
 
-/// Bytes of index code a compact payload holds per entry of capacity (a gap below 2^14
-/// takes at most two bytes; most take one).
+/// Bytes of index code a compact payload holds per entry of capacity where its format does
+/// not say (index_room 0): a gap below 2^14 takes at most two bytes; most take one.
 inline constexpr std::size_t compact_index_budget = 2;
 
 /// A payload's first 64 bytes, in host byte order (the ranks of one job share it). Every
@@ -87,13 +87,15 @@ struct wire_fields {
 };
 
 /// Where things lie in a payload of `capacity` entries. Plain: the count indices, then the
-/// count values, then zeros. Compact (comm/compact.hpp): value_bytes is the narrowed value's width, and the
-/// body holds capacity x (value_bytes + compact_index_budget) bytes.
+/// count values, then zeros. Compact (comm/compact.hpp): value_bytes is the narrowed value's
+/// width, and the body holds capacity values, then index_room bytes of index code
+/// (capacity x compact_index_budget where index_room is 0).
 struct wire_format {
   std::size_t capacity = 0;
   std::size_t index_bytes = 4;
   std::size_t value_bytes = 4;
   entry_coding coding = entry_coding::plain;
+  std::size_t index_room = 0;  // compact: the index code's room (compact_format_for)
 
   static constexpr std::size_t header_bytes = sizeof(wire_header);
   /// Room for a failure's message, whatever the capacity.
@@ -104,8 +106,11 @@ struct wire_format {
   std::size_t values_offset(std::size_t count) const { return header_bytes + padded(count * index_bytes); }
   /// A payload's size: what its capacity (or a failure's message) may take.
   std::size_t bytes() const {
-    if (coding == entry_coding::compact)
-      return header_bytes + std::max(padded(capacity * (value_bytes + compact_index_budget)), min_message_bytes);
+    if (coding == entry_coding::compact) {
+      const std::size_t body = index_room > 0 ? padded(capacity * value_bytes) + index_room
+                                              : capacity * (value_bytes + compact_index_budget);
+      return header_bytes + std::max(padded(body), min_message_bytes);
+    }
     return std::max(padded(plain_bytes(capacity)), header_bytes + min_message_bytes);
   }
   /// Plain: the bytes a payload of count entries uses (the rest of bytes() is zero).

@@ -131,8 +131,10 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
     settings_.coding = wire == "compact" ? sidco::comm::entry_coding::compact : sidco::comm::entry_coding::plain;
     plan_ = sidco::comm::plan_capacity(settings_.layout, capacity_density, slack);
     const std::size_t value_bytes = std::size_t(c10::elementSize(settings_.dtype));
-    format_ = {plan_.total, sizeof(std::uint32_t),
-               wire == "compact" ? sidco::comm::compact_value_bytes(value_bytes) : value_bytes, settings_.coding};
+    const std::size_t dense_size = settings_.layout.back().end();
+    format_ = wire == "compact"
+                  ? sidco::comm::compact_format(plan_.total, sizeof(std::uint32_t), value_bytes, dense_size)
+                  : sidco::comm::wire_format{plan_.total, sizeof(std::uint32_t), value_bytes};
     // Fails here, not at the first step, for an unknown method.
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
     return 0;

@@ -154,7 +154,7 @@ class allgather_core {
       sidco::detail::fail("exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
     if (coding != entry_coding::plain && coding != entry_coding::compact)
       sidco::detail::fail("exchange: entry coding ", int(coding), " is neither plain (0) nor compact (1)");
-    format_ = format_for<T, Index>(plan_.total, coding);
+    format_ = format_for<T, Index>(plan_.total, coding, size_);
     plain_ = format_for<T, Index>(plan_.total);
   }
 
