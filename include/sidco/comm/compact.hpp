@@ -194,10 +194,10 @@ inline std::size_t gap_room(const wire_format& format, std::size_t count) {
 /// The most bytes the index code of at most capacity ascending indices below dense_size
 /// takes: Elias-Fano's longest (pack_compact sends the shorter code), at whichever count.
 /// Within one low-bit width L the code grows with the count, so the longest is at the
-/// largest count of some L (or at capacity).
+/// largest count of some L, capped at capacity (L = 0 takes the capacity itself).
 inline std::size_t compact_index_room(std::size_t capacity, std::uint64_t dense_size) {
   const std::uint64_t most = std::min<std::uint64_t>(capacity, dense_size);
-  std::size_t room = detail::elias_fano_bytes(most, dense_size);
+  std::size_t room = 0;
   for (unsigned low = 0; low < 64 && (dense_size >> low) > 0; ++low) {
     const std::uint64_t count = std::min(most, dense_size >> low);  // the largest with dense_size / count >= 2^low
     room = std::max(room, detail::elias_fano_bytes(count, dense_size));
@@ -210,7 +210,7 @@ inline std::size_t compact_index_room(std::size_t capacity, std::uint64_t dense_
 inline wire_format compact_format(std::size_t capacity, std::size_t index_bytes, std::size_t value_bytes,
                                   std::uint64_t dense_size = 0) {
   wire_format f{capacity, index_bytes, compact_value_bytes(value_bytes), entry_coding::compact};
-  if (dense_size > 0 && capacity > 0) f.index_room = compact_index_room(capacity, dense_size);
+  if (dense_size > 0) f.index_room = compact_index_room(capacity, dense_size);  // 0 at capacity 0
   return f;
 }
 
