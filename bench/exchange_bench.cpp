@@ -160,8 +160,9 @@ void owner_select(benchmark::State& state) {
 
 // allgather_codec/C/P/D: one rank's all-gather encode of its selection plus the decode of P
 // ranks' payloads (the whole exchange's CPU work on one rank, the collective aside), plain
-// (C = 0) or compact (C = 1, comm/compact.hpp), at density D / 1000 (10: the indices' gaps
-// code; 100: Elias-Fano), on one thread, against the local compress in the same run:
+// (C = 0), compact (C = 1, comm/compact.hpp) or compact8 (C = 2: 8-bit values), at density
+// D / 1000 (10: the indices' gaps code; 100: Elias-Fano), on one thread, against the local
+// compress in the same run:
 //
 //   codec_ms              encode + decode
 //   compress_ms           one rank's local compress (median of 5 calls, same run)
@@ -170,7 +171,7 @@ void owner_select(benchmark::State& state) {
 //   index_code            what the compact payload coded its indices in (0 gaps, 1 Elias-Fano)
 void allgather_codec(benchmark::State& state) {
   static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
-  const auto coding = state.range(0) == 1 ? comm::entry_coding::compact : comm::entry_coding::plain;
+  const auto coding = comm::entry_coding(state.range(0));
   const std::size_t ranks = std::size_t(state.range(1)), n = gradient.size();
   const double density = double(state.range(2)) / 1000;
   comm::allgather_core<float> core({{0, n}}, density, 1.25, coding);
@@ -483,7 +484,7 @@ void owner_carry(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
-BENCHMARK(allgather_codec)->ArgsProduct({{0, 1}, {1, 4, 16}, {10, 100}})->Unit(benchmark::kMillisecond);
+BENCHMARK(allgather_codec)->ArgsProduct({{0, 1, 2}, {1, 4, 16}, {10, 100}})->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_frames)->ArgsProduct({{0, 1}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
 BENCHMARK(owner_carry)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_rank)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);

@@ -2,7 +2,8 @@
 // compresses a real gradient (the bundled LSTM gradient, each rank's copy scaled elementwise
 // by its own noise so that the selections differ) with SIDCo-E and error feedback, and
 // exchanges it with the one-round all-gather (comm/exchange.hpp; plain or compact entries,
-// allgather-exact: compact payloads at their exact size), the reduce-scatter
+// allgather-exact: compact payloads at their exact size; allgather-compact8 and
+// allgather-compact8-exact: 8-bit values, fixed or exact sizes), the reduce-scatter
 // exchange (comm/reduce_exchange.hpp; reduce-exact: at the head the longest block uses;
 // reduce-two-hop: through an intermediate of a sqrt(P) grid, gap-coded frames;
 // reduce-two-hop-compact: its values rounded to bfloat16 and sent narrowed) or a
@@ -73,10 +74,12 @@ options parse(int argc, char** argv) {
   }
   if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" &&
       o.mode != "reduce-two-hop-compact" && o.mode != "allgather" &&
-      o.mode != "allgather-compact" && o.mode != "allgather-exact" && o.mode != "dense")
+      o.mode != "allgather-compact" && o.mode != "allgather-exact" && o.mode != "allgather-compact8" &&
+      o.mode != "allgather-compact8-exact" && o.mode != "dense")
     throw std::invalid_argument("--mode " + o.mode +
                                 " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, allgather, "
-                                "allgather-compact, allgather-exact or dense");
+                                "allgather-compact, allgather-exact, allgather-compact8, allgather-compact8-exact "
+                                "or dense");
   return o;
 }
 
@@ -142,7 +145,8 @@ int main(int argc, char** argv) {
     } else if (o.mode.starts_with("allgather")) {
       sidco::comm::exchange_options options;
       if (o.mode != "allgather") options.coding = sidco::comm::entry_coding::compact;
-      options.exact_sizes = o.mode == "allgather-exact";
+      if (o.mode.starts_with("allgather-compact8")) options.coding = sidco::comm::entry_coding::compact8;
+      options.exact_sizes = o.mode == "allgather-exact" || o.mode == "allgather-compact8-exact";
       sidco::comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta, options);
       timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else {

@@ -90,8 +90,8 @@ class Job:
         # sidco-e:plain: that wire (default: the hook's auto); sidco-e:reduce/compact: both
         name, _, choices = name.partition(":")
         choices = choices.split("/") if choices else []
-        named = {"wire": c for c in choices if c in ("compact", "plain")}
-        named.update({"exchange": c for c in choices if c not in ("compact", "plain")})
+        named = {"wire": c for c in choices if c in ("compact", "compact8", "plain")}
+        named.update({"exchange": c for c in choices if c not in ("compact", "compact8", "plain")})
         self.state, self.sidco = None, name not in ("compute", "none", "powersgd", "ddp-local")
         if name == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd

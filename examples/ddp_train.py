@@ -114,7 +114,8 @@ def main():
     parser.add_argument("--save", help="checkpoint prefix (one file per rank: PREFIX.RANK)")
     parser.add_argument("--resume", help="checkpoint prefix to resume from")
     parser.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this test accuracy")
-    parser.add_argument("--wire", choices=("plain", "compact", "auto"), default="plain", help="the hook's entry coding")
+    parser.add_argument("--wire", choices=("plain", "compact", "compact8", "auto"), default="plain",
+                        help="the hook's entry coding")
     parser.add_argument("--seed", type=int, default=0, help="the initial model's seed")
     parser.add_argument("--exchange", choices=("auto", "allgather", "reduce"), default="auto")
     args = parser.parse_args()

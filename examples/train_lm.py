@@ -127,7 +127,7 @@ def main():
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--exchange", default="auto", choices=("auto", "allgather", "reduce"),
                     help="sidco_torch's exchange (auto: the all-gather at 2 ranks; from 3, timed in the first sparse steps)")
-    ap.add_argument("--wire", default="plain", choices=("plain", "compact", "auto"),
+    ap.add_argument("--wire", default="plain", choices=("plain", "compact", "compact8", "auto"),
                     help="sidco_torch's entry coding (compact: the all-gather only)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=600)

@@ -109,24 +109,35 @@ bool same_bits(T a, T b) {
 TEST_CASE_TEMPLATE("compact: each rank keeps what rounding took, bit for bit; the sum is the plain one of what it sent",
                    T, float, double) {
   constexpr std::size_t size = 200000;
+  std::map<std::pair<double, std::size_t>, std::size_t> sent_by_compact;  // (delta, ranks) -> entries sent
+  for (const auto coding : {comm::entry_coding::compact, comm::entry_coding::compact8})
   for (const double delta : {0.01, 0.1}) {
     for (const std::size_t ranks : {std::size_t(1), std::size_t(3), std::size_t(6)}) {
+      const int coding_number = int(coding);
+      CAPTURE(coding_number);
       CAPTURE(delta);
       CAPTURE(ranks);
       const std::vector<segment> layout{{0, size}};
-      comm::allgather_core<T> compact(layout, delta, 1.25, comm::entry_coding::compact);
+      comm::allgather_core<T> compact(layout, delta, 1.25, coding);
       comm::allgather_core<T> plain(layout, delta, 1.25);
-      REQUIRE(compact.format().coding == comm::entry_coding::compact);
+      REQUIRE(compact.format().coding == coding);
       auto steps = encode_ranks<T>(ranks, compact, delta, size);
       // Conservation: residual + sent = gradient + old residual, exactly, at every index.
       std::size_t sent = 0, index_code = 0;
       for (const auto& s : steps) {
         std::vector<T> applied(size, T(0));
+        const auto scale = comm::byte_scale<T>::of(s.sent.values());
         for (std::size_t j = 0; j < s.sent.size(); ++j) {
           applied[s.sent.indices()[j]] = s.sent.values()[j];
-          // What went on the wire is a value of the narrow type: widening it loses nothing.
+          // What went on the wire is a value of the narrow type (compact8: a code on the
+          // payload's scale): widening it loses nothing.
           using N = comm::compact_value_t<T>;
-          REQUIRE(same_bits(T(N(s.sent.values()[j])), s.sent.values()[j]));
+          std::uint8_t code;
+          T rounded;
+          if (coding == comm::entry_coding::compact)
+            REQUIRE(same_bits(T(N(s.sent.values()[j])), s.sent.values()[j]));
+          else
+            REQUIRE((scale.encode(s.sent.values()[j], code, rounded) && same_bits(rounded, s.sent.values()[j])));
         }
         for (std::size_t i = 0; i < size; ++i)
           REQUIRE(same_bits(T(s.residual.values()[i] + applied[i]), T(s.gradient[i] + s.old_residual[i])));
@@ -144,8 +155,23 @@ TEST_CASE_TEMPLATE("compact: each rank keeps what rounding took, bit for bit; th
       const double per_entry = double(index_code) / double(sent);
       MESSAGE("delta ", delta, ": index code ", per_entry, " bytes per entry");
       CHECK(per_entry <= (delta < 0.05 ? 1.5 : 0.7));
-      // Half the plain payload's bytes (+ the header, which both carry).
+      // Half the plain payload's bytes (+ the header, which both carry); compact8 holds
+      // half the compact values' bytes (float: 1 where 2) and the scale.
       CHECK(compact.format().bytes() - 64 <= (plain.format().bytes() - 64) / 2 + 8);
+      if (coding == comm::entry_coding::compact8) {
+        const auto half = comm::compact_format_for<T, std::uint32_t>(compact.format().capacity, size);
+        CHECK(compact.format().bytes() - 64 <=
+              half.bytes() - 64 - compact.format().capacity * (half.value_bytes - 1) + 16);
+        // On real gradients rounding gives back (whole) almost none of the selection: its
+        // values lie within the 16 binades below its largest. (The same selections as the
+        // compact coding's run: what either trims beyond it is what rounding gave back.)
+        const std::size_t compact_sent = sent_by_compact.at({delta, ranks});
+        MESSAGE("compact8: ", compact_sent - sent, " of ", compact_sent, " entries below the scale's range");
+        CHECK(sent <= compact_sent);
+        CHECK(double(compact_sent - sent) <= 0.001 * double(compact_sent));
+      } else {
+        sent_by_compact[{delta, ranks}] = sent;
+      }
       // The compact decode gives the bits the plain one gives for the same (rounded) entries.
       std::vector<std::vector<std::byte>> compact_payloads, plain_payloads;
       for (auto& s : steps) {
@@ -234,15 +260,17 @@ TEST_CASE("compact: the all-gather core gives each index back once a call (a tra
 
 namespace {
 
-// Three ranks' compact payloads of 300 entries stride apart, each damaged in the ways its
-// index code can be, and in the ways any payload can.
+// Three ranks' compact (or compact8) payloads of 300 entries stride apart, each damaged in
+// the ways its index code and values can be, and in the ways any payload can.
 template <class T>
-void check_damage_refused(std::size_t stride) {
+void check_damage_refused(std::size_t stride, comm::entry_coding coding) {
   constexpr std::size_t dense = 100000, count = 300;
   const double delta = 0.004;
-  comm::allgather_core<T> core({{0, dense}}, delta, 1.25, comm::entry_coding::compact);
+  comm::allgather_core<T> core({{0, dense}}, delta, 1.25, coding);
+  const bool bytes = coding == comm::entry_coding::compact8;
   const auto expected_code = stride == 3 ? comm::index_code::gaps : comm::index_code::elias_fano;
   CAPTURE(stride);
+  CAPTURE(bytes);
   std::vector<std::vector<std::byte>> clean(3, std::vector<std::byte>(core.format().bytes()));
   for (std::size_t r = 0; r < 3; ++r) {
     sparse_vector<T, std::uint32_t> sent(dense);
@@ -267,13 +295,28 @@ void check_damage_refused(std::size_t stride) {
     const std::string error = error_of(payloads);
     CHECK_MESSAGE(error.find(wanted) != std::string::npos, error, " (wanted: ", wanted, ")");
   };
-  const std::size_t values_at = 64, codes_at = 64 + (count * sizeof(comm::compact_value_t<T>) + 7) / 8 * 8;
-  // A non-finite value, first, middle and last.
+  const std::size_t value_bytes = core.format().value_bytes, values_at = 64 + core.format().scale_bytes(),
+                    codes_at = values_at + (count * value_bytes + 7) / 8 * 8;
+  // A non-finite value, first, middle and last (compact8: its marker code, 0 or 0x80).
   for (const std::size_t j : {std::size_t(0), count / 2, count - 1}) {
     auto payloads = clean;
-    const auto v = comm::compact_value_t<T>(std::numeric_limits<float>::quiet_NaN());
-    std::memcpy(payloads[2].data() + values_at + j * sizeof v, &v, sizeof v);
+    if (bytes) {
+      payloads[2][values_at + j] = std::byte(j % 2 ? 0x80 : 0);
+    } else {
+      const auto v = comm::compact_value_t<T>(std::numeric_limits<float>::quiet_NaN());
+      std::memcpy(payloads[2].data() + values_at + j * sizeof v, &v, sizeof v);
+    }
     expect(payloads, "rank 2 sent a non-finite value at position " + std::to_string(j));
+  }
+  if (bytes) {  // The values' scale: beyond the type's range either way, or its spare bytes set.
+    for (const std::int32_t top : {comm::byte_scale<T>::highest_top + 1, comm::byte_scale<T>::lowest_top - 1}) {
+      auto payloads = clean;
+      std::memcpy(payloads[1].data() + 64, &top, sizeof top);
+      expect(payloads, "rank 1 sent a value scale 2^" + std::to_string(top) + " outside [2^");
+    }
+    auto payloads = clean;
+    payloads[0][64 + 6] = std::byte{1};
+    expect(payloads, "rank 0 sent a value scale whose spare bytes are not zero");
   }
   if (expected_code == comm::index_code::gaps) {
     {  // The first gap beyond the dense size.
@@ -350,7 +393,8 @@ void check_damage_refused(std::size_t stride) {
   {  // A plain payload among compact ones, or a compact one read as plain.
     auto payloads = clean;
     payloads[1][10] = std::byte{0};
-    expect(payloads, "rank 1 sent a payload coded 0 where the ranks agreed on the compact coding");
+    expect(payloads, std::string("rank 1 sent a payload coded 0 where the ranks agreed on the ") +
+                         (bytes ? "compact8" : "compact") + " coding");
     comm::allgather_core<T> plain({{0, dense}}, delta, 1.25);
     std::vector<std::vector<std::byte>> as_plain(3, std::vector<std::byte>(plain.format().bytes()));
     for (std::size_t r = 0; r < 3; ++r) std::copy(clean[r].begin(), clean[r].end(), as_plain[r].begin());
@@ -361,7 +405,8 @@ void check_damage_refused(std::size_t stride) {
     } catch (const sidco::runtime_error& e) {
       error = e.what();
     }
-    CHECK(error.find("the payloads' entries are coded 1; this rank decodes coding 0") != std::string::npos);
+    CHECK_MESSAGE(error.find(std::string("the payloads' entries are coded ") + (bytes ? "2" : "1") +
+                             "; this rank decodes coding 0") != std::string::npos, error);
   }
 }
 
@@ -371,8 +416,10 @@ TEST_CASE_TEMPLATE("compact: damage to a payload is refused alike, naming the ra
                    float16) {
   // Indices 3 apart: one byte of gap each (300 bytes; Elias-Fano 387); 331 apart: two bytes
   // each (600; Elias-Fano 387: L = 8, 300 bytes of low parts and 87 of unary).
-  check_damage_refused<T>(3);
-  check_damage_refused<T>(331);
+  for (const auto coding : {comm::entry_coding::compact, comm::entry_coding::compact8}) {
+    check_damage_refused<T>(3, coding);
+    check_damage_refused<T>(331, coding);
+  }
 }
 
 TEST_CASE("compact: gaps that overflow the body give back the smallest entries whole; what is kept decodes exactly") {
@@ -867,6 +914,120 @@ TEST_CASE("compact: an owner's update that bfloat16 cannot hold travels as it is
   comm::owner_carry<float, std::uint32_t> none;
   none.apply(payload, format, n, false);
   CHECK(none.empty());
+}
+
+namespace {
+
+// The 8-bit code's rounding, written independently of comm/byte_values.hpp: |v| to the
+// nearest number of 4 significant bits (ties to even), by frexp and nearbyint.
+long double four_bits(long double v) {
+  int exponent;
+  const long double mantissa = std::frexp(std::fabs(v), &exponent);  // [0.5, 1)
+  return std::ldexp(std::nearbyint(mantissa * 16), exponent - 4);
+}
+
+// encode(v) against the reference: sent exactly when some code of v's sign stands for v's
+// 4-bit rounding (that code then), and what is left off is exact.
+template <class T>
+void check_codes(const comm::byte_scale<T>& scale, T v, std::size_t& sent, std::size_t& refused) {
+  using wide = typename comm::byte_scale<T>::wide;
+  const long double target = four_bits((long double)(wide(v)));
+  int expected = -1;  // the code whose exact value is the target, where T holds it exactly
+  const bool normal = std::fabs(wide(v)) >= std::numeric_limits<wide>::min();  // subnormal (wide) ones: not sent
+  for (int code = 1; code < 256 && normal; ++code) {
+    const int magnitude = code & 0x7f;
+    if (magnitude == 0 || bool(code & 0x80) != std::signbit(wide(v))) continue;
+    const long double exact = std::ldexp((long double)(8 + magnitude % 8), scale.top() - 15 + magnitude / 8 - 3);
+    if (exact == target && std::fabs((long double)(wide(scale.decode(std::uint8_t(code))))) == exact) expected = code;
+  }
+  std::uint8_t code = 0;
+  T rounded{};
+  const bool encoded = scale.encode(v, code, rounded);
+  CAPTURE(double(wide(v)));
+  CAPTURE(scale.top());
+  REQUIRE(encoded == (expected >= 0));
+  if (!encoded) {
+    ++refused;
+    return;
+  }
+  ++sent;
+  REQUIRE(int(code) == expected);
+  REQUIRE(same_bits(rounded, scale.decode(code)));
+  // The remainder is exact: rounded + (v - rounded) gives v back, bit for bit.
+  const T remainder = T(wide(v) - wide(rounded));
+  REQUIRE(same_bits(T(wide(rounded) + wide(remainder)), v));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("compact8: a value's code is its 4-bit rounding where the scale holds it, and nothing else", T,
+                   float16, bfloat16, float, double) {
+  using wide = typename comm::byte_scale<T>::wide;
+  using scale_t = comm::byte_scale<T>;
+  std::vector<scale_t> scales;
+  for (const double largest : {1.0, 0.0123, 3e-4, 1000.0})
+    scales.push_back(scale_t::of(std::vector<T>{T(wide(largest)), T(wide(-largest / 7))}));
+  scales.push_back(*scale_t::named(scale_t::lowest_top));
+  scales.push_back(*scale_t::named(scale_t::highest_top));
+  CHECK(!scale_t::named(scale_t::lowest_top - 1));
+  CHECK(!scale_t::named(scale_t::highest_top + 1));
+  // Every code is finite in T at the highest scale; the marker decodes to NaN.
+  for (int code = 0; code < 256; ++code)
+    CHECK(std::isnan(double(wide(scales.back().decode(std::uint8_t(code))))) == ((code & 0x7f) == 0));
+  std::size_t sent = 0, refused = 0;
+  for (const auto& scale : scales) {
+    if constexpr (sizeof(T) == 2) {  // every finite value
+      for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+        const T v = T::from_bits(std::uint16_t(bits));
+        if (std::isfinite(double(wide(v)))) check_codes(scale, v, sent, refused);
+      }
+    } else {  // random values around the scale's range and across the whole type
+      std::mt19937_64 rng(7);
+      std::uniform_real_distribution<double> log2_near(scale.top() - 18.0, scale.top() + 2.0);
+      using key = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
+      for (int j = 0; j < 100000; ++j) {
+        T v = T(std::exp2(log2_near(rng)) * (j % 2 ? -1 : 1));
+        if (j % 4 == 3) v = std::bit_cast<T>(key(rng()));
+        if (j % 16 == 15) v = T(std::ldexp(double(9 + 2 * (j % 4)) / 16, scale.top() - 14 + j % 17));  // ties
+        if (std::isfinite(double(v))) check_codes(scale, v, sent, refused);
+      }
+    }
+  }
+  MESSAGE(sent, " values coded, ", refused, " refused");
+  CHECK(sent > 0);
+  CHECK(refused > 0);
+}
+
+TEST_CASE("compact8: the scale is the largest value's the code holds, so what rounding sends keeps it") {
+  // 65504 rounds to 65536, beyond every float16 code (the highest scale's largest is
+  // 61440): it goes back whole and 3 sets the scale (2^1), which the values sent keep.
+  sparse_vector<float16> sent(10);
+  sent.push_back(1, float16(65504.0f));
+  sent.push_back(2, float16(3.1f));
+  sent.push_back(3, float16(-1e-3f));
+  sent.push_back(4, float16(1e-5f));  // 2^-17: below 2^(1 - 15), gone back whole
+  const auto scale = comm::byte_scale<float16>::of(sent.values());
+  CHECK(scale.top() == 1);
+  map_residual<float16> sink, remainders;
+  CHECK(comm::round_for_compact(sent, sink, remainders, comm::entry_coding::compact8) == 2);
+  CHECK(sent.size() == 2);
+  CHECK(sink.values.size() == 2);
+  CHECK(same_bits(sink.values.at(1), float16(65504.0f)));
+  CHECK(comm::byte_scale<float16>::of(sent.values()).top() == 1);
+  CHECK(float(sent.values()[0]) == 3.0f);  // 3.1 to 4 significant bits
+  CHECK(float(remainders.values.at(2)) == float(float16(3.1f)) - 3.0f);
+  // Nothing finite and nonzero: the lowest scale.
+  CHECK(comm::byte_scale<float>::of(std::vector<float>{0.0f, std::numeric_limits<float>::infinity()}).top() ==
+        comm::byte_scale<float>::lowest_top);
+  // pack_compact refuses a value the scale of the values does not hold exactly.
+  const auto format = comm::compact_format_for<float, std::uint32_t>(8, 100, comm::entry_coding::compact8);
+  std::vector<std::byte> payload(format.bytes());
+  const std::vector<std::uint32_t> indices{1, 2};
+  const std::vector<float> values{1.0f, 0.3f};
+  const auto pack = [&] {
+    comm::pack_compact<float, std::uint32_t>(indices, values, 100, 0, comm::wire_fields{}, format, payload);
+  };
+  CHECK_THROWS_WITH(pack(), doctest::Contains("entry 1's value 0.3"));
 }
 
 }  // namespace compact_test

@@ -139,12 +139,12 @@ class _Checkpoints:
         if isinstance(chosen, dict) and "wire" not in chosen:
             chosen = dict(chosen, wire=ran)
         if chosen is not None and not (isinstance(chosen, dict) and chosen.get("chosen") in ("allgather", "reduce")
-                                       and chosen.get("wire") in ("plain", "compact")
+                                       and chosen.get("wire") in ("plain", "compact", "compact8")
                                        and isinstance(chosen.get("ranks"), int) and chosen["ranks"] >= 2):
             raise ValueError(f"{where}: chosen {chosen!r}")
         if start is not None and not (isinstance(start, int) and start >= 0):
             raise ValueError(f"{where}: start {start!r}")
-        pairs = {f"{e}/{w}" for e in ("allgather", "reduce") for w in ("plain", "compact")}
+        pairs = {f"{e}/{w}" for e in ("allgather", "reduce") for w in ("plain", "compact")} | {"allgather/compact8"}
         if not (isinstance(times, dict) and set(times) <= pairs and all(
                 isinstance(t, list) and all(isinstance(v, float) and v >= 0 for v in t) for t in times.values())):
             raise ValueError(f"{where}: times {times!r}")

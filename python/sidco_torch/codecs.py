@@ -37,7 +37,7 @@ class _Bucket:
         self.dtype = dtype
         self.device = device
         self.exchange = exchange
-        self.wire = wire  # "plain" or "compact"
+        self.wire = wire  # "plain", "compact" or (the all-gather) "compact8"
         # What it compresses at (this step's density) and plans capacity for (the agreed one).
         self.density, self.capacity_density = state._step_density, state._verified
         numel = sum(sizes)
@@ -448,7 +448,7 @@ def _allgather(state, bucket, b, group, iteration, problem, started):
     payload = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.encode, torch.ops.sidco.encode_failure)
     report = b.codec.report()
     sent, into = payload, None
-    if b.wire == "compact":
+    if b.wire != "plain":
         # Compact payloads end early (zeros after): every rank sends the head the longest one
         # needs, and the inbox's tails are zeroed, so the decode reads the whole payloads.
         head = _agreed_head(state, report["used_bytes"], payload.numel(), group, payload.device)

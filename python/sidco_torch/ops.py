@@ -47,7 +47,7 @@ def _options_dict(options, where="sidco_torch", arguments=()):
 
 def _codec(method, options, layer_sizes, dtype, density, slack, capacity_density=None, wire="plain"):
     """A bucket's codec: its compressor per layer, capacity (planned for capacity_density,
-    density by default) and payload format (wire: "plain" or "compact")."""
+    density by default) and payload format (wire: "plain", "compact" or "compact8")."""
     if dtype not in _DTYPES:
         raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
     return torch.classes.sidco.Codec(method, _options_dict(options), [int(n) for n in layer_sizes], _DTYPES[dtype],

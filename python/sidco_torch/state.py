@@ -136,7 +136,10 @@ class State(_Checkpoints, _Agreement):
     buckets too, by either exchange (their payloads are packed, and their messages framed,
     on the host; not yet run on a GPU). "auto" (the default): timed
     against plain in the first sparse steps, the faster kept (see wire_for); plain on CUDA
-    buckets.
+    buckets. "compact8" (the all-gather exchange only): as compact, with each value in one byte
+    (4 significant bits on a scale each payload shares: its largest value's binade and the
+    15 below; what rounding takes off, or a value below that range, stays in the residual):
+    about 2 bytes an entry. "auto" times it too, against the all-gather's other wires.
 
     reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
@@ -182,6 +185,9 @@ class State(_Checkpoints, _Agreement):
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
         if wire not in _WIRES:
             raise ValueError(f"sidco_torch.State: wire = {wire!r} is not one of {', '.join(map(repr, _WIRES))}")
+        if wire == "compact8" and exchange == "reduce":
+            raise ValueError("sidco_torch.State: wire = 'compact8' is for the all-gather exchange; exchange = "
+                             "'reduce' sends 'plain' or 'compact' entries")
         if reduce_schedule not in _REDUCE_SCHEDULES:
             raise ValueError(f"sidco_torch.State: reduce_schedule = {reduce_schedule!r} is not one of "
                              f"{', '.join(map(repr, _REDUCE_SCHEDULES))}")
@@ -328,13 +334,15 @@ class State(_Checkpoints, _Agreement):
         if self.wire != "auto":
             wires = (self.wire,)
         else:
-            wires = ("plain", "compact") if world >= 2 and device_type == "cpu" else ("plain",)
+            # compact8 before compact: the last pair is the fewest bytes' among many ranks.
+            wires = ("plain", "compact8", "compact") if world >= 2 and device_type == "cpu" else ("plain",)
         return exchanges, wires
 
     def _candidates(self, world, device_type):
-        """The (exchange, wire) pairs of _choices, in the probe's order."""
+        """The (exchange, wire) pairs of _choices, in the probe's order (compact8 with the
+        all-gather only)."""
         exchanges, wires = self._choices(world, device_type)
-        return tuple((e, w) for w in wires for e in exchanges)
+        return tuple((e, w) for w in wires for e in exchanges if not (e == "reduce" and w == "compact8"))
 
     def _configuration(self, world, device_type):
         """This step's (exchange, wire)."""
@@ -407,7 +415,8 @@ class State(_Checkpoints, _Agreement):
             chosen, wire = exchanges[-1], wires[-1]
         else:
             # Each exchange with its faster wire (min keeps the first of equals: plain).
-            best = {e: min(((seconds[f"{e}/{w}"], w) for w in wires), key=lambda tw: tw[0]) for e in exchanges}
+            best = {e: min(((seconds[f"{e}/{w}"], w) for e2, w in candidates if e2 == e), key=lambda tw: tw[0])
+                    for e in exchanges}
             chosen = exchanges[0]
             if len(exchanges) == 2:
                 factor = _reduce_steps_factor(world)

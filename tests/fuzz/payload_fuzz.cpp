@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   reader in{data, size};
   const std::size_t dense = 1 + in.take(3) % (1 << 18);
   const double delta = 0.001 + double(in.take(1) % 200) / 1000;  // 0.001 .. 0.2
-  const auto coding = in.take(1) % 2 == 0 ? comm::entry_coding::plain : comm::entry_coding::compact;
+  const auto coding = comm::entry_coding(in.take(1) % 3);  // plain, compact or compact8
   const std::uint64_t spread = 1 + in.take(2) % 2000;  // gaps below spread: 1 clusters, 2000 spreads
   std::vector<std::unique_ptr<comm::allgather_core<float>>> cores;  // each rank's: it keeps what it sent
   for (int r = 0; r < 3; ++r)

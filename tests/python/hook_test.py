@@ -20,6 +20,7 @@ a hang fails it. Checked:
   bad arguments raise with their message; the dense switch is reported once."""
 import copy
 import io
+import math
 import os
 import pickle
 import queue
@@ -67,23 +68,34 @@ NARROW = {torch.float32: torch.bfloat16, torch.float64: torch.float32}
 def read_compact_payload(payload, dtype):
     """(header fields, indices, values) of one compact payload (comm/compact.hpp), decoded here
     from its definition: count values narrowed (float32 as bfloat16, float64 as float32, 16-bit
-    as they are), then from the next 8-byte boundary the indices in the code the byte after
-    coding names: 0, the first index and each gap less one in LEB128 (7 bits a byte, low
-    first); 1, Elias-Fano (L = floor(log2(dense_size / count)): each index's low L bits
-    packed low first, then from the next byte its high part h as bit h + j of the rest);
-    values widened to dtype."""
+    as they are; compact8, coding 2: after an 8-byte scale, its int32 top, one byte each, bit 7
+    the sign, m its low 7 bits: (1 + (m % 8) / 8) 2^(top - 15 + m // 8)), then from the next
+    8-byte boundary the indices in the code the byte after coding names: 0, the first index and
+    each gap less one in LEB128 (7 bits a byte, low first); 1, Elias-Fano (L =
+    floor(log2(dense_size / count)): each index's low L bits packed low first, then from the
+    next byte its high part h as bit h + j of the rest); values widened to dtype."""
     raw = payload.numpy().tobytes()
     (magic, version, status, value_code, index_bytes, op, error, coding, tag, dense_size, capacity, count, sequence,
      trimmed, delta) = HEADER.unpack_from(raw)
-    assert magic == 0x57434453 and version == 4 and index_bytes == 4 and (coding & 0xff) == 1, (magic, coding)
+    assert magic == 0x57434453 and version == 4 and index_bytes == 4 and (coding & 0xff) in (1, 2), (magic, coding)
     header = dict(status=status, tag=tag, dense_size=dense_size, capacity=capacity, count=count,
-                  sequence=sequence, trimmed=trimmed, delta=delta, index_code=coding >> 8)
+                  sequence=sequence, trimmed=trimmed, delta=delta, index_code=coding >> 8, coding=coding & 0xff)
     if status != 0:
         return header, None, None
-    narrow = NARROW.get(dtype, dtype)
-    width = torch.tensor([], dtype=narrow).element_size()
-    values = torch.frombuffer(bytearray(raw[64: 64 + width * count]), dtype=narrow).to(dtype)
-    at, index, indices = 64 + (width * count + 7) // 8 * 8, 0, []
+    if coding & 0xff == 2:
+        (top,) = struct.unpack_from("<i", raw, 64)
+        assert not any(raw[68:72]), "the scale's spare bytes"
+        codes = raw[72: 72 + count]
+        assert all(c & 0x7f for c in codes), "a non-finite value's marker"
+        values = torch.tensor([(-1.0 if c & 0x80 else 1.0) * math.ldexp(8 + c % 8, top - 15 + (c & 0x7f) // 8 - 3)
+                               for c in codes], dtype=torch.float64).to(dtype)
+        at = 72 + (count + 7) // 8 * 8
+    else:
+        narrow = NARROW.get(dtype, dtype)
+        width = torch.tensor([], dtype=narrow).element_size()
+        values = torch.frombuffer(bytearray(raw[64: 64 + width * count]), dtype=narrow).to(dtype)
+        at = 64 + (width * count + 7) // 8 * 8
+    index, indices = 0, []
     if coding >> 8 == 1:
         low = (dense_size // count).bit_length() - 1 if count else 0
         low_bytes = (count * low + 7) // 8
@@ -454,13 +466,13 @@ def refused_on_first_step(ddp, optimizer, rank, sentence, what):
     raise AssertionError(f"{what} were accepted")
 
 
-def scenario_compact(rank, world):
-    """wire="compact": the payloads hold bfloat16 values and indices in the shorter of their
-    two codes (decoded here from the format's definition); each rank's sent + residual = gradient + old residual bit
-    for bit; the result is the rank-order average of what was sent; half the plain bytes;
-    parameters bit-identical on every rank (the all-gather; the reduce exchange's compact wire:
-    scenario_reduce_exact)."""
-    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, wire="compact", exchange="allgather")
+def scenario_compact(rank, world, wire="compact"):
+    """wire="compact": the payloads hold bfloat16 values (compact8: 8-bit codes on a scale) and
+    indices in the shorter of their two codes (decoded here from the format's definition); each
+    rank's sent + residual = gradient + old residual bit for bit; the result is the rank-order
+    average of what was sent; half the plain bytes; parameters bit-identical on every rank (the
+    all-gather; the reduce exchange's compact wire: scenario_reduce_exact)."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, wire=wire, exchange="allgather")
     records = []
     model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
     sparse = 0
@@ -471,7 +483,7 @@ def scenario_compact(rank, world):
             if r["path"] != "sparse":
                 continue
             sparse += 1
-            assert r["stats"]["exchange"] == "allgather" and r["stats"]["wire"] == "compact", r["stats"]
+            assert r["stats"]["exchange"] == "allgather" and r["stats"]["wire"] == wire, r["stats"]
             payloads = [read_compact_payload(p, r["before"].dtype) for p in r["inbox"]]
             header, indices, values = payloads[rank]
             sent = torch.zeros_like(r["before"])
@@ -482,11 +494,14 @@ def scenario_compact(rank, world):
                 expected[i] = expected[i] + v
             assert torch.equal(r["out"], expected / world), f"step {step}: not the rank-order average"
             # Each payload's indices in the shorter code (the gaps on a tie). Every rank sends
-            # the head the longest payload needs: 64 bytes, 2 a value (to 8) and that code (to
-            # 8); well under the fixed 64 + 4 capacity.
+            # the head the longest payload needs: 64 bytes, 2 a value (to 8; compact8: the
+            # scale's 8 and 1 a value) and that code (to 8); well under the fixed 64 + 4 capacity.
             codes = [min((len(gap_code(i)), 0), (elias_fano_bytes(h["count"], h["dense_size"]), 1)) for h, i, _ in payloads]
             assert [c for _, c in codes] == [h["index_code"] for h, _, _ in payloads], (codes, [h for h, _, _ in payloads])
-            longest = max(64 + (2 * h["count"] + 7) // 8 * 8 + (b + 7) // 8 * 8 for (h, _, _), (b, _) in zip(payloads, codes))
+            width, scale = (1, 8) if wire == "compact8" else (2, 0)
+            assert all(h["coding"] == (2 if wire == "compact8" else 1) for h, _, _ in payloads), payloads[0][0]
+            longest = max(64 + scale + (width * h["count"] + 7) // 8 * 8 + (b + 7) // 8 * 8
+                          for (h, _, _), (b, _) in zip(payloads, codes))
             assert r["stats"]["bytes_sent"] == longest < 64 + 4 * header["capacity"], (longest, r["stats"])
     assert sparse > 0
     digest = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -1238,7 +1253,8 @@ def auto_choice(costs, world):
     factor is at most the all-gather's; (exchange, wire, each exchange's best seconds)."""
     from sidco_torch.state import _reduce_steps_factor
     best = {}
-    for pair in sorted(costs, key=lambda p: p.endswith("compact")):  # plain first: it wins ties
+    wires = ("plain", "compact8", "compact")  # the probe's order: the first wins ties
+    for pair in sorted(costs, key=lambda p: wires.index(p.split("/")[1])):
         exchange = pair.split("/")[0]
         if exchange not in best or costs[pair] < best[exchange][0]:
             best[exchange] = (costs[pair], pair.split("/")[1])
@@ -1272,6 +1288,11 @@ def scenario_auto_probe(rank, world, costs, wire="auto"):
     chosen, chosen_wire, best = auto_choice(mean, world)
     expected = [set()] * start + [{p} for p in order for _ in range(_PROBE_STEPS)] + [{f"{chosen}/{chosen_wire}"}] * 3
     reduce_probed = any(p.startswith("reduce") for p in order)
+    # The last step of the first reduce block after an all-gather one after a reduce one.
+    blocks = [p.split("/")[0] for p in order]
+    after = [j for j in range(2, len(blocks)) if blocks[j] == "reduce" and "allgather" in blocks[1:j] and
+             "reduce" in blocks[:j]]
+    retaken = start + (after[0] + 1) * _PROBE_STEPS - 1 if after else -1
     model, ddp, optimizer = make(state, rank)
     used, saved = [], io.BytesIO()
     for step in range(steps):
@@ -1282,7 +1303,7 @@ def scenario_auto_probe(rank, world, costs, wire="auto"):
                 "the reduce owners' state was not kept through the all-gather's block"
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "sidco": state.state_dict()}, saved)
-        if step == start + 3 * _PROBE_STEPS:
+        if step == retaken:
             assert not state._pending_exchanges, "the reduce owners' state waited but was not taken up again"
     assert used == expected, f"pairs used {used}, expected {expected}"
     measured = state.auto_exchange()
@@ -1335,7 +1356,7 @@ def scenario_auto_probe_failure(rank, world, fail_at):
     assert order[(fail_at - start) // _PROBE_STEPS][0] == "reduce", "the test tests less"
     # On every rank: the reduce exchange's steps half the all-gather's, compact's 0.9 of plain's.
     state._clock = probe_clock(state, {"allgather/plain": 1.0, "reduce/plain": 0.5, "allgather/compact": 0.9,
-                                       "reduce/compact": 0.45})
+                                       "allgather/compact8": 0.85, "reduce/compact": 0.45})
     model, ddp, optimizer = make(state, rank)
     failed = []
     for step in range(start + len(order) * _PROBE_STEPS + 3):
@@ -1495,9 +1516,24 @@ def check_exchange_devices():
     try:
         _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e-exact", wire="narrow")
     except (RuntimeError, ValueError) as e:
-        assert "wire = 'narrow' is neither 'plain' nor 'compact'" in str(e), e
+        assert "wire = 'narrow' is not 'plain', 'compact' or 'compact8'" in str(e), e
     else:
         raise AssertionError("a reduce codec with wire 'narrow' was made")
+    # compact8 is the all-gather's: the reduce codec and a State naming both refuse it.
+    try:
+        _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e-exact", wire="compact8")
+    except (RuntimeError, ValueError) as e:
+        assert "wire = 'compact8' is for the all-gather exchange" in str(e), e
+    else:
+        raise AssertionError("a reduce codec with wire 'compact8' was made")
+    try:
+        sidco_torch.State(exchange="reduce", wire="compact8")
+    except ValueError as e:
+        assert "wire = 'compact8' is for the all-gather exchange" in str(e), e
+    else:
+        raise AssertionError("State(exchange='reduce', wire='compact8') was made")
+    # Named with exchange="auto": the all-gather alone, nothing to time.
+    assert sidco_torch.State(wire="compact8")._candidates(4, "cpu") == (("allgather", "compact8"),)
     # Owners by the registry's names; the first name still works, with a DeprecationWarning.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1769,11 +1805,14 @@ def main():
     # The exchange alone (wire named), the wire alone (2 ranks), both (3 ranks).
     exchange_only = [[{"allgather/plain": 1.0, "reduce/plain": c} for c in costs]
                      for costs in ([0.5, 1.5, 0.8], [0.5, 1.0, 0.8])]
-    wire_only = [[{"allgather/plain": 1.0, "allgather/compact": c} for c in costs] for costs in ([0.8, 1.1], [1.1, 0.95])]
-    both = [[{"allgather/plain": 1.0, "reduce/plain": r, "allgather/compact": a, "reduce/compact": rc}
-             for r, a, rc in ranks] for ranks in ([(0.8, 1.1, 0.6), (0.85, 0.85, 0.95), (0.75, 1.0, 0.7)],  # reduce, compact
-                                                  [(1.0, 1.05, 0.8), (0.95, 1.2, 1.1), (0.98, 1.1, 0.95)],  # allgather, plain
-                                                  [(1.0, 0.8, 0.9), (1.1, 1.05, 1.0), (0.9, 0.85, 0.95)])]  # allgather, compact
+    wire_only = [[{"allgather/plain": 1.0, "allgather/compact": c, "allgather/compact8": c8} for c, c8 in costs]
+                 for costs in ([(0.8, 0.9), (1.1, 1.2)], [(1.1, 0.9), (0.95, 1.0)])]  # compact, compact8
+    both = [[{"allgather/plain": 1.0, "reduce/plain": r, "allgather/compact": a, "allgather/compact8": a8,
+              "reduce/compact": rc} for r, a, a8, rc in ranks]
+            for ranks in ([(0.8, 1.1, 1.0, 0.6), (0.85, 0.85, 0.9, 0.95), (0.75, 1.0, 1.1, 0.7)],  # reduce, compact
+                          [(1.0, 1.05, 1.1, 0.8), (0.95, 1.2, 1.1, 1.1), (0.98, 1.1, 1.0, 0.95)],  # allgather, plain
+                          [(1.0, 0.8, 0.9, 0.9), (1.1, 1.05, 1.1, 1.0), (0.9, 0.85, 0.9, 0.95)],  # allgather, compact
+                          [(1.0, 0.9, 0.8, 0.9), (1.1, 1.05, 0.9, 1.0), (0.9, 0.85, 1.0, 0.95)])]  # allgather, compact8
     for world, wire, cases in ((3, "plain", exchange_only), (2, "auto", wire_only), (3, "auto", both)):
         for costs in cases:
             out = run(scenario_auto_probe, world, costs, wire, timeout=240)
@@ -1787,6 +1826,7 @@ def main():
     print("auto exchange, a NaN on one rank in the probe: every rank raised, went on, chose", out[0]["auto"]["chosen"])
     for world in (2, 3):
         print(f"compact wire ({world} ranks):", run(scenario_compact, world)[0])
+    print("compact8 wire (3 ranks):", run(scenario_compact, 3, "compact8")[0])
     print("wires that differ:", run(scenario_wire_mismatch, 2)[0])
     with tempfile.TemporaryDirectory() as tmp:
         run(scenario_save_for_world, 3, os.path.join(tmp, "state"))

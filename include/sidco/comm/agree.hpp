@@ -127,7 +127,7 @@ void agree(payload_views payloads, const wire_format& format) {
          sizeof(Index), "-byte indices and capacity ", format.capacity);
   if (first.coding != std::uint8_t(format.coding))
     fail(first, "the payloads' entries are coded ", int(first.coding), "; this rank decodes coding ",
-         int(format.coding), " (0: plain, 1: compact)");
+         int(format.coding), " (0: plain, 1: compact, 2: compact8)");
   if (first.op != std::uint8_t(reduction::sum) && first.op != std::uint8_t(reduction::average))
     fail(first, "rank 0 asks for reduction ", int(first.op), ", neither sum nor average");
   for (std::size_t r = 0; r < ranks; ++r) {

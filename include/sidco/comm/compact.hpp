@@ -6,10 +6,13 @@
 // high bits in unary: 2 + log2(N / count) bits an index however they spread; shorter near
 // 10% density, where most gaps would take a whole byte). What narrowing rounds off goes
 // back into the sender's residual, so a rank's residual plus what it sent is still exactly
-// its gradient plus its old residual.
+// its gradient plus its old residual. The compact8 coding sends each value in one byte on
+// a scale the payload names (comm/byte_values.hpp: 4 significant bits over the 16 binades
+// below its largest value), its rounding given back alike: about 2 bytes an entry at 1%.
 //
 // Payloads keep a fixed size (the collectives move equal sizes): a 64-byte header, then
-// count narrowed values, then the index code, in a body of room for capacity values and
+// count narrowed values (compact8: after their 8-byte scale), then the index code, in a body
+// of room for capacity values and
 // Elias-Fano's longest code of at most capacity indices (compact_format_for: about 2 +
 // log2(N / capacity) bits an index, where the plain format spends 32). A body of a format
 // made without the dense size holds compact_index_budget bytes an index; there a selection
@@ -31,6 +34,7 @@
 
 #include "sidco/backend/host/keep_top_k.hpp"
 #include "sidco/comm/agree.hpp"
+#include "sidco/comm/byte_values.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/float_traits.hpp"
@@ -178,15 +182,20 @@ inline std::uint64_t bits_at(const std::byte* at, const std::byte* end, std::uin
   return (word >> (bit % 8)) & ((std::uint64_t(1) << width) - 1);
 }
 
-/// Where a body's gap codes start: after count narrowed values of value_bytes each, padded
-/// to 8 bytes.
-constexpr std::size_t codes_offset(std::size_t count, std::size_t value_bytes) {
-  return (count * value_bytes + 7) / 8 * 8;
+/// Where a body's index code starts: after the values' scale (compact8) and count narrowed
+/// values, padded to 8 bytes.
+inline std::size_t codes_offset(const wire_format& format, std::size_t count) {
+  return format.scale_bytes() + (count * format.value_bytes + 7) / 8 * 8;
 }
 
 /// The bytes a body of format's size has room for after count narrowed values.
 inline std::size_t gap_room(const wire_format& format, std::size_t count) {
-  return format.message_bytes() - codes_offset(count, format.value_bytes);
+  return format.message_bytes() - codes_offset(format, count);
+}
+
+/// A compact8 body's scale: top as a 32-bit integer, then 4 zero bytes.
+inline void put_byte_scale(std::int32_t top, std::byte* body) {
+  std::memcpy(body, &top, sizeof top);
 }
 
 }  // namespace detail
@@ -208,26 +217,29 @@ inline std::size_t compact_index_room(std::size_t capacity, std::uint64_t dense_
 /// compact_format_for for code that knows the index and value widths at run time (value_bytes:
 /// the uncompressed value's).
 inline wire_format compact_format(std::size_t capacity, std::size_t index_bytes, std::size_t value_bytes,
-                                  std::uint64_t dense_size = 0) {
-  wire_format f{capacity, index_bytes, compact_value_bytes(value_bytes), entry_coding::compact};
+                                  std::uint64_t dense_size = 0, entry_coding coding = entry_coding::compact) {
+  if (!is_compact(coding))
+    sidco::detail::fail("compact_format: coding ", int(coding), " is neither compact (1) nor compact8 (2)");
+  wire_format f{capacity, index_bytes, coding == entry_coding::compact8 ? 1 : compact_value_bytes(value_bytes), coding};
   if (dense_size > 0) f.index_room = compact_index_room(capacity, dense_size);  // 0 at capacity 0
   return f;
 }
 
-/// The compact format of capacity entries of T values. With the dense size the index code's
-/// room is Elias-Fano's longest for that many entries (about 2 + log2(dense_size /
-/// capacity) bits an index: no selection of at most capacity entries is ever trimmed to
-/// fit); without it, compact_index_budget bytes an entry.
+/// The compact format (compact or compact8) of capacity entries of T values. With the dense
+/// size the index code's room is Elias-Fano's longest for that many entries (about 2 +
+/// log2(dense_size / capacity) bits an index: no selection of at most capacity entries is
+/// ever trimmed to fit); without it, compact_index_budget bytes an entry.
 template <class T, class Index>
-wire_format compact_format_for(std::size_t capacity, std::uint64_t dense_size = 0) {
-  return compact_format(capacity, sizeof(Index), sizeof(T), dense_size);
+wire_format compact_format_for(std::size_t capacity, std::uint64_t dense_size = 0,
+                               entry_coding coding = entry_coding::compact) {
+  return compact_format(capacity, sizeof(Index), sizeof(T), dense_size, coding);
 }
 
-/// The format of capacity entries in the given coding (compact: compact_format_for).
+/// The format of capacity entries in the given coding (compact ones: compact_format_for).
 template <class T, class Index>
 wire_format format_for(std::size_t capacity, entry_coding coding, std::uint64_t dense_size = 0) {
-  return coding == entry_coding::compact ? compact_format_for<T, Index>(capacity, dense_size)
-                                         : format_for<T, Index>(capacity);
+  return is_compact(coding) ? compact_format_for<T, Index>(capacity, dense_size, coding)
+                            : format_for<T, Index>(capacity);
 }
 
 /// Gives sent's smallest entries back to sink (whole: the compressor left +0 there) until
@@ -257,43 +269,65 @@ bool round_to_compact(T v, T& rounded) {
   return std::isfinite(double(rounded)) && (rounded != T(0) || v == T(0));
 }
 
-/// Rounds each value of sent to what the compact coding sends (compact_value_t<T>, to
-/// nearest). An entry that rounds to zero or beyond the narrow type's range goes back to sink
-/// whole and is not sent; what rounding leaves off the others goes to remainders, exactly
+namespace detail {
+
+/// round_for_compact's pass: round(v, rounded) for each finite value v (false: v goes back to
+/// sink whole); non-finite values stay as they are.
+template <class T, class Index, class Sink, class Remainders, class Round>
+std::size_t round_each(sparse_vector<T, Index>& sent, Sink& sink, Remainders& remainders, Round&& round) {
+  using wide = typename byte_scale<T>::wide;
+  Index* indices = sent.index_data();
+  T* values = sent.value_data();
+  std::size_t write = 0;
+  for (std::size_t j = 0; j < sent.size(); ++j) {
+    const T v = values[j];
+    if (!std::isfinite(double(v))) {  // sent as it is (compact8: as its marker): every rank refuses it (agree())
+      indices[write] = indices[j];
+      values[write++] = v;
+      continue;
+    }
+    T rounded;
+    if (!round(v, rounded)) {
+      sink.give_back(indices[j], v);
+      continue;
+    }
+    // Exact (Sterbenz): rounded lies within a factor 2 of v; in the wide type for 16-bit T.
+    remainders.give_back(indices[j], T(wide(v) - wide(rounded)));
+    indices[write] = indices[j];
+    values[write] = rounded;
+    ++write;
+  }
+  const std::size_t dropped = sent.size() - write;
+  sent.truncate(write);
+  return dropped;
+}
+
+}  // namespace detail
+
+/// Rounds each value of sent to what the compact coding sends: compact_value_t<T>, to
+/// nearest; compact8, its byte code on the scale of sent's values (comm/byte_values.hpp). An
+/// entry that rounds to zero, or beyond the narrow type's (or the scale's) range, goes back to
+/// sink whole and is not sent; what rounding leaves off the others goes to remainders, exactly
 /// (value - rounded is a T): the all-gather core's residual at once, or nowhere
 /// (host_residual<T>{}) for a caller that gives it back once each entry's fate is known
 /// (give_back_rounded), so that a step gives each index back once (a device residual's entry
 /// writer takes distinct indices: backend/cuda/entries.cuh). Returns how many entries it gave
 /// back whole.
 template <class T, class Index, class Sink, class Remainders>
-std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink, Remainders& remainders) {
-  using N = compact_value_t<T>;
-  if constexpr (std::is_same_v<N, T>) {
+std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink, Remainders& remainders,
+                              entry_coding coding = entry_coding::compact) {
+  if (coding == entry_coding::compact8) {
+    const byte_scale<T> scale = byte_scale<T>::of(sent.values());
+    return detail::round_each(sent, sink, remainders, [&](T v, T& rounded) {
+      std::uint8_t code;
+      return scale.encode(v, code, rounded);
+    });
+  }
+  if constexpr (std::is_same_v<compact_value_t<T>, T>) {
     return 0;
   } else {
-    Index* indices = sent.index_data();
-    T* values = sent.value_data();
-    std::size_t write = 0;
-    for (std::size_t j = 0; j < sent.size(); ++j) {
-      const T v = values[j];
-      if (!std::isfinite(double(v))) {  // sent as it is: every rank refuses it (agree())
-        indices[write] = indices[j];
-        values[write++] = v;
-        continue;
-      }
-      T rounded;
-      if (!round_to_compact(v, rounded) || rounded == T(0)) {  // a 0 is not sent either
-        sink.give_back(indices[j], v);
-        continue;
-      }
-      remainders.give_back(indices[j], T(v - rounded));  // exact (Sterbenz): rounded lies within a factor 2 of v
-      indices[write] = indices[j];
-      values[write] = rounded;
-      ++write;
-    }
-    const std::size_t dropped = sent.size() - write;
-    sent.truncate(write);
-    return dropped;
+    return detail::round_each(sent, sink, remainders,
+                              [](T v, T& rounded) { return round_to_compact(v, rounded) && rounded != T(0); });
   }
 }
 
@@ -327,18 +361,20 @@ std::size_t give_back_rounded(const sparse_vector<T, Index>& unrounded, const sp
   return whole;
 }
 
-/// Writes the entries (ascending indices below dense_size; values that compact_value_t<T>
-/// holds exactly, as round_for_compact leaves them; an index code that fits:
-/// fit_compact_body) into a compact payload of format.bytes(), their indices in the shorter
-/// code; the unused bytes are zeroed. Returns the bytes it uses (a
-/// multiple of 8): a receiver that zeroes the rest reads the same payload.
+/// Writes the entries (ascending indices below dense_size; values the format's coding holds
+/// exactly, as round_for_compact leaves them; an index code that fits: fit_compact_body)
+/// into a compact payload of format.bytes(), their indices in the shorter code; the unused
+/// bytes are zeroed. Returns the bytes it uses (a multiple of 8): a receiver that zeroes the
+/// rest reads the same payload.
 template <class T, class Index>
 std::size_t pack_compact(std::span<const Index> indices, std::span<const T> values, std::size_t dense_size,
                   std::size_t trimmed, const wire_fields& fields, const wire_format& format, std::span<std::byte> payload) {
   using N = compact_value_t<T>;
   detail::check_payload_size(payload, format);
-  if (format.coding != entry_coding::compact || format.value_bytes != sizeof(N) || format.index_bytes != sizeof(Index))
-    sidco::detail::fail("pack_compact: the format is not the compact one of ", float_traits<T>::name, " values");
+  const bool bytes = format.coding == entry_coding::compact8;
+  if (!is_compact(format.coding) || format.value_bytes != (bytes ? 1 : sizeof(N)) ||
+      format.index_bytes != sizeof(Index))
+    sidco::detail::fail("pack_compact: the format is not a compact one of ", float_traits<T>::name, " values");
   if (indices.size() != values.size())
     sidco::detail::fail("pack_compact: ", indices.size(), " indices and ", values.size(), " values");
   const std::size_t n = indices.size();
@@ -353,11 +389,25 @@ std::size_t pack_compact(std::span<const Index> indices, std::span<const T> valu
   h.index_code = std::uint8_t(code);
   std::memset(payload.data() + sizeof h, 0, format.message_bytes());
   std::byte* const body = payload.data() + sizeof h;
-  for (std::size_t j = 0; j < n; ++j) {
-    const N narrow(values[j]);
-    std::memcpy(body + j * sizeof(N), &narrow, sizeof narrow);
+  if (bytes) {
+    const byte_scale<T> scale = byte_scale<T>::of(values);
+    detail::put_byte_scale(scale.top(), body);
+    std::byte* const codes = body + format.scale_bytes();
+    for (std::size_t j = 0; j < n; ++j) {
+      std::uint8_t code = byte_scale<T>::nonfinite_code();
+      T rounded;
+      if (std::isfinite(double(values[j])) && !(scale.encode(values[j], code, rounded) && rounded == values[j]))
+        sidco::detail::fail("pack_compact: entry ", j, "'s value ", double(values[j]),
+                            " is not one an 8-bit code holds (round_for_compact first)");
+      codes[j] = std::byte(code);
+    }
+  } else {
+    for (std::size_t j = 0; j < n; ++j) {
+      const N narrow(values[j]);
+      std::memcpy(body + j * sizeof(N), &narrow, sizeof narrow);
+    }
   }
-  std::byte* at = body + detail::codes_offset(n, sizeof(N));
+  std::byte* at = body + detail::codes_offset(format, n);
   if (code == index_code::elias_fano) {
     at = detail::put_elias_fano(indices, dense_size, at);
   } else {
@@ -398,9 +448,10 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
     detail::write_header(empty, plain);
     return sidco::detail::message("exchange (tag ", h.tag, ", step ", h.sequence, "): rank ", r, " sent ", parts...);
   };
-  if (h.coding != std::uint8_t(entry_coding::compact))
-    return damaged("a payload coded ", int(h.coding), " where the ranks agreed on the compact coding (",
-                   int(entry_coding::compact), ")");
+  if (h.coding != std::uint8_t(compact_format.coding))
+    return damaged("a payload coded ", int(h.coding), " where the ranks agreed on the ",
+                   compact_format.coding == entry_coding::compact8 ? "compact8" : "compact", " coding (",
+                   int(compact_format.coding), ")");
   if (h.capacity != compact_format.capacity || h.count > compact_format.capacity)
     return damaged(h.count, " entries of capacity ", h.capacity, ", this rank's capacity is ", compact_format.capacity);
   const std::size_t n = std::size_t(h.count);
@@ -408,13 +459,29 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
   const std::byte* const end = body + body_bytes;
   std::byte* const indices = plain.data() + plain_format.indices_offset();
   std::byte* const values = plain.data() + plain_format.values_offset(n);
-  for (std::size_t j = 0; j < n; ++j) {
-    N narrow;
-    std::memcpy(&narrow, body + j * sizeof(N), sizeof narrow);
-    const T wide = T(narrow);
-    std::memcpy(values + j * sizeof(T), &wide, sizeof wide);
+  if (compact_format.coding == entry_coding::compact8) {
+    std::int32_t top;
+    std::memcpy(&top, body, sizeof top);
+    const auto scale = byte_scale<T>::named(top);
+    if (!scale)
+      return damaged("a value scale 2^", top, " outside [2^", byte_scale<T>::lowest_top, ", 2^",
+                     byte_scale<T>::highest_top, "] for ", float_traits<T>::name, " (damaged in transit?)");
+    if (!detail::all_zero(body + sizeof top, body + compact_format.scale_bytes()))
+      return damaged("a value scale whose spare bytes are not zero (damaged in transit?)");
+    const std::byte* const codes = body + compact_format.scale_bytes();
+    for (std::size_t j = 0; j < n; ++j) {
+      const T wide = scale->decode(std::uint8_t(codes[j]));
+      std::memcpy(values + j * sizeof(T), &wide, sizeof wide);
+    }
+  } else {
+    for (std::size_t j = 0; j < n; ++j) {
+      N narrow;
+      std::memcpy(&narrow, body + j * sizeof(N), sizeof narrow);
+      const T wide = T(narrow);
+      std::memcpy(values + j * sizeof(T), &wide, sizeof wide);
+    }
   }
-  const std::byte* at = body + detail::codes_offset(n, sizeof(N));
+  const std::byte* at = body + detail::codes_offset(compact_format, n);
   if (h.index_code == std::uint8_t(index_code::elias_fano)) {
     const unsigned low = detail::elias_fano_low_bits(n, h.dense_size);
     const std::size_t low_bytes = detail::elias_fano_low_bytes(n, low);

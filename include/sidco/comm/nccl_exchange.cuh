@@ -165,7 +165,7 @@ class nccl_exchange {
   wire_fields fields(std::uint64_t step) const { return {options_.tag, step, delta_, options_.op}; }
 
   // Payloads at their used head: the compact coding's, or any with exact_sizes.
-  bool by_head() const { return options_.exact_sizes || core_.format().coding == entry_coding::compact; }
+  bool by_head() const { return options_.exact_sizes || is_compact(core_.format().coding); }
 
   // The gather, then the core's decode on the host and the update on the device.
   exchange_report finish(memory::device::view<T> dense) {

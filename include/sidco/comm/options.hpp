@@ -7,10 +7,22 @@
 
 namespace sidco::comm {
 
-/// How entries lie in a payload: plain (32- or 64-bit indices, values in the tensor's type)
-/// or compact (comm/compact.hpp: values narrowed to half their width, what rounding takes
-/// back into the residual; indices as variable-length gaps): about half the bytes.
-enum class entry_coding : std::uint8_t { plain = 0, compact = 1 };
+/// How entries lie in a payload: plain (32- or 64-bit indices, values in the tensor's type),
+/// compact (comm/compact.hpp: values narrowed to half their width, what rounding takes back
+/// into the residual; indices coded: about 3 bytes an entry at 1%, where plain ones take 8)
+/// or compact8 (the same with 8-bit values on a scale each payload shares:
+/// comm/byte_values.hpp; about 2 bytes an entry; the all-gather exchanges only).
+enum class entry_coding : std::uint8_t { plain = 0, compact = 1, compact8 = 2 };
+
+/// Whether a coding is one of the compact ones (coded indices, narrowed values).
+constexpr bool is_compact(entry_coding coding) {
+  return coding == entry_coding::compact || coding == entry_coding::compact8;
+}
+
+/// A coding's name, from its number on the wire.
+constexpr const char* coding_name(std::uint8_t coding) {
+  return coding == 0 ? "plain" : coding == 1 ? "compact" : coding == 2 ? "compact8" : "unknown";
+}
 
 /// How the MPI reduce-scatter exchange moves its blocks and selections: two_hop (the
 /// default; comm/reduce/grid.hpp: through an intermediate of a sqrt(P) grid, O(sqrt P)

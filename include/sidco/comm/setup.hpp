@@ -114,7 +114,7 @@ inline void check_setups(std::span<const exchange_setup> setups) {
       fail("rank ", r, " moves its payloads ", s.schedule ? "in two hops" : "flat", ", rank 0 ",
            first.schedule ? "in two hops" : "flat", " (exchange_options::schedule)");
     if (s.coding != first.coding)
-      fail("rank ", r, " codes entries ", s.coding ? "compact" : "plain", ", rank 0 ", first.coding ? "compact" : "plain");
+      fail("rank ", r, " codes entries ", coding_name(s.coding), ", rank 0 ", coding_name(first.coding));
     if (s.op != first.op) fail("rank ", r, " reduces by ", detail::op_name(s.op), ", rank 0 by ", detail::op_name(first.op));
     if (s.capacity != first.capacity || s.payload_bytes != first.payload_bytes)
       fail("rank ", r, " has capacity ", s.capacity, " (", s.payload_bytes, "-byte payloads), rank 0 has ",

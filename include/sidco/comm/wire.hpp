@@ -88,8 +88,8 @@ struct wire_fields {
 
 /// Where things lie in a payload of `capacity` entries. Plain: the count indices, then the
 /// count values, then zeros. Compact (comm/compact.hpp): value_bytes is the narrowed value's
-/// width, and the body holds capacity values, then index_room bytes of index code
-/// (capacity x compact_index_budget where index_room is 0).
+/// width, and the body holds the values' scale (compact8: 8 bytes), capacity values, then
+/// index_room bytes of index code (capacity x compact_index_budget where index_room is 0).
 struct wire_format {
   std::size_t capacity = 0;
   std::size_t index_bytes = 4;
@@ -106,9 +106,9 @@ struct wire_format {
   std::size_t values_offset(std::size_t count) const { return header_bytes + padded(count * index_bytes); }
   /// A payload's size: what its capacity (or a failure's message) may take.
   std::size_t bytes() const {
-    if (coding == entry_coding::compact) {
-      const std::size_t body = index_room > 0 ? padded(capacity * value_bytes) + index_room
-                                              : capacity * (value_bytes + compact_index_budget);
+    if (is_compact(coding)) {
+      const std::size_t body = scale_bytes() + (index_room > 0 ? padded(capacity * value_bytes) + index_room
+                                                               : capacity * (value_bytes + compact_index_budget));
       return header_bytes + std::max(padded(body), min_message_bytes);
     }
     return std::max(padded(plain_bytes(capacity)), header_bytes + min_message_bytes);
@@ -116,6 +116,8 @@ struct wire_format {
   /// Plain: the bytes a payload of count entries uses (the rest of bytes() is zero).
   std::size_t plain_bytes(std::size_t count) const { return values_offset(count) + count * value_bytes; }
   std::size_t message_bytes() const { return bytes() - header_bytes; }
+  /// Compact8: the bytes of the values' scale at the body's start (comm/byte_values.hpp).
+  std::size_t scale_bytes() const { return coding == entry_coding::compact8 ? 8 : 0; }
 
  private:
   static std::size_t padded(std::size_t n) { return (n + 7) / 8 * 8; }

@@ -81,7 +81,7 @@ class Codec : public torch::CustomClassHolder {
  public:
   /// capacity_density: the density the payload's capacity is planned for (the one every
   /// rank last agreed on; density itself while it does not change).
-  /// wire: "plain" or "compact" (comm/compact.hpp; CPU buckets).
+  /// wire: "plain", "compact" or "compact8" (comm/compact.hpp).
   Codec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
         std::string dtype, double density, double slack, double capacity_density, std::string wire);
 

@@ -102,6 +102,18 @@ std::span<const std::byte> state_bytes(const at::Tensor& state) {
   return bytes_of(state);
 }
 
+// A codec's wire= (the all-gather's also takes "compact8"; the reduce exchange keeps no
+// scale per payload for an owner's relayed sums).
+sidco::comm::entry_coding coding_of(const std::string& wire, bool allgather) {
+  if (wire == "plain") return sidco::comm::entry_coding::plain;
+  if (wire == "compact") return sidco::comm::entry_coding::compact;
+  if (wire == "compact8" && allgather) return sidco::comm::entry_coding::compact8;
+  if (wire == "compact8")
+    sidco::throw_error("wire = 'compact8' is for the all-gather exchange; the reduce exchange sends 'plain' or ",
+                       "'compact'");
+  sidco::throw_error("wire = '", wire, "' is not 'plain', 'compact' or 'compact8'");
+}
+
 // The settings both codecs parse from their constructor's arguments (a bucket addresses
 // 2^32 values: 32-bit indices).
 codec_settings settings_of(std::string method, const c10::Dict<std::string, double>& options,
@@ -127,13 +139,13 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
   translated([&] {
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     settings_.capacity_density = capacity_density;
-    if (wire != "plain" && wire != "compact") sidco::throw_error("wire = '", wire, "' is neither 'plain' nor 'compact'");
-    settings_.coding = wire == "compact" ? sidco::comm::entry_coding::compact : sidco::comm::entry_coding::plain;
+    settings_.coding = coding_of(wire, true);
     plan_ = sidco::comm::plan_capacity(settings_.layout, capacity_density, slack);
     const std::size_t value_bytes = std::size_t(c10::elementSize(settings_.dtype));
     const std::size_t dense_size = settings_.layout.back().end();
-    format_ = wire == "compact"
-                  ? sidco::comm::compact_format(plan_.total, sizeof(std::uint32_t), value_bytes, dense_size)
+    format_ = sidco::comm::is_compact(settings_.coding)
+                  ? sidco::comm::compact_format(plan_.total, sizeof(std::uint32_t), value_bytes, dense_size,
+                                                settings_.coding)
                   : sidco::comm::wire_format{plan_.total, sizeof(std::uint32_t), value_bytes};
     // Fails here, not at the first step, for an unknown method.
     sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
@@ -188,7 +200,8 @@ c10::Dict<std::string, double> Codec::report() const {
   d.insert("zeros", double(r.compress.zeros));
   d.insert("capacity", double(format_.capacity));
   d.insert("payload_bytes", double(format_.bytes()));
-  d.insert("compact", settings_.coding == sidco::comm::entry_coding::compact ? 1.0 : 0.0);
+  d.insert("compact", sidco::comm::is_compact(settings_.coding) ? 1.0 : 0.0);
+  d.insert("value_bytes", double(format_.value_bytes));
   d.insert("used_bytes", double(r.used_bytes ? r.used_bytes : format_.bytes()));
   d.insert("density", r.compress.density);
   d.insert("target_density", settings_.density);
@@ -308,8 +321,7 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
       sidco::throw_error("owner = '", owner, "' is not ", owner_names);
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     settings_.capacity_density = capacity_density;
-    if (wire != "plain" && wire != "compact") sidco::throw_error("wire = '", wire, "' is neither 'plain' nor 'compact'");
-    settings_.coding = wire == "compact" ? sidco::comm::entry_coding::compact : sidco::comm::entry_coding::plain;
+    settings_.coding = coding_of(wire, false);
     plan_ = with_value_type(settings_.dtype, "bucket", [&](auto tag) {
       return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, capacity_density,
                                                                                   slack, std::size_t(ranks));

@@ -152,8 +152,8 @@ class allgather_core {
     check_trim_limit(trim_limit);
     if (size_ > sparse_vector<T, Index>::max_dense_size)
       sidco::detail::fail("exchange: ", size_, " values exceed the ", 8 * sizeof(Index), "-bit index range");
-    if (coding != entry_coding::plain && coding != entry_coding::compact)
-      sidco::detail::fail("exchange: entry coding ", int(coding), " is neither plain (0) nor compact (1)");
+    if (coding != entry_coding::plain && !is_compact(coding))
+      sidco::detail::fail("exchange: entry coding ", int(coding), " is not plain (0), compact (1) or compact8 (2)");
     format_ = format_for<T, Index>(plan_.total, coding, size_);
     plain_ = format_for<T, Index>(plan_.total);
   }
@@ -185,10 +185,10 @@ class allgather_core {
       checked = true;
       std::size_t trimmed = trim_to_capacity(sent, layout_, plan_, sink);
       check_trimmed(trimmed, sent.size() + trimmed, trim_limit_, delta_);
-      if (format_.coding == entry_coding::compact) {
+      if (is_compact(format_.coding)) {
         trimmed += fit_compact_body(sent, format_, sink);
         packed_ = sent;  // the values before rounding: what a failed step gives back
-        const std::size_t dropped = round_for_compact(sent, sink, sink);  // given back whole, now
+        const std::size_t dropped = round_for_compact(sent, sink, sink, format_.coding);  // given back whole, now
         if (dropped > 0) keep_sent(packed_, sent.indices());
         rounded = true;
         trimmed += dropped;

@@ -73,6 +73,10 @@ class reduce_core {
         options_(options),
         policy_(std::move(policy)) {
     check_trim_limit(options.trim_limit);
+    if (options.coding == entry_coding::compact8)
+      sidco::detail::fail("reduce-scatter exchange: options.coding = compact8 (2): its 8-bit values take a scale per ",
+                          "payload, which an owner's relayed sums do not keep; the all-gather exchanges send it, ",
+                          "this one plain (0) or compact (1)");
     if (options.coding != entry_coding::plain && options.coding != entry_coding::compact)
       sidco::detail::fail("reduce-scatter exchange: options.coding = ", int(options.coding),
                           ", neither plain (0) nor compact (1)");
