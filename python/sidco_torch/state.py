@@ -366,8 +366,9 @@ class State(_Checkpoints, _Agreement):
         """What exchange="auto" and wire="auto" measured (among 3 or more ranks on CPU buckets
         for the exchange, 2 or more for the wire), once they chose; None before, or with both
         named. From the first sparse step the probe runs each (exchange, wire) pair it may use
-        for 3 steps (the first untimed), the pairs in turn, twice: 12 steps for one of them
-        auto, 24 for both; then one all_gather of every rank's median step time per pair, and
+        for 3 steps (the first untimed), the pairs in turn, twice: 12 steps for the exchange
+        alone, 18 for the wire alone (plain, compact8, compact), 30 for both (compact8 with
+        the all-gather only); then one all_gather of every rank's median step time per pair, and
         the same choice on every rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/
         wire" -> the ranks' mean of their medians), "ranks", "iteration" (the step it chose
         at)}; when it chose the exchange also "allgather_seconds" and "reduce_seconds" (each

@@ -3,7 +3,7 @@
 // uneven and empty counts; the dense fallback; mismatched sizes and a failing rank make
 // every rank throw the same error. Then the all-gather exchange over NCCL (nccl_exchange) on
 // a real gradient in two layers with a capacity that trims, float, __half and
-// __nv_bfloat16, plain, plain at exact sizes and compact: every rank's dense update and
+// __nv_bfloat16, plain, plain at exact sizes, compact and compact8: every rank's dense update and
 // residual have the bits the host core gives (as the MPI exchange and the hook run it); a
 // failing rank and a short output on one rank make every rank throw the same error with its
 // entries back in its residual. With one GPU the ranks are one (the multi-rank checks say so
@@ -80,7 +80,7 @@ void exchange_step(const std::vector<ncclComm_t>& comms, const std::vector<float
     trimmed = cores[std::size_t(r)].decode(views, std::span<H>(dense_ref[std::size_t(r)]), sink).trimmed;
   }
   expect(trimmed > 0, std::string(type) + ": the capacity trims (the test checks what it says)");
-  const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain") +
+  const std::string name = std::string(type) + ", " + comm::coding_name(std::uint8_t(coding)) +
                            (exact_sizes ? ", exact sizes" : "");
   std::vector<test::raised> raised(static_cast<std::size_t>(ranks));
   on_every_rank(ranks, [&](int r) {
@@ -94,7 +94,7 @@ void exchange_step(const std::vector<ncclComm_t>& comms, const std::vector<float
     expect(same_bits(download(dense), dense_ref[std::size_t(r)]), who + "dense has the host core's bits");
     expect(same_bits(download(residual), residual_ref[std::size_t(r)]), who + "residual has the host core's bits");
     expect(report.ranks == ranks && report.trimmed > 0, who + "report");
-    if (coding == comm::entry_coding::compact || exact_sizes)
+    if (comm::is_compact(coding) || exact_sizes)
       expect(report.bytes < exchange.format().bytes(), who + "payloads sent at the head they use");
     raised[std::size_t(r)] = test::failing_steps<comm::nccl_exchange<D>, D>(exchange, in, r, ranks, 1, who);
   });
@@ -253,7 +253,8 @@ int main() {
   const auto gradient = test::load_gradient<float>("cnn_it200.npy");
   for (const auto& [coding, exact_sizes] : {std::pair{comm::entry_coding::plain, false},
                                              std::pair{comm::entry_coding::plain, true},
-                                             std::pair{comm::entry_coding::compact, false}}) {
+                                             std::pair{comm::entry_coding::compact, false},
+                                             std::pair{comm::entry_coding::compact8, false}}) {
     exchange_step<float>(comms, gradient, "float", coding, exact_sizes);
     exchange_step<__half>(comms, gradient, "__half", coding, exact_sizes);
     exchange_step<__nv_bfloat16>(comms, gradient, "__nv_bfloat16", coding, exact_sizes);

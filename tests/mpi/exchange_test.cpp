@@ -151,6 +151,59 @@ TEST_CASE("the compact coding: half the bytes; each rank keeps what rounding too
                        "sidco: exchange setup (tag 4): rank 1 codes entries plain, rank 0 compact", sidco::runtime_error);
 }
 
+TEST_CASE("the compact8 coding: 8-bit values on each payload's scale; each rank keeps what rounding took; the same "
+          "bits at exact sizes") {
+  const double delta = 0.01;
+  const std::size_t n = layout.back().end();
+  comm::exchange_options fixed;
+  fixed.tag = 12;
+  fixed.coding = comm::entry_coding::compact8;
+  comm::exchange_options exact = fixed;
+  exact.tag = 13;
+  exact.exact_sizes = true;
+  comm::sparse_exchange<float> a(MPI_COMM_WORLD, layout, delta, fixed), b(MPI_COMM_WORLD, layout, delta, exact);
+  comm::exchange_options half = fixed;
+  half.coding = comm::entry_coding::compact;
+  comm::sparse_exchange<float> compact(MPI_COMM_WORLD, layout, delta, half);
+  CHECK(a.format().bytes() < compact.format().bytes());
+  segmented<presets::sidco_e<>> first(layout), second(layout);
+  feedback::residual<float> ra(n), rb(n);
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    const auto g = gradient_for(rank_of() + 40, step, layout);
+    const std::vector<float> before(ra.values().begin(), ra.values().end());
+    sparse_vector<float> sa, sb;
+    first.compress<float>(g, delta, sa, ra);
+    second.compress<float>(g, delta, sb, rb);
+    a.start(sa, ra.values(), step);
+    b.start(sb, rb.values(), step);
+    std::vector<float> da(n), db(n);
+    a.wait(da);
+    const auto exact_report = b.wait(db);
+    // sa holds the values sent, each a code of its payload's scale; ra the rest, exactly.
+    const auto scale = comm::byte_scale<float>::of(sa.values());
+    std::vector<float> applied(n, 0.0f);
+    for (std::size_t j = 0; j < sa.size(); ++j) {
+      applied[sa.indices()[j]] = sa.values()[j];
+      std::uint8_t code;
+      float rounded;
+      REQUIRE((scale.encode(sa.values()[j], code, rounded) && rounded == sa.values()[j]));
+    }
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(applied[i] + ra.values()[i] == g[i] + before[i]);
+    CHECK(bits_equal(da, rank_order_average(sa, n)));
+    // Exact sizes: the same bits, in 64 + 8 (the scale) + a byte a value (to 8) + the index code.
+    CHECK(bits_equal(da, db));
+    CHECK(exact_report.bytes >= 72 + 2 * sb.size());
+    CHECK(exact_report.bytes < a.format().bytes());
+  }
+  // A rank in the other compact coding is refused by every rank's constructor.
+  comm::exchange_options mixed = fixed;
+  mixed.tag = 14;
+  mixed.coding = rank_of() == 1 ? comm::entry_coding::compact : comm::entry_coding::compact8;
+  CHECK_THROWS_WITH_AS(comm::sparse_exchange<float>(MPI_COMM_WORLD, layout, delta, mixed),
+                       "sidco: exchange setup (tag 14): rank 1 codes entries compact, rank 0 compact8",
+                       sidco::runtime_error);
+}
+
 TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing sent is lost") {
   const std::size_t n = layout.back().end();
   comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, 0.01);

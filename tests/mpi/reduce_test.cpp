@@ -550,6 +550,19 @@ TEST_CASE("the compact coding: flat (values at full width) and two hops (narrowe
     CHECK_MESSAGE(message.find("compact") != std::string::npos, message);
   else
     CHECK(message.empty());
+  // compact8 (a scale per payload) is the all-gather's: refused on every rank, with why.
+  message.clear();
+  try {
+    comm::exchange_options bytes = options_for(transfer::two_hop);
+    bytes.coding = comm::entry_coding::compact8;
+    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, bytes);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK(same_on_every_rank(message));
+  CHECK_MESSAGE(message.find("options.coding = compact8 (2): its 8-bit values take a scale per payload") !=
+                    std::string::npos,
+                message);
 }
 
 TEST_CASE("ranks whose densities differ are refused by every rank's constructor") {

@@ -2,10 +2,10 @@
 // trims its selection to the agreed capacity (what does not fit goes back into its
 // residual), packs it into a payload, one ncclAllGather moves every payload, and every rank
 // adds them up in rank order: the MPI exchange's (comm/exchange.hpp) and the DDP hook's
-// payloads and bits. With the compact coding (exchange_options::coding: bfloat16 values, what
-// rounding takes off back into the residual; indices in the shorter of two codes) or
-// exact_sizes, the payloads travel at the head the longest one uses: every rank's size is
-// all-gathered first (one word each), then the payloads at the longest one's size.
+// payloads and bits. With a compact coding (exchange_options::coding: bfloat16 or, compact8,
+// 8-bit values, what rounding takes off back into the residual; indices in the shorter of two
+// codes) or exact_sizes, the payloads travel at the head the longest one uses: every rank's
+// size is all-gathered first (one word each), then the payloads at the longest one's size.
 //
 // The core runs on the host, as for every CUDA transport here (comm/nccl_stage.cuh): the
 // selection (O(k) entries) comes to the host through page-locked memory, the payloads
