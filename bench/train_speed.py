@@ -17,10 +17,11 @@ Methods: compute (every step without communication), ddp-local (DDP with a hook 
 sends nothing: DDP's own cost), none (DDP's dense all-reduce), powersgd (torch's hook, rank
 --powersgd-rank, one bucket and its own process group: gloo aborts it otherwise), or a
 sidco_torch method (sidco-e, top-k, dgc, ...), optionally with the hook's exchange
-(sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"), or with the compact
-wire (sidco-e:compact: bfloat16 values, gap-coded indices, the hook's auto exchange: the
-all-gather at 2 ranks; from 3 both timed in the first 12 sparse steps, which the warm-up is
-extended to cover), or both (sidco-e:reduce/compact). NAME@previous runs NAME with the package
+(sidco-e:reduce, sidco-e:allgather; without it the hook's "auto"), or with a compact
+wire (sidco-e:compact: bfloat16 values, coded indices; sidco-e:compact8: 8-bit values, the
+all-gather's), the hook's auto exchange (the all-gather at 2 ranks; from 3 both timed in the
+first sparse steps, which the warm-up is extended to cover), or both
+(sidco-e:reduce/compact). NAME@previous runs NAME with the package
 in --previous (an earlier build's python directory), for before/after comparisons.
 """
 import argparse

@@ -36,7 +36,8 @@ def final(name):
     return sum(tail) / len(tail), float(ppl[-1]) if ppl else float("nan"), len(rows)
 base = wires[0]
 for wire in wires[1:]:
-    print(f"| seed | {base} loss (last 50) | {wire} loss | {wire} / {base} | {base} perplexity | {wire} perplexity | steps |")
+    print(f"| seed | {base} loss (last 50) | {wire} loss | {wire} / {base} | {base} perplexity | {wire} perplexity "
+          "| steps |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for seed in seeds:
         p, c = final(f"{base}-seed{seed}"), final(f"{wire}-seed{seed}")

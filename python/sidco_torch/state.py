@@ -321,7 +321,8 @@ class State(_Checkpoints, _Agreement):
         and every rank takes the one whose steps were shorter (ties: plain), for the exchange chosen: compact
         sends a third of the bytes but narrows, codes and expands the entries, which pays on
         a slow link and may cost on a fast one (docs/PYTORCH.md). The loss is the same either
-        way (measured within 0.1% on two language models)."""
+        way (final training loss within 0.1% on two language models; compact8's within 0.02%
+        on the LSTM)."""
         return self._configuration(world, device_type)[1]
 
     def _choices(self, world, device_type):

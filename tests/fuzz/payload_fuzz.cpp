@@ -1,4 +1,4 @@
-// libFuzzer target for what a peer puts on the wire: the all-gather's payloads, plain and
+// libFuzzer target for what a peer puts on the wire: the all-gather's payloads, plain, compact8 and
 // compact (both index codes). From the input it builds three ranks' valid payloads (a dense
 // size, a count, gaps clustered or spread, values), then damages rank 1's with the input's
 // remaining bytes (offset, xor) pairs. The decode must either throw sidco::runtime_error,
