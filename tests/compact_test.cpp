@@ -580,12 +580,13 @@ TEST_CASE_TEMPLATE("compact: rounding keeps non-finite input to be refused, give
                     doctest::Contains("index 7 was not among the entries before rounding"));
 }
 
-TEST_CASE_TEMPLATE("compact: an average whose sum overflows is finite, divided first, as in the plain coding", T, float,
-                   float16, bfloat16) {
+TEST_CASE_TEMPLATE("compact, compact8: an average whose sum overflows is finite, divided first, as in the plain coding",
+                   T, float, float16, bfloat16) {
   const double big = std::is_same_v<T, float16> ? 30000.0 : 2e38;
   constexpr std::size_t dense = 2000;
+  for (const auto coding : {comm::entry_coding::compact, comm::entry_coding::compact8})
   for (const std::size_t ranks : {std::size_t(2), std::size_t(5)}) {
-    comm::allgather_core<T> core({{0, dense}}, 0.02, 1.25, comm::entry_coding::compact);
+    comm::allgather_core<T> core({{0, dense}}, 0.02, 1.25, coding);
     std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(core.format().bytes()));
     for (std::size_t r = 0; r < ranks; ++r) {
       sparse_vector<T, std::uint32_t> sent(dense);
