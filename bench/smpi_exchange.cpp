@@ -3,10 +3,11 @@
 // reduce-scatter exchange (comm/reduce_exchange.hpp; --mode reduce-exact: at the head the
 // longest block uses, exchange_options::exact_sizes; --mode reduce-two-hop: through an
 // intermediate of a sqrt(P) grid, exchange_options::schedule; reduce-two-hop-compact: its
-// values rounded to bfloat16 and sent narrowed, exchange_options::coding), step after step on synthetic
-// gradients, each rank with SIDCo-E (or, --method top-k, exact Top-k, which keeps the
-// exchange's losses apart from the estimate's) and error feedback. Per run it prints one
-// JSON line:
+// values rounded to bfloat16 and sent narrowed, exchange_options::coding; allgather-compact
+// and allgather-compact8: the all-gather's entries coded, bfloat16 or 8-bit values at the
+// fixed size), step after step on synthetic gradients, each rank with SIDCo-E (or, --method
+// top-k, exact Top-k, which keeps the exchange's losses apart from the estimate's) and error
+// feedback. Per run it prints one JSON line:
 //
 //   sim_ms        simulated time per step (median over the timed steps of the time from
 //                 the last rank's start to the last rank's end: MPI_Wtime is the
@@ -141,9 +142,11 @@ options parse(int argc, char** argv) {
     else throw std::invalid_argument("unknown option " + flag);
   }
   if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" &&
-      o.mode != "reduce-two-hop-compact" && o.mode != "allgather" && o.mode != "dense")
+      o.mode != "reduce-two-hop-compact" && o.mode != "allgather" && o.mode != "allgather-compact" &&
+      o.mode != "allgather-compact8" && o.mode != "dense")
     throw std::invalid_argument("--mode " + o.mode +
-                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, allgather or dense");
+                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, allgather, "
+                                "allgather-compact, allgather-compact8 or dense");
   if (o.method != "sidco-e" && o.method != "top-k")
     throw std::invalid_argument("--method " + o.method + " is not sidco-e or top-k");
   if (o.gradient != "iid" && o.gradient != "hot")
@@ -199,13 +202,14 @@ int main(int argc, char** argv) {
     const bool reducing = o.mode.starts_with("reduce");
     options.exact_sizes = o.mode == "reduce-exact";
     if (o.mode.ends_with("-compact")) options.coding = sidco::comm::entry_coding::compact;
+    if (o.mode.ends_with("-compact8")) options.coding = sidco::comm::entry_coding::compact8;
     options.schedule = o.mode.starts_with("reduce-two-hop") ? sidco::comm::reduce_schedule::two_hop
                                                    : sidco::comm::reduce_schedule::flat;
     // Only the mode's exchange: the all-gather's receive buffer is P payloads a rank (27 GB in
     // all at 1,024 ranks and 2^18 values).
     std::optional<sidco::comm::sparse_exchange<float>> gather;
     std::optional<sidco::comm::sparse_reduce_exchange<float>> reduce;
-    if (o.mode == "allgather") gather.emplace(MPI_COMM_WORLD, n, o.delta, options);
+    if (o.mode.starts_with("allgather")) gather.emplace(MPI_COMM_WORLD, n, o.delta, options);
     if (reducing) reduce.emplace(MPI_COMM_WORLD, n, o.delta, options);
     std::vector<double> times, applied;
     std::string phase_json;  // the last timed step's phases, over ranks

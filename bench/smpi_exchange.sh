@@ -6,7 +6,8 @@
 # bench/smpi_model.py compares them with the alpha-beta model.
 #   bench/smpi_exchange.sh [OUT_DIR]      (OUT_DIR: where the program is built; default /tmp/sidco-smpi)
 # Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce reduce-two-hop"; also
-# reduce-exact; reduce and reduce-exact run the flat schedule, reduce-two-hop the default), GRADIENTS
+# reduce-exact, reduce-two-hop-compact, allgather-compact, allgather-compact8; reduce and reduce-exact run the
+# flat schedule, reduce-two-hop the default), GRADIENTS
 # ("iid hot"), PLATFORMS ("10gbps 100gbps"), N (262144), DENSITY (0.01), WARMUP (1), STEPS (3), METHOD
 # (top-k: the exchange's losses apart from the estimate's), ALLGATHER_MAX (256: its receive
 # buffer is P payloads a rank, 27 GB in all at 1,024 ranks), COMPUTE (1: with the ranks' compute,
@@ -32,7 +33,7 @@ for platform in ${PLATFORMS:-10gbps 100gbps}; do
   for gradient in ${GRADIENTS:-iid hot}; do
     for p in ${RANKS:-16 64 256 1024}; do
       for mode in ${MODES:-dense allgather reduce reduce-two-hop}; do
-        [ "$mode" = allgather ] && [ "$p" -gt "${ALLGATHER_MAX:-256}" ] && continue
+        [[ "$mode" == allgather* ]] && [ "$p" -gt "${ALLGATHER_MAX:-256}" ] && continue
         line=$(smpirun -np "$p" -platform "bench/smpi/cluster-$platform.xml" -hostfile "$out/hosts" \
           --cfg=smpi/coll-selector:ompi "${computation[@]}" --log=root.thres:critical ${EXTRA:-} \
           "$out/smpi-exchange" --mode "$mode" --gradient "$gradient" --n "${N:-262144}" --density "${DENSITY:-0.01}" \
