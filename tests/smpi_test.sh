@@ -3,9 +3,9 @@
 # N): every rank applies the same update; the bytes each rank hands its collectives are what
 # the formats say (dense: a ring's 2 (P - 1) / P of 4N; all-gather: P - 1 payloads; reduce:
 # 2 (P - 1) blocks; at exact sizes no more, in two hops fewer still, and fewer again with compact
-# values) and the reduce exchange's stay under the
-# all-gather's; the reduce exchange applies its target (within 5%) on iid gradients; simulated
-# time is positive; both platforms of bench/smpi/ load; the alpha-beta model
+# values; the all-gather's compact8 payloads under half the plain ones) and the reduce
+# exchange's stay under the all-gather's; the reduce exchange applies its target (within 5%)
+# on iid gradients; simulated time is positive; both platforms of bench/smpi/ load; the alpha-beta model
 # (bench/smpi_model.py) is within 25% of the simulated time of the dense all-reduce and of
 # the two hops.
 #   smpi_test.sh SMPIRUN PROGRAM SOURCE_ROOT
@@ -15,7 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 0 15); do echo "node-$i"; done > "$work/hosts"
 for platform in 10gbps 100gbps; do
-  for mode in dense allgather reduce reduce-exact reduce-two-hop reduce-two-hop-compact; do
+  for mode in dense allgather allgather-compact8 reduce reduce-exact reduce-two-hop reduce-two-hop-compact; do
     "$smpirun" -np 16 -platform "$root/bench/smpi/cluster-$platform.xml" -hostfile "$work/hosts" \
       --cfg=smpi/coll-selector:ompi --cfg=smpi/simulate-computation:no --log=root.thres:critical \
       "$program" --mode "$mode" --gradient iid --n 16384 --density 0.01 --warmup 1 --steps 3 --method top-k \
@@ -26,7 +26,7 @@ cat "$work/runs.jsonl"
 /usr/bin/python3 - "$work/runs.jsonl" <<'PY'
 import json, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
-assert len(runs) == 12, runs
+assert len(runs) == 14, runs
 def fail(why):
     sys.exit(f"smpi_test: {why}")
 for r in runs:
@@ -59,12 +59,16 @@ for platform in ("10gbps", "100gbps"):
         fail(f"reduce in two hops applied {hops['applied_median']} of its target, flat {fixed['applied_median']}")
     if not hops["bytes_per_rank"] < exact["bytes_per_rank"]:
         fail(f"reduce in two hops sends {hops['bytes_per_rank']} bytes per rank, flat at exact sizes {exact['bytes_per_rank']}")
+    bytes8, plain = by["allgather-compact8", platform], by["allgather", platform]
+    if not bytes8["bytes_per_rank"] < plain["bytes_per_rank"] / 2:
+        fail(f"the all-gather in compact8 sends {bytes8['bytes_per_rank']} bytes per rank, "
+             f"plain {plain['bytes_per_rank']}")
     compact = by["reduce-two-hop-compact", platform]
     if not compact["bytes_per_rank"] < hops["bytes_per_rank"]:
         fail(f"compact two hops send {compact['bytes_per_rank']} bytes per rank, plain {hops['bytes_per_rank']}")
     if not 0.95 <= compact["applied_p5"] <= 1.05:
         fail(f"compact two hops applied {compact['applied_p5']} of their target on iid gradients")
-print("smpi_test: 12 runs as the formats say")
+print("smpi_test: 14 runs as the formats say")
 PY
 # The alpha-beta model with SMPI's message-size factors predicts the dense all-reduce and the
 # two-hop exchange within 25% (bench/smpi_model.py).
