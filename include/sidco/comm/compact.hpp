@@ -12,14 +12,13 @@
 //
 // Payloads keep a fixed size (the collectives move equal sizes): a 64-byte header, then
 // count narrowed values (compact8: after their 8-byte scale), then the index code, in a body
-// of room for capacity values and
-// Elias-Fano's longest code of at most capacity indices (compact_format_for: about 2 +
-// log2(N / capacity) bits an index, where the plain format spends 32). A body of a format
-// made without the dense size holds compact_index_budget bytes an index; there a selection
-// whose code would overflow gives its smallest entries back to the residual until it fits
-// (only below δ = 2^-13 per segment, where Elias-Fano takes over 16 bits an index). A
-// receiver expands each compact payload into the plain format (comm/wire.hpp) and checks
-// and sums it as any other.
+// of room for capacity values and Elias-Fano's longest code of at most capacity indices
+// (compact_format_for: about 2 + log2(N / capacity) bits an index, where the plain format
+// spends 32). A body of a format made without the dense size holds compact_index_budget
+// bytes an index; there a selection whose code would overflow gives its smallest entries
+// back to the residual until it fits (only below δ = 2^-13 per segment, where Elias-Fano
+// takes over 16 bits an index). A receiver expands each compact payload into the plain
+// format (comm/wire.hpp) and checks and sums it as any other.
 #pragma once
 
 #include <algorithm>
@@ -450,8 +449,7 @@ std::string expand_compact(std::span<const std::byte> compact, const wire_format
   };
   if (h.coding != std::uint8_t(compact_format.coding))
     return damaged("a payload coded ", int(h.coding), " where the ranks agreed on the ",
-                   compact_format.coding == entry_coding::compact8 ? "compact8" : "compact", " coding (",
-                   int(compact_format.coding), ")");
+                   coding_name(std::uint8_t(compact_format.coding)), " coding (", int(compact_format.coding), ")");
   if (h.capacity != compact_format.capacity || h.count > compact_format.capacity)
     return damaged(h.count, " entries of capacity ", h.capacity, ", this rank's capacity is ", compact_format.capacity);
   const std::size_t n = std::size_t(h.count);
