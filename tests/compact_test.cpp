@@ -190,34 +190,37 @@ TEST_CASE_TEMPLATE("compact: each rank keeps what rounding took, bit for bit; th
   }
 }
 
-TEST_CASE("compact: a failed step gives back the values before rounding; every rank raises the same error") {
+TEST_CASE("compact, compact8: a failed step gives back the values before rounding; every rank raises the same "
+          "error") {
   constexpr std::size_t size = 50000;
   const double delta = 0.01;
-  comm::allgather_core<float> core({{0, size}}, delta, 1.25, comm::entry_coding::compact);
-  auto steps = encode_ranks<float>(3, core, delta, size);
-  // Rank 1 failed (its compress threw): the others' payloads are fine.
-  core.encode_failure(sidco::error("compress: the gradient is on fire"), {2, 9, delta, comm::reduction::average},
-                      steps[1].payload);
-  std::vector<std::vector<std::byte>> payloads;
-  for (const auto& s : steps) payloads.push_back(s.payload);
-  // Each rank decodes with its own core (rank 0's and 2's sent entries are in theirs).
-  for (const std::size_t r : {std::size_t(0), std::size_t(2)}) {
-    comm::allgather_core<float> own({{0, size}}, delta, 1.25, comm::entry_coding::compact);
-    auto again = encode_ranks<float>(r + 1, own, delta, size);  // this core's packed_ is rank r's
-    auto& mine = again[r];
-    std::vector<float> dense(size, 7.0f);
-    comm::host_residual<float> sink{mine.residual.values()};
-    std::string error;
-    try {
-      own.decode(views_of(payloads), std::span<float>(dense), sink);
-    } catch (const sidco::runtime_error& e) {
-      error = e.what();
+  for (const auto coding : {comm::entry_coding::compact, comm::entry_coding::compact8}) {
+    comm::allgather_core<float> core({{0, size}}, delta, 1.25, coding);
+    auto steps = encode_ranks<float>(3, core, delta, size);
+    // Rank 1 failed (its compress threw): the others' payloads are fine.
+    core.encode_failure(sidco::error("compress: the gradient is on fire"), {2, 9, delta, comm::reduction::average},
+                        steps[1].payload);
+    std::vector<std::vector<std::byte>> payloads;
+    for (const auto& s : steps) payloads.push_back(s.payload);
+    // Each rank decodes with its own core (rank 0's and 2's sent entries are in theirs).
+    for (const std::size_t r : {std::size_t(0), std::size_t(2)}) {
+      comm::allgather_core<float> own({{0, size}}, delta, 1.25, coding);
+      auto again = encode_ranks<float>(r + 1, own, delta, size);  // this core's packed_ is rank r's
+      auto& mine = again[r];
+      std::vector<float> dense(size, 7.0f);
+      comm::host_residual<float> sink{mine.residual.values()};
+      std::string error;
+      try {
+        own.decode(views_of(payloads), std::span<float>(dense), sink);
+      } catch (const sidco::runtime_error& e) {
+        error = e.what();
+      }
+      CHECK(error == "sidco: exchange (tag 2, step 9): rank 1 failed: compress: the gradient is on fire");
+      // Given back whole: residual = gradient + old residual, bit for bit (no rounding left).
+      for (std::size_t i = 0; i < size; ++i)
+        REQUIRE(same_bits(mine.residual.values()[i], float(mine.gradient[i] + mine.old_residual[i])));
+      CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 7.0f; }));
     }
-    CHECK(error == "sidco: exchange (tag 2, step 9): rank 1 failed: compress: the gradient is on fire");
-    // Given back whole: residual = gradient + old residual, bit for bit (no rounding left).
-    for (std::size_t i = 0; i < size; ++i)
-      REQUIRE(same_bits(mine.residual.values()[i], float(mine.gradient[i] + mine.old_residual[i])));
-    CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 7.0f; }));
   }
 }
 
