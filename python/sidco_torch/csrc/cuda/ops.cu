@@ -1,133 +1,37 @@
-// The ops' CUDA kernels (dispatch key CUDA): compress on sidco's backend::cuda, the hook's
-// encode and decode (codec.cuh) and its reduce-scatter exchange's (reduce_codec.cuh),
-// scatter-add and decompress through ATen. Built with nvcc when the torch found has CUDA;
-// registered when the library loads, with the factories Compressor, Codec and ReduceCodec
-// use for CUDA devices.
-//
-// Streams: each compressor runs on a stream of its own and is ordered against torch's
-// current stream at every call by events (the current stream's work before compress, the
-// outputs' copies after it, and the next call after those copies), so a gradient written on
-// any stream just before the call is what gets compressed, and torch's caching allocator
-// sees every output tensor used on the stream it was allocated for.
+// The ops' CUDA kernels (dispatch key CUDA): compress through a compressor of the tensor's
+// element type (kernels.cuh, on sidco's backend::cuda), the hook's encode and decode
+// (codec.cuh) and its reduce-scatter exchange's (reduce_codec.cuh), scatter-add and
+// decompress through ATen. Built with nvcc when the torch found has CUDA; registered when
+// the library loads, with the factories Compressor, Codec and ReduceCodec use for CUDA
+// devices. The element types' classes are compiled in float32.cu, float64.cu, float16.cu and
+// bfloat16.cu, side by side; this file only picks one by dtype.
 
 #include <torch/library.h>
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
-#include <array>
+#include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
-#include <sidco/backend/cuda.cuh>
+#include <sidco/memory/device_allocator.cuh>
 
 #include "../binding.hpp"
 #include "../classes.hpp"
-#include "../engine.hpp"
-#include "../registration.hpp"
 #include "../reduce_codec.hpp"
-#include "codec.cuh"
+#include "../registration.hpp"
 #include "device_support.cuh"
-#include "reduce_codec.cuh"
+#include "factories.hpp"
 
 namespace sidco_torch {
 namespace {
-
-using index32 = std::uint32_t;
-
-// One element type's compressor on one device: a whole-tensor engine and the last per-layer
-// one, on the compressor's own stream.
-template <class T>
-class cuda_compressor final : public compressor_impl {
- public:
-  using memory = sidco::memory::device;
-
-  cuda_compressor(const std::string& method, const sidco::methods::options& options, at::Device device)
-      : method_(method), options_(options), device_(device) {
-    const c10::cuda::CUDAGuard guard(device_);
-    SIDCO_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ready_ = std::make_unique<event>();
-    done_ = std::make_unique<event>();
-    consumed_ = std::make_unique<event>();
-    whole_ = make_on_stream({});
-  }
-  cuda_compressor(const cuda_compressor&) = delete;
-  cuda_compressor& operator=(const cuda_compressor&) = delete;
-  ~cuda_compressor() override {
-    // The buffers go back to torch's caching allocator, which reuses them for this stream's
-    // next allocation at once: the stream's work is waited for first, so that a stream
-    // created later at the same address never gets a buffer still being written.
-    if (stream_) cudaStreamSynchronize(stream_);
-    whole_.reset();
-    layered_.reset();
-    out_ = {};
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-
-  std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
-                                              const std::vector<std::int64_t>& layers,
-                                              const c10::optional<at::Tensor>& residual) override {
-    const c10::cuda::CUDAGuard guard(device_);
-    const std::size_t n = std::size_t(gradient.numel());
-    if (n > std::size_t(std::numeric_limits<index32>::max()) + 1)
-      sidco::throw_error("gradient: ", n, " values; sidco_torch addresses 2^32 (32-bit indices)");
-    auto* e = whole_.get();
-    if (!layers.empty()) {
-      if (!layered_ || layers != layer_sizes_) {
-        layered_ = make_on_stream(layout_of(layers, n));
-        layer_sizes_ = layers;
-      }
-      e = layered_.get();
-    }
-    const cudaStream_t current = at::cuda::getCurrentCUDAStream(device_.index()).stream();
-    // Our stream waits for the gradient and the residual as the current stream leaves them.
-    ready_->order(current, stream_);
-    const auto* g = reinterpret_cast<const T*>(gradient.data_ptr());
-    typename engine<T, index32, memory>::residual_view r{};
-    if (residual) r = {reinterpret_cast<T*>(residual->data_ptr()), n};
-    last_ = e->compress({g, n}, density, r, out_);
-    // The outputs are copied on the current stream, after compress; the next call waits
-    // for those copies before it writes out_ again.
-    done_->order(stream_, current);
-    const auto count = std::int64_t(out_.size());
-    const auto on_device = at::TensorOptions().device(device_);
-    auto indices = at::from_blob(const_cast<index32*>(out_.indices().data()), {count}, on_device.dtype(at::kInt))
-                       .to(at::kLong);  // reads as signed: indices < 2^31 here; see below
-    if (n > std::size_t(std::numeric_limits<std::int32_t>::max()))
-      indices = indices.bitwise_and(std::int64_t(0xffffffff));  // undo the sign of indices >= 2^31
-    auto values = at::from_blob(const_cast<T*>(out_.values().data()), {count}, on_device.dtype(gradient.scalar_type()))
-                      .clone();
-    consumed_->order(current, stream_);
-    return {indices, values};
-  }
-
-  const sidco::compress_report& report() const override { return last_; }
-
- private:
-  std::unique_ptr<engine<T, index32, memory>> make_on_stream(std::vector<sidco::segment> layout) {
-    const cudaStream_t stream = stream_;
-    return make_engine<T, index32, sidco::backend::cuda>(method_, options_, std::move(layout), layer_budget::shared,
-                                                         [stream] { return sidco::backend::cuda(stream); });
-  }
-
-  std::string method_;
-  sidco::methods::options options_;
-  at::Device device_;
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<event> ready_, done_, consumed_;
-  std::unique_ptr<engine<T, index32, memory>> whole_, layered_;
-  std::vector<std::int64_t> layer_sizes_;
-  sidco::sparse_vector<T, index32, memory> out_;
-  sidco::compress_report last_;
-};
 
 std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
                                             std::vector<std::int64_t> layer_sizes,
@@ -180,7 +84,7 @@ std::unique_ptr<compressor_impl> make_cuda_compressor(const std::string& method,
                                                       const at::Device& device) {
   return std::make_unique<compressors_by_type>([method, options, device](at::ScalarType dtype) {
     return with_device_type(dtype, "gradient", [&](auto tag) -> std::unique_ptr<compressor_impl> {
-      return std::make_unique<cuda_compressor<typename decltype(tag)::type>>(method, options, device);
+      return make_cuda_compressor_of<typename decltype(tag)::type>(method, options, device);
     });
   });
 }
@@ -188,7 +92,7 @@ std::unique_ptr<compressor_impl> make_cuda_compressor(const std::string& method,
 std::unique_ptr<codec_impl> make_cuda_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
                                             const sidco::comm::capacity_plan& plan, const at::Device& device) {
   return with_device_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<codec_impl> {
-    return std::make_unique<cuda_codec<typename decltype(tag)::type>>(settings, format, plan, device);
+    return make_cuda_codec_of<typename decltype(tag)::type>(settings, format, plan, device);
   });
 }
 
@@ -197,8 +101,7 @@ std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec(const codec_settings& 
                                                           std::size_t rank, const std::string& owner,
                                                           const at::Device& device) {
   return with_device_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<reduce_codec_impl> {
-    return std::make_unique<cuda_reduce_codec<typename decltype(tag)::type>>(settings, order, ranks, rank, owner,
-                                                                             device);
+    return make_cuda_reduce_codec_of<typename decltype(tag)::type>(settings, order, ranks, rank, owner, device);
   });
 }
 
