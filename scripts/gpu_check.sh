@@ -19,7 +19,8 @@
 #                                         when a GPU is visible and any test failed or skipped.
 #
 # NCCL comes from the GPU machine at run time (pip's nvidia-nccl, else the toolkit's).
-# SIDCO_GPU_TORCH=0 skips the torch part (its build takes about 3 minutes there);
+# SIDCO_GPU_TORCH=0 skips the torch part (its build takes about 3 minutes there, on the CPU
+# while the GPU runs the tests and benchmarks);
 # SIDCO_GPU_QUICK=1 the benchmarks, the seeds' comparison and the hook's costs (a rerun of the
 # tests after a fix);
 # logs go to SIDCO_GPU_LOGS, else $OUT/gpu-check-logs where OUT is set, else FOLDER/logs; the
@@ -134,6 +135,19 @@ run() {
   export LD_LIBRARY_PATH="$folder/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export SIDCO_GRADIENTS_DIR=$root/examples/data/gradients
   local status=0
+  # The torch ops' build takes minutes of the CPU and none of the GPU: it runs while the GPU
+  # runs the tests and benchmarks, at the lowest priority and leaving 4 cores free, so that
+  # the benchmarks' host side (launches, host waits) keeps cores of its own.
+  local torch_build=
+  if [ "${SIDCO_GPU_TORCH:-1}" != 0 ] &&
+     python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+    local cores
+    cores=$(nproc)
+    MAX_JOBS=$((cores > 5 ? cores - 4 : 1)) nice -n 19 timeout 300 python3 "$root/scripts/gpu_torch_ops.py" \
+      "$folder/include" "$folder/torch-build" > "$logs/torch-build.log" 2>&1 &
+    torch_build=$!
+    echo "== sidco_torch's ops building beside the tests (log: $logs/torch-build.log)"
+  fi
   echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))" |
     tee -a "$summary"
   printf '| %-22s | %-8s | %6s |\n' test result s | tee -a "$summary"
@@ -190,9 +204,8 @@ run() {
   echo "== sidco_torch against this machine's torch"
   if [ "${SIDCO_GPU_TORCH:-1}" = 0 ]; then
     echo "  skipped (SIDCO_GPU_TORCH=0)"
-  elif python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
-    if timeout 300 python3 "$root/scripts/gpu_torch_ops.py" "$folder/include" "$folder/torch-build" \
-         > "$logs/torch-build.log" 2>&1; then
+  elif [ -n "$torch_build" ]; then
+    if wait "$torch_build"; then
       local library
       library=$(tail -1 "$logs/torch-build.log")
       # A crash prints Python's stack (faulthandler) and the native one (the preloaded tracer).
