@@ -2,8 +2,8 @@
 """The communication hook's encode and decode on CUDA buckets against the CPU's. Exits 77
 (skip) without a CUDA device or when this sidco_torch was built without CUDA. Checked:
 - two ranks' codecs in one process, on the bundled real gradients, per layer, with error
-  feedback, float32 and float16, SIDCo-E and Top-k, a capacity that trims, plain and compact
-  entries: every payload byte, the bytes used, the decoded bucket and the residuals (which
+  feedback, float32 and float16, SIDCo-E and Top-k, a capacity that trims, plain, compact
+  and compact8 entries: every payload byte, the bytes used, the decoded bucket and the residuals (which
   hold what narrowing rounds off) equal the CPU codecs', bit for bit, step by step;
 - a rank that fails: decode raises the same error on CUDA as on the CPU, and the residual
   gets back what this rank sent, as on the CPU;
@@ -15,8 +15,8 @@
   for bit, step by step (the regions move on as in training); a rank that fails: every rank
   raises the same error, and each residual gets back what its rank sent, as on the CPU;
 - 2-rank DDP steps with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one), by
-  all-gather and by reduce-scatter, plain and compact entries each: every rank ends with the
-  same averaged gradients, all sent sparse."""
+  all-gather (plain, compact and compact8 entries) and by reduce-scatter (plain and compact):
+  every rank ends with the same averaged gradients, all sent sparse."""
 import os
 import sys
 
@@ -194,7 +194,7 @@ def main():
         return 77
     for method in ("sidco-e", "top-k"):
         for dtype in (torch.float32, torch.float16):
-            for wire in ("plain", "compact"):
+            for wire in ("plain", "compact", "compact8"):
                 trimmed = codecs_agree(method, dtype, wire)
                 print(f"{method} {dtype} {wire}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
     for owner in ("sidco-e-exact", "top-k"):
@@ -205,8 +205,8 @@ def main():
                 print(f"reduce exchange, owner {owner}, {dtype}, {wire}: the CUDA codecs equal the CPU's ({trimmed} "
                       "entries trimmed)")
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    for exchange in ("allgather", "reduce"):
-        for wire in ("plain", "compact"):
+    for exchange, wires in (("allgather", ("plain", "compact", "compact8")), ("reduce", ("plain", "compact"))):
+        for wire in wires:
             ddp_steps_agree(backend, exchange, wire)
     return 0
 
