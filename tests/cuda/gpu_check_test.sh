@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh on this build: `build` gathers every CUDA test and benchmark binary,
 # the libraries a bare CUDA machine lacks and the Boost.Math headers into one folder of at
-# most 48 MiB; `run` on it without a GPU says so and exits 77 (skipped), never 0.
-# Usage: gpu_check_test.sh SOURCE_ROOT BUILD_ROOT
+# most 48 MiB; `run` on it without a GPU says so and exits 77 (skipped), never 0. Given the
+# torch ops library, `run` also goes through every step once with a stand-in GPU (nvidia-smi)
+# and a stand-in CUDA torch (python3): the ops' build starts before the tests, at the lowest
+# priority, and the torch steps load what it built; no step is lost from the summary.
+# Usage: gpu_check_test.sh SOURCE_ROOT BUILD_ROOT [TORCH_OPS_LIBRARY]
 set -euo pipefail
-source_root=$1 build_root=$2
+source_root=$1 build_root=$2 torch_ops=${3:-}
 folder=$(mktemp -d)/gpu-check
 trap 'rm -rf "$(dirname "$folder")"' EXIT
 SIDCO_GPU_BUILD=$build_root SIDCO_GPU_REUSE=1 "$source_root/scripts/gpu_check.sh" build "$folder"
@@ -32,4 +35,33 @@ fi
 cat "$folder.run.log"
 [ "$rc" = 77 ] || fail "run without a GPU exited $rc, not 77"
 grep -q "no NVIDIA GPU" "$folder.run.log" || fail "run without a GPU did not say so"
+if [ -n "$torch_ops" ]; then
+  stand_in=$(dirname "$folder")/stand-in
+  mkdir -p "$stand_in"
+  printf '#!/bin/sh\necho "GPU 0: stand-in"\n' > "$stand_in/nvidia-smi"
+  # torch "has CUDA"; the ops' "build" notes its priority and jobs and names the built library.
+  cat > "$stand_in/python3" << STAND_IN
+#!/bin/bash
+case "\$*" in
+  *"torch.cuda.is_available()"*) exit 0 ;;
+  *gpu_torch_ops.py*) echo "stand-in build: nice \$(nice), MAX_JOBS \$MAX_JOBS"; echo "$torch_ops"; exit 0 ;;
+esac
+exec /usr/bin/python3 "\$@"
+STAND_IN
+  chmod +x "$stand_in/nvidia-smi" "$stand_in/python3"
+  rc=0
+  PATH=$stand_in:$PATH SIDCO_GPU_QUICK=1 SIDCO_GPU_LOGS=$stand_in/logs "$source_root/scripts/gpu_check.sh" run "$folder" \
+    > "$folder.stand-in.log" 2>&1 || rc=$?
+  cat "$folder.stand-in.log"
+  [ "$rc" = 1 ] || fail "run with a stand-in GPU exited $rc, not 1 (its tests cannot pass)"
+  first=$(grep -m1 -e "^== sidco_torch's ops building" -e "^== tests" "$folder.stand-in.log")
+  [[ "$first" == "== sidco_torch's ops building"* ]] || fail "the ops' build did not start before the tests"
+  grep -q "stand-in build: nice 19, MAX_JOBS [1-9]" "$stand_in/logs/torch-build.log" ||
+    fail "the ops' build ran as: $(cat "$stand_in/logs/torch-build.log")"
+  grep -q "step: cpu compress [1-9]" "$folder.stand-in.log" || fail "the torch steps did not run on the built ops"
+  summary=$(sed -n '/^== summary/,$p' "$folder.stand-in.log")
+  for row in test_cuda_backend cuda_ops_test cuda_memory_test cuda_hook_test cuda_amp_test; do
+    grep -q "| $row " <<< "$summary" || fail "$row missing from the summary"
+  done
+fi
 echo "gpu_check build: $(find "$folder" -type f | wc -l) files, $((bytes / 1024)) KiB; run without a GPU: 77"
