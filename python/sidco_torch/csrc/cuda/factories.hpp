@@ -19,17 +19,18 @@
 
 namespace sidco_torch {
 
+// One element type's CUDA side: its members are defined in kernels.cuh and instantiated by
+// `template struct cuda_side<T>;` in the type's own file.
 template <class T>
-std::unique_ptr<compressor_impl> make_cuda_compressor_of(const std::string& method,
-                                                         const sidco::methods::options& options,
+struct cuda_side {
+  static std::unique_ptr<compressor_impl> compressor(const std::string& method, const sidco::methods::options& options,
+                                                     const at::Device& device);
+  static std::unique_ptr<codec_impl> codec(const codec_settings& settings, const sidco::comm::wire_format& format,
+                                           const sidco::comm::capacity_plan& plan, const at::Device& device);
+  static std::unique_ptr<reduce_codec_impl> reduce_codec(const codec_settings& settings,
+                                                         const std::vector<std::int64_t>& order, std::size_t ranks,
+                                                         std::size_t rank, const std::string& owner,
                                                          const at::Device& device);
-template <class T>
-std::unique_ptr<codec_impl> make_cuda_codec_of(const codec_settings& settings, const sidco::comm::wire_format& format,
-                                               const sidco::comm::capacity_plan& plan, const at::Device& device);
-template <class T>
-std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec_of(const codec_settings& settings,
-                                                             const std::vector<std::int64_t>& order,
-                                                             std::size_t ranks, std::size_t rank,
-                                                             const std::string& owner, const at::Device& device);
+};
 
 }  // namespace sidco_torch

@@ -2,14 +2,4 @@
 // their many preset instantiations compile side by side).
 #include "kernels.cuh"
 
-namespace sidco_torch {
-
-template std::unique_ptr<compressor_impl> make_cuda_compressor_of<double>(
-    const std::string&, const sidco::methods::options&, const at::Device&);
-template std::unique_ptr<codec_impl> make_cuda_codec_of<double>(
-    const codec_settings&, const sidco::comm::wire_format&, const sidco::comm::capacity_plan&, const at::Device&);
-template std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec_of<double>(
-    const codec_settings&, const std::vector<std::int64_t>&, std::size_t, std::size_t, const std::string&,
-    const at::Device&);
-
-}  // namespace sidco_torch
+template struct sidco_torch::cuda_side<double>;

@@ -1,7 +1,7 @@
 // The CUDA side of the classes for one element type: a tensor's compressor (below), a
 // bucket's all-gather codec (codec.cuh) and its reduce-scatter codec (reduce_codec.cuh), all on
 // sidco's backend::cuda. Each element type is compiled in a file of its own (float32.cu, ...),
-// which instantiates make_cuda_*_of<T> (factories.hpp).
+// which instantiates cuda_side<T> (factories.hpp).
 //
 // Streams: each compressor runs on a stream of its own and is ordered against torch's
 // current stream at every call by events (the current stream's work before compress, the
@@ -128,23 +128,23 @@ class cuda_compressor final : public compressor_impl {
 };
 
 template <class T>
-std::unique_ptr<compressor_impl> make_cuda_compressor_of(const std::string& method,
-                                                         const sidco::methods::options& options,
-                                                         const at::Device& device) {
+std::unique_ptr<compressor_impl> cuda_side<T>::compressor(const std::string& method,
+                                                          const sidco::methods::options& options,
+                                                          const at::Device& device) {
   return std::make_unique<cuda_compressor<T>>(method, options, device);
 }
 
 template <class T>
-std::unique_ptr<codec_impl> make_cuda_codec_of(const codec_settings& settings, const sidco::comm::wire_format& format,
-                                               const sidco::comm::capacity_plan& plan, const at::Device& device) {
+std::unique_ptr<codec_impl> cuda_side<T>::codec(const codec_settings& settings, const sidco::comm::wire_format& format,
+                                                const sidco::comm::capacity_plan& plan, const at::Device& device) {
   return std::make_unique<cuda_codec<T>>(settings, format, plan, device);
 }
 
 template <class T>
-std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec_of(const codec_settings& settings,
-                                                             const std::vector<std::int64_t>& order,
-                                                             std::size_t ranks, std::size_t rank,
-                                                             const std::string& owner, const at::Device& device) {
+std::unique_ptr<reduce_codec_impl> cuda_side<T>::reduce_codec(const codec_settings& settings,
+                                                              const std::vector<std::int64_t>& order,
+                                                              std::size_t ranks, std::size_t rank,
+                                                              const std::string& owner, const at::Device& device) {
   return std::make_unique<cuda_reduce_codec<T>>(settings, order, ranks, rank, owner, device);
 }
 

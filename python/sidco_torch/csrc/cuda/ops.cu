@@ -84,7 +84,7 @@ std::unique_ptr<compressor_impl> make_cuda_compressor(const std::string& method,
                                                       const at::Device& device) {
   return std::make_unique<compressors_by_type>([method, options, device](at::ScalarType dtype) {
     return with_device_type(dtype, "gradient", [&](auto tag) -> std::unique_ptr<compressor_impl> {
-      return make_cuda_compressor_of<typename decltype(tag)::type>(method, options, device);
+      return cuda_side<typename decltype(tag)::type>::compressor(method, options, device);
     });
   });
 }
@@ -92,7 +92,7 @@ std::unique_ptr<compressor_impl> make_cuda_compressor(const std::string& method,
 std::unique_ptr<codec_impl> make_cuda_codec(const codec_settings& settings, const sidco::comm::wire_format& format,
                                             const sidco::comm::capacity_plan& plan, const at::Device& device) {
   return with_device_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<codec_impl> {
-    return make_cuda_codec_of<typename decltype(tag)::type>(settings, format, plan, device);
+    return cuda_side<typename decltype(tag)::type>::codec(settings, format, plan, device);
   });
 }
 
@@ -101,7 +101,7 @@ std::unique_ptr<reduce_codec_impl> make_cuda_reduce_codec(const codec_settings& 
                                                           std::size_t rank, const std::string& owner,
                                                           const at::Device& device) {
   return with_device_type(settings.dtype, "bucket", [&](auto tag) -> std::unique_ptr<reduce_codec_impl> {
-    return make_cuda_reduce_codec_of<typename decltype(tag)::type>(settings, order, ranks, rank, owner, device);
+    return cuda_side<typename decltype(tag)::type>::reduce_codec(settings, order, ranks, rank, owner, device);
   });
 }
 
