@@ -138,7 +138,7 @@ run() {
   # The torch ops' build takes minutes of the CPU and none of the GPU: it runs while the GPU
   # runs the tests and benchmarks, at the lowest priority and leaving 4 cores free, so that
   # the benchmarks' host side (launches, host waits) keeps cores of its own.
-  local torch_build=
+  local torch_build='' torch_started=0
   if [ "${SIDCO_GPU_TORCH:-1}" != 0 ] &&
      python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
     local cores
@@ -146,6 +146,7 @@ run() {
     MAX_JOBS=$((cores > 5 ? cores - 4 : 1)) nice -n 19 timeout 300 python3 "$root/scripts/gpu_torch_ops.py" \
       "$folder/include" "$folder/torch-build" > "$logs/torch-build.log" 2>&1 &
     torch_build=$!
+    torch_started=$SECONDS
     echo "== sidco_torch's ops building beside the tests (log: $logs/torch-build.log)"
   fi
   echo "== tests ($(cat "$folder/commit" 2> /dev/null || echo '?'), built for $(cat "$folder/arch"))" |
@@ -205,7 +206,12 @@ run() {
   if [ "${SIDCO_GPU_TORCH:-1}" = 0 ]; then
     echo "  skipped (SIDCO_GPU_TORCH=0)"
   elif [ -n "$torch_build" ]; then
-    if wait "$torch_build"; then
+    local waited=$SECONDS built=0
+    wait "$torch_build" && built=1
+    # What of the build the tests and benchmarks did not hide: device time spent waiting.
+    echo "  the ops' build: $((SECONDS - torch_started)) s in all, $((SECONDS - waited)) s waited for here" |
+      tee -a "$summary"
+    if [ "$built" = 1 ]; then
       local library
       library=$(tail -1 "$logs/torch-build.log")
       # A crash prints Python's stack (faulthandler) and the native one (the preloaded tracer).
