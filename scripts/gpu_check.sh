@@ -141,8 +141,13 @@ run() {
   local torch_build='' torch_started=0
   if [ "${SIDCO_GPU_TORCH:-1}" != 0 ] &&
      python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
-    local cores
+    local cores capability
     cores=$(nproc)
+    # The architecture named, so that the build never opens a CUDA context (torch asks the
+    # device otherwise): one appearing mid-test would change the free device memory that
+    # test_cuda_backend's allocation-free check compares.
+    capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 | tr -d ' ' || true)
+    [[ "$capability" =~ ^[0-9]+\.[0-9]+$ ]] && export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$capability}
     MAX_JOBS=$((cores > 5 ? cores - 4 : 1)) nice -n 19 timeout 300 python3 "$root/scripts/gpu_torch_ops.py" \
       "$folder/include" "$folder/torch-build" > "$logs/torch-build.log" 2>&1 &
     torch_build=$!

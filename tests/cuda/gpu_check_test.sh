@@ -4,7 +4,8 @@
 # most 48 MiB; `run` on it without a GPU says so and exits 77 (skipped), never 0. Given the
 # torch ops library, `run` also goes through every step once with a stand-in GPU (nvidia-smi)
 # and a stand-in CUDA torch (python3): the ops' build starts before the tests, at the lowest
-# priority, and the torch steps load what it built; no step is lost from the summary.
+# priority, for the architecture nvidia-smi names, and the torch steps load what it built; no
+# step is lost from the summary.
 # Usage: gpu_check_test.sh SOURCE_ROOT BUILD_ROOT [TORCH_OPS_LIBRARY]
 set -euo pipefail
 source_root=$1 build_root=$2 torch_ops=${3:-}
@@ -38,13 +39,18 @@ grep -q "no NVIDIA GPU" "$folder.run.log" || fail "run without a GPU did not say
 if [ -n "$torch_ops" ]; then
   stand_in=$(dirname "$folder")/stand-in
   mkdir -p "$stand_in"
-  printf '#!/bin/sh\necho "GPU 0: stand-in"\n' > "$stand_in/nvidia-smi"
-  # torch "has CUDA"; the ops' "build" notes its priority and jobs and names the built library.
+  printf '#!/bin/sh\ncase "$*" in *compute_cap*) echo "9.0" ;; *) echo "GPU 0: stand-in" ;; esac\n' \
+    > "$stand_in/nvidia-smi"
+  # torch "has CUDA"; the ops' "build" notes its priority, jobs and architectures and names the
+  # built library.
   cat > "$stand_in/python3" << STAND_IN
 #!/bin/bash
 case "\$*" in
   *"torch.cuda.is_available()"*) exit 0 ;;
-  *gpu_torch_ops.py*) echo "stand-in build: nice \$(nice), MAX_JOBS \$MAX_JOBS"; echo "$torch_ops"; exit 0 ;;
+  *gpu_torch_ops.py*)
+    echo "stand-in build: nice \$(nice), MAX_JOBS \$MAX_JOBS, TORCH_CUDA_ARCH_LIST \${TORCH_CUDA_ARCH_LIST:-unset}"
+    echo "$torch_ops"
+    exit 0 ;;
 esac
 exec /usr/bin/python3 "\$@"
 STAND_IN
@@ -56,7 +62,8 @@ STAND_IN
   [ "$rc" = 1 ] || fail "run with a stand-in GPU exited $rc, not 1 (its tests cannot pass)"
   first=$(grep -m1 -e "^== sidco_torch's ops building" -e "^== tests" "$folder.stand-in.log")
   [[ "$first" == "== sidco_torch's ops building"* ]] || fail "the ops' build did not start before the tests"
-  grep -q "stand-in build: nice 19, MAX_JOBS [1-9]" "$stand_in/logs/torch-build.log" ||
+  # The architecture comes from nvidia-smi: the build opens no CUDA context beside the tests.
+  grep -q "stand-in build: nice 19, MAX_JOBS [1-9][0-9]*, TORCH_CUDA_ARCH_LIST 9.0$" "$stand_in/logs/torch-build.log" ||
     fail "the ops' build ran as: $(cat "$stand_in/logs/torch-build.log")"
   grep -q "step: cpu compress [1-9]" "$folder.stand-in.log" || fail "the torch steps did not run on the built ops"
   summary=$(sed -n '/^== summary/,$p' "$folder.stand-in.log")
