@@ -74,6 +74,56 @@ bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Two exchanges alike but for exact_sizes (tags options.tag and exact_tag), each with its own
+// SIDCo-E compressor and residual, fed the same gradients.
+struct fixed_and_exact {
+  fixed_and_exact(comm::exchange_options options, int exact_tag, double delta)
+      : delta(delta),
+        fixed(MPI_COMM_WORLD, layout, delta, options),
+        exact(MPI_COMM_WORLD, layout, delta, [&] {
+          auto o = options;
+          o.tag = exact_tag;
+          o.exact_sizes = true;
+          return o;
+        }()) {}
+
+  // One step of both sides, as the checks below read it.
+  struct step_result {
+    std::vector<float> gradient, fixed_residual_before;
+    sparse_vector<float> fixed_sent, exact_sent;
+    std::vector<float> fixed_dense, exact_dense;
+    comm::exchange_report fixed_report, exact_report;
+  };
+
+  // Steps 0 .. count - 1 from the gradients of seed; check(step_result) after each.
+  template <class Check>
+  void run(int seed, std::uint64_t count, Check&& check) {
+    for (std::uint64_t step = 0; step < count; ++step) {
+      step_result r;
+      r.gradient = gradient_for(seed, step, layout);
+      r.fixed_residual_before.assign(fixed_residual.values().begin(), fixed_residual.values().end());
+      fixed_compressor.compress<float>(r.gradient, delta, r.fixed_sent, fixed_residual);
+      exact_compressor.compress<float>(r.gradient, delta, r.exact_sent, exact_residual);
+      fixed.start(r.fixed_sent, fixed_residual.values(), step);
+      exact.start(r.exact_sent, exact_residual.values(), step);
+      r.fixed_dense.resize(n);
+      r.exact_dense.resize(n);
+      r.fixed_report = fixed.wait(r.fixed_dense);
+      r.exact_report = exact.wait(r.exact_dense);
+      CHECK(bits_equal(r.fixed_dense, r.exact_dense));  // exact sizes change the bytes, not the bits
+      CHECK(r.fixed_report.bytes == fixed.format().bytes());
+      CHECK(r.exact_report.bytes < fixed.format().bytes());
+      check(r);
+    }
+  }
+
+  double delta;
+  std::size_t n = layout.back().end();
+  comm::sparse_exchange<float> fixed, exact;
+  segmented<presets::sidco_e<>> fixed_compressor{layout}, exact_compressor{layout};
+  feedback::residual<float> fixed_residual{n}, exact_residual{n};
+};
+
 }  // namespace
 
 TEST_CASE("two tensors in flight at once: each the rank-order average, bit for bit; trimming loses nothing") {
@@ -155,48 +205,32 @@ TEST_CASE("the compact8 coding: 8-bit values on each payload's scale; each rank 
           "bits at exact sizes") {
   const double delta = 0.01;
   const std::size_t n = layout.back().end();
-  comm::exchange_options fixed;
-  fixed.tag = 12;
-  fixed.coding = comm::entry_coding::compact8;
-  comm::exchange_options exact = fixed;
-  exact.tag = 13;
-  exact.exact_sizes = true;
-  comm::sparse_exchange<float> a(MPI_COMM_WORLD, layout, delta, fixed), b(MPI_COMM_WORLD, layout, delta, exact);
-  comm::exchange_options half = fixed;
+  comm::exchange_options options;
+  options.tag = 12;
+  options.coding = comm::entry_coding::compact8;
+  fixed_and_exact both(options, 13, delta);
+  comm::exchange_options half = options;
   half.coding = comm::entry_coding::compact;
   comm::sparse_exchange<float> compact(MPI_COMM_WORLD, layout, delta, half);
-  CHECK(a.format().bytes() < compact.format().bytes());
-  segmented<presets::sidco_e<>> first(layout), second(layout);
-  feedback::residual<float> ra(n), rb(n);
-  for (std::uint64_t step = 0; step < 3; ++step) {
-    const auto g = gradient_for(rank_of() + 40, step, layout);
-    const std::vector<float> before(ra.values().begin(), ra.values().end());
-    sparse_vector<float> sa, sb;
-    first.compress<float>(g, delta, sa, ra);
-    second.compress<float>(g, delta, sb, rb);
-    a.start(sa, ra.values(), step);
-    b.start(sb, rb.values(), step);
-    std::vector<float> da(n), db(n);
-    a.wait(da);
-    const auto exact_report = b.wait(db);
-    // sa holds the values sent, each a code of its payload's scale; ra the rest, exactly.
-    const auto scale = comm::byte_scale<float>::of(sa.values());
+  CHECK(both.fixed.format().bytes() < compact.format().bytes());
+  both.run(rank_of() + 40, 3, [&](const fixed_and_exact::step_result& r) {
+    // The values sent, each a code of its payload's scale; the residual holds the rest, exactly.
+    const auto scale = comm::byte_scale<float>::of(r.fixed_sent.values());
     std::vector<float> applied(n, 0.0f);
-    for (std::size_t j = 0; j < sa.size(); ++j) {
-      applied[sa.indices()[j]] = sa.values()[j];
+    for (std::size_t j = 0; j < r.fixed_sent.size(); ++j) {
+      applied[r.fixed_sent.indices()[j]] = r.fixed_sent.values()[j];
       std::uint8_t code;
       float rounded;
-      REQUIRE((scale.encode(sa.values()[j], code, rounded) && rounded == sa.values()[j]));
+      REQUIRE((scale.encode(r.fixed_sent.values()[j], code, rounded) && rounded == r.fixed_sent.values()[j]));
     }
-    for (std::size_t i = 0; i < n; ++i) REQUIRE(applied[i] + ra.values()[i] == g[i] + before[i]);
-    CHECK(bits_equal(da, rank_order_average(sa, n)));
-    // Exact sizes: the same bits, in 64 + 8 (the scale) + a byte a value (to 8) + the index code.
-    CHECK(bits_equal(da, db));
-    CHECK(exact_report.bytes >= 72 + 2 * sb.size());
-    CHECK(exact_report.bytes < a.format().bytes());
-  }
+    const auto residual = both.fixed_residual.values();
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(applied[i] + residual[i] == r.gradient[i] + r.fixed_residual_before[i]);
+    CHECK(bits_equal(r.fixed_dense, rank_order_average(r.fixed_sent, n)));
+    // Exact sizes: 64 + 8 (the scale) + a byte a value (to 8) + the index code.
+    CHECK(r.exact_report.bytes >= 72 + 2 * r.exact_sent.size());
+  });
   // A rank in the other compact coding is refused by every rank's constructor.
-  comm::exchange_options mixed = fixed;
+  comm::exchange_options mixed = options;
   mixed.tag = 14;
   mixed.coding = rank_of() == 1 ? comm::entry_coding::compact : comm::entry_coding::compact8;
   CHECK_THROWS_WITH_AS(comm::sparse_exchange<float>(MPI_COMM_WORLD, layout, delta, mixed),
@@ -327,40 +361,28 @@ TEST_CASE("an exchange destroyed with its all-gather in flight completes it: no 
 TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer bytes; a rank destroyed mid-step fails the step alike") {
   const double delta = 0.01;
   const std::size_t n = layout.back().end();
-  comm::exchange_options fixed;
-  fixed.tag = 6;
-  fixed.coding = comm::entry_coding::compact;
-  comm::exchange_options exact = fixed;
-  exact.tag = 7;
-  exact.exact_sizes = true;
-  comm::sparse_exchange<float> a(MPI_COMM_WORLD, layout, delta, fixed), b(MPI_COMM_WORLD, layout, delta, exact);
-  segmented<presets::sidco_e<>> first(layout), second(layout);
-  feedback::residual<float> ra(n), rb(n);
-  for (std::uint64_t step = 0; step < 3; ++step) {
-    const auto g = gradient_for(rank_of() + 20, step, layout);
-    sparse_vector<float> sa, sb;
-    first.compress<float>(g, delta, sa, ra);
-    second.compress<float>(g, delta, sb, rb);
-    a.start(sa, ra.values(), step);
-    b.start(sb, rb.values(), step);
-    std::vector<float> da(n), db(n);
-    const auto fixed_report = a.wait(da);
-    const auto exact_report = b.wait(db);
-    CHECK(bits_equal(da, db));
-    CHECK(bits_equal(std::vector<float>(ra.values().begin(), ra.values().end()),
-                     std::vector<float>(rb.values().begin(), rb.values().end())));
-    CHECK(fixed_report.bytes == a.format().bytes());
+  comm::exchange_options options;
+  options.tag = 6;
+  options.coding = comm::entry_coding::compact;
+  fixed_and_exact both(options, 7, delta);
+  both.run(rank_of() + 20, 3, [&](const fixed_and_exact::step_result& r) {
+    CHECK(bits_equal(std::vector<float>(both.fixed_residual.values().begin(), both.fixed_residual.values().end()),
+                     std::vector<float>(both.exact_residual.values().begin(), both.exact_residual.values().end())));
     // 64 + 2 bytes a value (to 8) + the gap code (to 8), well under the fixed size.
-    CHECK(exact_report.bytes < a.format().bytes());
-    CHECK(exact_report.bytes >= 64 + 3 * sb.size());
-  }
+    CHECK(r.exact_report.bytes >= 64 + 3 * r.exact_sent.size());
+  });
   // The last rank throws between start() and wait(): its destructor joins the payloads'
   // all-gather with its failure, and every other rank's wait() raises it.
+  comm::exchange_options doomed_options = options;
+  doomed_options.tag = 8;
+  doomed_options.exact_sizes = true;
+  auto& first = both.fixed_compressor;
+  auto& ra = both.fixed_residual;
   const auto g = gradient_for(rank_of() + 30, 9, layout);
   sparse_vector<float> sent;
   if (rank_of() == size_of() - 1) {
     try {
-      comm::sparse_exchange<float> doomed(MPI_COMM_WORLD, layout, delta, [&] { auto o = exact; o.tag = 8; return o; }());
+      comm::sparse_exchange<float> doomed(MPI_COMM_WORLD, layout, delta, doomed_options);
       first.compress<float>(g, delta, sent, ra);
       doomed.start(sent, ra.values(), 9);
       throw std::runtime_error("between start and wait");
@@ -368,7 +390,7 @@ TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer b
       CHECK(std::string(e.what()) == "between start and wait");
     }
   } else {
-    comm::sparse_exchange<float> peer(MPI_COMM_WORLD, layout, delta, [&] { auto o = exact; o.tag = 8; return o; }());
+    comm::sparse_exchange<float> peer(MPI_COMM_WORLD, layout, delta, doomed_options);
     const std::vector<float> old(ra.values().begin(), ra.values().end());
     first.compress<float>(g, delta, sent, ra);
     peer.start(sent, ra.values(), 9);
@@ -381,27 +403,12 @@ TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer b
   }
   // Plain payloads at their exact size too: the same bits as the fixed size, in 64 + 8 bytes
   // an entry (to 8), where the fixed size carries the slack.
-  comm::exchange_options plain_fixed, plain_exact;
-  plain_fixed.tag = 9;
-  plain_exact.tag = 10;
-  plain_exact.exact_sizes = true;
-  comm::sparse_exchange<float> c(MPI_COMM_WORLD, layout, delta, plain_fixed), d(MPI_COMM_WORLD, layout, delta, plain_exact);
-  feedback::residual<float> rc(n), rd(n);
-  segmented<presets::sidco_e<>> third(layout), fourth(layout);
-  for (std::uint64_t step = 0; step < 2; ++step) {
-    const auto g2 = gradient_for(rank_of() + 40, step, layout);
-    sparse_vector<float> sc, sd;
-    third.compress<float>(g2, delta, sc, rc);
-    fourth.compress<float>(g2, delta, sd, rd);
-    c.start(sc, rc.values(), step);
-    d.start(sd, rd.values(), step);
-    std::vector<float> dc(n), dd(n);
-    CHECK(c.wait(dc).bytes == c.format().bytes());
-    const auto plain_report = d.wait(dd);
-    CHECK(bits_equal(dc, dd));
-    CHECK(plain_report.bytes == 64 + (sd.size() * 4 + 7) / 8 * 8 + sd.size() * 4);
-    CHECK(plain_report.bytes < d.format().bytes());
-  }
+  comm::exchange_options plain_options;
+  plain_options.tag = 9;
+  fixed_and_exact plain(plain_options, 10, delta);
+  plain.run(rank_of() + 40, 2, [&](const fixed_and_exact::step_result& r) {
+    CHECK(r.exact_report.bytes == 64 + (r.exact_sent.size() * 4 + 7) / 8 * 8 + r.exact_sent.size() * 4);
+  });
 }
 
 int main(int argc, char** argv) {
