@@ -18,50 +18,49 @@ namespace sidco {
 
 namespace detail {
 
+// The conversions select with masks, not branches (compilers take ?: for control flow and
+// will not vectorize it), so that loops over 16-bit values vectorize.
+
 // float to binary16, round to nearest even; NaN stays NaN (quiet), overflow gives infinity.
 SIDCO_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) {
   const std::uint32_t x = bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t magnitude = x & 0x7fffffffu;
-  if (magnitude >= 0x7f800000u) return std::uint16_t(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u : 0u));
-  if (magnitude >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);  // rounds to >= 65520: infinity
-  if (magnitude >= 0x38800000u) {                                     // normal in binary16
-    const std::uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
-    return std::uint16_t(sign | ((rounded - 0x38000000u) >> 13));
-  }
-  if (magnitude < 0x33000000u) return std::uint16_t(sign);  // below half the smallest subnormal: 0
-  // Subnormal: shift the mantissa (with its hidden bit) into place, rounding to even.
-  const std::uint32_t exponent = magnitude >> 23;
-  const std::uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
-  const std::uint32_t shift = 126u - exponent;  // 14 .. 24
-  const std::uint32_t half_ulp = 1u << (shift - 1);
-  const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
-  std::uint32_t value = mantissa >> shift;
-  if (rest > half_ulp || (rest == half_ulp && (value & 1u))) ++value;
-  return std::uint16_t(sign | value);
+  const std::uint32_t normal = (magnitude + 0xfffu + ((magnitude >> 13) & 1u) - 0x38000000u) >> 13;
+  // Below binary16's normals, adding 0.5 rounds |f| to a multiple of 2^-24 (to nearest even):
+  // the count of 2^-24 is the subnormal's bits (0x400 where it rounds up to the least normal).
+  const std::uint32_t subnormal = bit_cast<std::uint32_t>(bit_cast<float>(magnitude) + 0.5f) - 0x3f000000u;
+  const std::uint32_t is_normal = 0u - std::uint32_t(magnitude >= 0x38800000u);
+  const std::uint32_t overflows = 0u - std::uint32_t(magnitude >= 0x477ff000u);  // rounds to >= 65520
+  const std::uint32_t not_finite = 0u - std::uint32_t(magnitude >= 0x7f800000u);
+  const std::uint32_t nan_bit = 0x200u & (0u - std::uint32_t(magnitude > 0x7f800000u));
+  std::uint32_t bits = (normal & is_normal) | (subnormal & ~is_normal);
+  bits = (bits & ~overflows) | (0x7c00u & overflows);
+  bits = (bits & ~not_finite) | ((0x7c00u | nan_bit) & not_finite);
+  return std::uint16_t(sign | bits);
 }
 
 SIDCO_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) {
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  std::uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1fu) return bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent != 0) return bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  if (mantissa == 0) return bit_cast<float>(sign);
-  // Subnormal: normalize.
-  std::uint32_t e = 113;
-  while (!(mantissa & 0x400u)) {
-    mantissa <<= 1;
-    --e;
-  }
-  return bit_cast<float>(sign | (e << 23) | ((mantissa & 0x3ffu) << 13));
+  const std::uint32_t magnitude = h & 0x7fffu;
+  const std::uint32_t exponent = magnitude >> 10;
+  const std::uint32_t normal = (magnitude << 13) + (112u << 23);
+  const std::uint32_t not_finite_bits = 0x7f800000u | ((magnitude & 0x3ffu) << 13);
+  // Zero and subnormals: mantissa x 2^-24, exact in float.
+  const std::uint32_t subnormal = bit_cast<std::uint32_t>(float(std::int32_t(magnitude)) * 0x1p-24f);
+  const std::uint32_t is_subnormal = 0u - std::uint32_t(exponent == 0);
+  const std::uint32_t not_finite = 0u - std::uint32_t(exponent == 0x1fu);
+  std::uint32_t bits = (normal & ~is_subnormal) | (subnormal & is_subnormal);
+  bits = (bits & ~not_finite) | (not_finite_bits & not_finite);
+  return bit_cast<float>(sign | bits);
 }
 
 // float to bfloat16, round to nearest even; NaN stays NaN (quiet).
 SIDCO_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) {
   const std::uint32_t x = bit_cast<std::uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((x >> 16) | 0x40u);
-  return std::uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = 0u - std::uint32_t((x & 0x7fffffffu) > 0x7f800000u);
+  return std::uint16_t((rounded & ~nan) | (((x >> 16) | 0x40u) & nan));
 }
 
 SIDCO_HOST_DEVICE constexpr float bfloat16_bits_to_float(std::uint16_t b) {
