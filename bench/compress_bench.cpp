@@ -132,8 +132,22 @@ const bucket& input(const benchmark::State& state) { return input(int(state.rang
 
 double density_of(const benchmark::State& state) { return 1.0 / double(state.range(2)); }
 
-void set_bytes(benchmark::State& state, std::size_t n) {
-  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(n * sizeof(float)));
+void set_bytes(benchmark::State& state, std::size_t n, std::size_t value_bytes = sizeof(float)) {
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(n * value_bytes));
+}
+
+// The input's values in T: float's own, or rounded once to a 16-bit type.
+template <class T>
+const std::vector<T>& values_in(const benchmark::State& state) {
+  if constexpr (std::is_same_v<T, float>) {
+    return input(state).values;
+  } else {
+    static std::map<std::pair<int, int>, std::vector<T>> cache;
+    auto& values = cache[{int(state.range(0)), int(state.range(1))}];
+    if (values.empty())
+      for (const float v : input(state).values) values.push_back(T(v));
+    return values;
+  }
 }
 
 // Baseline: the bandwidth ceiling, one threaded read of every value (sum of |x| in
@@ -199,26 +213,28 @@ const std::vector<std::vector<float>>& fresh_gradients(const benchmark::State& s
 }
 
 // Feedback: 0 none, 1 error feedback over the same gradient every call, 2 over four
-// different ones in turn.
-template <class Compressor, int Feedback>
+// different ones in turn (float only). T: the gradient's type (float, or a 16-bit type).
+template <class Compressor, int Feedback, class T = float>
 void compress(benchmark::State& state) {
-  const auto& g = input(state).values;
+  static_assert(Feedback != 2 || std::is_same_v<T, float>);
+  const auto& g = values_in<T>(state);
   const double delta = density_of(state);
   Compressor c = make<Compressor>(input(state));
-  sidco::sparse_vector<float> out;
-  sidco::feedback::residual<float> residual(g.size());
-  const auto* fresh = Feedback == 2 ? &fresh_gradients(state) : nullptr;
+  sidco::sparse_vector<T> out;
+  sidco::feedback::residual<T> residual(g.size());
+  const std::vector<std::vector<T>>* fresh = nullptr;
+  if constexpr (Feedback == 2) fresh = &fresh_gradients(state);
   std::size_t calls = 0;
   auto call = [&] {
     const auto& gradient = fresh ? (*fresh)[calls++ % fresh->size()] : g;
-    return Feedback ? c.template compress<float>(gradient, delta, out, residual)
-                    : c.template compress<float>(gradient, delta, out);
+    return Feedback ? c.template compress<T>(gradient, delta, out, residual)
+                    : c.template compress<T>(gradient, delta, out);
   };
   for (int warm = 0; warm < (Feedback == 2 ? 8 : 2); ++warm) call();  // buffers sized, as across steps
   double achieved = 0;
   const std::size_t before = allocated_bytes.load();
   for (auto _ : state) achieved = call().density;
-  set_bytes(state, g.size());
+  set_bytes(state, g.size(), sizeof(T));
   state.counters["density_ratio"] = achieved / delta;
   state.counters["alloc_bytes"] =
       double(allocated_bytes.load() - before) / double(std::max<std::int64_t>(1, state.iterations()));
@@ -250,7 +266,8 @@ void layered_inputs(benchmark::internal::Benchmark* b) {
 // Rows are named as the registry names methods (sidco::methods), with a variant after a
 // colon: NAME (no error feedback), NAME:feedback (the same gradient every call),
 // NAME:fresh-feedback (four gradients in turn, as in training), NAME:serial (the one-thread
-// backend), sidco-e:fixed3 (three fixed stages, not a registry entry); the baselines are
+// backend), NAME:float16 and NAME:bfloat16 (the input rounded to 16 bits; the baselines
+// read it in float), sidco-e:fixed3 (three fixed stages, not a registry entry); the baselines are
 // streaming-read and nth-element-top-k; layers/NAME per layer, layers/NAME/whole the same
 // method on the whole vector.
 using namespace sidco::presets;
@@ -259,9 +276,9 @@ using sidco_e_fixed3 = sidco_with<sidco::models::exponential, sidco::models::exp
                                   sidco::select::above_threshold, sidco::backend::cpu>;
 using sidco_e_serial = sidco_e_single<sidco::backend::serial>;
 
-template <class Compressor, int Feedback>
+template <class Compressor, int Feedback, class T = float>
 void add(const std::string& name, void (*inputs)(benchmark::internal::Benchmark*)) {
-  benchmark::RegisterBenchmark(name.c_str(), compress<Compressor, Feedback>)->Apply(inputs);
+  benchmark::RegisterBenchmark(name.c_str(), compress<Compressor, Feedback, T>)->Apply(inputs);
 }
 
 void register_rows() {
@@ -281,6 +298,11 @@ void register_rows() {
   add<sidco_e_single<>, 2>("sidco-e-single:fresh-feedback", synthetic_and_real);
   add<sidco_e<>, 2>("sidco-e:fresh-feedback", synthetic_and_real);
   add<sidco_gp<>, 2>("sidco-gp:fresh-feedback", synthetic_and_real);
+  // 16-bit gradients (mixed precision), with error feedback, beside their float rows.
+  add<sidco_e<>, 1, sidco::float16>("sidco-e:feedback:float16", synthetic_and_real);
+  add<sidco_e<>, 1, sidco::bfloat16>("sidco-e:feedback:bfloat16", synthetic_and_real);
+  add<top_k<>, 1, sidco::float16>("top-k:feedback:float16", synthetic_and_real);
+  add<top_k<>, 1, sidco::bfloat16>("top-k:feedback:bfloat16", synthetic_and_real);
 
   // Per layer, against the same methods on the whole vector and per-layer Top-k.
   benchmark::RegisterBenchmark((std::string("layers/") + sidco_bench::streaming_read_row).c_str(), streaming_read)
