@@ -266,8 +266,8 @@ void layered_inputs(benchmark::internal::Benchmark* b) {
 // Rows are named as the registry names methods (sidco::methods), with a variant after a
 // colon: NAME (no error feedback), NAME:feedback (the same gradient every call),
 // NAME:fresh-feedback (four gradients in turn, as in training), NAME:serial (the one-thread
-// backend), NAME:float16 and NAME:bfloat16 (the input rounded to 16 bits; the baselines
-// read it in float), sidco-e:fixed3 (three fixed stages, not a registry entry); the baselines are
+// backend), NAME:feedback:float16 and NAME:feedback:bfloat16 (the input rounded to 16 bits;
+// the baselines read it in float), sidco-e:fixed3 (three fixed stages, not a registry entry); the baselines are
 // streaming-read and nth-element-top-k; layers/NAME per layer, layers/NAME/whole the same
 // method on the whole vector.
 using namespace sidco::presets;

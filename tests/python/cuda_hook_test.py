@@ -3,8 +3,9 @@
 (skip) without a CUDA device or when this sidco_torch was built without CUDA. Checked:
 - two ranks' codecs in one process, on the bundled real gradients, per layer, with error
   feedback, float32 and float16, SIDCo-E and Top-k, a capacity that trims, plain, compact
-  and compact8 entries: every payload byte, the bytes used, the decoded bucket and the residuals (which
-  hold what narrowing rounds off) equal the CPU codecs', bit for bit, step by step;
+  and compact8 entries: every payload byte, the bytes used, the decoded bucket and the
+  residuals (which hold what narrowing rounds off) equal the CPU codecs', bit for bit, step
+  by step;
 - a rank that fails: decode raises the same error on CUDA as on the CPU, and the residual
   gets back what this rank sent, as on the CPU;
 - the reduce-scatter exchange's codecs, three ranks' in one process, on the bundled real
