@@ -130,7 +130,14 @@ class cpu {
       histograms_.assign(ranges * coarse_bins, 0);
       threads_.for_each(part.size, [&](int r, std::size_t lo, std::size_t hi) {
         std::uint64_t* h = histograms_.data() + std::size_t(r) * coarse_bins;
-        for (std::size_t i = lo; i < hi; ++i) ++h[magnitude_key(part.value(i)) >> shift];
+        constexpr std::size_t block = cpu_detail::tuning::key_block;
+        std::uint32_t bins[block];
+        std::size_t i = lo;
+        for (; i + block <= hi; i += block) {
+          for (std::size_t j = 0; j < block; ++j) bins[j] = std::uint32_t(magnitude_key(part.value(i + j)) >> shift);
+          for (std::size_t j = 0; j < block; ++j) ++h[bins[j]];
+        }
+        for (; i < hi; ++i) ++h[magnitude_key(part.value(i)) >> shift];
       });
       for (std::size_t r = 1; r < ranges; ++r)
         for (std::size_t d = 0; d < coarse_bins; ++d) histograms_[d] += histograms_[r * coarse_bins + d];
