@@ -50,6 +50,40 @@ TEST_CASE_TEMPLATE("cpu selection settles error feedback exactly as the oracle d
   test::oracle<backend::cpu>::compare_feedback<T>(cpu, g, r0);
 }
 
+TEST_CASE_TEMPLATE("16-bit values in the kernels' float lanes round as the scalar conversions do, every pattern", T,
+                   float16, bfloat16) {
+  // Every 16-bit pattern as the gradient, against a shuffle of them as the residual: sums
+  // that overflow, cancel, round to even, and meet NaN, infinity and subnormals, in whole
+  // vectors. The residuals (bits) and kept entries must be the oracle's.
+  constexpr std::size_t n = 65536;
+  std::vector<T> g(n), r0(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    g[i].bits = std::uint16_t(i);
+    r0[i].bits = std::uint16_t(i * 40503 + 12345);
+  }
+  const auto bits = [](const std::vector<T>& v) {
+    std::vector<std::uint16_t> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = v[i].bits;
+    return out;
+  };
+  const segment whole{0, n};
+  for (double t : {0.0, 1e-3, 1.0, 1e4}) {
+    INFO("threshold ", t);
+    auto ra = r0, rb = r0;
+    const backend::feedback_source<T> sa{g.data(), ra.data(), n}, sb{g.data(), rb.data(), n};
+    sparse_vector<T> a(n), b(n);
+    std::size_t kept_a = 0, kept_b = 0;
+    backend::cpu(2).select_above<true>(sa, {&whole, 1}, {&t, 1}, a, 0, {&kept_a, 1});
+    backend::serial{}.select_above<true>(sb, {&whole, 1}, {&t, 1}, b, 0, {&kept_b, 1});
+    CHECK(kept_a == kept_b);
+    CHECK(test::entries(a) == test::entries(b));
+    CHECK(bits(ra) == bits(rb));
+  }
+  // Moments and counts of every pattern, non-finite ones included.
+  backend::cpu one_thread(1);
+  test::oracle<backend::cpu>::compare_kernels<T>(one_thread, g, "every 16-bit pattern");
+}
+
 TEST_CASE("a range whose region fills just before its last kept value still settles the rest") {
   // Two ranges of 65,536 values; a hint of 1 gives each a region of 64 slots. The first 60
   // values of each range are kept: the next 16-value block might not fit, so the pass stops

@@ -27,6 +27,7 @@
 #include "sidco/backend/cpu/lanes.hpp"
 #include "sidco/backend/source.hpp"
 #include "sidco/core/fast_log.hpp"
+#include "sidco/core/half.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/memory/host.hpp"
 
@@ -175,23 +176,26 @@ inline constexpr bool dynamic_dispatch = SIDCO_SIMD_TARGETS != HWY_STATIC_TARGET
     __builtin_unreachable();                                                                  \
   } while (false)
 
+template <class T>
+inline constexpr bool kernel_type = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                    std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
 template <class Source>
 struct loads : std::false_type {};
 template <class T>
-struct loads<plain_source<T, memory::host>> : std::bool_constant<std::is_same_v<T, float> || std::is_same_v<T, double>> {};
+struct loads<plain_source<T, memory::host>> : std::bool_constant<kernel_type<T>> {};
 template <class T>
-struct loads<feedback_source<T, memory::host>>
-    : std::bool_constant<std::is_same_v<T, float> || std::is_same_v<T, double>> {};
+struct loads<feedback_source<T, memory::host>> : std::bool_constant<kernel_type<T>> {};
 
-/// Sources the kernels read whole vectors from: float and double. The momentum source is
-/// left to the portable loops (its fused multiply-add must round exactly as the oracle's
-/// does), and so are the 16-bit types.
+/// Sources the kernels read whole vectors from: float, double and the 16-bit types (in
+/// float lanes). The momentum source is left to the portable loops (its fused
+/// multiply-add must round exactly as the oracle's does).
 template <class Source>
 inline constexpr bool handles = loads<Source>::value;
 
 /// Selections also need an index lane per value lane.
 template <class Source, class Index>
-inline constexpr bool selects = handles<Source> && sizeof(Index) == sizeof(typename Source::value_type);
+inline constexpr bool selects =
+    handles<Source> && sizeof(Index) == sizeof(cpu_detail::lane_t<typename Source::value_type>);
 
 /// How many |x_i| > t in [lo, hi) over whole vectors; returns where it stopped (lo when
 /// the kernels do not run).

@@ -31,22 +31,121 @@ namespace HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
+// 16-bit values live in float lanes (cpu_detail::lane_t): widened exactly, and rounded back
+// as core/half.hpp rounds (to nearest even, NaN to the quiet NaN of its sign). F16C's
+// instructions where the target has them (Highway's emulation elsewhere takes infinities
+// for finite values), the same steps as core/half.hpp's on integer lanes otherwise.
+#if HWY_ARCH_X86 && HWY_TARGET < HWY_SSE4 && !defined(HWY_DISABLE_F16C)
+#define SIDCO_HIGHWAY_F16C 1
+#endif
+
+template <class T>
+inline constexpr bool is_16_bit = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+// 16-bit values' bits (u16 lanes, one per lane of d) as d's float lanes.
+template <class T, class D, class V16>
+HWY_INLINE auto widen(D d, V16 bits) {
+  const hn::RebindToUnsigned<D> du;
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, bits)));
+  } else {
+#if defined(SIDCO_HIGHWAY_F16C)
+    return hn::PromoteTo(d, hn::BitCast(hn::Rebind<hwy::float16_t, D>(), bits));
+#else
+    const hn::RebindToSigned<D> di;
+    const auto h = hn::PromoteTo(du, bits);
+    const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+    const auto magnitude = hn::And(h, hn::Set(du, 0x7fffu));
+    const auto exponent = hn::ShiftRight<10>(magnitude);
+    const auto normal = hn::Add(hn::ShiftLeft<13>(magnitude), hn::Set(du, 112u << 23));
+    const auto not_finite =
+        hn::Or(hn::Set(du, 0x7f800000u), hn::ShiftLeft<13>(hn::And(magnitude, hn::Set(du, 0x3ffu))));
+    // Zero and subnormals: the mantissa times 2^-24, exact in float.
+    const auto subnormal = hn::BitCast(du, hn::Mul(hn::ConvertTo(d, hn::BitCast(di, magnitude)), hn::Set(d, 0x1p-24f)));
+    auto out = hn::IfThenElse(hn::Eq(exponent, hn::Zero(du)), subnormal, normal);
+    out = hn::IfThenElse(hn::Eq(exponent, hn::Set(du, 0x1fu)), not_finite, out);
+    return hn::BitCast(d, hn::Or(sign, out));
+#endif
+  }
+}
+
+// d's float lanes rounded to T: u16 lanes of bits.
+template <class T, class D, class V>
+HWY_INLINE auto narrow(D d, V v) {
+  const hn::Rebind<std::uint16_t, D> d16;
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  const auto x = hn::BitCast(du, v);
+  const auto magnitude = hn::And(x, hn::Set(du, 0x7fffffffu));
+  const auto nan = hn::Gt(magnitude, hn::Set(du, 0x7f800000u));
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    const auto odd = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u));
+    const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(x, hn::Set(du, 0x7fffu)), odd));
+    const auto bits = hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(x), hn::Set(du, 0x40u)), rounded);
+    return hn::DemoteTo(d16, hn::BitCast(di, bits));
+  } else {
+#if defined(SIDCO_HIGHWAY_F16C)
+    // F16C keeps a NaN's payload: give it the quiet NaN of the lane's sign instead.
+    const auto quiet = hn::Or(hn::And(x, hn::Set(du, 0x80000000u)), hn::Set(du, 0x7fc00000u));
+    const auto h = hn::DemoteTo(hn::Rebind<hwy::float16_t, D>(), hn::BitCast(d, hn::IfThenElse(nan, quiet, x)));
+    return hn::BitCast(d16, h);
+#else
+    const auto sign = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 0x8000u));
+    const auto odd = hn::And(hn::ShiftRight<13>(magnitude), hn::Set(du, 1u));
+    const auto normal =
+        hn::ShiftRight<13>(hn::Sub(hn::Add(hn::Add(magnitude, hn::Set(du, 0xfffu)), odd), hn::Set(du, 0x38000000u)));
+    // Below the normals, adding 0.5 rounds to a multiple of 2^-24: the subnormal's bits.
+    const auto subnormal =
+        hn::Sub(hn::BitCast(du, hn::Add(hn::BitCast(d, magnitude), hn::Set(d, 0.5f))), hn::Set(du, 0x3f000000u));
+    auto bits = hn::IfThenElse(hn::Gt(magnitude, hn::Set(du, 0x387fffffu)), normal, subnormal);
+    bits = hn::IfThenElse(hn::Gt(magnitude, hn::Set(du, 0x477fefffu)), hn::Set(du, 0x7c00u), bits);
+    bits = hn::IfThenElse(nan, hn::Set(du, 0x7e00u), bits);
+    return hn::DemoteTo(d16, hn::BitCast(di, hn::Or(sign, bits)));
+#endif
+  }
+}
+
+template <class T, class D>
+HWY_INLINE auto load_widened(D d, const T* p) {
+  return widen<T>(d, hn::LoadU(hn::Rebind<std::uint16_t, D>(), reinterpret_cast<const std::uint16_t*>(p)));
+}
+
+template <class T, class D, class V>
+HWY_INLINE void store_narrowed(D d, V v, T* p) {
+  hn::StoreU(narrow<T>(d, v), hn::Rebind<std::uint16_t, D>(), reinterpret_cast<std::uint16_t*>(p));
+}
+
 template <class D, class T>
 HWY_INLINE auto load(D d, const plain_source<T, memory::host>& s, std::size_t i) {
-  return hn::LoadU(d, s.gradient + i);
+  if constexpr (is_16_bit<T>)
+    return load_widened(d, s.gradient + i);
+  else
+    return hn::LoadU(d, s.gradient + i);
 }
 template <class D, class T>
 HWY_INLINE auto load(D d, const feedback_source<T, memory::host>& s, std::size_t i) {
-  return hn::Add(hn::LoadU(d, s.gradient + i), hn::LoadU(d, s.residual + i));
+  if constexpr (is_16_bit<T>) {
+    // g + r rounded to T once, as the source's value(i) rounds it.
+    return widen<T>(d, narrow<T>(d, hn::Add(load_widened(d, s.gradient + i), load_widened(d, s.residual + i))));
+  } else {
+    return hn::Add(hn::LoadU(d, s.gradient + i), hn::LoadU(d, s.residual + i));
+  }
 }
 
 // Leaves v in the residual, or +0 where sent.
 template <bool Final, class D, class V, class M, class Source>
 HWY_INLINE void settle(D d, const Source& s, std::size_t i, V v, M sent) {
-  if constexpr (Source::has_state) hn::StoreU(Final ? hn::IfThenZeroElse(sent, v) : v, d, s.residual + i);
+  if constexpr (Source::has_state) {
+    const V left = Final ? hn::IfThenZeroElse(sent, v) : v;
+    if constexpr (is_16_bit<typename Source::value_type>)
+      store_narrowed(d, left, s.residual + i);
+    else
+      hn::StoreU(left, d, s.residual + i);
+  }
 }
 
-// |v| > t for above = threshold_key(t), never for NaN: integer compares on the magnitude bits.
+// |v| > t for above = the lane key of threshold_key(t), never for NaN: integer compares on
+// the magnitude bits.
 template <class D, class V, class S>
 HWY_INLINE auto exceeds(D d, V v, S above) {
   const hn::RebindToSigned<D> di;
@@ -60,10 +159,12 @@ HWY_INLINE auto exceeds(D d, V v, S above) {
 template <class Source, class S>
 std::size_t count_above(const Source& s, std::size_t lo, std::size_t hi, S above,
                         std::size_t& count) {
-  const hn::ScalableTag<typename Source::value_type> d;
+  using T = typename Source::value_type;
+  const hn::ScalableTag<cpu_detail::lane_t<T>> d;
+  const auto lane_above = cpu_detail::lane_key<T>(above);
   const std::size_t lanes = hn::Lanes(d);
   std::size_t i = lo, n = 0;
-  for (; i + lanes <= hi; i += lanes) n += hn::CountTrue(d, exceeds(d, load(d, s, i), above));
+  for (; i + lanes <= hi; i += lanes) n += hn::CountTrue(d, exceeds(d, load(d, s, i), lane_above));
   count += n;
   return i;
 }
@@ -104,18 +205,22 @@ class compressor_for {
 template <bool Final, class Source, class S, class T, class Index>
 std::size_t write_above(const Source& s, std::size_t lo, std::size_t hi, S above,
                         Index* indices, T* values, std::size_t& at, std::size_t end) {
-  const hn::ScalableTag<T> d;
+  const hn::ScalableTag<cpu_detail::lane_t<T>> d;
   const hn::RebindToUnsigned<decltype(d)> du;
+  const auto lane_above = cpu_detail::lane_key<T>(above);
   const std::size_t lanes = hn::Lanes(d);
   const compressor_for<decltype(d)> compress_values;
   const compressor_for<decltype(du)> compress_indices;
   std::size_t i = lo;
   for (; i + lanes <= hi && at + lanes <= end; i += lanes) {
     const auto v = load(d, s, i);
-    const auto keep = exceeds(d, v, above);
+    const auto keep = exceeds(d, v, lane_above);
     settle<Final>(d, s, i, v, keep);
     if (hn::AllFalse(d, keep)) continue;
-    hn::StoreU(compress_values(d, v, keep), d, values + at);
+    if constexpr (is_16_bit<T>)
+      store_narrowed(d, compress_values(d, v, keep), values + at);  // exact: the values are T's
+    else
+      hn::StoreU(compress_values(d, v, keep), d, values + at);
     const auto position = hn::Iota(du, static_cast<Index>(s.base + i));
     hn::StoreU(compress_indices(du, position, hn::RebindMask(du, keep)), du, indices + at);
     at += hn::CountTrue(d, keep);
@@ -204,14 +309,15 @@ struct lane_sums {
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
 void block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
                       cpu_detail::lane_statistics<T, Probes, Sum>& out) {
-  const hn::ScalableTag<T> d;
+  using A = cpu_detail::lane_t<T>;
+  const hn::ScalableTag<A> d;
   const hn::RebindToUnsigned<decltype(d)> du;
   const hn::RebindToSigned<decltype(d)> di;
   using V = decltype(hn::Zero(d));
   using VU = decltype(hn::Zero(du));
-  using Key = magnitude_key_t<T>;
-  const auto infinity = hn::Set(du, float_traits<T>::infinity);
-  const auto one_key = hn::Set(du, magnitude_key(T(1)));
+  using Key = magnitude_key_t<A>;
+  const auto infinity = hn::Set(du, float_traits<A>::infinity);
+  const auto one_key = hn::Set(du, magnitude_key(A(1)));
   const auto no_sign = hn::Set(du, ~Key(0) >> 1);
   lane_sums<decltype(d), Sum> sums;
   V sum_log = hn::Zero(d);
@@ -253,7 +359,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
       tail_count[p] = hn::Sub(tail_count[p], hn::VecFromMask(du, hn::RebindMask(du, above)));
       tail_sums[p].add(excess);
       if constexpr (TailLog) {
-        const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, T(1)));
+        const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, A(1)));
         tail_log[p] = hn::Add(tail_log[p], fast_log(d, safe));
       }
     }
@@ -275,7 +381,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
 /// The lane count for T: whole vectors below it are left to scalar code.
 template <class T>
 std::size_t lanes() {
-  return hn::Lanes(hn::ScalableTag<T>());
+  return hn::Lanes(hn::ScalableTag<cpu_detail::lane_t<T>>());
 }
 
 #endif  // a SIMD target

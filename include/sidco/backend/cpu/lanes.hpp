@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include "sidco/core/float_traits.hpp"
 #include "sidco/core/magnitude_key.hpp"
@@ -12,31 +13,50 @@
 
 namespace sidco::backend::cpu_detail {
 
-/// A probe threshold t >= 0 as the kernels compare and subtract it: |x| > t exactly when
-/// signed_key(x) > key; excesses are |x| - value (value: the largest T not above t).
+/// The type the lanes hold T's values in: T's accumulator (float for the 16-bit types,
+/// whose values it holds exactly; T itself for float and double). Keys and compares run on
+/// its bits, so 16-bit values take float's lanes and conversions once per value.
+template <class T>
+using lane_t = typename float_traits<T>::accumulator;
+
+/// A probe threshold t >= 0 as the kernels compare and subtract it, in T's lane type: |x| >
+/// t exactly when signed_key(lane value of x) > key; excesses are |x| - value (value: the
+/// largest T not above t).
 template <class T>
 struct probe_at {
-  signed_key_t<T> key;
-  T value;
+  signed_key_t<lane_t<T>> key;
+  lane_t<T> value;
 };
+
+/// threshold_key<T>(t) as a key of T's lane type: the same values exceed it.
+template <class T>
+signed_key_t<lane_t<T>> lane_key(signed_key_t<T> above) {
+  if constexpr (std::is_same_v<lane_t<T>, T>) {
+    return above;
+  } else {
+    if (above < 0) return -1;  // every value (t < 0)
+    return signed_key(to_accumulator(magnitude_of_key<T>(magnitude_key_t<T>(above))));
+  }
+}
 
 template <class T>
 probe_at<T> make_probe(double t) {
-  const auto key = threshold_key<T>(t < 0 ? 0.0 : t);
-  return {key, magnitude_of_key<T>(magnitude_key_t<T>(key))};
+  const auto value = to_accumulator(magnitude_of_key<T>(magnitude_key_t<T>(threshold_key<T>(t < 0 ? 0.0 : t))));
+  return {signed_key(value), value};
 }
 
-/// Lanes of one block: moments of |x| (counts, smallest and largest keys; sums of |x| and
-/// |x|^2 in Sum; sums of ln|x|, which lie within +-745, in T's accumulator) and, for each of
-/// Probes thresholds, the count above it and the excesses' sums alike. Sum is T's
-/// accumulator (float for float and the 16-bit types), or double for a block whose
-/// magnitudes leave float's safe range (see fits_sum).
-template <class T, std::size_t Probes, class Sum = typename float_traits<T>::accumulator>
+/// Lanes of one block: moments of |x| (counts, smallest and largest keys of the lane type;
+/// sums of |x| and |x|^2 in Sum; sums of ln|x|, which lie within +-745, in the lane type)
+/// and, for each of Probes thresholds, the count above it and the excesses' sums alike. Sum
+/// is the lane type, or double for a block whose magnitudes leave float's safe range (see
+/// fits_sum).
+template <class T, std::size_t Probes, class Sum = lane_t<T>>
 struct lane_statistics {
-  using Key = magnitude_key_t<T>;
-  using Log = typename float_traits<T>::accumulator;
+  using Lane = lane_t<T>;
+  using Key = magnitude_key_t<Lane>;
+  using Log = Lane;
   using sum_type = Sum;
-  static constexpr std::size_t max_lanes = 64 / sizeof(T);
+  static constexpr std::size_t max_lanes = 64 / sizeof(Lane);
   struct tail_lanes {
     alignas(64) Sum sum[max_lanes];
     alignas(64) Sum sum_sq[max_lanes];
@@ -63,7 +83,7 @@ struct lane_statistics {
     } else {
       Key largest = 0;
       for (std::size_t j = 0; j < lanes; ++j) largest = high[j] > largest ? high[j] : largest;
-      const float a = float(magnitude_of_key<T>(largest));
+      const float a = float(magnitude_of_key<Lane>(largest));
       return a == 0.0f || (a >= 0x1p-40f && a <= 0x1p59f);
     }
   }
@@ -71,7 +91,7 @@ struct lane_statistics {
   /// Merges the block's lanes (block values in all) into out[0] and the tails into
   /// out[1 + j], in double.
   void gather_into(std::size_t block, moments* out) const {
-    const Key infinity = float_traits<T>::infinity;
+    const Key infinity = float_traits<Lane>::infinity;
     moments m;
     m.count = block;
     for (std::size_t j = 0; j < lanes; ++j) {
@@ -80,8 +100,8 @@ struct lane_statistics {
       m.sum += double(sum[j]);
       m.sum_sq += double(sum_sq[j]);
       m.sum_log += double(sum_log[j]);
-      if (low[j] != infinity) m.min = std::min(m.min, double(magnitude_of_key<T>(low[j])));
-      m.max = std::max(m.max, double(magnitude_of_key<T>(high[j])));
+      if (low[j] != infinity) m.min = std::min(m.min, double(magnitude_of_key<Lane>(low[j])));
+      m.max = std::max(m.max, double(magnitude_of_key<Lane>(high[j])));
     }
     out[0].merge(m);
     for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0 (nvcc: "p < 0" is pointless)

@@ -26,14 +26,14 @@ namespace sidco::backend::cpu_detail {
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
 void portable_block(const Source& source, std::size_t i, std::size_t block, const probe_at<T>* probes,
                     lane_statistics<T, Probes, Sum>& out) {
-  using Key = magnitude_key_t<T>;
-  using S = signed_key_t<T>;
+  using A = lane_t<T>;
+  using Key = magnitude_key_t<A>;
+  using S = signed_key_t<A>;
   constexpr std::size_t lanes = lane_statistics<T, Probes, Sum>::max_lanes;
-  const Key infinity = float_traits<T>::infinity;
-  using L = typename lane_statistics<T, Probes, Sum>::Log;
+  const Key infinity = float_traits<A>::infinity;
   std::fill(std::begin(out.sum), std::end(out.sum), Sum(0));
   std::fill(std::begin(out.sum_sq), std::end(out.sum_sq), Sum(0));
-  std::fill(std::begin(out.sum_log), std::end(out.sum_log), L(0));
+  std::fill(std::begin(out.sum_log), std::end(out.sum_log), A(0));
   std::fill(std::begin(out.zeros), std::end(out.zeros), Key(0));
   std::fill(std::begin(out.nonfinite), std::end(out.nonfinite), Key(0));
   std::fill(std::begin(out.low), std::end(out.low), infinity);
@@ -42,7 +42,7 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
     auto& t = out.tails[p];
     std::fill(std::begin(t.sum), std::end(t.sum), Sum(0));
     std::fill(std::begin(t.sum_sq), std::end(t.sum_sq), Sum(0));
-    std::fill(std::begin(t.sum_log), std::end(t.sum_log), L(0));
+    std::fill(std::begin(t.sum_log), std::end(t.sum_log), A(0));
     std::fill(std::begin(t.count), std::end(t.count), Key(0));
   }
   out.lanes = lanes;
@@ -53,18 +53,17 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
 #pragma omp simd
 #endif
     for (std::size_t j = 0; j < lanes; ++j) {
-      const Key key = magnitude_key(source.value(i + b + j));
+      const Key key = magnitude_key(to_accumulator(source.value(i + b + j)));
       const Key finite = key < infinity;
       const Key positive = finite & (key != 0);
       const Key mask = Key(0) - positive;
       const Key kept = key & mask;
-      const T x = magnitude_of_key<T>(kept);
+      const A x = magnitude_of_key<A>(kept);
       out.zeros[j] += finite & (key == 0);
       out.nonfinite[j] += Key(1) - finite;
       out.sum[j] += Sum(x);
       out.sum_sq[j] += Sum(x) * Sum(x);
-      if constexpr (Log)
-        out.sum_log[j] += fast_log(L(magnitude_of_key<T>(Key(kept | (~mask & magnitude_key(T(1)))))));
+      if constexpr (Log) out.sum_log[j] += fast_log(magnitude_of_key<A>(Key(kept | (~mask & magnitude_key(A(1))))));
       out.low[j] = std::min(out.low[j], Key(kept | (~mask & infinity)));
       out.high[j] = std::max(out.high[j], kept);
       for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0 (nvcc: "p < 0" is pointless)
@@ -72,39 +71,39 @@ void portable_block(const Source& source, std::size_t i, std::size_t block, cons
         const Key above_mask = Key(0) - above;
         // The excess where above, else +0: bits masked, never multiplied (x - value may be
         // any value where not above).
-        const T excess = magnitude_of_key<T>(Key(detail::bit_cast<Key>(T(L(x) - L(probes[p].value))) & above_mask));
+        const A excess = magnitude_of_key<A>(Key(detail::bit_cast<Key>(A(x - probes[p].value)) & above_mask));
         auto& t = out.tails[p];
         t.count[j] += above;
         t.sum[j] += Sum(excess);
         t.sum_sq[j] += Sum(excess) * Sum(excess);
         if constexpr (TailLog)
-          t.sum_log[j] += fast_log(L(magnitude_of_key<T>(Key((magnitude_key(excess) & above_mask) |
-                                                             (~above_mask & magnitude_key(T(1)))))));
+          t.sum_log[j] += fast_log(magnitude_of_key<A>(Key((magnitude_key(excess) & above_mask) |
+                                                           (~above_mask & magnitude_key(A(1))))));
       }
     }
   }
 }
 
-// Adds |x| over [lo, hi) value by value, with the tails (arithmetic in T's accumulator,
-// rounded to T as the lanes round it).
+// Adds |x| over [lo, hi) value by value, with the tails (arithmetic in the lane type, as the
+// lanes do it).
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class T = typename Source::value_type>
 void add_values(const Source& source, std::size_t lo, std::size_t hi, const probe_at<T>* probes, moments* out) {
-  using L = typename float_traits<T>::accumulator;
+  using A = lane_t<T>;
   for (std::size_t i = lo; i < hi; ++i) {
-    const T v = source.value(i);
-    const T a = magnitude_of_key<T>(magnitude_key(v));
+    const A v = to_accumulator(source.value(i));
+    const A a = magnitude_of_key<A>(magnitude_key(v));
     out[0].add<false>(double(a));
-    const bool positive = magnitude_key(v) < float_traits<T>::infinity && magnitude_key(v) != 0;
+    const bool positive = magnitude_key(v) < float_traits<A>::infinity && magnitude_key(v) != 0;
     if constexpr (Log)
-      if (positive) out[0].sum_log += double(fast_log(L(a)));
+      if (positive) out[0].sum_log += double(fast_log(a));
     for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0 (nvcc: "p < 0" is pointless)
       if (!positive || !(signed_key(v) > probes[p].key)) continue;
-      const T excess = T(L(a) - L(probes[p].value));
+      const A excess = a - probes[p].value;
       moments& t = out[1 + p];
       ++t.count;
       t.sum += double(excess);
       t.sum_sq += double(excess) * double(excess);
-      if constexpr (TailLog) t.sum_log += double(fast_log(L(excess)));
+      if constexpr (TailLog) t.sum_log += double(fast_log(excess));
     }
   }
 }
