@@ -177,8 +177,8 @@ inline constexpr bool dynamic_dispatch = SIDCO_SIMD_TARGETS != HWY_STATIC_TARGET
   } while (false)
 
 template <class T>
-inline constexpr bool kernel_type = std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                                    std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+inline constexpr bool kernel_type =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || cpu_detail::is_16_bit<T>;
 template <class Source>
 struct loads : std::false_type {};
 template <class T>

@@ -39,8 +39,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define SIDCO_HIGHWAY_F16C 1
 #endif
 
-template <class T>
-inline constexpr bool is_16_bit = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+using cpu_detail::is_16_bit;
 
 // 16-bit values' bits (u16 lanes, one per lane of d) as d's float lanes.
 template <class T, class D, class V16>

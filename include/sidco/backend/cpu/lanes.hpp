@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "sidco/core/float_traits.hpp"
+#include "sidco/core/half.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/moments.hpp"
 
@@ -18,6 +19,10 @@ namespace sidco::backend::cpu_detail {
 /// its bits, so 16-bit values take float's lanes and conversions once per value.
 template <class T>
 using lane_t = typename float_traits<T>::accumulator;
+
+/// The host's 16-bit types: the ones whose lanes are wider than their values.
+template <class T>
+inline constexpr bool is_16_bit = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
 
 /// A probe threshold t >= 0 as the kernels compare and subtract it, in T's lane type: |x| >
 /// t exactly when signed_key(lane value of x) > key; excesses are |x| - value (value: the
@@ -31,18 +36,18 @@ struct probe_at {
 /// threshold_key<T>(t) as a key of T's lane type: the same values exceed it.
 template <class T>
 signed_key_t<lane_t<T>> lane_key(signed_key_t<T> above) {
-  if constexpr (std::is_same_v<lane_t<T>, T>) {
-    return above;
-  } else {
+  if constexpr (is_16_bit<T>) {
     if (above < 0) return -1;  // every value (t < 0)
     return signed_key(to_accumulator(magnitude_of_key<T>(magnitude_key_t<T>(above))));
+  } else {
+    return above;
   }
 }
 
 template <class T>
 probe_at<T> make_probe(double t) {
-  const auto value = to_accumulator(magnitude_of_key<T>(magnitude_key_t<T>(threshold_key<T>(t < 0 ? 0.0 : t))));
-  return {signed_key(value), value};
+  const auto key = lane_key<T>(threshold_key<T>(t < 0 ? 0.0 : t));
+  return {key, magnitude_of_key<lane_t<T>>(magnitude_key_t<lane_t<T>>(key))};
 }
 
 /// Lanes of one block: moments of |x| (counts, smallest and largest keys of the lane type;
