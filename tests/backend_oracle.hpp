@@ -195,17 +195,31 @@ struct oracle {
     CHECK(got[0].zeros == want[0].zeros);
     CHECK(got[0].nonfinite == want[0].nonfinite);
     CHECK(got[0].count == want[0].count);
-    // The coarse bin of each segment's k-th largest, whole and per segment, at k from 0 to
-    // past the segment's size: the highest bin with k or more values in it or above (0 when
-    // none), against a histogram counted here.
-    for (const auto& parts : {std::vector<segment>{whole}, layout})
+    // The coarse histograms' pass counts, per segment, what the counts-only moments pass
+    // counts. The coarse bin of each segment's k-th largest, whole and per segment, at k from
+    // 0 to past the segment's size, from the histograms kept (and from a pass without counts,
+    // halfway): the highest bin with k or more values in it or above (0 when none), against a
+    // histogram counted here.
+    for (const auto& parts : {std::vector<segment>{whole}, layout}) {
+      std::vector<moments> counts(parts.size()), counts_serial(parts.size());
+      backend.coarse_histograms(source, std::span<const segment>(parts), std::span<moments>(counts));
+      serial.analyze<backend::pass_statistics<false>>(host, std::span<const segment>(parts), {},
+                                                      std::span<moments>(counts_serial));
+      for (std::size_t s = 0; s < parts.size(); ++s) {
+        INFO("counts of segment ", s, " of ", parts.size());
+        CHECK(counts[s].count == counts_serial[s].count);
+        CHECK(counts[s].zeros == counts_serial[s].zeros);
+        CHECK(counts[s].nonfinite == counts_serial[s].nonfinite);
+        CHECK(counts[s].sum == 0);
+        CHECK(counts[s].max == 0);
+      }
       for (const double share : {0.0, 1e-9, 0.001, 0.3, 1.0, 2.0}) {
         constexpr int shift = coarse_shift<magnitude_key_t<T>>;
         std::vector<std::size_t> targets;
         for (const auto& part : parts) targets.push_back(std::size_t(std::ceil(share * double(part.size))));
         std::vector<key_bin> got(parts.size());
-        backend.kth_largest_bins(source, std::span<const segment>(parts), std::span<const std::size_t>(targets),
-                                 std::span<key_bin>(got));
+        if (share == 0.3) backend.coarse_histograms(source, std::span<const segment>(parts), std::span<moments>{});
+        backend.kth_largest_bins(std::span<const std::size_t>(targets), std::span<key_bin>(got));
         for (std::size_t s = 0; s < parts.size(); ++s) {
           const std::size_t bin = got[s].bin, k = targets[s], segments = parts.size();
           INFO("segment ", s, " of ", segments, ", k ", k);
@@ -218,6 +232,7 @@ struct oracle {
           CHECK((bin == coarse_bins - 1 || at_or_above[bin + 1] < k));
         }
       }
+    }
     const auto nonfinite = backend.first_nonfinite(source), nonfinite_serial = serial.first_nonfinite(host);
     CHECK(nonfinite.index == nonfinite_serial.index);
     if (nonfinite.index < x.size()) CHECK(std::isnan(nonfinite.value) == std::isnan(nonfinite_serial.value));

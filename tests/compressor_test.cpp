@@ -335,10 +335,11 @@ TEST_CASE("density 1 keeps every non-zero; a constant vector is kept whole") {
   CHECK(r.density_ratio() == doctest::Approx(100.0));
 }
 
-TEST_CASE_TEMPLATE("bad input throws sidco::error naming the argument and changes nothing", T,
-                   float, double) {
+namespace {
+template <class Compressor, class T>
+void check_bad_input() {
   auto g = synthetic_gradient<T>(1000, 0.2, 3);
-  presets::sidco_e<> c;
+  Compressor c;
   sparse_vector<T> out;
   feedback::residual<T> residual(g.size());
   c.template compress<T>(g, 0.1, out, residual);  // some state to keep
@@ -398,6 +399,14 @@ TEST_CASE_TEMPLATE("bad input throws sidco::error naming the argument and change
             .find("at index 3") != std::string::npos);
   CHECK(std::isnan(poisoned_residual.values()[3]));
   unchanged();
+}
+}  // namespace
+
+// Through both input checks: the moments pass (SIDCo) and Top-k's coarse histograms.
+TEST_CASE_TEMPLATE("bad input throws sidco::error naming the argument and changes nothing", T,
+                   float, double) {
+  check_bad_input<presets::sidco_e<>, T>();
+  check_bad_input<presets::top_k<>, T>();
 }
 
 TEST_CASE("a gradient longer than 32-bit indices address is refused before it is read") {

@@ -268,13 +268,18 @@ namespace {
 // The serial backend, counting the selection members segmented calls.
 struct counting_backend : backend::serial {
   using base = backend::serial;
-  int coarse_passes = 0, candidate_passes = 0, band_passes = 0, merges = 0, keeps = 0, marks = 0;
+  int moments_passes = 0, coarse_passes = 0, candidate_passes = 0, band_passes = 0, merges = 0, keeps = 0, marks = 0;
 
+  template <class Stats, class Source>
+  void analyze(const Source& s, std::span<const segment> layout, std::span<const double> probes,
+               std::span<moments> out) {
+    ++moments_passes;
+    base::template analyze<Stats>(s, layout, probes, out);
+  }
   template <class Source>
-  void kth_largest_bins(const Source& s, std::span<const segment> layout, std::span<const std::size_t> targets,
-                        std::span<key_bin> out) {
+  void coarse_histograms(const Source& s, std::span<const segment> layout, std::span<moments> counts) {
     ++coarse_passes;
-    base::kth_largest_bins(s, layout, targets, out);
+    base::coarse_histograms(s, layout, counts);
   }
 
   template <bool Final, class Source, class Out>
@@ -358,8 +363,10 @@ void check_one_pass_per_layout(const char* name) {
     }
     CHECK(entries(out) == expected);
     // One candidate pass, one keep_top_k and one mark_sent for all 200 layers (and one
-    // coarse pass for Top-k's starts, besides one a layer whose fit fell back to the radix
-    // threshold); bands only for the layers that came short, merged once.
+    // coarse pass for Top-k's starts, which is its moments pass too, besides one a layer
+    // whose fit fell back to the radix threshold); bands only for the layers that came
+    // short, merged once.
+    CHECK(backend.moments_passes == (method == "top_k" ? 0 : 1));
     CHECK(backend.coarse_passes == (method == "top_k" ? 1 : 0) + fallbacks);
     CHECK(backend.candidate_passes == 1);
     CHECK(backend.keeps == 1);

@@ -138,10 +138,13 @@ struct backend {
     return inner.count_above(s, t);
   }
   template <class Source>
-  void kth_largest_bins(const Source& s, std::span<const segment> layout, std::span<const std::size_t> targets,
-                        std::span<sidco::key_bin> out) {
+  void coarse_histograms(const Source& s, std::span<const segment> layout, std::span<moments> counts) {
     scope in;
-    inner.kth_largest_bins(s, layout, targets, out);
+    inner.coarse_histograms(s, layout, counts);
+  }
+  void kth_largest_bins(std::span<const std::size_t> targets, std::span<sidco::key_bin> out) {
+    scope in;
+    inner.kth_largest_bins(targets, out);
   }
   template <class Source>
   sidco::backend::nonfinite_value first_nonfinite(const Source& s) {

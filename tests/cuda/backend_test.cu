@@ -360,7 +360,7 @@ TEST_CASE("host waits per warm call: one for the moments pass, one per estimator
   presets::with_selection<methods::dgc, select::above_threshold, backend::cuda> dgc;
   const auto [dgc_waits, dgc_passes] = waits_of(dgc, "dgc");
   CHECK(dgc_waits == std::uint64_t(3 + dgc_passes));
-  // Top-k: the moments pass, the coarse key histogram, the candidates' selection.
+  // Top-k: the coarse key histograms (its moments pass), the coarse bins, the candidates.
   presets::top_k<backend::cuda> top;
   CHECK(waits_of(top, "top-k").first == 3);
 }

@@ -98,14 +98,22 @@ template <class B>
 concept has_count_above = requires(B& b, const probe_source<B>& s) {
   { b.count_above(s, 0.0) } -> std::convertible_to<std::size_t>;
 };
-/// kth_largest_bins(source, layout, targets, out): per segment s, out[s] = the coarse bin
-/// (magnitude key >> coarse_shift) of its targets[s]-th largest magnitude and how many of its
-/// values lie in that bin or above (kth_largest_bin of its coarse histogram). One pass over
-/// every segment: Top-k's first step and the radix threshold's.
+/// coarse_histograms(source, layout, counts): one pass over every segment that keeps, in the
+/// backend, each segment's coarse histogram (magnitude key >> coarse_shift) for
+/// kth_largest_bins, and, unless counts is empty, writes counts[s] (host): the segment's
+/// counts as analyze<pass_statistics<false>> gives them (count, zeros, non-finite). So the
+/// pass that Top-k needs anyway is also its input check. Reads the source only.
 template <class B>
-concept has_kth_largest_bins = requires(B& b, const probe_source<B>& s, std::span<const segment> layout,
-                                        std::span<const std::size_t> targets, std::span<key_bin> out) {
-  b.kth_largest_bins(s, layout, targets, out);
+concept has_coarse_histograms = requires(B& b, const probe_source<B>& s, std::span<const segment> layout,
+                                         std::span<moments> counts) {
+  b.coarse_histograms(s, layout, counts);
+};
+/// kth_largest_bins(targets, out): per segment s of the last coarse_histograms call, out[s]
+/// (host) = the coarse bin of its targets[s]-th largest magnitude and how many of its values
+/// lie in that bin or above (kth_largest_bin of its histogram). No pass over the values.
+template <class B>
+concept has_kth_largest_bins = requires(B& b, std::span<const std::size_t> targets, std::span<key_bin> out) {
+  b.kth_largest_bins(targets, out);
 };
 /// first_nonfinite(source): index and value of the first NaN or infinity (index == size:
 /// none). The error path; reads only.
@@ -176,11 +184,10 @@ concept has_scatter_add = requires(B& b, const probe_output<B>& in,
 /// Everything above: what compressor<..., Backend> needs.
 template <class B>
 concept backend = contract::has_memory<B> && contract::has_name<B> && contract::has_analyze<B> &&
-                  contract::has_tail<B> && contract::has_count_above<B> &&
+                  contract::has_tail<B> && contract::has_count_above<B> && contract::has_coarse_histograms<B> &&
                   contract::has_kth_largest_bins<B> && contract::has_first_nonfinite<B> &&
-                  contract::has_select_above<B> && contract::has_select_band<B> &&
-                  contract::has_select_random<B> && contract::has_sample_magnitudes<B> &&
-                  contract::has_keep_top_k<B> && contract::has_merge_runs<B> &&
+                  contract::has_select_above<B> && contract::has_select_band<B> && contract::has_select_random<B> &&
+                  contract::has_sample_magnitudes<B> && contract::has_keep_top_k<B> && contract::has_merge_runs<B> &&
                   contract::has_mark_sent<B> && contract::has_scatter_add<B>;
 
 /// True, or a compile error whose first line names what B lacks.
@@ -201,8 +208,10 @@ consteval bool diagnose() {
     static_assert(requirement<B, contract::has_tail<B>>::holds,
                   "sidco backend: missing tail<Log>(source, t), the excess moments over one threshold");
     static_assert(requirement<B, contract::has_count_above<B>>::holds, "sidco backend: missing count_above(source, t)");
+    static_assert(requirement<B, contract::has_coarse_histograms<B>>::holds,
+                  "sidco backend: missing coarse_histograms(source, layout, counts)");
     static_assert(requirement<B, contract::has_kth_largest_bins<B>>::holds,
-                  "sidco backend: missing kth_largest_bins(source, layout, targets, out)");
+                  "sidco backend: missing kth_largest_bins(targets, out)");
     static_assert(requirement<B, contract::has_first_nonfinite<B>>::holds,
                   "sidco backend: missing first_nonfinite(source) returning nonfinite_value");
     static_assert(requirement<B, contract::has_select_above<B>>::holds,

@@ -26,6 +26,7 @@
 #include "sidco/backend/cpu/ranges.hpp"
 #include "sidco/backend/cpu/selection.hpp"
 #include "sidco/backend/pass_statistics.hpp"
+#include "sidco/backend/host/coarse_histograms.hpp"
 #include "sidco/backend/host/keep_top_k.hpp"
 #include "sidco/backend/host/merge_runs.hpp"
 #include "sidco/backend/host/scans.hpp"
@@ -119,30 +120,53 @@ class cpu {
   }
 
   /// Segment by segment, each split over the threads its size earns (a small layer counts
-  /// on the calling thread: no hand-off per layer).
+  /// on the calling thread: no hand-off per layer). The keys are computed a block at a time
+  /// (a loop that vectorizes, counting exact zeros too), then counted; the non-finite values
+  /// are the histogram's top bins.
   template <class Source>
-  void kth_largest_bins(const Source& source, std::span<const segment> layout, std::span<const std::size_t> targets,
-                        std::span<key_bin> out) {
-    constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
+  void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
+    using T = typename Source::value_type;
+    constexpr int shift = coarse_shift<magnitude_key_t<T>>;
+    kept_.reset(layout.size());
     for (std::size_t s = 0; s < layout.size(); ++s) {
       const auto part = source.slice(layout[s].offset, layout[s].size);
       const std::size_t ranges = std::size_t(threads_.count(part.size));
-      histograms_.assign(ranges * coarse_bins, 0);
+      std::uint64_t* const kept = kept_.of(s);
+      histograms_.assign((ranges - 1) * coarse_bins, 0);  // range 0 counts into kept
+      range_zeros_.assign(ranges, 0);
       threads_.for_each(part.size, [&](int r, std::size_t lo, std::size_t hi) {
-        std::uint64_t* h = histograms_.data() + std::size_t(r) * coarse_bins;
+        std::uint64_t* h = r == 0 ? kept : histograms_.data() + std::size_t(r - 1) * coarse_bins;
         constexpr std::size_t block = cpu_detail::tuning::key_block;
         std::uint32_t bins[block];
+        std::uint64_t zeros = 0;
         std::size_t i = lo;
         for (; i + block <= hi; i += block) {
-          for (std::size_t j = 0; j < block; ++j) bins[j] = std::uint32_t(magnitude_key(part.value(i + j)) >> shift);
+          for (std::size_t j = 0; j < block; ++j) {
+            const auto key = magnitude_key(part.value(i + j));
+            bins[j] = std::uint32_t(key >> shift);
+            zeros += key == 0;
+          }
           for (std::size_t j = 0; j < block; ++j) ++h[bins[j]];
         }
-        for (; i < hi; ++i) ++h[magnitude_key(part.value(i)) >> shift];
+        for (; i < hi; ++i) {
+          const auto key = magnitude_key(part.value(i));
+          ++h[key >> shift];
+          zeros += key == 0;
+        }
+        range_zeros_[std::size_t(r)] = zeros;
       });
       for (std::size_t r = 1; r < ranges; ++r)
-        for (std::size_t d = 0; d < coarse_bins; ++d) histograms_[d] += histograms_[r * coarse_bins + d];
-      out[s] = kth_largest_bin(histograms_.data(), coarse_bins, targets[s]);
+        for (std::size_t d = 0; d < coarse_bins; ++d) kept[d] += histograms_[(r - 1) * coarse_bins + d];
+      if (counts.empty()) continue;
+      moments& m = counts[s] = moments{};
+      m.count = part.size;
+      for (std::uint64_t z : range_zeros_) m.zeros += z;
+      m.nonfinite = host::nonfinite_in_histogram<T>(kept);
     }
+  }
+
+  void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) const {
+    kept_.kth_largest_bins(targets, out);
   }
 
   /// The error path only: the single-threaded scan is enough.
@@ -268,14 +292,15 @@ class cpu {
     host::scatter_add(in, dense, scale);
   }
 
-  /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit), plus
-  /// Random-k's k drawn indices.
+  /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit) (a
+  /// segment's coarse histogram is 32 KiB), plus Random-k's k drawn indices.
   std::size_t workspace_bytes() const {
     const std::size_t probes =
         std::apply([](const auto&... v) { return (std::size_t(0) + ... + (v.capacity() * sizeof(v[0]))); }, probes_);
     return partials_.capacity() * sizeof(moments) + probes +
            (first_unit_.capacity() + offsets_.capacity() + chosen_.capacity()) * sizeof(std::size_t) +
-           histograms_.capacity() * sizeof(std::uint64_t) + keys_.capacity() * sizeof(std::int64_t) +
+           (histograms_.capacity() + range_zeros_.capacity()) * sizeof(std::uint64_t) + kept_.bytes() +
+           keys_.capacity() * sizeof(std::int64_t) +
            selection_.workspace_bytes();
   }
 
@@ -329,7 +354,8 @@ class cpu {
              std::vector<cpu_detail::probe_at<float16>>, std::vector<cpu_detail::probe_at<bfloat16>>>
       probes_;
   std::vector<std::size_t> first_unit_, offsets_;
-  std::vector<std::uint64_t> histograms_;
+  std::vector<std::uint64_t> histograms_, range_zeros_;  // coarse_histograms' ranges past the first
+  host::kept_histograms kept_;                            // one per segment, for kth_largest_bins
   std::vector<std::int64_t> keys_;
   std::vector<std::size_t> chosen_;  // Random-k's draw
 };

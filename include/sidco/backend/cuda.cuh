@@ -13,6 +13,7 @@
 //
 // Syncs with the host per call (each is a device-to-host copy of a small result):
 //   analyze, tail, count_above, kth_largest_bins, sample_magnitudes: 1
+//   coarse_histograms: 1 with counts (each segment's zeros and non-finite values), else 0
 //   select_above, select_band: 1 (the per-piece counts, fetched after the write pass)
 //   merge_runs, mark_sent, keep_top_k: 0 (Top-k's radix walks stay on the device)
 //   select_random: one per redraw round where the device draws (k >= device_draw_from and
@@ -21,11 +22,12 @@
 //   first_nonfinite (the error path): 2
 // So a threshold compress makes 2 plus one per pass of the estimator's own
 // (report.passes), plus one for DGC's sample: 2 for a single-stage or steady multi-stage
-// SIDCo call, exact_k's included; Top-k makes 3 (moments, its coarse histogram, the candidates). Per layer
+// SIDCo call, exact_k's included; Top-k makes 3 (its coarse histograms, which are also its
+// input check, the coarse bins, the candidates) over two passes of the values. Per layer
 // (segmented), exact_k, trimmed and Top-k select every layer's candidates in one pass,
-// keep every layer's top in one keep_top_k, and Top-k finds every layer's coarse bin in one
-// pass, so a call waits 2 plus the estimator's passes and exact_k's rescans (Top-k: 3),
-// whatever the layer count. host_waits() counts them (tests/cuda/backend_test.cu asserts
+// keep every layer's top in one keep_top_k, and Top-k histograms every layer in one pass,
+// so a call waits 2 plus the estimator's passes and exact_k's rescans (Top-k: 3), whatever
+// the layer count. host_waits() counts them (tests/cuda/backend_test.cu asserts
 // it). What goes up to the device (probes, thresholds, offsets, positions) is staged in
 // page-locked memory, whose copies leave the stream running (from pageable memory each would
 // synchronize it); refilling a staging whose last upload is still queued waits for it and
@@ -115,9 +117,12 @@ class basic_cuda {
   }
 
   template <class Source>
-  void kth_largest_bins(const Source& source, std::span<const segment> layout, std::span<const std::size_t> targets,
-                        std::span<key_bin> out) {
-    cuda_detail::kth_largest_bins<Tuning>(work_, source, layout, targets, out);
+  void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
+    cuda_detail::coarse_histograms<Tuning>(work_, source, layout, counts);
+  }
+
+  void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) {
+    cuda_detail::kth_largest_bins<Tuning>(work_, targets, out);
   }
 
   template <class Source>

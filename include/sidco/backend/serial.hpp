@@ -63,16 +63,20 @@ struct basic_serial {
   }
 
   template <class Source>
-  void kth_largest_bins(const Source& source, std::span<const segment> layout, std::span<const std::size_t> targets,
-                        std::span<key_bin> out) {
+  void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
     constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
-    std::array<std::uint64_t, coarse_bins> counts;
+    histograms_.assign(layout.size() * coarse_bins, 0);
     for (std::size_t s = 0; s < layout.size(); ++s) {
-      counts.fill(0);
+      std::uint64_t* histogram = histograms_.data() + s * coarse_bins;
       for (std::size_t i = layout[s].offset; i < layout[s].end(); ++i)
-        ++counts[magnitude_key(source.value(i)) >> shift];
-      out[s] = kth_largest_bin(counts.data(), coarse_bins, targets[s]);
+        ++histogram[magnitude_key(source.value(i)) >> shift];
+      if (!counts.empty()) counts[s] = host::counts_in(source, layout[s].offset, layout[s].end());
     }
+  }
+
+  void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) const {
+    for (std::size_t s = 0; s < targets.size(); ++s)
+      out[s] = kth_largest_bin(histograms_.data() + s * coarse_bins, coarse_bins, targets[s]);
   }
 
   template <class Source>
@@ -167,7 +171,8 @@ struct basic_serial {
     Memory::address(out.value_data())[at] = value;
   }
 
-  std::vector<std::size_t> chosen_;  // Random-k's draw, reused
+  std::vector<std::size_t> chosen_;          // Random-k's draw, reused
+  std::vector<std::uint64_t> histograms_;  // coarse_histograms' per segment, for kth_largest_bins
 };
 
 /// The serial oracle on host memory.

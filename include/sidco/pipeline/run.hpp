@@ -1,5 +1,6 @@
 // The one compression pipeline, over a layout of one or many segments:
-//   analyze  one moments pass over every segment, with the tails each estimator probes;
+//   analyze  one moments pass over every segment, with the tails each estimator probes (for
+//            Top-k, its coarse histograms' pass, which counts the same);
 //   check    non-finite input is refused before anything is written;
 //   budget   each segment's density;
 //   estimate each segment's threshold (with the estimator's own passes, or the fallback);
@@ -55,7 +56,15 @@ void run(Backend& backend, std::span<State> states, std::span<const segment> lay
   std::fill(work.probes.begin(), work.probes.end(), std::numeric_limits<double>::infinity());
   for (std::size_t s = 0; s < n; ++s)
     states[s].probe_thresholds(work.probes.subspan(s * work.per, states[s].probe_count()));
-  backend.template analyze<Statistics>(source, layout, std::span<const double>(work.probes), work.measured);
+  // Top-k's coarse histograms count what a counts-only moments pass would: that pass is its
+  // input check, and the histograms wait in the backend for the targets.
+  constexpr bool histograms_first =
+      !Statistics::sums && select::contract::declares_starts_from_kth_bin<Selection>();
+  const bool histograms_kept = histograms_first && work.per == 0;
+  if (histograms_kept)
+    backend.coarse_histograms(source, layout, work.measured);
+  else
+    backend.template analyze<Statistics>(source, layout, std::span<const double>(work.probes), work.measured);
 
   std::uint64_t nonfinite = 0;
   for (std::size_t s = 0; s < n; ++s) nonfinite += work.all_of(s).nonfinite;
@@ -79,7 +88,8 @@ void run(Backend& backend, std::span<State> states, std::span<const segment> lay
         work.reports[s] = states[s].report(work.estimates[s], {work.kept[s], 0}, work.kept[s], work.all_of(s),
                                            work.densities[s], layout[s].size);
     } else {
-      const auto candidates = work.candidates();
+      auto candidates = work.candidates();
+      candidates.histograms_kept = histograms_kept;
       select::select_candidates(backend, source, layout,
                                 [states](std::size_t s) -> Selection& { return states[s].selection(); }, out,
                                 candidates);

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "sidco/backend/concept.hpp"
+#include "sidco/core/moments.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/select/concept.hpp"
@@ -31,7 +32,7 @@ struct candidate_start {
 
 // A selection that ranks candidates: start(backend, source, threshold, k) gives its
 // candidate pass's start (or, when it starts_from_kth_bin, start_from_bin<T>(bin) from the
-// coarse radix bin of its k-th largest, found for every segment in one kth_largest_bins
+// coarse radix bin of its k-th largest, found for every segment from one coarse_histograms
 // pass), keep(k, candidates) how many of the candidates it keeps, and widen(backend, source,
 // k, threshold, out, count, result, band_starts), where it declares widens = true, appends
 // bands (ascending runs) until count reaches k. Whether a selection does is its declared
@@ -48,6 +49,9 @@ struct candidate_scratch {
   std::span<selection_result> results;
   std::span<key_bin> bins;
   std::span<std::size_t> band_starts;
+  /// The backend holds every segment's coarse histogram from this call's coarse_histograms
+  /// (the pipeline's first pass, for Top-k): a kth-bin start makes no pass of its own.
+  bool histograms_kept = false;
 
   /// How many entries segment s holds in the output.
   std::size_t selected(std::size_t s) const { return std::min(targets[s], counts[s]); }
@@ -63,7 +67,8 @@ std::size_t start_candidates(Backend& backend, const Source& source, std::span<c
   const std::size_t n = layout.size();
   std::size_t hint = 0;
   if constexpr (contract::declares_starts_from_kth_bin<Selection>()) {
-    backend.kth_largest_bins(source, layout, std::span<const std::size_t>(work.targets), work.bins.first(n));
+    if (!work.histograms_kept) backend.coarse_histograms(source, layout, std::span<moments>{});
+    backend.kth_largest_bins(std::span<const std::size_t>(work.targets.first(n)), work.bins.first(n));
     for (std::size_t s = 0; s < n; ++s) {
       const candidate_start start = selection_of(s).template start_from_bin<typename Source::value_type>(work.bins[s]);
       work.thresholds[s] = start.threshold;

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/moments.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 
@@ -35,8 +36,8 @@ template <class Backend, class Source>
 radix_bucket bucket_of_kth_largest(Backend& backend, const Source& source, std::size_t k) {
   const segment whole{0, source.size};
   key_bin found;
-  backend.kth_largest_bins(source, std::span<const segment>(&whole, 1), std::span<const std::size_t>(&k, 1),
-                           std::span<key_bin>(&found, 1));
+  backend.coarse_histograms(source, std::span<const segment>(&whole, 1), std::span<moments>{});
+  backend.kth_largest_bins(std::span<const std::size_t>(&k, 1), std::span<key_bin>(&found, 1));
   return bucket_at<typename Source::value_type>(found);
 }
 

@@ -11,11 +11,11 @@
 
 namespace sidco::select {
 
-/// Radix select on the magnitude bits: one histogram pass over the top 12 bits finds the
-/// bucket that holds the k-th largest; one pass collects every value at or above that
-/// bucket (error feedback settled in it); the exact top k is then selected among those
-/// candidates only. Three passes of streaming reads, no N-sized temporary, against the
-/// random access of std::nth_element.
+/// Radix select on the magnitude bits: one histogram pass over the top 12 bits (also the
+/// input check: it counts the zeros and non-finite values) finds the bucket that holds the
+/// k-th largest; one pass collects every value at or above that bucket (error feedback
+/// settled in it); the exact top k is then selected among those candidates only. Two passes
+/// of streaming reads, no N-sized temporary, against the random access of std::nth_element.
 struct top_k {
   static constexpr const char* name = "top-k";
   static constexpr bool needs_threshold = false;
@@ -29,7 +29,7 @@ struct top_k {
     return select_candidates_whole(backend, source, *this, threshold, k, out);
   }
 
-  /// Starts where its coarse radix bin begins (kth_largest_bins, one pass over every layer).
+  /// Starts where its coarse radix bin begins (coarse_histograms, one pass over every layer).
   static constexpr bool starts_from_kth_bin = true;
   template <class T>
   candidate_start start_from_bin(key_bin found) const {

@@ -1,7 +1,8 @@
-// backend::cuda's scans: count above a threshold, the coarse radix bin of each segment's
-// k-th largest, the first non-finite value, a sample of magnitudes at positions drawn on the
-// device, a gather of chosen values (each one host wait for its small result), and the sent
-// marks of error feedback (none).
+// backend::cuda's scans: count above a threshold, each segment's coarse histogram (with its
+// zeros and non-finite values) and the coarse radix bin of its k-th largest, the first
+// non-finite value, a sample of magnitudes at positions drawn on the device, a gather of
+// chosen values (each one host wait for its small result), and the sent marks of error
+// feedback (none).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,7 +22,9 @@
 #include "sidco/backend/cuda/tuning.cuh"
 #include "sidco/backend/cuda/workspace.cuh"
 #include "sidco/backend/pass_statistics.hpp"
+#include "sidco/core/float_traits.hpp"
 #include "sidco/core/magnitude_key.hpp"
+#include "sidco/core/moments.hpp"
 #include "sidco/core/radix_select.hpp"
 #include "sidco/core/segment.hpp"
 #include "sidco/core/splitmix.hpp"
@@ -40,19 +43,28 @@ struct counts_zero_bin_in_registers<Tuning> : std::bool_constant<Tuning::zero_bi
 
 // The coarse histogram of one piece per block (magnitude key >> coarse_shift) into its
 // segment's coarse_bins counters: in shared memory first, added to global where non-zero.
+// The piece's exact zeros and non-finite values go to its segment's tallies (2 s, 2 s + 1).
 template <class Tuning, class Source>
 __global__ void __launch_bounds__(Tuning::block_threads)
-    coarse_histogram(Source source, const piece* pieces, unsigned long long* bins) {
-  constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
+    coarse_histogram(Source source, const piece* pieces, unsigned long long* bins, unsigned long long* tallies) {
+  using Key = magnitude_key_t<typename Source::value_type>;
+  constexpr int shift = coarse_shift<Key>;
+  constexpr Key infinity = Key(float_traits<typename Source::value_type>::infinity);
   __shared__ unsigned int local[coarse_bins];
+  __shared__ unsigned int local_tallies[2];
   for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads) local[b] = 0;
+  if (threadIdx.x < 2) local_tallies[threadIdx.x] = 0;
   __syncthreads();
   const piece pc = pieces[blockIdx.x];
   unsigned int zeros = 0;  // the zero bin's count, with zero_bin_in_registers
+  unsigned int exact_zeros = 0, nonfinite = 0;
   for_each_striped<Tuning::load_items>(
       pc.offset + threadIdx.x, pc.offset + pc.size, Tuning::block_threads, [&](std::size_t i) { return source.value(i); },
       [&](typename Source::value_type v) {
-        const auto bin = magnitude_key(v) >> shift;
+        const Key key = magnitude_key(v);
+        exact_zeros += key == 0;
+        nonfinite += key >= infinity;
+        const auto bin = key >> shift;
         if constexpr (counts_zero_bin_in_registers<Tuning>::value) {
           if (bin == 0) {
             ++zeros;
@@ -62,10 +74,15 @@ __global__ void __launch_bounds__(Tuning::block_threads)
         atomicAdd(&local[bin], 1u);
       });
   if (zeros) atomicAdd(&local[0], zeros);
+  if (exact_zeros) atomicAdd(&local_tallies[0], exact_zeros);
+  if (nonfinite) atomicAdd(&local_tallies[1], nonfinite);
   __syncthreads();
   unsigned long long* own = bins + std::size_t(pc.segment) * coarse_bins;
   for (unsigned b = threadIdx.x; b < coarse_bins; b += Tuning::block_threads)
     if (local[b]) atomicAdd(&own[b], static_cast<unsigned long long>(local[b]));
+  if (threadIdx.x < 2 && local_tallies[threadIdx.x])
+    atomicAdd(&tallies[2 * std::size_t(pc.segment) + threadIdx.x],
+              static_cast<unsigned long long>(local_tallies[threadIdx.x]));
 }
 
 // Block s: segment s's kth_largest_bin, each thread taking a share of the bins from the top
@@ -154,26 +171,49 @@ std::size_t count_above(workspace& ws, const Source& source, double t) {
   return std::size_t(ws.fetch_counter(count));
 }
 
-/// out[s] = the coarse bin of segment s's targets[s]-th largest magnitude: one histogram
-/// kernel over every segment's pieces, one choosing kernel (a block a segment), one host
-/// wait for the segments' bins (16 bytes each).
+/// Every segment's coarse histogram, kept in ws.histograms for kth_largest_bins: one
+/// histogram kernel over every segment's pieces; with counts, one host wait for each
+/// segment's exact zeros and non-finite values (16 bytes a segment).
 template <class Tuning, class Source>
-void kth_largest_bins(workspace& ws, const Source& source, std::span<const segment> layout,
-                      std::span<const std::size_t> targets, std::span<key_bin> out) {
+void coarse_histograms(workspace& ws, const Source& source, std::span<const segment> layout,
+                       std::span<moments> counts) {
   const std::size_t segments = layout.size();
   if (segments == 0) return;
   ws.refresh_pieces<Tuning>(layout);
-  auto* bins = ws.counters(segments * coarse_bins);
+  const std::size_t histogram_counts = segments * coarse_bins, total = histogram_counts + 2 * segments;
+  ws.histograms.resize(total);
+  SIDCO_CUDA(cudaMemsetAsync(ws.histograms.data(), 0, total * sizeof(unsigned long long), ws.stream));
+  unsigned long long* const bins = ws.histograms.data();
+  unsigned long long* const tallies = bins + histogram_counts;
   const std::size_t pieces = ws.plan.pieces().size();
   if (pieces > 0) {
     coarse_histogram<Tuning><<<unsigned(pieces), Tuning::block_threads, 0, ws.stream>>>(source, ws.piece_table.data(),
-                                                                                        bins);
+                                                                                        bins, tallies);
     SIDCO_CUDA(cudaGetLastError());
   }
+  if (counts.empty()) return;
+  const auto fetched = workspace::host_scratch<unsigned long long>(ws.result_bytes, 2 * segments);
+  ws.copy_back(fetched.data(), tallies, 2 * segments);
+  for (std::size_t s = 0; s < segments; ++s) {
+    moments& m = counts[s] = moments{};
+    m.count = layout[s].size;
+    m.zeros = fetched[2 * s];
+    m.nonfinite = fetched[2 * s + 1];
+  }
+}
+
+/// out[s] = the coarse bin of segment s's targets[s]-th largest magnitude, from the
+/// histograms the last coarse_histograms kept: one choosing kernel (a block a segment), one
+/// host wait for the segments' bins (16 bytes each).
+template <class Tuning>
+void kth_largest_bins(workspace& ws, std::span<const std::size_t> targets, std::span<key_bin> out) {
+  const std::size_t segments = targets.size();
+  if (segments == 0) return;
   std::copy(targets.begin(), targets.end(), ws.fill<std::size_t>(ws.position_staging, segments));
   const std::size_t* device_targets = ws.upload<std::size_t>(ws.positions, ws.position_staging, segments);
   key_bin* found = workspace::staging<key_bin>(ws.merged, segments);
-  choose_kth_bins<Tuning><<<unsigned(segments), Tuning::block_threads, 0, ws.stream>>>(bins, device_targets, found);
+  choose_kth_bins<Tuning><<<unsigned(segments), Tuning::block_threads, 0, ws.stream>>>(ws.histograms.data(),
+                                                                                      device_targets, found);
   SIDCO_CUDA(cudaGetLastError());
   ws.copy_back(out.data(), found, segments);
 }

@@ -43,6 +43,7 @@ struct workspace {
   device_buffer<std::uint32_t> counts, run_labels;
   device_buffer<std::size_t> offsets, positions;
   device_buffer<unsigned long long> counter_buffer;
+  device_buffer<unsigned long long> histograms;  // coarse_histograms' per segment, then their tallies
   device_buffer<unsigned char> walk_state, bins, tallies, run_table;
   device_buffer<unsigned char> staging_indices, staging_values;
   sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging, run_staging;
@@ -66,8 +67,9 @@ struct workspace {
   template <class Self, class F>
   static void each_device_buffer(Self& self, F&& f) {
     f(self.piece_table), f(self.segment_table), f(self.temp), f(self.bundles), f(self.merged), f(self.predicates);
-    f(self.counts), f(self.run_labels), f(self.offsets), f(self.positions), f(self.counter_buffer), f(self.walk_state), f(self.bins);
-    f(self.tallies), f(self.run_table), f(self.staging_indices), f(self.staging_values);
+    f(self.counts), f(self.run_labels), f(self.offsets), f(self.positions), f(self.counter_buffer), f(self.histograms);
+    f(self.walk_state), f(self.bins), f(self.tallies), f(self.run_table);
+    f(self.staging_indices), f(self.staging_values);
   }
 
   /// Grows out's buffers on the stream from now on, so that growth is ordered after the
