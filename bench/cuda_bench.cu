@@ -194,6 +194,15 @@ struct zero_bin : sidco::backend::cuda_detail::default_tuning {
 using zero_counting = sidco::backend::basic_cuda<zero_bin>;
 BENCHMARK(compress<top_k<zero_counting>, false>)->Name("top-k@zero-bin")->Apply(sizes);
 BENCHMARK(compress<sidco_e_exact<zero_counting>, false>)->Name("sidco-e-exact@zero-bin")->Apply(sizes);
+// select_above in one pass into regions sized from the hint, against the count pass first.
+struct one_pass : sidco::backend::cuda_detail::default_tuning {
+  static constexpr bool one_pass_select = true;
+};
+using one_pass_cuda = sidco::backend::basic_cuda<one_pass>;
+BENCHMARK(compress<sidco_e<one_pass_cuda>, false>)->Name("sidco-e@one-pass")->Apply(sizes);
+BENCHMARK(compress<sidco_e<one_pass_cuda>, true>)->Name("sidco-e@one-pass:feedback")->Apply(sizes);
+BENCHMARK(compress<top_k<one_pass_cuda>, false>)->Name("top-k@one-pass")->Apply(sizes);
+BENCHMARK(compress<top_k<one_pass_cuda>, true>)->Name("top-k@one-pass:feedback")->Apply(sizes);
 // The moments pass held to 4 blocks of 256 a multiprocessor (at most 64 registers a thread).
 struct analyze_capped : sidco::backend::cuda_detail::default_tuning {
   static constexpr int analyze_min_blocks = 4;

@@ -69,7 +69,9 @@ TEST_CASE("cuda kernels equal the serial oracle on the real gradients") {
 // passes: blocked (write_items a thread, block scan) and striped (load_items rows, ballots);
 // both digit choices of the radix walks: one thread, and the block's scan; the coarse
 // histogram's zero bin (the inputs' exact zeros and subnormals) by shared atomics and in
-// registers; the moments pass with the registers the compiler chose and capped at 32.
+// registers; the moments pass with the registers the compiler chose and capped at 32; and
+// select_above in one pass into regions (every hint: none, 1 so that every region fills and
+// its piece runs again from where it stopped, exact, far too many).
 struct narrow_tuning {
   static constexpr int block_threads = 64;
   static constexpr bool striped_write = false;
@@ -86,9 +88,12 @@ struct narrow_striped_tuning : narrow_tuning {
   static constexpr bool zero_bin_in_registers = true;
   static constexpr int analyze_min_blocks = 32;  // 32 registers a thread: the moments pass spills, same bits
 };
+struct narrow_one_pass_tuning : narrow_striped_tuning {
+  static constexpr bool one_pass_select = true;
+};
 
 TEST_CASE_TEMPLATE("cuda kernels with another tuning equal the serial oracle", Tuning, narrow_tuning,
-                   narrow_striped_tuning) {
+                   narrow_striped_tuning, narrow_one_pass_tuning) {
   using narrow = backend::basic_cuda<Tuning>;
   const auto data = test::mixed_values<float>(4 * narrow::min_tile + 7, 23, true);
   narrow gpu;
@@ -381,6 +386,10 @@ TEST_CASE("Random-k's draw made on the device picks the host's subset") {
 
 namespace {
 
+struct one_pass_tuning : backend::cuda_detail::default_tuning {
+  static constexpr bool one_pass_select = true;
+};
+
 // Every selection per layer over a layout whose sizes straddle the tile (one piece, one
 // value short of it, one over) with single-value layers between: the device result equals
 // the serial oracle's, entries and residual, call after call. Where extra_waits is given, a
@@ -452,6 +461,12 @@ TEST_CASE("segmented over 200 layers of 1, tile - 1, tile and tile + 1 values: e
   same_per_layer<sidco_e<backend::cuda>, sidco_e<backend::serial>>("sidco-e", layout, g, false, 0);
   same_per_layer<dgc<backend::cuda>, dgc<backend::serial>>("dgc", layout, g,
                                                                                                       false);
+  // select_above in one pass into regions: the same entries and residuals, the same waits.
+  using one_pass = backend::basic_cuda<one_pass_tuning>;
+  same_per_layer<top_k<one_pass>, top_k<backend::serial>>("top-k, one pass", layout, g, true, 1);
+  same_per_layer<sidco_e_exact<one_pass>, sidco_e_exact<backend::serial>>("sidco-e exact_k, one pass", layout, g,
+                                                                          true, 0);
+  same_per_layer<sidco_e<one_pass>, sidco_e<backend::serial>>("sidco-e, one pass", layout, g, false, 0);
 }
 
 namespace {

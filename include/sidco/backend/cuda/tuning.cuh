@@ -31,6 +31,12 @@ struct default_tuning {
   /// register a thread and added once, instead of an atomic on one shared counter a zero:
   /// compiled, not yet measured on a GPU, so off by default (the `@zero-bin` benchmark rows).
   static constexpr bool zero_bin_in_registers = false;
+  /// select_above with a hint (every selection's but a band's) in one pass: each piece
+  /// writes into its own region of a scratch sized from the hint and the regions are moved
+  /// into place, instead of a count pass, a scan, then the write (one read of the values
+  /// instead of two; the regions take 1.5 entries an expected one). Compiled, not yet run
+  /// on a GPU, so off by default (the `@one-pass` benchmark rows).
+  static constexpr bool one_pass_select = false;
   /// Blocks a multiprocessor the moments pass (analyze_pieces) must fit: its launch bounds'
   /// second argument, capping its registers (nvcc 13 for sm_90 gives it 44 a thread, 5
   /// blocks of 256 a multiprocessor, and 80 with a probe's tail, 3, where blocks_per_sm aims

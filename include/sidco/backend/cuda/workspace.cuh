@@ -46,18 +46,24 @@ struct workspace {
   device_buffer<unsigned long long> histograms;  // coarse_histograms' per segment, then their tallies
   device_buffer<unsigned char> walk_state, bins, tallies, run_table;
   device_buffer<unsigned char> staging_indices, staging_values;
-  sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging, run_staging;
+  // A one-pass selection's regions (one_pass_select): their starts, entries and per-piece results.
+  device_buffer<std::size_t> region_starts;
+  device_buffer<unsigned char> region_indices, region_values;
+  device_buffer<unsigned long long> region_results;
+  sidco::memory::upload_staging predicate_staging, position_staging, piece_staging, segment_staging, run_staging,
+      region_staging;
   std::vector<std::uint32_t> host_counts;
   std::vector<unsigned char> result_bytes;
   std::vector<std::size_t> host_chosen;  // Random-k's draw where the host makes it
 
   /// Device and host bytes kept: O(pieces + segments), pieces O(multiprocessors +
   /// segments), never O(N) (plus, per candidate of an exact Top-k, its tally, run label and
-  /// staging, and Random-k's k indices).
+  /// staging, Random-k's k indices, and a one-pass selection's regions: 1.5 entries an
+  /// expected one, plus a write step a piece).
   std::size_t bytes() const {
     std::size_t total = predicate_staging.capacity() + position_staging.capacity() +
                         piece_staging.capacity() + segment_staging.capacity() + run_staging.capacity() +
-                        host_chosen.capacity() * sizeof(std::size_t);
+                        region_staging.capacity() + host_chosen.capacity() * sizeof(std::size_t);
     each_device_buffer(*this, [&total](const auto& buffer) {
       total += buffer.capacity() * sizeof(*buffer.data());
     });
@@ -69,7 +75,8 @@ struct workspace {
     f(self.piece_table), f(self.segment_table), f(self.temp), f(self.bundles), f(self.merged), f(self.predicates);
     f(self.counts), f(self.run_labels), f(self.offsets), f(self.positions), f(self.counter_buffer), f(self.histograms);
     f(self.walk_state), f(self.bins), f(self.tallies), f(self.run_table);
-    f(self.staging_indices), f(self.staging_values);
+    f(self.staging_indices), f(self.staging_values), f(self.region_starts), f(self.region_indices);
+    f(self.region_values), f(self.region_results);
   }
 
   /// Grows out's buffers on the stream from now on, so that growth is ordered after the
