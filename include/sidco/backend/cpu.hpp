@@ -119,49 +119,45 @@ class cpu {
     }, offsets_);
   }
 
-  /// Segment by segment, each split over the threads its size earns (a small layer counts
-  /// on the calling thread: no hand-off per layer). The keys are computed a block at a time
-  /// (a loop that vectorizes, counting exact zeros too), then counted; the non-finite values
-  /// are the histogram's top bins.
+  /// One pass over the whole buffer, the threads splitting it, not the layers (a layer
+  /// costs no hand-off of its own): a segment that a thread's range holds whole is cleared
+  /// and counted straight into its kept histogram by that thread, one that it shares with
+  /// another range (at most its first and its last) into the range's own, added after. The
+  /// non-finite values are the histogram's top bins.
   template <class Source>
   void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
     using T = typename Source::value_type;
-    constexpr int shift = coarse_shift<magnitude_key_t<T>>;
-    kept_.reset(layout.size());
-    for (std::size_t s = 0; s < layout.size(); ++s) {
-      const auto part = source.slice(layout[s].offset, layout[s].size);
-      const std::size_t ranges = std::size_t(threads_.count(part.size));
-      std::uint64_t* const kept = kept_.of(s);
-      histograms_.assign((ranges - 1) * coarse_bins, 0);  // range 0 counts into kept
-      range_zeros_.assign(ranges, 0);
-      threads_.for_each(part.size, [&](int r, std::size_t lo, std::size_t hi) {
-        std::uint64_t* h = r == 0 ? kept : histograms_.data() + std::size_t(r - 1) * coarse_bins;
-        constexpr std::size_t block = cpu_detail::tuning::key_block;
-        std::uint32_t bins[block];
-        std::uint64_t zeros = 0;
-        std::size_t i = lo;
-        for (; i + block <= hi; i += block) {
-          for (std::size_t j = 0; j < block; ++j) {
-            const auto key = magnitude_key(part.value(i + j));
-            bins[j] = std::uint32_t(key >> shift);
-            zeros += key == 0;
-          }
-          for (std::size_t j = 0; j < block; ++j) ++h[bins[j]];
+    const std::size_t segments = layout.size(), ranges = std::size_t(threads_.count(source.size));
+    kept_.resize(segments);  // each cleared by the thread that counts it, or before the fold
+    segment_zeros_.assign(segments, 0);
+    shared_.assign(2 * ranges, shared_piece{});
+    histograms_.assign(2 * ranges * coarse_bins, 0);
+    threads_.for_each(source.size, [&](int r, std::size_t lo, std::size_t hi) {
+      cpu_detail::for_each_piece(layout, lo, hi, [&](std::size_t s, std::size_t a, std::size_t b) {
+        if (a == layout[s].offset && b == layout[s].end()) {
+          kept_.clear(s);
+          segment_zeros_[s] = count_keys(source, a, b, kept_.of(s));
+        } else {  // the range's first piece (slot 0) or its last (slot 1)
+          const std::size_t slot = 2 * std::size_t(r) + (a == lo ? 0 : 1);
+          shared_[slot] = {s, count_keys(source, a, b, histograms_.data() + slot * coarse_bins), true};
         }
-        for (; i < hi; ++i) {
-          const auto key = magnitude_key(part.value(i));
-          ++h[key >> shift];
-          zeros += key == 0;
-        }
-        range_zeros_[std::size_t(r)] = zeros;
+        return true;
       });
-      for (std::size_t r = 1; r < ranges; ++r)
-        for (std::size_t d = 0; d < coarse_bins; ++d) kept[d] += histograms_[(r - 1) * coarse_bins + d];
-      if (counts.empty()) continue;
+    });
+    for (const shared_piece& piece : shared_)
+      if (piece.used) kept_.clear(piece.segment);
+    for (std::size_t slot = 0; slot < shared_.size(); ++slot) {
+      if (!shared_[slot].used) continue;
+      std::uint64_t* kept = kept_.of(shared_[slot].segment);
+      const std::uint64_t* part = histograms_.data() + slot * coarse_bins;
+      for (std::size_t d = 0; d < coarse_bins; ++d) kept[d] += part[d];
+      segment_zeros_[shared_[slot].segment] += shared_[slot].zeros;
+    }
+    for (std::size_t s = 0; s < counts.size(); ++s) {
       moments& m = counts[s] = moments{};
-      m.count = part.size;
-      for (std::uint64_t z : range_zeros_) m.zeros += z;
-      m.nonfinite = host::nonfinite_in_histogram<T>(kept);
+      m.count = layout[s].size;
+      m.zeros = segment_zeros_[s];
+      m.nonfinite = host::nonfinite_in_histogram<T>(kept_.of(s));
     }
   }
 
@@ -299,12 +295,45 @@ class cpu {
         std::apply([](const auto&... v) { return (std::size_t(0) + ... + (v.capacity() * sizeof(v[0]))); }, probes_);
     return partials_.capacity() * sizeof(moments) + probes +
            (first_unit_.capacity() + offsets_.capacity() + chosen_.capacity()) * sizeof(std::size_t) +
-           (histograms_.capacity() + range_zeros_.capacity()) * sizeof(std::uint64_t) + kept_.bytes() +
+           (histograms_.capacity() + segment_zeros_.capacity()) * sizeof(std::uint64_t) + kept_.bytes() +
+           shared_.capacity() * sizeof(shared_piece) +
            keys_.capacity() * sizeof(std::int64_t) +
            selection_.workspace_bytes();
   }
 
  private:
+  // A segment piece that a range shares with another: its segment, the exact zeros it held.
+  struct shared_piece {
+    std::size_t segment = 0;
+    std::uint64_t zeros = 0;
+    bool used = false;
+  };
+
+  // Adds the coarse bins of [lo, hi)'s magnitude keys to histogram and returns its exact
+  // zeros. The keys are computed a block at a time (a loop that vectorizes), then counted.
+  template <class Source>
+  static std::uint64_t count_keys(const Source& source, std::size_t lo, std::size_t hi, std::uint64_t* histogram) {
+    constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
+    constexpr std::size_t block = cpu_detail::tuning::key_block;
+    std::uint32_t bins[block];
+    std::uint64_t zeros = 0;
+    std::size_t i = lo;
+    for (; i + block <= hi; i += block) {
+      for (std::size_t j = 0; j < block; ++j) {
+        const auto key = magnitude_key(source.value(i + j));
+        bins[j] = std::uint32_t(key >> shift);
+        zeros += key == 0;
+      }
+      for (std::size_t j = 0; j < block; ++j) ++histogram[bins[j]];
+    }
+    for (; i < hi; ++i) {
+      const auto key = magnitude_key(source.value(i));
+      ++histogram[key >> shift];
+      zeros += key == 0;
+    }
+    return zeros;
+  }
+
   // One piece's statistics, merged into out (this range's slots). Accumulated on the stack
   // and written once: the ranges' slots sit side by side, and writing them block after
   // block would bounce their cache lines between threads.
@@ -354,8 +383,11 @@ class cpu {
              std::vector<cpu_detail::probe_at<float16>>, std::vector<cpu_detail::probe_at<bfloat16>>>
       probes_;
   std::vector<std::size_t> first_unit_, offsets_;
-  std::vector<std::uint64_t> histograms_, range_zeros_;  // coarse_histograms' ranges past the first
-  host::kept_histograms kept_;                            // one per segment, for kth_largest_bins
+  // coarse_histograms': each segment's histogram (kept for kth_largest_bins) and zeros, and
+  // two histograms a range for the pieces it shares.
+  host::kept_histograms kept_;
+  std::vector<std::uint64_t> segment_zeros_, histograms_;
+  std::vector<shared_piece> shared_;
   std::vector<std::int64_t> keys_;
   std::vector<std::size_t> chosen_;  // Random-k's draw
 };

@@ -2,6 +2,7 @@
 // coarse_histograms pass for kth_largest_bins: the serial oracle and backend::cpu share it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -15,8 +16,10 @@ namespace sidco::backend::host {
 
 class kept_histograms {
  public:
-  /// coarse_bins zeroed counts for each of segments, one after another.
-  void reset(std::size_t segments) { counts_.assign(segments * coarse_bins, 0); }
+  /// coarse_bins counts for each of segments, one after another, left as they were: each
+  /// is cleared (clear) where it is counted.
+  void resize(std::size_t segments) { counts_.resize(segments * coarse_bins); }
+  void clear(std::size_t segment) { std::fill(of(segment), of(segment) + coarse_bins, std::uint64_t(0)); }
   std::uint64_t* of(std::size_t segment) { return counts_.data() + segment * coarse_bins; }
   const std::uint64_t* of(std::size_t segment) const { return counts_.data() + segment * coarse_bins; }
 
