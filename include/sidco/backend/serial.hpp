@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "sidco/backend/host/coarse_histograms.hpp"
 #include "sidco/backend/host/keep_top_k.hpp"
 #include "sidco/backend/host/merge_runs.hpp"
 #include "sidco/backend/host/scans.hpp"
@@ -65,9 +66,10 @@ struct basic_serial {
   template <class Source>
   void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
     constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
-    histograms_.assign(layout.size() * coarse_bins, 0);
+    histograms_.resize(layout.size());
     for (std::size_t s = 0; s < layout.size(); ++s) {
-      std::uint64_t* histogram = histograms_.data() + s * coarse_bins;
+      histograms_.clear(s);
+      std::uint64_t* histogram = histograms_.of(s);
       for (std::size_t i = layout[s].offset; i < layout[s].end(); ++i)
         ++histogram[magnitude_key(source.value(i)) >> shift];
       if (!counts.empty()) counts[s] = host::counts_in(source, layout[s].offset, layout[s].end());
@@ -75,8 +77,7 @@ struct basic_serial {
   }
 
   void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) const {
-    for (std::size_t s = 0; s < targets.size(); ++s)
-      out[s] = kth_largest_bin(histograms_.data() + s * coarse_bins, coarse_bins, targets[s]);
+    histograms_.kth_largest_bins(targets, out);
   }
 
   template <class Source>
@@ -172,7 +173,7 @@ struct basic_serial {
   }
 
   std::vector<std::size_t> chosen_;          // Random-k's draw, reused
-  std::vector<std::uint64_t> histograms_;  // coarse_histograms' per segment, for kth_largest_bins
+  host::kept_histograms histograms_;         // coarse_histograms' per segment, for kth_largest_bins
 };
 
 /// The serial oracle on host memory.
