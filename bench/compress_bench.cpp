@@ -5,7 +5,8 @@
 // layers (384 to 4M values, each its own scale; the embedding 97% zeros), 5 and 6 a
 // transformer language model's real gradients (17.7M values, 52 layers; plain at iteration
 // 200 and with error feedback at 100) when SIDCO_LM_GRADIENTS names the directory that
-// ../shared/tools/make_lm_gradients.py (or scripts/lm_gradients.sh) wrote.
+// ../shared/tools/make_lm_gradients.py (or scripts/lm_gradients.sh) wrote, 7 1,000 small
+// layers (1,500 to 4,499 values, each its own scale: where per-layer costs show).
 // Counters: density_ratio (achieved / target), alloc_bytes (heap bytes a warm call
 // allocates: 0 means the output and O(threads) scratch are all it uses), workspace_bytes
 // (what the compressor keeps between calls). bench/report.py turns the JSON output into the
@@ -98,16 +99,31 @@ bucket transformer_bucket() {
   return b;
 }
 
+// 1,000 layers of 1,500 to 4,499 Laplace values, each its own scale (10^-4 to 10^-2).
+bucket small_layers() {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::exponential_distribution<float> exponential(1.f);
+  bucket b;
+  for (int l = 0; l < 1000; ++l) {
+    const std::size_t size = 1500 + std::size_t(rng() % 3000), offset = b.values.size();
+    const float scale = std::pow(10.f, -4.f + 2.f * u(rng));
+    b.layout.push_back({offset, size});
+    for (std::size_t i = 0; i < size; ++i) b.values.push_back((u(rng) < 0.5f ? -scale : scale) * exponential(rng));
+  }
+  return b;
+}
+
 const char* lm_directory() { return std::getenv("SIDCO_LM_GRADIENTS"); }
 
 const char* input_name(int kind) {
   static const char* const names[] = {"normal values", "Laplace values", "LSTM (real)", "CNN (real)",
                                       "transformer-like bucket (170 layers)", "GPT LM (real, it 200)",
-                                      "GPT LM with error feedback (real, it 100)"};
-  return kind >= 0 && kind < 7 ? names[kind] : "input";
+                                      "GPT LM with error feedback (real, it 100)", "1,000 small layers"};
+  return kind >= 0 && kind < 8 ? names[kind] : "input";
 }
 
-// Inputs 2-6 carry their layers; 0 and 1 are one layer.
+// Inputs 2-7 carry their layers; 0 and 1 are one layer.
 const bucket& input(int kind, int log2n) {
   static std::map<std::pair<int, int>, bucket> cache;
   if (kind >= 2) log2n = 0;
@@ -117,6 +133,8 @@ const bucket& input(int kind, int log2n) {
     b.values = synthetic(kind, std::size_t(1) << log2n);
   } else if (kind == 4) {
     b = transformer_bucket();
+  } else if (kind == 7) {
+    b = small_layers();
   } else {
     const bool lm = kind >= 5;
     const std::string dir = lm ? std::string(lm_directory() ? lm_directory() : "") : sidco::bundled::gradients_dir();
@@ -252,11 +270,11 @@ void synthetic_and_real(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond);
 }
 
-// The inputs with layers: the real LSTM and CNN, the transformer-like bucket, and the LM's
-// gradients when generated.
+// The inputs with layers: the real LSTM and CNN, the transformer-like bucket, 1,000 small
+// layers, and the LM's gradients when generated.
 void layered_inputs(benchmark::internal::Benchmark* b) {
   for (int inverse_density : {10, 100, 1000}) {
-    for (int kind : {2, 3, 4}) b->Args({kind, 0, inverse_density});
+    for (int kind : {2, 3, 4, 7}) b->Args({kind, 0, inverse_density});
     if (lm_directory())
       for (int kind : {5, 6}) b->Args({kind, 0, inverse_density});
   }
