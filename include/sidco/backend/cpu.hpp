@@ -123,7 +123,8 @@ class cpu {
   /// costs no hand-off of its own): a segment that a thread's range holds whole is cleared
   /// and counted straight into its kept histogram by that thread, one that it shares with
   /// another range (at most its first and its last) into the range's own, added after. The
-  /// non-finite values are the histogram's top bins.
+  /// non-finite values are the histogram's top bins. Each count records the bins it
+  /// touched, so a small layer's clear, fold and k-th bin walk stay within its magnitudes.
   template <class Source>
   void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
     using T = typename Source::value_type;
@@ -131,15 +132,19 @@ class cpu {
     kept_.resize(segments);  // each cleared by the thread that counts it, or before the fold
     segment_zeros_.assign(segments, 0);
     shared_.assign(2 * ranges, shared_piece{});
-    histograms_.assign(2 * ranges * coarse_bins, 0);
+    histograms_.resize(2 * ranges * coarse_bins);  // a slot cleared by the thread that uses it
     threads_.for_each(source.size, [&](int r, std::size_t lo, std::size_t hi) {
       cpu_detail::for_each_piece(layout, lo, hi, [&](std::size_t s, std::size_t a, std::size_t b) {
         if (a == layout[s].offset && b == layout[s].end()) {
           kept_.clear(s);
-          segment_zeros_[s] = count_keys(source, a, b, kept_.of(s));
+          const key_counts counted = count_keys(source, a, b, kept_.of(s));
+          segment_zeros_[s] = counted.zeros;
+          kept_.touch(s, counted.bins);
         } else {  // the range's first piece (slot 0) or its last (slot 1)
           const std::size_t slot = 2 * std::size_t(r) + (a == lo ? 0 : 1);
-          shared_[slot] = {s, count_keys(source, a, b, histograms_.data() + slot * coarse_bins), true};
+          std::uint64_t* part = histograms_.data() + slot * coarse_bins;
+          std::fill(part, part + coarse_bins, std::uint64_t(0));
+          shared_[slot] = {s, count_keys(source, a, b, part), true};
         }
         return true;
       });
@@ -147,11 +152,14 @@ class cpu {
     for (const shared_piece& piece : shared_)
       if (piece.used) kept_.clear(piece.segment);
     for (std::size_t slot = 0; slot < shared_.size(); ++slot) {
-      if (!shared_[slot].used) continue;
-      std::uint64_t* kept = kept_.of(shared_[slot].segment);
+      const shared_piece& piece = shared_[slot];
+      if (!piece.used) continue;
+      std::uint64_t* kept = kept_.of(piece.segment);
       const std::uint64_t* part = histograms_.data() + slot * coarse_bins;
-      for (std::size_t d = 0; d < coarse_bins; ++d) kept[d] += part[d];
-      segment_zeros_[shared_[slot].segment] += shared_[slot].zeros;
+      kept[0] += part[0];
+      for (std::size_t d = piece.counted.bins.low; d <= piece.counted.bins.high; ++d) kept[d] += part[d];
+      kept_.touch(piece.segment, piece.counted.bins);
+      segment_zeros_[piece.segment] += piece.counted.zeros;
     }
     for (std::size_t s = 0; s < counts.size(); ++s) {
       moments& m = counts[s] = moments{};
@@ -302,36 +310,51 @@ class cpu {
   }
 
  private:
-  // A segment piece that a range shares with another: its segment, the exact zeros it held.
+  // What count_keys counted besides the bins: the exact zeros, the bins it added to.
+  struct key_counts {
+    std::uint64_t zeros = 0;
+    host::touched_bins bins;
+  };
+
+  // A segment piece that a range shares with another: its segment and what it counted.
   struct shared_piece {
     std::size_t segment = 0;
-    std::uint64_t zeros = 0;
+    key_counts counted;
     bool used = false;
   };
 
-  // Adds the coarse bins of [lo, hi)'s magnitude keys to histogram and returns its exact
-  // zeros. The keys are computed a block at a time (a loop that vectorizes), then counted.
+  // Adds the coarse bins of [lo, hi)'s magnitude keys to histogram. The keys are computed a
+  // block at a time (a loop that vectorizes, the touched range's min and max with it), then
+  // counted.
   template <class Source>
-  static std::uint64_t count_keys(const Source& source, std::size_t lo, std::size_t hi, std::uint64_t* histogram) {
+  static key_counts count_keys(const Source& source, std::size_t lo, std::size_t hi, std::uint64_t* histogram) {
     constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
     constexpr std::size_t block = cpu_detail::tuning::key_block;
     std::uint32_t bins[block];
     std::uint64_t zeros = 0;
+    // The lowest bin less one, unsigned: bin 0 wraps to the top, so it is never the low.
+    std::uint32_t below_low = ~std::uint32_t(0), high = 0;
     std::size_t i = lo;
     for (; i + block <= hi; i += block) {
       for (std::size_t j = 0; j < block; ++j) {
         const auto key = magnitude_key(source.value(i + j));
         bins[j] = std::uint32_t(key >> shift);
         zeros += key == 0;
+        below_low = std::min(below_low, bins[j] - 1u);
+        high = std::max(high, bins[j]);
       }
       for (std::size_t j = 0; j < block; ++j) ++histogram[bins[j]];
     }
     for (; i < hi; ++i) {
       const auto key = magnitude_key(source.value(i));
-      ++histogram[key >> shift];
+      const auto bin = std::uint32_t(key >> shift);
+      ++histogram[bin];
       zeros += key == 0;
+      below_low = std::min(below_low, bin - 1u);
+      high = std::max(high, bin);
     }
-    return zeros;
+    if (below_low == ~std::uint32_t(0)) return {zeros, {}};  // bin 0 alone
+    return {zeros, {below_low + 1u, high}};
   }
 
   // One piece's statistics, merged into out (this range's slots). Accumulated on the stack

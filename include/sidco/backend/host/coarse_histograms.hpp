@@ -14,24 +14,59 @@
 
 namespace sidco::backend::host {
 
+/// The bins a count added to, bin 0 aside (exact zeros and what is too small to tell from
+/// them): [low, high], none when low > high.
+struct touched_bins {
+  std::uint32_t low = std::uint32_t(coarse_bins), high = 0;
+
+  void merge(touched_bins other) {
+    low = std::min(low, other.low);
+    high = std::max(high, other.high);
+  }
+};
+
+/// Every bin of a histogram.
+inline constexpr touched_bins all_bins{0, std::uint32_t(coarse_bins - 1)};
+
 class kept_histograms {
  public:
   /// coarse_bins counts for each of segments, one after another, left as they were: each
   /// is cleared (clear) where it is counted.
-  void resize(std::size_t segments) { counts_.resize(segments * coarse_bins); }
-  void clear(std::size_t segment) { std::fill(of(segment), of(segment) + coarse_bins, std::uint64_t(0)); }
+  void resize(std::size_t segments) {
+    counts_.resize(segments * coarse_bins);
+    touched_.resize(segments);
+  }
+
+  /// Zeros segment's histogram where its counts since the last clear touched it (bin 0 and
+  /// the bins touch recorded: every other bin is zero already), so that a layer's clear and
+  /// its k-th bin walk cost the range its magnitudes span, not 4,096 bins.
+  void clear(std::size_t segment) {
+    std::uint64_t* histogram = of(segment);
+    histogram[0] = 0;
+    if (const touched_bins t = touched_[segment]; t.low <= t.high)
+      std::fill(histogram + t.low, histogram + t.high + 1, std::uint64_t(0));
+    touched_[segment] = {};
+  }
+  /// Records the bins a count into segment's histogram added to (besides bin 0).
+  void touch(std::size_t segment, touched_bins bins) { touched_[segment].merge(bins); }
+
   std::uint64_t* of(std::size_t segment) { return counts_.data() + segment * coarse_bins; }
   const std::uint64_t* of(std::size_t segment) const { return counts_.data() + segment * coarse_bins; }
 
-  /// out[s] = the coarse bin of segment s's targets[s]-th largest magnitude.
+  /// out[s] = the coarse bin of segment s's targets[s]-th largest magnitude, walked down from
+  /// its highest touched bin (those above are zero).
   void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) const {
-    for (std::size_t s = 0; s < targets.size(); ++s) out[s] = kth_largest_bin(of(s), coarse_bins, targets[s]);
+    for (std::size_t s = 0; s < targets.size(); ++s)
+      out[s] = kth_largest_bin(of(s), std::size_t(touched_[s].high) + 1, targets[s]);
   }
 
-  std::size_t bytes() const { return counts_.capacity() * sizeof(std::uint64_t); }
+  std::size_t bytes() const {
+    return counts_.capacity() * sizeof(std::uint64_t) + touched_.capacity() * sizeof(touched_bins);
+  }
 
  private:
   std::vector<std::uint64_t> counts_;
+  std::vector<touched_bins> touched_;
 };
 
 /// The non-finite values a coarse histogram of T's keys counts: its bins from infinity's up,
