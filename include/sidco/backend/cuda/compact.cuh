@@ -138,6 +138,18 @@ __device__ __forceinline__ void scan_step(std::uint32_t* firsts, unsigned lane, 
     }
 }
 
+// A striped write step's rows into v: row r of this thread at chunk + r * Threads + its
+// index, every load issued before any is used (a settle's store may alias a later load).
+template <bool Rescan, int Threads, int Rows, class Source>
+__device__ __forceinline__ void load_step(const Source& source, std::size_t chunk, std::size_t end,
+                                          typename Source::value_type (&v)[Rows]) {
+#pragma unroll
+  for (int r = 0; r < Rows; ++r) {
+    const std::size_t i = chunk + std::size_t(r) * Threads + threadIdx.x;
+    if (i < end) v[r] = read<Rescan>(source, i);
+  }
+}
+
 // The same as write_pieces, striped: each step loads load_items rows of the piece (row r of
 // thread t at chunk + r * threads + t: every load a warp-wide coalesced stripe, all issued
 // before any is used) and ranks the kept values in index order from warp ballots (row by
@@ -175,12 +187,7 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   for (; chunk < end; chunk += std::size_t(threads) * rows) {
     T v[rows];
     unsigned kept[rows];
-    // Every row loaded before any state is stored (a store may alias a later load).
-#pragma unroll
-    for (int r = 0; r < rows; ++r) {
-      const std::size_t i = chunk + std::size_t(r) * threads + threadIdx.x;
-      if (i < end) v[r] = read<Rescan>(source, i);
-    }
+    load_step<Rescan, threads>(source, chunk, end, v);
 #pragma unroll
     for (int r = 0; r < rows; ++r) {
       const std::size_t i = chunk + std::size_t(r) * threads + threadIdx.x;
@@ -234,11 +241,7 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   for (; chunk < end; chunk += std::size_t(threads) * rows) {
     T v[rows];
     unsigned kept[rows];
-#pragma unroll
-    for (int r = 0; r < rows; ++r) {
-      const std::size_t i = chunk + std::size_t(r) * threads + threadIdx.x;
-      if (i < end) v[r] = source.value(i);
-    }
+    load_step<false, threads>(source, chunk, end, v);
 #pragma unroll
     for (int r = 0; r < rows; ++r) {
       const std::size_t i = chunk + std::size_t(r) * threads + threadIdx.x;
@@ -324,6 +327,16 @@ constexpr bool one_pass_select() {
 /// did not fit run again.
 inline constexpr double hint_slack = 1.5;
 
+/// kept[s] = the sum of count(p) over segment s's pieces p (the plan's segment_first).
+template <class Count>
+void sum_per_segment(const workspace& ws, Count count, std::span<std::size_t> kept) {
+  const auto& first = ws.plan.segment_first();
+  for (std::size_t s = 0; s + 1 < first.size(); ++s) {
+    kept[s] = 0;
+    for (std::uint32_t p = first[s]; p < first[s + 1]; ++p) kept[s] += std::size_t(count(p));
+  }
+}
+
 /// offsets = the exclusive scan of the pieces' counts, on the device.
 inline void scan_counts(workspace& ws, std::size_t pieces) {
   std::size_t bytes = 0;
@@ -377,11 +390,7 @@ void compact_in_regions(workspace& ws, const Source& source, const Predicate* de
     total += std::size_t(regions[3 * p] + regions[3 * p + 1]);
     stopped |= regions[3 * p + 1] > 0;
   }
-  const auto& first = ws.plan.segment_first();
-  for (std::size_t s = 0; s + 1 < first.size(); ++s) {
-    kept[s] = 0;
-    for (std::uint32_t p = first[s]; p < first[s + 1]; ++p) kept[s] += std::size_t(regions[3 * p] + regions[3 * p + 1]);
-  }
+  sum_per_segment(ws, [&](std::uint32_t p) { return regions[3 * p] + regions[3 * p + 1]; }, kept);
   const std::size_t start = out.size();
   ws.adopt(out);
   out.resize(start + total);  // keeps what out held (stream-ordered)
@@ -435,11 +444,7 @@ void compact(workspace& ws, const Source& source, std::span<const segment> layou
   ws.copy_back(ws.host_counts.data(), ws.counts.data(), pieces);
   std::size_t total = 0;
   for (std::size_t p = 0; p < pieces; ++p) total += ws.host_counts[p];
-  const auto& first = ws.plan.segment_first();
-  for (std::size_t s = 0; s < layout.size(); ++s) {
-    kept[s] = 0;
-    for (std::uint32_t p = first[s]; p < first[s + 1]; ++p) kept[s] += ws.host_counts[p];
-  }
+  sum_per_segment(ws, [&](std::uint32_t p) { return ws.host_counts[p]; }, kept);
   if (total > capacity) {
     out.resize(start + total);  // keeps what the first pass wrote (stream-ordered)
     write(true);
