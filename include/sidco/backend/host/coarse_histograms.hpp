@@ -54,10 +54,13 @@ class kept_histograms {
   const std::uint64_t* of(std::size_t segment) const { return counts_.data() + segment * coarse_bins; }
 
   /// out[s] = the coarse bin of segment s's targets[s]-th largest magnitude, walked down from
-  /// its highest touched bin (those above are zero).
+  /// its highest touched bin (those above are zero, so any k > 0 lies at or below it; k = 0
+  /// is reached at the top bin).
   void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) const {
-    for (std::size_t s = 0; s < targets.size(); ++s)
-      out[s] = kth_largest_bin(of(s), std::size_t(touched_[s].high) + 1, targets[s]);
+    for (std::size_t s = 0; s < targets.size(); ++s) {
+      const std::size_t bins = targets[s] == 0 ? coarse_bins : std::size_t(touched_[s].high) + 1;
+      out[s] = kth_largest_bin(of(s), bins, targets[s]);
+    }
   }
 
   std::size_t bytes() const {
