@@ -154,11 +154,7 @@ class cpu {
     for (std::size_t slot = 0; slot < shared_.size(); ++slot) {
       const shared_piece& piece = shared_[slot];
       if (!piece.used) continue;
-      std::uint64_t* kept = kept_.of(piece.segment);
-      const std::uint64_t* part = histograms_.data() + slot * coarse_bins;
-      kept[0] += part[0];
-      for (std::size_t d = piece.counted.bins.low; d <= piece.counted.bins.high; ++d) kept[d] += part[d];
-      kept_.touch(piece.segment, piece.counted.bins);
+      kept_.add(piece.segment, histograms_.data() + slot * coarse_bins, piece.counted.bins);
       segment_zeros_[piece.segment] += piece.counted.zeros;
     }
     for (std::size_t s = 0; s < counts.size(); ++s) {

@@ -50,6 +50,14 @@ class kept_histograms {
   /// Records the bins a count into segment's histogram added to (besides bin 0).
   void touch(std::size_t segment, touched_bins bins) { touched_[segment].merge(bins); }
 
+  /// Adds part, a histogram whose counts touched bins (and bin 0), to segment's.
+  void add(std::size_t segment, const std::uint64_t* part, touched_bins bins) {
+    std::uint64_t* histogram = of(segment);
+    histogram[0] += part[0];
+    for (std::size_t b = bins.low; b <= bins.high; ++b) histogram[b] += part[b];
+    touch(segment, bins);
+  }
+
   std::uint64_t* of(std::size_t segment) { return counts_.data() + segment * coarse_bins; }
   const std::uint64_t* of(std::size_t segment) const { return counts_.data() + segment * coarse_bins; }
 
