@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -345,6 +347,29 @@ TEST_CASE_TEMPLATE("error feedback conserves mass for every method", T, float, d
   check_method(presets::redsync_trimmed<>{}, "redsync_trimmed");
   check_method(presets::sidco_e_exact<>{}, "sidco_e_exact");
   check_method(presets::with_selection<methods::sidco_gp, select::trimmed<0>>{}, "sidco_gp trimmed");
+}
+
+TEST_CASE("DGC's k-th largest sampled magnitude is the sorted sample's, by heap and by nth_element") {
+  std::mt19937_64 rng(21);
+  std::uniform_int_distribution<int> tied(0, 40);  // many repeats, so ties sit at the k-th
+  std::exponential_distribution<double> magnitude(3.0);
+  for (std::size_t n : {1u, 2u, 17u, 1000u, 2048u}) {
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<double> values(n);
+      for (auto& v : values) v = kind == 0 ? magnitude(rng) : double(tied(rng)) / 8;
+      std::vector<double> sorted = values;
+      std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+      // Both sides of the heap's cut (k <= n / 16) and the ends.
+      for (std::size_t k : {std::size_t(1), std::size_t(2), n / 16, n / 16 + 1, n / 2, n}) {
+        if (k == 0 || k > n) continue;
+        std::vector<double> work = values;
+        CAPTURE(n);
+        CAPTURE(kind);
+        CAPTURE(k);
+        CHECK(estimate::sampled::kth_largest(work, k) == sorted[k - 1]);
+      }
+    }
+  }
 }
 
 TEST_CASE("bad options of the peer methods are clear errors") {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <vector>
@@ -66,9 +67,7 @@ class sampled {
     pass.sample_magnitudes(rng_.state, sample_);
     rng_.skip(samples);
     const std::size_t top = std::min(samples, std::size_t(std::ceil(delta * double(samples))));
-    std::nth_element(sample_.begin(), sample_.begin() + std::ptrdiff_t(top - 1), sample_.end(),
-                     std::greater<double>());
-    double t = sample_[top - 1];
+    double t = kth_largest(sample_, top);
     const double k = double(target_count(delta, n));
     int passes = 0;
     // |x| >= t is |x| > (the double just below t): the selection's comparison.
@@ -81,6 +80,25 @@ class sampled {
     // A sample of zeros alone gives 0: every non-zero is kept (never the zeros). A sample
     // is not a fit (stages 0); each lowering is a pass of its own (report.passes).
     return {t > 0 ? at_least(t) : 0.0, 0};
+  }
+
+  /// The k-th largest of values (1 <= k <= its size), which it reorders. A few of many (a
+  /// small layer's sample keeps 2 of 2,000): a min-heap of the k largest so far, which most
+  /// values pass by with one comparison; else std::nth_element. Either gives the same value.
+  static double kth_largest(std::span<double> values, std::size_t k) {
+    const auto heap_end = values.begin() + std::ptrdiff_t(k);
+    if (k > values.size() / 16) {
+      std::nth_element(values.begin(), heap_end - 1, values.end(), std::greater<double>());
+      return values[k - 1];
+    }
+    std::make_heap(values.begin(), heap_end, std::greater<double>());
+    for (auto v = heap_end; v != values.end(); ++v) {
+      if (!(*v > values.front())) continue;
+      std::pop_heap(values.begin(), heap_end, std::greater<double>());
+      *(heap_end - 1) = *v;
+      std::push_heap(values.begin(), heap_end, std::greater<double>());
+    }
+    return values.front();
   }
 
   /// The sample's buffer, kept between calls.
