@@ -47,16 +47,18 @@ nonfinite_value first_nonfinite(const Source& source) {
   return {source.size, 0.0};
 }
 
+/// out[j] = |x at sample_position(state, first + j, size)|: draws first, first + 1, ... of the
+/// sample, so that ranges of it can be drawn apart.
 template <class Source>
-void sample_magnitudes(const Source& source, std::uint64_t state, std::span<double> out) {
+void sample_magnitudes(const Source& source, std::uint64_t state, std::span<double> out, std::size_t first = 0) {
   // A block of positions first, then their reads: the reads' cache misses overlap as in a
   // gather from a table (drawn inside the read loop, fewer reads are in flight).
   constexpr std::size_t block = 256;
   std::size_t at[block];
-  for (std::size_t first = 0; first < out.size(); first += block) {
-    const std::size_t count = std::min(block, out.size() - first);
-    for (std::size_t j = 0; j < count; ++j) at[j] = sample_position(state, first + j, source.size);
-    for (std::size_t j = 0; j < count; ++j) out[first + j] = std::fabs(double(source.value(at[j])));
+  for (std::size_t done = 0; done < out.size(); done += block) {
+    const std::size_t count = std::min(block, out.size() - done);
+    for (std::size_t j = 0; j < count; ++j) at[j] = sample_position(state, first + done + j, source.size);
+    for (std::size_t j = 0; j < count; ++j) out[done + j] = std::fabs(double(source.value(at[j])));
   }
 }
 
