@@ -156,6 +156,89 @@ TEST_CASE("segmented runs its passes on the prototype's backend unless given ano
   CHECK(s.compress<float>(g, 0.1, out).selected > 0);
 }
 
+namespace {
+// 250 layers shorter than one thread's share (each estimated on a worker thread's own
+// backend) around one of 100,000 values (estimated on the calling thread with every
+// thread): the LSTM's first 20,000 values (embedding rows, mostly zeros) and then its last.
+struct short_layers {
+  std::vector<segment> layout;
+  std::vector<float> values;
+
+  short_layers() {
+    const auto g = test::load_gradient("lstm_it10.npy");
+    std::size_t n = 0;
+    for (std::size_t s = 0; s < 251; ++s) {
+      const std::size_t size = s == 125 ? 100000 : 300 + (s * 997) % 3700;
+      layout.push_back({n, size});
+      n += size;
+    }
+    const std::size_t head = 20000;
+    values.assign(g.begin(), g.begin() + std::ptrdiff_t(head));
+    values.insert(values.end(), g.end() - std::ptrdiff_t(n - head), g.end());
+  }
+};
+
+// An estimator that refuses inputs shorter than 1,000 values, naming the length.
+struct refuses_short {
+  static constexpr const char* name = "refuses-short";
+  static constexpr bool provides_threshold = true;
+  using statistics = backend::pass_statistics<true>;
+  template <class Pass>
+  estimate::threshold_estimate estimate(const moments& all, std::span<const moments>, double, Pass&) const {
+    if (all.count < 1000) detail::fail("refuses-short: ", all.count, " values");
+    return {0.0, 1};
+  }
+};
+}  // namespace
+
+TEST_CASE("every method's per-layer estimates, spread over threads, give one thread's bits") {
+  const short_layers data;
+  const std::span<const float> x(data.values);
+  methods::all::for_each([&](auto entry) {
+    using method = typename decltype(entry)::type;
+    std::vector<std::vector<std::pair<std::size_t, float>>> selections;
+    std::vector<std::vector<double>> thresholds;
+    for (int threads : {1, 2, 3}) {
+      INFO(method::about.name, ", ", threads, " threads");
+      segmented<methods::compressor_of<method>> c(data.layout, methods::make<method>(), {}, backend::cpu(threads));
+      feedback::residual<float> residual(x.size());
+      sparse_vector<float> out;
+      // With error feedback over calls: probes, drift and the stage controller all move.
+      for (std::size_t call = 0; call < 3; ++call) {
+        c.template compress<float>(x, 0.01, out, residual);
+        std::vector<double> t;
+        for (const auto& r : c.segment_reports()) t.push_back(r.threshold);
+        if (threads == 1) {
+          selections.push_back(test::entries(out));
+          thresholds.push_back(t);
+        } else {
+          REQUIRE(t == thresholds[call]);
+          REQUIRE(test::entries(out) == selections[call]);
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("an estimate that throws on worker threads is rethrown, the lowest layer's, residual unchanged") {
+  // Layers 2 and 3 are refused (both short, so both on worker threads); layer 4 is long.
+  const std::vector<segment> layout = {{0, 2000}, {2000, 1500}, {3500, 999}, {4499, 998}, {5497, 70000}, {75497, 3000}};
+  const std::size_t n = 78497;
+  const auto g = test::load_gradient("cnn_it200.npy");
+  const std::span<const float> x(g.data(), n);
+  using refusing = compressor<refuses_short, select::above_threshold, backend::cpu>;
+  for (int threads : {1, 2, 3}) {
+    INFO(threads, " threads");
+    segmented<refusing> c(layout, refusing{}, {}, backend::cpu(threads));
+    feedback::residual<float> residual(n);
+    for (std::size_t i = 0; i < n; ++i) residual.data()[i] = float(i % 5) * 1e-4f;
+    const std::vector<float> before(residual.data(), residual.data() + n);
+    sparse_vector<float> out;
+    CHECK_THROWS_WITH_AS(c.compress<float>(x, 0.01, out, residual), "sidco: refuses-short: 999 values", sidco::error);
+    CHECK(std::vector<float>(residual.data(), residual.data() + n) == before);
+  }
+}
+
 TEST_CASE("the default budget caps a segment at its non-zeros and gives the rest to the others") {
   // The LSTM's embedding has 73,000 non-zeros of 1,519,200: at delta = 0.1 its proportional
   // share (151,920) cannot be delivered, so it is capped and the surplus spread.

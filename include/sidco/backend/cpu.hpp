@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <span>
 #include <tuple>
 #include <type_traits>
@@ -117,6 +118,54 @@ class cpu {
     return threads_.count_each(source.size, [&](std::size_t lo, std::size_t hi) {
       return cpu_detail::count_above_in(source, lo, hi, above);
     }, offsets_);
+  }
+
+  /// f(s, backend) for every segment s of layout, f making segment s's own passes (an
+  /// estimator's) on the backend it is given and touching nothing of other segments; self
+  /// is this backend as the caller holds it. Segments too short to split over threads are
+  /// shared out among the threads, each passing a one-thread backend of its own; longer ones
+  /// follow on self, one at a time with every thread. Results do not depend on the thread
+  /// count, so neither on which backend served. A class derived from cpu gets self for every
+  /// segment, so that its own passes are the ones called. When f throws, the lowest
+  /// segment's exception is rethrown after the rest have run.
+  template <class Self, class F>
+  void for_each_segment(Self& self, std::span<const segment> layout, F&& f) {
+    static_assert(std::is_base_of_v<cpu, Self>, "cpu::for_each_segment: self is this backend");
+    short_segments_.clear();
+    if constexpr (std::is_same_v<Self, cpu>)
+      for (std::size_t s = 0; s < layout.size(); ++s)
+        if (threads_.count(layout[s].size) == 1) short_segments_.push_back(s);
+    const int threads = threads_.available();
+    if (threads == 1 || short_segments_.size() < 2) {
+      for (std::size_t s = 0; s < layout.size(); ++s) f(s, self);
+      return;
+    }
+    if (workers_.size() < std::size_t(threads)) workers_.resize(std::size_t(threads), cpu(1));
+    std::exception_ptr failed;
+    std::size_t failed_at = layout.size();
+    threads_.for_each_item(short_segments_.size(), [&](int thread, std::size_t i) {
+      const std::size_t s = short_segments_[i];
+      try {
+        f(s, workers_[std::size_t(thread)]);
+      } catch (...) {
+#if defined(_OPENMP)
+#pragma omp critical(sidco_cpu_for_each_segment)
+#endif
+        if (s < failed_at) {
+          failed_at = s;
+          failed = std::current_exception();
+        }
+      }
+    });
+    for (std::size_t s = 0, next = 0; s < layout.size(); ++s) {
+      if (next < short_segments_.size() && short_segments_[next] == s) {
+        ++next;
+        continue;
+      }
+      if (s > failed_at) break;
+      f(s, self);  // a throw here is from a lower segment than any recorded
+    }
+    if (failed) std::rethrow_exception(failed);
   }
 
   /// One pass over the whole buffer, the threads splitting it, not the layers (a layer
@@ -306,10 +355,16 @@ class cpu {
            (histograms_.capacity() + segment_zeros_.capacity()) * sizeof(std::uint64_t) + kept_.bytes() +
            shared_.capacity() * sizeof(shared_piece) +
            keys_.capacity() * sizeof(std::int64_t) +
-           selection_.workspace_bytes();
+           selection_.workspace_bytes() + short_segments_.capacity() * sizeof(std::size_t) + workers_bytes();
   }
 
  private:
+  std::size_t workers_bytes() const {
+    std::size_t bytes = workers_.capacity() * sizeof(cpu);
+    for (const cpu& worker : workers_) bytes += worker.workspace_bytes();
+    return bytes;
+  }
+
   // What count_keys counted besides the bins: the exact zeros, the bins it added to.
   struct key_counts {
     std::uint64_t zeros = 0;
@@ -413,6 +468,9 @@ class cpu {
   std::vector<shared_piece> shared_;
   std::vector<std::int64_t> keys_;
   std::vector<std::size_t> chosen_;  // Random-k's draw
+  // for_each_segment's: the segments it shares out, and a one-thread backend a thread.
+  std::vector<std::size_t> short_segments_;
+  std::vector<cpu> workers_;
 };
 
 }  // namespace sidco::backend

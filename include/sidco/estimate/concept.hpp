@@ -7,7 +7,9 @@
 // estimate(all, probes, delta, pass) -> threshold_estimate, where all is the moments of the
 // whole input, probes the tails the moments pass measured where the estimator asked, delta
 // the density to aim at, and pass its way to passes of its own (pass.tail<Log>(t),
-// pass.count_above(t), pass.sample_magnitudes(state, out)).
+// pass.count_above(t), pass.sample_magnitudes(state, out)). segmented<> on backend::cpu
+// runs the estimates of different layers at once, on different threads: estimate() may
+// change its own object and nothing shared.
 //
 // Optional hooks:
 //   observes = true: observe(achieved_density, delta) after every call, with the density

@@ -3,7 +3,8 @@
 //            Top-k, its coarse histograms' pass, which counts the same);
 //   check    non-finite input is refused before anything is written;
 //   budget   each segment's density;
-//   estimate each segment's threshold (with the estimator's own passes, or the fallback);
+//   estimate each segment's threshold (with the estimator's own passes, or the fallback;
+//            spread over threads where the backend can);
 //   select   one pass over every segment when the selection fuses layers or ranks candidates
 //            (then one keep_top_k over all), else per segment;
 //   report   each segment's report (adaptive estimators learn from it).
@@ -73,12 +74,18 @@ void run(Backend& backend, std::span<State> states, std::span<const segment> lay
   out.clear(source.size);
 
   if constexpr (Selection::fuses_layers || select::contract::declares_ranks_candidates<Selection>()) {
-    for (std::size_t s = 0; s < n; ++s) {
+    const auto estimate = [&](std::size_t s, auto& on) {
       const auto part = source.slice(layout[s].offset, layout[s].size);
-      work.estimates[s] = states[s].estimate(backend, part, work.all_of(s), work.probes_of(s), work.densities[s]);
+      work.estimates[s] = states[s].estimate(on, part, work.all_of(s), work.probes_of(s), work.densities[s]);
       work.thresholds[s] = work.estimates[s].estimate.threshold;
       work.targets[s] = target_count(work.densities[s], layout[s].size);
-    }
+    };
+    // A backend that can spreads the segments' estimates over its threads (segment s's
+    // estimate touches only state s and slot s).
+    if constexpr (requires { backend.for_each_segment(backend, layout, estimate); })
+      backend.for_each_segment(backend, layout, estimate);
+    else
+      for (std::size_t s = 0; s < n; ++s) estimate(s, backend);
     if constexpr (Selection::fuses_layers) {
       std::size_t hint = 0;
       for (std::size_t s = 0; s < n; ++s) hint += work.targets[s];

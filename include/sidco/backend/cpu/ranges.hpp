@@ -25,13 +25,8 @@ class thread_ranges {
 
   /// How many ranges n values are split into.
   int count(std::size_t n) const {
-#if defined(_OPENMP)
-    const int available = threads_ > 0 ? threads_ : omp_get_max_threads();
-#else
-    const int available = 1;
-#endif
     const std::size_t useful = std::max<std::size_t>(1, n / tuning::min_per_thread);
-    return int(std::min<std::size_t>(std::size_t(std::max(available, 1)), useful));
+    return int(std::min<std::size_t>(std::size_t(available()), useful));
   }
 
   /// Range r of `ranges` over [0, n): contiguous, inner ends aligned.
@@ -53,6 +48,33 @@ class thread_ranges {
       const std::size_t hi = r + 1 == ranges ? n : begin(n, ranges, r + 1);
       f(r, lo, hi);
     }
+  }
+
+  /// How many threads the backend may use.
+  int available() const {
+#if defined(_OPENMP)
+    return std::max(1, threads_ > 0 ? threads_ : omp_get_max_threads());
+#else
+    return 1;
+#endif
+  }
+
+  /// f(thread, i) for every i in [0, n), the items shared out among the threads as they
+  /// free up (their costs differ); thread is the caller's index in [0, available()). For
+  /// items whose results do not depend on which thread runs them.
+  template <class F>
+  void for_each_item(std::size_t n, F&& f) const {
+    const int threads = int(std::min<std::size_t>(std::size_t(available()), n));
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+      const int thread = omp_get_thread_num();
+#pragma omp for schedule(dynamic, tuning::items_per_grab)
+      for (std::size_t i = 0; i < n; ++i) f(thread, i);
+    }
+#else
+    for (std::size_t i = 0; i < n; ++i) f(0, i);
+#endif
   }
 
   /// count(lo, hi) per range; offsets[r] is where range r's entries start, offsets[ranges]

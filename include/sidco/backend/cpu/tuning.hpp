@@ -22,6 +22,10 @@ struct tuning {
   // (64 bytes per statistic) is noise next to its data (256 KB of floats), small enough
   // that ranges of 2^15+ values split into units evenly.
   static constexpr std::size_t moments_unit = std::size_t(1) << 16;
+  // Items a thread takes at a time when items are shared out as threads free up (one small
+  // layer's estimate: about a microsecond): enough that taking them costs little next to
+  // running them, few enough that the threads end together.
+  static constexpr std::size_t items_per_grab = 8;
   // Values per block of the portable selection loop: one max-reduction decides whether a
   // block holds anything to keep (at 0.1% density most blocks do not). At 16, GCC unrolls
   // the block's loops whole and then vectorizes none of them: 5x slower at 2^23 floats
