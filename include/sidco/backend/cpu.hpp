@@ -316,7 +316,7 @@ class cpu {
   }
 
   /// The sample's ranges drawn by the threads: each draw is a cache miss on a large buffer,
-  /// and two threads keep twice as many in flight.
+  /// and each thread keeps its own draws in flight.
   template <class Source>
   void sample_magnitudes(const Source& source, std::uint64_t state, std::span<double> out) {
     threads_.for_each(out.size(), [&](int, std::size_t lo, std::size_t hi) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <type_traits>
 
 #include "sidco/core/checks.hpp"
 #include "sidco/core/error.hpp"
@@ -81,8 +82,11 @@ void run(Backend& backend, std::span<State> states, std::span<const segment> lay
       work.targets[s] = target_count(work.densities[s], layout[s].size);
     };
     // A backend that can spreads the segments' estimates over its threads (segment s's
-    // estimate touches only state s and slot s).
-    if constexpr (requires { backend.for_each_segment(backend, layout, estimate); })
+    // estimate touches only state s and slot s); an estimator that computes no threshold
+    // (Top-k's) is not worth starting them for.
+    using Estimator = std::remove_cvref_t<decltype(states[0].estimator())>;
+    if constexpr (Estimator::provides_threshold &&
+                  requires { backend.for_each_segment(backend, layout, estimate); })
       backend.for_each_segment(backend, layout, estimate);
     else
       for (std::size_t s = 0; s < n; ++s) estimate(s, backend);
