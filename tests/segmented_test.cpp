@@ -5,6 +5,9 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #include <sidco/comm/capacity.hpp>
 #include <sidco/io/manifest.hpp>
 #include <sidco/sidco.hpp>
@@ -238,6 +241,30 @@ TEST_CASE("an estimate that throws on worker threads is rethrown, the lowest lay
     CHECK(std::vector<float>(residual.data(), residual.data() + n) == before);
   }
 }
+
+#if defined(_OPENMP)
+TEST_CASE("work for one thread runs without an OpenMP team, nested or not") {
+  // A team of one still ends in a futex wake; per layer on worker threads that was a system
+  // call per pass. omp_get_level counts every enclosing region, one thread or many.
+  using backend::cpu_detail::thread_ranges;
+  const std::size_t long_n = std::size_t(1) << 20, short_n = 1000;
+  std::vector<int> levels;
+  auto record = [&](int, std::size_t, std::size_t) { levels.push_back(omp_get_level()); };
+  thread_ranges(1).for_each(long_n, record);
+  thread_ranges(2).for_each(short_n, record);
+  thread_ranges(1).for_each_item(5, [&](int, std::size_t) { levels.push_back(omp_get_level()); });
+  CHECK(levels == std::vector<int>(7, 0));
+
+  // Two threads over a long range do make a team; a one-thread worker inside it adds none.
+  std::vector<int> outer(2, -1), inner(8, -1);
+  thread_ranges(2).for_each(long_n, [&](int r, std::size_t, std::size_t) { outer[std::size_t(r)] = omp_get_level(); });
+  CHECK(outer == std::vector<int>(2, 1));
+  thread_ranges(2).for_each_item(8, [&](int, std::size_t i) {
+    thread_ranges(1).for_each(long_n, [&](int, std::size_t, std::size_t) { inner[i] = omp_get_level(); });
+  });
+  CHECK(inner == std::vector<int>(8, 1));
+}
+#endif
 
 TEST_CASE("the default budget caps a segment at its non-zeros and gives the rest to the others") {
   // The LSTM's embedding has 73,000 non-zeros of 1,519,200: at delta = 0.1 its proportional

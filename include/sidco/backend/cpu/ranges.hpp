@@ -40,8 +40,12 @@ class thread_ranges {
   template <class F>
   void for_each(std::size_t n, F&& f) const {
     const int ranges = count(n);
+    if (ranges == 1) {  // no OpenMP team: even a one-thread region ends in a futex wake
+      f(0, std::size_t(0), n);
+      return;
+    }
 #if defined(_OPENMP)
-#pragma omp parallel for num_threads(ranges) schedule(static, 1) if (ranges > 1)
+#pragma omp parallel for num_threads(ranges) schedule(static, 1)
 #endif
     for (int r = 0; r < ranges; ++r) {
       const std::size_t lo = begin(n, ranges, r);
@@ -65,8 +69,12 @@ class thread_ranges {
   template <class F>
   void for_each_item(std::size_t n, F&& f) const {
     const int threads = int(std::min<std::size_t>(std::size_t(available()), n));
+    if (threads <= 1) {  // as for_each: no team for one thread
+      for (std::size_t i = 0; i < n; ++i) f(0, i);
+      return;
+    }
 #if defined(_OPENMP)
-#pragma omp parallel num_threads(threads) if (threads > 1)
+#pragma omp parallel num_threads(threads)
     {
       const int thread = omp_get_thread_num();
 #pragma omp for schedule(dynamic, tuning::items_per_grab)
