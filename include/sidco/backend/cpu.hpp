@@ -157,14 +157,8 @@ class cpu {
         }
       }
     });
-    for (std::size_t s = 0, next = 0; s < layout.size(); ++s) {
-      if (next < short_segments_.size() && short_segments_[next] == s) {
-        ++next;
-        continue;
-      }
-      if (s > failed_at) break;
-      f(s, self);  // a throw here is from a lower segment than any recorded
-    }
+    for (std::size_t s = 0; s < layout.size() && s < failed_at; ++s)
+      if (threads_.count(layout[s].size) > 1) f(s, self);  // a throw here is from a lower segment than any recorded
     if (failed) std::rethrow_exception(failed);
   }
 
