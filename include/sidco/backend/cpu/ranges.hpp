@@ -80,8 +80,6 @@ class thread_ranges {
 #pragma omp for schedule(dynamic, tuning::items_per_grab)
       for (std::size_t i = 0; i < n; ++i) f(thread, i);
     }
-#else
-    for (std::size_t i = 0; i < n; ++i) f(0, i);
 #endif
   }
 
