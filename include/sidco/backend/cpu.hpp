@@ -163,48 +163,73 @@ class cpu {
   }
 
   /// One pass over the whole buffer, the threads splitting it, not the layers (a layer
-  /// costs no hand-off of its own): a segment that a thread's range holds whole is cleared
-  /// and counted straight into its kept histogram by that thread, one that it shares with
-  /// another range (at most its first and its last) into the range's own, added after. The
-  /// non-finite values are the histogram's top bins. Each count records the bins it
-  /// touched, so a small layer's clear, fold and k-th bin walk stay within its magnitudes.
+  /// costs no hand-off of its own): a segment that a thread's range holds whole is counted
+  /// by that thread into its scratch histogram and kept from there (its touched bins only),
+  /// one that it shares with another range (at most its first and its last) into the
+  /// range's own, added and kept after. The non-finite values are the histogram's top bins.
   template <class Source>
   void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
     using T = typename Source::value_type;
     const std::size_t segments = layout.size(), ranges = std::size_t(threads_.count(source.size));
-    kept_.resize(segments);  // each cleared by the thread that counts it, or before the fold
+    kept_.resize(segments, ranges + 1);  // writer r: range r's; writer ranges: the shared segments'
     segment_zeros_.assign(segments, 0);
     shared_.assign(2 * ranges, shared_piece{});
-    histograms_.resize(2 * ranges * coarse_bins);  // a slot cleared by the thread that uses it
+    failed_.assign(ranges, nullptr);
+    // Per range: two slots for the pieces it shares, cleared where used, then its scratch,
+    // zero between counts (keep zeros what it took) unless a count failed.
+    const std::size_t histogram_counts = 3 * ranges * coarse_bins;
+    if (!scratch_zero_ || histograms_.size() != histogram_counts) histograms_.assign(histogram_counts, 0);
+    scratch_zero_ = false;
     threads_.for_each(source.size, [&](int r, std::size_t lo, std::size_t hi) {
-      cpu_detail::for_each_piece(layout, lo, hi, [&](std::size_t s, std::size_t a, std::size_t b) {
-        if (a == layout[s].offset && b == layout[s].end()) {
-          kept_.clear(s);
-          const key_counts counted = count_keys(source, a, b, kept_.of(s));
-          segment_zeros_[s] = counted.zeros;
-          kept_.touch(s, counted.bins);
-        } else {  // the range's first piece (slot 0) or its last (slot 1)
-          const std::size_t slot = 2 * std::size_t(r) + (a == lo ? 0 : 1);
-          std::uint64_t* part = histograms_.data() + slot * coarse_bins;
-          std::fill(part, part + coarse_bins, std::uint64_t(0));
-          shared_[slot] = {s, count_keys(source, a, b, part), true};
-        }
-        return true;
-      });
+      std::uint64_t* scratch = histograms_.data() + (2 * ranges + std::size_t(r)) * coarse_bins;
+      try {
+        cpu_detail::for_each_piece(layout, lo, hi, [&](std::size_t s, std::size_t a, std::size_t b) {
+          if (a == layout[s].offset && b == layout[s].end()) {
+            const key_counts counted = count_keys(source, a, b, scratch);
+            segment_zeros_[s] = counted.zeros;
+            kept_.keep(s, std::size_t(r), scratch, counted.bins);  // may grow the arena: may throw
+          } else {  // the range's first piece (slot 0) or its last (slot 1)
+            const std::size_t slot = 2 * std::size_t(r) + (a == lo ? 0 : 1);
+            std::uint64_t* part = histograms_.data() + slot * coarse_bins;
+            std::fill(part, part + coarse_bins, std::uint64_t(0));
+            shared_[slot] = {s, count_keys(source, a, b, part), true};
+          }
+          return true;
+        });
+      } catch (...) {  // no exception may leave an OpenMP region
+        failed_[std::size_t(r)] = std::current_exception();
+      }
     });
-    for (const shared_piece& piece : shared_)
-      if (piece.used) kept_.clear(piece.segment);
-    for (std::size_t slot = 0; slot < shared_.size(); ++slot) {
-      const shared_piece& piece = shared_[slot];
-      if (!piece.used) continue;
-      kept_.add(piece.segment, histograms_.data() + slot * coarse_bins, piece.counted.bins);
-      segment_zeros_[piece.segment] += piece.counted.zeros;
+    for (const std::exception_ptr& failed : failed_)
+      if (failed) std::rethrow_exception(failed);
+    scratch_zero_ = true;
+    // A shared segment's pieces sit in consecutive slots: each is added to its first's.
+    for (std::size_t slot = 0; slot < shared_.size();) {
+      if (!shared_[slot].used) {
+        ++slot;
+        continue;
+      }
+      const std::size_t s = shared_[slot].segment;
+      std::uint64_t* histogram = histograms_.data() + slot * coarse_bins;
+      host::touched_bins bins = shared_[slot].counted.bins;
+      segment_zeros_[s] = shared_[slot].counted.zeros;
+      for (++slot; slot < shared_.size() && (!shared_[slot].used || shared_[slot].segment == s); ++slot) {
+        const shared_piece& piece = shared_[slot];
+        if (!piece.used) continue;
+        const std::uint64_t* part = histograms_.data() + slot * coarse_bins;
+        histogram[0] += part[0];
+        for (std::size_t bin = piece.counted.bins.low; bin <= piece.counted.bins.high; ++bin)
+          histogram[bin] += part[bin];
+        bins.merge(piece.counted.bins);
+        segment_zeros_[s] += piece.counted.zeros;
+      }
+      kept_.keep(s, ranges, histogram, bins);
     }
     for (std::size_t s = 0; s < counts.size(); ++s) {
       moments& m = counts[s] = moments{};
       m.count = layout[s].size;
       m.zeros = segment_zeros_[s];
-      m.nonfinite = host::nonfinite_in_histogram<T>(kept_.of(s));
+      m.nonfinite = host::nonfinite_in_histogram<T>(kept_, s);
     }
   }
 
@@ -340,14 +365,15 @@ class cpu {
   }
 
   /// Bytes of scratch kept between calls: O(threads + segments + N / moments_unit) (a
-  /// segment's coarse histogram is 32 KiB), plus Random-k's k drawn indices.
+  /// thread's coarse histograms are 96 KiB; a segment's keeps 8 bytes a bin its magnitudes
+  /// span, at most 32 KiB), plus Random-k's k drawn indices.
   std::size_t workspace_bytes() const {
     const std::size_t probes =
         std::apply([](const auto&... v) { return (std::size_t(0) + ... + (v.capacity() * sizeof(v[0]))); }, probes_);
     return partials_.capacity() * sizeof(moments) + probes +
            (first_unit_.capacity() + offsets_.capacity() + chosen_.capacity()) * sizeof(std::size_t) +
            (histograms_.capacity() + segment_zeros_.capacity()) * sizeof(std::uint64_t) + kept_.bytes() +
-           shared_.capacity() * sizeof(shared_piece) +
+           shared_.capacity() * sizeof(shared_piece) + failed_.capacity() * sizeof(std::exception_ptr) +
            keys_.capacity() * sizeof(std::int64_t) +
            selection_.workspace_bytes() + short_segments_.capacity() * sizeof(std::size_t) + workers_bytes();
   }
@@ -455,11 +481,14 @@ class cpu {
              std::vector<cpu_detail::probe_at<float16>>, std::vector<cpu_detail::probe_at<bfloat16>>>
       probes_;
   std::vector<std::size_t> first_unit_, offsets_;
-  // coarse_histograms': each segment's histogram (kept for kth_largest_bins) and zeros, and
-  // two histograms a range for the pieces it shares.
+  // coarse_histograms': each segment's histogram (kept for kth_largest_bins) and zeros;
+  // three histograms a range (the pieces it shares, its scratch), whether the scratch is all
+  // zero, and each range's failure.
   host::kept_histograms kept_;
   std::vector<std::uint64_t> segment_zeros_, histograms_;
   std::vector<shared_piece> shared_;
+  bool scratch_zero_ = false;
+  std::vector<std::exception_ptr> failed_;
   std::vector<std::int64_t> keys_;
   std::vector<std::size_t> chosen_;  // Random-k's draw
   // for_each_segment's: the segments it shares out, and a one-thread backend a thread.

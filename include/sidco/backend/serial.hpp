@@ -66,13 +66,12 @@ struct basic_serial {
   template <class Source>
   void coarse_histograms(const Source& source, std::span<const segment> layout, std::span<moments> counts) {
     constexpr int shift = coarse_shift<magnitude_key_t<typename Source::value_type>>;
-    histograms_.resize(layout.size());
+    histograms_.resize(layout.size(), 1);
+    counting_.assign(coarse_bins, 0);
     for (std::size_t s = 0; s < layout.size(); ++s) {
-      histograms_.clear(s);
-      std::uint64_t* histogram = histograms_.of(s);
       for (std::size_t i = layout[s].offset; i < layout[s].end(); ++i)
-        ++histogram[magnitude_key(source.value(i)) >> shift];
-      histograms_.touch(s, host::all_bins);  // the oracle clears and walks every bin
+        ++counting_[magnitude_key(source.value(i)) >> shift];
+      histograms_.keep(s, 0, counting_.data(), host::all_bins);  // the oracle keeps and walks every bin
       if (!counts.empty()) counts[s] = host::counts_in(source, layout[s].offset, layout[s].end());
     }
   }
@@ -175,6 +174,7 @@ struct basic_serial {
 
   std::vector<std::size_t> chosen_;          // Random-k's draw, reused
   host::kept_histograms histograms_;         // coarse_histograms' per segment, for kth_largest_bins
+  std::vector<std::uint64_t> counting_;      // the segment coarse_histograms counts
 };
 
 /// The serial oracle on host memory.

@@ -1,5 +1,7 @@
 // Every segment's coarse histogram of magnitude keys, kept by a host backend from its
 // coarse_histograms pass for kth_largest_bins: the serial oracle and backend::cpu share it.
+// Kept packed: a segment's counts come from a writer's full 4,096-bin scratch, but only the
+// bins it touched stay (a 32 KiB histogram per small layer would outweigh the layer).
 #pragma once
 
 #include <algorithm>
@@ -28,69 +30,99 @@ struct touched_bins {
 /// Every bin of a histogram.
 inline constexpr touched_bins all_bins{0, std::uint32_t(coarse_bins - 1)};
 
+/// The segments' histograms, each bin 0 and its touched bins, in one arena per writer.
 class kept_histograms {
  public:
-  /// coarse_bins counts for each of segments, one after another, left as they were: each
-  /// is cleared (clear) where it is counted.
-  void resize(std::size_t segments) {
-    counts_.resize(segments * coarse_bins);
-    touched_.resize(segments);
+  /// Makes room for segments' histograms, kept by up to `writers` threads at once (writer w
+  /// stores into its own arena), each segment empty until kept.
+  void resize(std::size_t segments, std::size_t writers) {
+    kept_.assign(segments, kept{});
+    if (arenas_.size() < writers) arenas_.resize(writers);
+    for (std::vector<std::uint64_t>& arena : arenas_) arena.clear();
   }
 
-  /// Zeros segment's histogram where its counts since the last clear touched it (bin 0 and
-  /// the bins touch recorded: every other bin is zero already), so that a layer's clear and
-  /// its k-th bin walk cost the range its magnitudes span, not 4,096 bins.
-  void clear(std::size_t segment) {
-    std::uint64_t* histogram = of(segment);
+  /// Keeps histogram (coarse_bins counts, every bin outside bin 0 and bins zero) as
+  /// segment's, in writer's arena: bin 0 and the touched bins only, so that a small layer
+  /// costs the range its magnitudes span, not 4,096 bins. Zeros those bins of histogram, so
+  /// that it is ready for the next count. Writers may keep different segments at once.
+  void keep(std::size_t segment, std::size_t writer, std::uint64_t* histogram, touched_bins bins) {
+    std::vector<std::uint64_t>& arena = arenas_[writer];
+    kept& k = kept_[segment];
+    k = kept{histogram[0], std::uint32_t(writer), arena.size(), std::max<std::uint32_t>(bins.low, 1), bins.high};
     histogram[0] = 0;
-    if (const touched_bins t = touched_[segment]; t.low <= t.high)
-      std::fill(histogram + t.low, histogram + t.high + 1, std::uint64_t(0));
-    touched_[segment] = {};
-  }
-  /// Records the bins a count into segment's histogram added to (besides bin 0).
-  void touch(std::size_t segment, touched_bins bins) { touched_[segment].merge(bins); }
-
-  /// Adds part, a histogram whose counts touched bins (and bin 0), to segment's.
-  void add(std::size_t segment, const std::uint64_t* part, touched_bins bins) {
-    std::uint64_t* histogram = of(segment);
-    histogram[0] += part[0];
-    for (std::size_t b = bins.low; b <= bins.high; ++b) histogram[b] += part[b];
-    touch(segment, bins);
+    if (k.low > k.high) return;
+    arena.insert(arena.end(), histogram + k.low, histogram + k.high + 1);
+    std::fill(histogram + k.low, histogram + k.high + 1, std::uint64_t(0));
   }
 
-  std::uint64_t* of(std::size_t segment) { return counts_.data() + segment * coarse_bins; }
-  const std::uint64_t* of(std::size_t segment) const { return counts_.data() + segment * coarse_bins; }
+  /// The count of segment's bins from `first` up.
+  std::uint64_t count_from(std::size_t segment, std::size_t first) const {
+    const kept& k = kept_[segment];
+    std::uint64_t n = first == 0 ? k.zero_bin : 0;
+    for (std::size_t b = std::max<std::size_t>(first, k.low); b <= k.high; ++b) n += bin(k, b);
+    return n;
+  }
 
-  /// out[s] = the coarse bin of segment s's targets[s]-th largest magnitude, walked down from
-  /// its highest touched bin (those above are zero, so any k > 0 lies at or below it; k = 0
-  /// is reached at the top bin).
+  /// out[s] = kth_largest_bin of segment s's histogram for targets[s], walked down from its
+  /// highest touched bin (those above are zero, so any k > 0 lies at or below it, and
+  /// those between bin 0 and the lowest touched are zero too; k = 0 is reached at the top
+  /// bin).
   void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) const {
     for (std::size_t s = 0; s < targets.size(); ++s) {
-      const std::size_t bins = targets[s] == 0 ? coarse_bins : std::size_t(touched_[s].high) + 1;
-      out[s] = kth_largest_bin(of(s), bins, targets[s]);
+      const kept& k = kept_[s];
+      const std::size_t target = targets[s];
+      if (target == 0) {
+        constexpr std::size_t top = coarse_bins - 1;
+        out[s] = {top, std::size_t(k.low <= top && top <= k.high ? bin(k, top) : 0)};
+        continue;
+      }
+      std::size_t needed = target;
+      out[s] = {0, 0};
+      bool found = false;
+      for (std::size_t b = k.high; b >= k.low && b > 0; --b) {
+        const std::uint64_t count = bin(k, b);
+        if (count >= needed) {
+          out[s] = {b, std::size_t(target - needed + count)};
+          found = true;
+          break;
+        }
+        needed -= count;
+      }
+      if (!found) out[s] = {0, std::size_t(target - needed + k.zero_bin)};
     }
   }
 
   std::size_t bytes() const {
-    return counts_.capacity() * sizeof(std::uint64_t) + touched_.capacity() * sizeof(touched_bins);
+    std::size_t n = kept_.capacity() * sizeof(kept) + arenas_.capacity() * sizeof(arenas_[0]);
+    for (const std::vector<std::uint64_t>& arena : arenas_) n += arena.capacity() * sizeof(std::uint64_t);
+    return n;
   }
 
  private:
-  std::vector<std::uint64_t> counts_;
-  std::vector<touched_bins> touched_;
+  // A kept histogram: bin 0's count, and bins [low, high] (none when low > high) at
+  // arenas_[writer][offset, ...).
+  struct kept {
+    std::uint64_t zero_bin = 0;
+    std::uint32_t writer = 0;
+    std::size_t offset = 0;
+    std::uint32_t low = std::uint32_t(coarse_bins), high = 0;
+  };
+
+  std::uint64_t bin(const kept& k, std::size_t b) const { return arenas_[k.writer][k.offset + (b - k.low)]; }
+
+  std::vector<kept> kept_;
+  std::vector<std::vector<std::uint64_t>> arenas_;
 };
 
-/// The non-finite values a coarse histogram of T's keys counts: its bins from infinity's up,
-/// exactly, since infinity's key has no bits below the coarse bin.
+/// The non-finite values segment's kept histogram of T's keys counts: its bins from
+/// infinity's up, exactly, since infinity's key has no bits below the coarse bin.
 template <class T>
-std::uint64_t nonfinite_in_histogram(const std::uint64_t* histogram) {
+std::uint64_t nonfinite_in_histogram(const kept_histograms& kept, std::size_t segment) {
   using Key = magnitude_key_t<T>;
   constexpr Key infinity = float_traits<T>::infinity;
   constexpr std::size_t first = std::size_t(infinity >> coarse_shift<Key>);
   static_assert((Key(first) << coarse_shift<Key>) == infinity, "infinity's key must start a coarse bin");
-  std::uint64_t n = 0;
-  for (std::size_t b = first; b < coarse_bins; ++b) n += histogram[b];
-  return n;
+  return kept.count_from(segment, first);
 }
 
 }  // namespace sidco::backend::host
