@@ -197,10 +197,14 @@ template <class Source, class Index>
 inline constexpr bool selects =
     handles<Source> && sizeof(Index) == sizeof(cpu_detail::lane_t<typename Source::value_type>);
 
+// The wrappers' parameters are [[maybe_unused]]: a build whose targets have no kernels
+// (HWY_COMPILE_ONLY_STATIC without -march on x86) dispatches to none of them.
+
 /// How many |x_i| > t in [lo, hi) over whole vectors; returns where it stopped (lo when
 /// the kernels do not run).
 template <class Source, class S>
-std::size_t count_above(const Source& s, std::size_t lo, std::size_t hi, S above, std::size_t& count) {
+std::size_t count_above([[maybe_unused]] const Source& s, std::size_t lo, [[maybe_unused]] std::size_t hi,
+                        [[maybe_unused]] S above, [[maybe_unused]] std::size_t& count) {
   if (!active()) return lo;
   SIDCO_SIMD_DISPATCH(count_above(s, lo, hi, above, count));
 }
@@ -208,16 +212,18 @@ std::size_t count_above(const Source& s, std::size_t lo, std::size_t hi, S above
 /// The selection's inner loop over whole vectors (see the kernel); returns where it stopped
 /// (lo when the kernels do not run).
 template <bool Final, class Source, class S, class T, class Index>
-std::size_t write_above(const Source& s, std::size_t lo, std::size_t hi, S above, Index* indices, T* values,
-                        std::size_t& at, std::size_t end) {
+std::size_t write_above([[maybe_unused]] const Source& s, std::size_t lo, [[maybe_unused]] std::size_t hi,
+                        [[maybe_unused]] S above, [[maybe_unused]] Index* indices, [[maybe_unused]] T* values,
+                        [[maybe_unused]] std::size_t& at, [[maybe_unused]] std::size_t end) {
   if (!active()) return lo;
   SIDCO_SIMD_DISPATCH(write_above<Final>(s, lo, hi, above, indices, values, at, end));
 }
 
 /// A block's lane statistics (see the kernel). Only when active().
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
-void block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
-                      cpu_detail::lane_statistics<T, Probes, Sum>& out) {
+void block_statistics([[maybe_unused]] const Source& s, [[maybe_unused]] std::size_t i,
+                      [[maybe_unused]] std::size_t block, [[maybe_unused]] const cpu_detail::probe_at<T>* probes,
+                      [[maybe_unused]] cpu_detail::lane_statistics<T, Probes, Sum>& out) {
   SIDCO_SIMD_DISPATCH(block_statistics<Log, TailLog, Probes>(s, i, block, probes, out));
 }
 
