@@ -82,8 +82,8 @@ class compaction {
  private:
   // One range's share of a one-pass compaction: [begin, end) of the output, at the next free
   // slot, stop where the range's pass stopped, hi where the range ends, leftover kept after
-  // stop, place its final offset.
-  struct region {
+  // stop, place its final offset. Its own cache line: at moves with every entry written.
+  struct alignas(tuning::own_line) region {
     std::size_t begin, end, at, stop, hi, leftover, place;
   };
 

@@ -38,7 +38,7 @@ class kept_histograms {
   void resize(std::size_t segments, std::size_t writers) {
     kept_.assign(segments, kept{});
     if (arenas_.size() < writers) arenas_.resize(writers);
-    for (std::vector<std::uint64_t>& arena : arenas_) arena.clear();
+    for (arena& a : arenas_) a.counts.clear();
   }
 
   /// Keeps histogram (coarse_bins counts, every bin outside bin 0 and bins zero) as
@@ -46,12 +46,12 @@ class kept_histograms {
   /// costs the range its magnitudes span, not 4,096 bins. Zeros those bins of histogram, so
   /// that it is ready for the next count. Writers may keep different segments at once.
   void keep(std::size_t segment, std::size_t writer, std::uint64_t* histogram, touched_bins bins) {
-    std::vector<std::uint64_t>& arena = arenas_[writer];
+    std::vector<std::uint64_t>& counts = arenas_[writer].counts;
     kept& k = kept_[segment];
-    k = kept{histogram[0], std::uint32_t(writer), arena.size(), std::max<std::uint32_t>(bins.low, 1), bins.high};
+    k = kept{histogram[0], std::uint32_t(writer), counts.size(), std::max<std::uint32_t>(bins.low, 1), bins.high};
     histogram[0] = 0;
     if (k.low > k.high) return;
-    arena.insert(arena.end(), histogram + k.low, histogram + k.high + 1);
+    counts.insert(counts.end(), histogram + k.low, histogram + k.high + 1);
     std::fill(histogram + k.low, histogram + k.high + 1, std::uint64_t(0));
   }
 
@@ -93,8 +93,8 @@ class kept_histograms {
   }
 
   std::size_t bytes() const {
-    std::size_t n = kept_.capacity() * sizeof(kept) + arenas_.capacity() * sizeof(arenas_[0]);
-    for (const std::vector<std::uint64_t>& arena : arenas_) n += arena.capacity() * sizeof(std::uint64_t);
+    std::size_t n = kept_.capacity() * sizeof(kept) + arenas_.capacity() * sizeof(arena);
+    for (const arena& a : arenas_) n += a.counts.capacity() * sizeof(std::uint64_t);
     return n;
   }
 
@@ -108,10 +108,15 @@ class kept_histograms {
     std::uint32_t low = std::uint32_t(coarse_bins), high = 0;
   };
 
-  std::uint64_t bin(const kept& k, std::size_t b) const { return arenas_[k.writer][k.offset + (b - k.low)]; }
+  // A writer's kept bins, on its own cache line: writers grow theirs at once.
+  struct alignas(64) arena {
+    std::vector<std::uint64_t> counts;
+  };
+
+  std::uint64_t bin(const kept& k, std::size_t b) const { return arenas_[k.writer].counts[k.offset + (b - k.low)]; }
 
   std::vector<kept> kept_;
-  std::vector<std::vector<std::uint64_t>> arenas_;
+  std::vector<arena> arenas_;
 };
 
 /// The non-finite values segment's kept histogram of T's keys counts: its bins from
