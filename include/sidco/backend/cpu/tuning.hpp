@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "sidco/backend/host/cache_line.hpp"
+
 namespace sidco::backend::cpu_detail {
 
 struct tuning {
@@ -52,7 +54,7 @@ struct tuning {
   // two threads' cursors on one line cost a line transfer per write. Two threads' region
   // cursors shared a line before: per-layer selections, which write a few values every
   // layer on both threads at once, took 1.6x the time.
-  static constexpr std::size_t own_line = 64;
+  static constexpr std::size_t own_line = host::own_cache_line;
 };
 
 }  // namespace sidco::backend::cpu_detail

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "sidco/backend/host/cache_line.hpp"
 #include "sidco/core/float_traits.hpp"
 #include "sidco/core/magnitude_key.hpp"
 #include "sidco/core/radix_select.hpp"
@@ -63,33 +64,9 @@ class kept_histograms {
     return n;
   }
 
-  /// out[s] = kth_largest_bin of segment s's histogram for targets[s], walked down from its
-  /// highest touched bin (those above are zero, so any k > 0 lies at or below it, and
-  /// those between bin 0 and the lowest touched are zero too; k = 0 is reached at the top
-  /// bin).
+  /// out[s] = kth_largest_bin of segment s's histogram for targets[s].
   void kth_largest_bins(std::span<const std::size_t> targets, std::span<key_bin> out) const {
-    for (std::size_t s = 0; s < targets.size(); ++s) {
-      const kept& k = kept_[s];
-      const std::size_t target = targets[s];
-      if (target == 0) {
-        constexpr std::size_t top = coarse_bins - 1;
-        out[s] = {top, std::size_t(k.low <= top && top <= k.high ? bin(k, top) : 0)};
-        continue;
-      }
-      std::size_t needed = target;
-      out[s] = {0, 0};
-      bool found = false;
-      for (std::size_t b = k.high; b >= k.low && b > 0; --b) {
-        const std::uint64_t count = bin(k, b);
-        if (count >= needed) {
-          out[s] = {b, std::size_t(target - needed + count)};
-          found = true;
-          break;
-        }
-        needed -= count;
-      }
-      if (!found) out[s] = {0, std::size_t(target - needed + k.zero_bin)};
-    }
+    for (std::size_t s = 0; s < targets.size(); ++s) out[s] = kth_largest_bin(kept_[s], targets[s]);
   }
 
   std::size_t bytes() const {
@@ -109,11 +86,27 @@ class kept_histograms {
   };
 
   // A writer's kept bins, on its own cache line: writers grow theirs at once.
-  struct alignas(64) arena {
+  struct alignas(own_cache_line) arena {
     std::vector<std::uint64_t> counts;
   };
 
   std::uint64_t bin(const kept& k, std::size_t b) const { return arenas_[k.writer].counts[k.offset + (b - k.low)]; }
+
+  // kth_largest_bin walked over the touched bins only: those above them and those between
+  // bin 0 and them are zero, so any target > 0 is reached within them or, when they fall
+  // short, at bin 0; target 0 is reached at the top bin.
+  key_bin kth_largest_bin(const kept& k, std::size_t target) const {
+    constexpr std::size_t top = coarse_bins - 1;
+    if (target == 0) return {top, std::size_t(k.low <= top && top <= k.high ? bin(k, top) : 0)};
+    std::size_t needed = target;
+    if (k.low <= k.high) {
+      const std::uint64_t* touched = arenas_[k.writer].counts.data() + k.offset;
+      const std::size_t i = highest_bin_reaching(touched, std::size_t(k.high - k.low) + 1, needed);
+      if (touched[i] >= needed) return {k.low + i, std::size_t(target - needed + touched[i])};
+      needed -= std::size_t(touched[i]);
+    }
+    return {0, std::size_t(target - needed + k.zero_bin)};
+  }
 
   std::vector<kept> kept_;
   std::vector<arena> arenas_;
