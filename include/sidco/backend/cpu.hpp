@@ -176,12 +176,12 @@ class cpu {
     segment_zeros_.assign(segments, 0);
     shared_.assign(2 * ranges, shared_piece{});
     failed_.assign(ranges, nullptr);
-    // Per range: two slots for the pieces it shares, cleared where used, then its scratch,
-    // zero between counts (keep zeros what it took) unless a count failed, then its spare,
-    // zero between counts (count_keys folds it into the histogram it counts).
+    // Per range: two slots for the pieces it shares, its scratch and its spare, all zero
+    // between calls unless one failed (keep zeros what it took, move_touched_bins what it
+    // moved).
     const std::size_t histogram_counts = 4 * ranges * coarse_bins;
-    if (!scratch_zero_ || histograms_.size() != histogram_counts) histograms_.assign(histogram_counts, 0);
-    scratch_zero_ = false;
+    if (!histograms_zero_ || histograms_.size() != histogram_counts) histograms_.assign(histogram_counts, 0);
+    histograms_zero_ = false;
     threads_.for_each(source.size, [&](int r, std::size_t lo, std::size_t hi) {
       std::uint64_t* scratch = histograms_.data() + (2 * ranges + std::size_t(r)) * coarse_bins;
       std::uint64_t* spare = histograms_.data() + (3 * ranges + std::size_t(r)) * coarse_bins;
@@ -194,7 +194,6 @@ class cpu {
           } else {  // the range's first piece (slot 0) or its last (slot 1)
             const std::size_t slot = 2 * std::size_t(r) + (a == lo ? 0 : 1);
             std::uint64_t* part = histograms_.data() + slot * coarse_bins;
-            std::fill(part, part + coarse_bins, std::uint64_t(0));
             shared_[slot] = {s, count_keys(source, a, b, part, spare), true};
           }
           return true;
@@ -205,7 +204,6 @@ class cpu {
     });
     for (const std::exception_ptr& failed : failed_)
       if (failed) std::rethrow_exception(failed);
-    scratch_zero_ = true;
     // A shared segment's pieces sit in consecutive slots: each is added to its first's.
     for (std::size_t slot = 0; slot < shared_.size();) {
       if (!shared_[slot].used) {
@@ -219,15 +217,13 @@ class cpu {
       for (++slot; slot < shared_.size() && (!shared_[slot].used || shared_[slot].segment == s); ++slot) {
         const shared_piece& piece = shared_[slot];
         if (!piece.used) continue;
-        const std::uint64_t* part = histograms_.data() + slot * coarse_bins;
-        histogram[0] += part[0];
-        for (std::size_t bin = piece.counted.bins.low; bin <= piece.counted.bins.high; ++bin)
-          histogram[bin] += part[bin];
+        host::move_touched_bins(histogram, histograms_.data() + slot * coarse_bins, piece.counted.bins);
         bins.merge(piece.counted.bins);
         segment_zeros_[s] += piece.counted.zeros;
       }
-      kept_.keep(s, ranges, histogram, bins);
+      kept_.keep(s, ranges, histogram, bins);  // may throw, leaving later slots counted
     }
+    histograms_zero_ = true;
     for (std::size_t s = 0; s < counts.size(); ++s) {
       moments& m = counts[s] = moments{};
       m.count = layout[s].size;
@@ -439,10 +435,11 @@ class cpu {
       below_low = std::min(below_low, bin - 1u);
       high = std::max(high, bin);
     }
-    histogram[0] += std::exchange(spare[0], 0);
-    if (below_low == ~std::uint32_t(0)) return {zeros, {}};  // bin 0 alone
-    for (std::uint32_t bin = below_low + 1u; bin <= high; ++bin) histogram[bin] += std::exchange(spare[bin], 0);
-    return {zeros, {below_low + 1u, high}};
+    // below_low still all ones: bin 0 alone was counted.
+    const host::touched_bins touched = below_low == ~std::uint32_t(0) ? host::touched_bins{}
+                                                                      : host::touched_bins{below_low + 1u, high};
+    host::move_touched_bins(histogram, spare, touched);
+    return {zeros, touched};
   }
 
   // One piece's statistics, merged into out (this range's slots). Accumulated on the stack
@@ -495,12 +492,12 @@ class cpu {
       probes_;
   std::vector<std::size_t> first_unit_, offsets_;
   // coarse_histograms': each segment's histogram (kept for kth_largest_bins) and zeros;
-  // three histograms a range (the pieces it shares, its scratch), whether the scratch is all
-  // zero, and each range's failure.
+  // four histograms a range (the two pieces it shares, its scratch, its spare), whether they
+  // are all zero, and each range's failure.
   host::kept_histograms kept_;
   std::vector<std::uint64_t> segment_zeros_, histograms_;
   std::vector<shared_piece> shared_;
-  bool scratch_zero_ = false;
+  bool histograms_zero_ = false;
   std::vector<std::exception_ptr> failed_;
   std::vector<std::int64_t> keys_;
   std::vector<std::size_t> chosen_;  // Random-k's draw

@@ -49,11 +49,9 @@ struct tuning {
   // When the output already has room for this much more than the expected count, regions
   // share that room instead of growing it, so a count creeping up does not reallocate.
   static constexpr double region_room_enough = 1.1;
-  // What one thread writes call after call while the others run (a region's write cursor,
-  // an arena's end) is aligned to this many bytes, a cache line on x86 and most Arm cores:
-  // two threads' cursors on one line cost a line transfer per write. Two threads' region
-  // cursors shared a line before: per-layer selections, which write a few values every
-  // layer on both threads at once, took 1.6x the time.
+  // A region's write cursor sits on its own cache line: when two threads' cursors shared one,
+  // per-layer selections, which write a few values every layer on both threads at once,
+  // took 1.6x the time.
   static constexpr std::size_t own_line = host::own_cache_line;
 };
 

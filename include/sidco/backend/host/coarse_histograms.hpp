@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "sidco/backend/host/cache_line.hpp"
@@ -30,6 +31,14 @@ struct touched_bins {
 
 /// Every bin of a histogram.
 inline constexpr touched_bins all_bins{0, std::uint32_t(coarse_bins - 1)};
+
+/// Adds from's bin 0 and its touched bins (all of its counts) into `into` and zeros them in
+/// from, which is then ready for the next count without clearing all 4,096 bins.
+inline void move_touched_bins(std::uint64_t* into, std::uint64_t* from, touched_bins bins) {
+  into[0] += std::exchange(from[0], 0);
+  for (std::uint32_t bin = std::max<std::uint32_t>(bins.low, 1); bin <= bins.high; ++bin)
+    into[bin] += std::exchange(from[bin], 0);
+}
 
 /// The segments' histograms, each bin 0 and its touched bins, in one arena per writer.
 class kept_histograms {
