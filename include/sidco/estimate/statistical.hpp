@@ -175,10 +175,9 @@ class statistical {
     return lo.t + (hi_t - lo.t) * std::log(lo.n / k) / std::log(lo.n / hi_n);
   }
 
-  // The last stage's extrapolation ratio in an M-stage schedule: stage 1 keeps
-  // first_fraction of the non-zeros, the others share the rest geometrically.
-  double base_ratio(double nonzero, double k, int stage_count) const {
-    const double first = options_.first_fraction * nonzero;
+  // The last stage's extrapolation ratio in an M-stage schedule: stage 1 keeps `first`
+  // values, the others share the rest geometrically.
+  double base_ratio(double first, double k, int stage_count) const {
     return std::pow(first / k, 1.0 / double(stage_count - 1));
   }
 
@@ -197,9 +196,15 @@ class statistical {
 
     const int stage_count = stages_.count(delta);
     const double target = k / nonzero;
-    const bool one_step = stage_count == 1 || target >= options_.first_fraction;
+    // One fit, no pass, when delta itself is past stage 1's fraction. Decided on delta, not on
+    // the corrected aim: a correction that raises the aim past it must not drop the measured
+    // stages it was correcting for (a model that misses would then miss unmeasured).
+    const double asked = double(target_count(delta, std::size_t(all.count))) / nonzero;
+    const bool one_step = stage_count == 1 || asked >= options_.first_fraction;
+    // Stage 1 keeps first_fraction of the non-zeros, or the target when the aim is past it.
+    const double first_kept = std::max(options_.first_fraction, target);
     // Where an M-stage schedule starts its last stage: the count the base aims at.
-    const double wanted = one_step ? k : base_ratio(nonzero, k, stage_count) * k;
+    const double wanted = one_step ? k : base_ratio(first_kept * nonzero, k, stage_count) * k;
     tail_point lo{0.0, nonzero, all};
     // Upper end of the bracket: at least one value reaches the maximum. Becomes a measured
     // point once a pass finds fewer than k values above a threshold.
@@ -235,7 +240,7 @@ class statistical {
         t = interpolate(lo, hi_t, hi_n, k);
       } else {
         if (stage == 0) {
-          t = First::fit(all).upper_quantile(one_step ? target : options_.first_fraction);
+          t = First::fit(all).upper_quantile(one_step ? target : first_kept);
         } else {
           const double rho = std::pow(k / lo.n, 1.0 / double(std::max(1, stage_count - stage)));
           t = lo.t + fit_tail(lo.excess, rho);
