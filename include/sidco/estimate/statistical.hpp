@@ -121,9 +121,14 @@ class statistical {
       return estimate_zero_aware(all, probes, delta, pass);
   }
 
-  /// Feeds the achieved density of the last call back to the stage policy.
+  /// Feeds the achieved density of the last call back to the stage policy. A base placed as
+  /// a bracket stays only while the threshold it leads to lands within a factor of
+  /// max_bracket_miss of delta: beyond, the bracket no longer describes the tail, and the
+  /// next call measures it afresh.
   void observe(double achieved_density, double delta) {
-    stages_.observe(achieved_density / delta, delta);
+    const double ratio = achieved_density / delta;
+    stages_.observe(ratio, delta);
+    if (base_brackets() && !(ratio >= 1 / max_bracket_miss && ratio <= max_bracket_miss)) base_ = -1;
   }
 
   const Stages& stage_policy_state() const { return stages_; }
@@ -225,18 +230,22 @@ class statistical {
             n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
         stage = std::max(1, stage_count - remaining);
       } else {
-        // The base now keeps too few: it brackets the tail from above; refit from stage 1.
+        // The base keeps too few: it brackets the tail from above. Placed as that bracket
+        // (see finish) and still close to k, its interpolation is the last stage; otherwise
+        // the tail moved: refit from stage 1.
         hi_t = base_;
         hi_n = n;
         hi_measured = true;
+        if (base_brackets() && n >= k / close_bracket) stage = stage_count - 1;
       }
     }
 
     for (int extra = 0;;) {
-      if (lo.n == k) return finish(all, candidate, wanted, lo.t, stage_count);
+      const double bracket = hi_measured && hi_n >= k / close_bracket ? hi_t : 0.0;
+      if (lo.n == k) return finish(all, candidate, bracket, wanted, lo.t, stage_count);
       double t;
       bool fitted = true;
-      if (hi_measured && hi_n >= k / close_bracket) {
+      if (bracket > 0) {
         t = interpolate(lo, hi_t, hi_n, k);
       } else {
         if (stage == 0) {
@@ -255,7 +264,7 @@ class statistical {
       }
       const bool last = stage >= stage_count - 1 || one_step;
       if (last && (fitted || hi_measured || extra == max_extra_passes))
-        return finish(all, candidate, wanted, t, stage_count);
+        return finish(all, candidate, bracket, wanted, t, stage_count);
       if (last) {
         // The model does not reach k inside the data and nothing above was measured:
         // measure halfway to the maximum, which brackets the tail or raises the lower end.
@@ -284,6 +293,13 @@ class statistical {
   static constexpr double close_bracket = 4;
   // The base follows the threshold's drift from call to call by at most this factor.
   static constexpr double max_drift = 1.25;
+  // A bracket base whose threshold misses delta by more than this factor is dropped.
+  static constexpr double max_bracket_miss = 2;
+
+  // A base placed as an upper bracket lies more than max_drift above the last threshold; one
+  // placed at a measured point below the cut lies at most max_drift above it (the drift),
+  // unless its tail's fit moved it past the cut: a misreading that observe's check bounds.
+  bool base_brackets() const { return last_threshold_ > 0 && base_ > max_drift * last_threshold_; }
 
   // The estimate, after choosing where the next call's moments pass measures the tail:
   // near `wanted` (where an M-stage schedule starts its last stage). The candidate is the
@@ -292,9 +308,20 @@ class statistical {
   // fit, or down by interpolating between the non-zeros and it). Thresholds that drift (a
   // residual growing under error feedback scales every value call after call) move the
   // base along by the last step's drift, bounded.
-  threshold_estimate finish(const moments& all, const tail_point& candidate, double wanted, double t, int stages) {
+  //
+  // When no pass measured a point at or below the cut (every fit and interpolation landed
+  // above k: a tail the model misreads, which only measured brackets from above settle),
+  // the measured upper end close to k (bracket) becomes the base, provided it lies more
+  // than max_drift above t: the next call then interpolates to it without a pass, as this
+  // call's last stage did.
+  threshold_estimate finish(const moments& all, const tail_point& candidate, double bracket, double wanted, double t,
+                            int stages) {
+    const double drift =
+        last_threshold_ > 0 && t > 0 ? std::clamp(t / last_threshold_, 1 / max_drift, max_drift) : 1.0;
     base_ = -1;
-    if (candidate.t > 0) {
+    if (candidate.t <= 0 && bracket > 0) {
+      if (bracket * drift > max_drift * t) base_ = bracket * drift;
+    } else if (candidate.t > 0) {
       base_ = candidate.t;
       if (!(candidate.n >= wanted / 2 && candidate.n <= 2 * wanted)) {
         double next;
@@ -308,7 +335,7 @@ class statistical {
         // next call's passes.
         if (std::isfinite(next) && next > 0 && next < all.max) base_ = next;
       }
-      if (last_threshold_ > 0 && t > 0) base_ *= std::clamp(t / last_threshold_, 1 / max_drift, max_drift);
+      base_ *= drift;
     }
     last_threshold_ = t;
     return {t, stages};
