@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <span>
 #include <type_traits>
 
@@ -312,23 +311,16 @@ class statistical {
   //
   // When no pass measured a point at or below the cut (every fit and interpolation landed
   // above k: a tail the model misreads, which only measured brackets from above settle),
-  // the measured upper end close to k (bracket) becomes the base, more than max_drift above
-  // t (lifted there when a pass measured it closer): the next call then interpolates to it
-  // without a pass, as this call's last stage did.
+  // the measured upper end close to k (bracket) becomes the base, provided it lies more
+  // than max_drift above t: the next call then interpolates to it without a pass, as this
+  // call's last stage did.
   threshold_estimate finish(const moments& all, const tail_point& candidate, double bracket, double wanted, double t,
                             int stages) {
     const double drift =
         last_threshold_ > 0 && t > 0 ? std::clamp(t / last_threshold_, 1 / max_drift, max_drift) : 1.0;
-    const double probe = base_;
     base_ = -1;
     if (candidate.t <= 0 && bracket > 0) {
-      // A bracket this call's passes measured within max_drift of t would read as a lower
-      // base: it goes just past that factor, where fewer values lie than at the bracket. The
-      // probe itself is not lifted: above a cliff its count does not change, and the lift
-      // would carry the threshold up call after call.
-      const double past_drift = std::nextafter(max_drift * t, std::numeric_limits<double>::infinity());
-      const double lifted = bracket == probe ? bracket * drift : std::max(bracket * drift, past_drift);
-      if (lifted > max_drift * t) base_ = lifted;
+      if (bracket * drift > max_drift * t) base_ = bracket * drift;
     } else if (candidate.t > 0) {
       base_ = candidate.t;
       if (!(candidate.n >= wanted / 2 && candidate.n <= 2 * wanted)) {
