@@ -84,6 +84,38 @@ TEST_CASE_TEMPLATE("16-bit values in the kernels' float lanes round as the scala
   test::oracle<backend::cpu>::compare_kernels<T>(one_thread, g, "every 16-bit pattern");
 }
 
+TEST_CASE_TEMPLATE("blocks after scattered values above a probe measure its tail as blocks that skip do", T, float,
+                   double, float16, bfloat16) {
+  // A moments block that follows one whose vectors above the probe were a scattered mix does
+  // every vector's tail work (no skip). Here blocks alternate: scattered values above the
+  // probe, then a block of values at, just below and far below it (zeros, denormals, its
+  // own value), none above; then the reverse order, so each kind of block is met in both
+  // modes. The tails must be the serial oracle's.
+  const double probe = 0.5;
+  const T at = T(probe), below = T(std::nextafter(double(T(probe)), 0.0)), far = T(0.01);
+  std::vector<T> x;
+  for (int round = 0; round < 4; ++round)
+    for (int part = 0; part < 2; ++part)
+      for (std::size_t i = 0; i < 1024; ++i) {
+        const bool scattered = (part == 0) == (round % 2 == 0);
+        if (scattered)
+          x.push_back(i % 37 == 0 ? T((i % 2 ? -1.0 : 1.0) * (1.0 + double(i) / 512)) : far);
+        else
+          x.push_back(i % 5 == 0 ? at : i % 5 == 1 ? below : i % 5 == 2 ? T(-0.0) : i % 5 == 3 ? far
+                                                                  : std::numeric_limits<T>::denorm_min());
+      }
+  const std::size_t n = x.size();
+  const backend::plain_source<T> source{x.data(), n};
+  const segment whole{0, n};
+  moments got[2], want[2];
+  backend::cpu(1).analyze<backend::pass_statistics<true, true, true>>(source, {&whole, 1}, {&probe, 1}, got);
+  backend::serial{}.analyze<backend::pass_statistics<true, true, true>>(source, {&whole, 1}, {&probe, 1}, want);
+  CHECK(want[1].count == 4 * 28);  // i % 37 == 0 in [0, 1024): 28 values a scattered block
+  test::check_same_moments(got[0], want[0], test::log_tolerance<T>);
+  test::check_same_tail<T>(got[1], want[1], probe, want[0].max);
+  CHECK(std::fabs(got[1].sum_log - want[1].sum_log) <= test::log_tolerance<T> * (1 + std::fabs(want[1].sum_log)));
+}
+
 TEST_CASE("a range whose region fills just before its last kept value still settles the rest") {
   // Two ranges of 65,536 values; a hint of 1 gives each a region of 64 slots. The first 60
   // values of each range are kept: the next 16-value block might not fit, so the pass stops

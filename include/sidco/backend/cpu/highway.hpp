@@ -221,10 +221,11 @@ std::size_t write_above([[maybe_unused]] const Source& s, std::size_t lo, [[mayb
 
 /// A block's lane statistics (see the kernel). Only when active().
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
-void block_statistics([[maybe_unused]] const Source& s, [[maybe_unused]] std::size_t i,
-                      [[maybe_unused]] std::size_t block, [[maybe_unused]] const cpu_detail::probe_at<T>* probes,
-                      [[maybe_unused]] cpu_detail::lane_statistics<T, Probes, Sum>& out) {
-  SIDCO_SIMD_DISPATCH(block_statistics<Log, TailLog, Probes>(s, i, block, probes, out));
+std::size_t block_statistics([[maybe_unused]] const Source& s, [[maybe_unused]] std::size_t i,
+                             [[maybe_unused]] std::size_t block, [[maybe_unused]] const cpu_detail::probe_at<T>* probes,
+                             [[maybe_unused]] cpu_detail::lane_statistics<T, Probes, Sum>& out,
+                             [[maybe_unused]] bool every_vector) {
+  SIDCO_SIMD_DISPATCH(block_statistics<Log, TailLog, Probes>(s, i, block, probes, out, every_vector));
 }
 
 /// The chosen target's lane count for T. Only when active().
@@ -254,7 +255,7 @@ template <class Source, class Index>
 inline constexpr bool selects = false;
 // Named by backend::cpu in branches it discards when the kernels are absent.
 template <bool Log, bool TailLog, std::size_t Probes, class... Args>
-void block_statistics(Args&&...) = delete;
+std::size_t block_statistics(Args&&...) = delete;
 template <bool Final, class... Args>
 std::size_t write_above(Args&&...) = delete;
 template <class... Args>

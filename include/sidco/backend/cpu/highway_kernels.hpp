@@ -305,9 +305,12 @@ struct lane_sums {
 /// Fills out's lanes with [i, i + block) of s: moments of |x| and, for each probe, the
 /// count above it and the sums of the excesses (ln of them when TailLog), summed in the
 /// lanes' Sum type. block is a multiple of the lane count, which is at most 64 bytes' worth.
+/// Returns how many vectors held a value above a probe. A vector above none skips the
+/// tails' work, unless every_vector: where such vectors are scattered, the skip's branch
+/// mispredicts and costs more than the work (which adds zeros: the same sums either way).
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
-void block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
-                      cpu_detail::lane_statistics<T, Probes, Sum>& out) {
+std::size_t block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
+                             cpu_detail::lane_statistics<T, Probes, Sum>& out, bool every_vector) {
   using A = cpu_detail::lane_t<T>;
   const hn::ScalableTag<A> d;
   const hn::RebindToUnsigned<decltype(d)> du;
@@ -336,33 +339,48 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
   for (std::size_t p = 0; p < Probes; ++p) lowest = std::min(lowest, probes[p].key);
   const auto lowest_probe = hn::Set(di, lowest);
   const std::size_t lanes = hn::Lanes(d);
-  for (std::size_t b = 0; b < block; b += lanes) {
-    const auto key = hn::And(hn::BitCast(du, load(d, s, i + b)), no_sign);
-    const auto finite = hn::Lt(key, infinity);
-    const auto zero = hn::Eq(key, hn::Zero(du));
-    const auto positive = hn::AndNot(zero, finite);
-    const auto kept = hn::IfThenElseZero(positive, key);
-    const auto x = hn::BitCast(d, kept);
-    zeros = hn::Sub(zeros, hn::VecFromMask(du, hn::And(finite, zero)));
-    nonfinite = hn::Sub(nonfinite, hn::VecFromMask(du, hn::Not(finite)));
-    sums.add(x);
-    if constexpr (Log)
-      sum_log = hn::Add(sum_log, fast_log(d, hn::BitCast(d, hn::IfThenElse(positive, key, one_key))));
-    low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
-    high = hn::Max(high, kept);
-    // Tails: the finite non-zeros above each probe (kept is 0 elsewhere, below any probe).
-    if (Probes == 0 || hn::AllFalse(d, hn::RebindMask(d, hn::Gt(hn::BitCast(di, kept), lowest_probe)))) continue;
-    for (std::size_t p = 0; p < Probes; ++p) {
-      const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
-      const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
-      tail_count[p] = hn::Sub(tail_count[p], hn::VecFromMask(du, hn::RebindMask(du, above)));
-      tail_sums[p].add(excess);
-      if constexpr (TailLog) {
-        const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, A(1)));
-        tail_log[p] = hn::Add(tail_log[p], fast_log(d, safe));
+  std::size_t touched = 0;
+  // Two loops, so that the one doing every vector's tail work has no branch in it.
+  const auto run = [&]<bool Every>(std::bool_constant<Every>) HWY_ATTR {
+    for (std::size_t b = 0; b < block; b += lanes) {
+      const auto key = hn::And(hn::BitCast(du, load(d, s, i + b)), no_sign);
+      const auto finite = hn::Lt(key, infinity);
+      const auto zero = hn::Eq(key, hn::Zero(du));
+      const auto positive = hn::AndNot(zero, finite);
+      const auto kept = hn::IfThenElseZero(positive, key);
+      const auto x = hn::BitCast(d, kept);
+      zeros = hn::Sub(zeros, hn::VecFromMask(du, hn::And(finite, zero)));
+      nonfinite = hn::Sub(nonfinite, hn::VecFromMask(du, hn::Not(finite)));
+      sums.add(x);
+      if constexpr (Log)
+        sum_log = hn::Add(sum_log, fast_log(d, hn::BitCast(d, hn::IfThenElse(positive, key, one_key))));
+      low = hn::Min(low, hn::IfThenElse(positive, key, infinity));
+      high = hn::Max(high, kept);
+      // Tails: the finite non-zeros above each probe (kept is 0 elsewhere, below any probe).
+      if constexpr (Probes == 0) continue;
+      const bool above_any = !hn::AllFalse(d, hn::RebindMask(d, hn::Gt(hn::BitCast(di, kept), lowest_probe)));
+      if constexpr (Every) {
+        touched += std::size_t(above_any);
+      } else {
+        if (!above_any) continue;
+        ++touched;
+      }
+      for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0
+        const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
+        const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
+        tail_count[p] = hn::Sub(tail_count[p], hn::VecFromMask(du, hn::RebindMask(du, above)));
+        tail_sums[p].add(excess);
+        if constexpr (TailLog) {
+          const auto safe = hn::IfThenElse(hn::RebindMask(d, above), excess, hn::Set(d, A(1)));
+          tail_log[p] = hn::Add(tail_log[p], fast_log(d, safe));
+        }
       }
     }
-  }
+  };
+  if (Probes > 0 && every_vector)
+    run(std::true_type{});
+  else
+    run(std::false_type{});
   out.lanes = lanes;
   sums.store(out.sum, out.sum_sq);
   hn::Store(sum_log, d, out.sum_log);
@@ -375,6 +393,7 @@ void block_statistics(const Source& s, std::size_t i, std::size_t block, const c
     hn::Store(tail_log[p], d, out.tails[p].sum_log);
     hn::Store(tail_count[p], du, out.tails[p].count);
   }
+  return touched;
 }
 
 /// The lane count for T: whole vectors below it are left to scalar code.

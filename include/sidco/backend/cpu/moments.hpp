@@ -117,10 +117,22 @@ void piece_statistics(const Source& source, std::size_t lo, std::size_t hi, cons
   lane_statistics<T, Probes> lanes{};  // zeroed once per piece: GCC cannot see the SIMD stores
   // The Highway kernels when this source has them and the CPU runs a target they were built for.
   bool simd_runs = false;
-  if constexpr (simd::handles<Source>) simd_runs = simd::active();
+  std::size_t simd_lanes = 1;
+  if constexpr (simd::handles<Source>) {
+    simd_runs = simd::active();
+    if (simd_runs) simd_lanes = simd::lanes<T>();
+  }
+  // Whether the next block does every vector's tail work: when the last block's vectors
+  // above a probe were neither rare nor all (a scattered mix, which the skip mispredicts).
+  bool every_vector = false;
   auto fill = [&](std::size_t i, std::size_t n, auto& into) {
     if constexpr (simd::handles<Source>)
-      if (simd_runs) return simd::block_statistics<Log, TailLog, Probes>(source, i, n, probes, into);
+      if (simd_runs) {
+        const std::size_t touched = simd::block_statistics<Log, TailLog, Probes>(source, i, n, probes, into, every_vector);
+        const std::size_t vectors = n / simd_lanes;
+        every_vector = touched * tuning::scattered_tails >= vectors && touched < vectors;
+        return;
+      }
     portable_block<Log, TailLog, Probes>(source, i, n, probes, into);
   };
   auto gather = [&](std::size_t i, std::size_t n) {
@@ -135,7 +147,7 @@ void piece_statistics(const Source& source, std::size_t lo, std::size_t hi, cons
     gather(i, block);
   }
   if constexpr (simd::handles<Source>) {
-    const std::size_t vectors = simd_runs ? (hi - i) / simd::lanes<T>() * simd::lanes<T>() : 0;
+    const std::size_t vectors = simd_runs ? (hi - i) / simd_lanes * simd_lanes : 0;
     if (vectors > 0) {
       fill(i, vectors, lanes);
       gather(i, vectors);
