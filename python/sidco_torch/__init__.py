@@ -7,6 +7,8 @@
     print(state.stats())                     # the last step's statistics, per bucket
     torch.save({"sidco": state.state_dict(), ...}, path)   # and state.load_state_dict(...) to resume
 
+    cpp_extension.load(name=..., sources=[...], **sidco_torch.extension_args())   # sidco's headers in your own op
+
 Importable with PYTHONPATH pointing at the directory that holds this package next to the
 built ops library (libsidco_torch_ops.so): `build/python` after `meson compile -C build`,
 or the installed site directory. SIDCO_TORCH_LIBRARY overrides where the library is.
@@ -33,6 +35,7 @@ library_path = _load()
 from .ops import METHODS, Compressor, cpu_kernels, compress, decompress, scatter_add_  # noqa: E402
 from .arguments import ExchangeError  # noqa: E402
 from .hook import State, hook, register  # noqa: E402
+from .extension import extension_args, include_dir  # noqa: E402
 
 __all__ = ["METHODS", "Compressor", "cpu_kernels", "compress", "decompress", "scatter_add_", "ExchangeError", "State",
-           "hook", "register", "library_path"]
+           "hook", "register", "library_path", "extension_args", "include_dir"]

@@ -1,6 +1,10 @@
 """Run by install_test.sh with an installed sidco_torch: it must come from VENV (argv[1]),
-compress exactly, and carry a sparse DDP step over 2 gloo ranks."""
+compress exactly, carry a sparse DDP step over 2 gloo ranks, and hold the source's headers;
+with --extension, an extension of one's own builds on them (examples/torch_extension.py) and
+gives the package's bits."""
+import filecmp
 import os
+import subprocess
 import sys
 
 import torch
@@ -9,6 +13,20 @@ import sidco_torch
 from ranks import run_ranks, sparse_ddp_step
 
 VENV = os.path.realpath(sys.argv[1])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def check_headers():
+    """include_dir() is the package's own copy of include/sidco, every file the same bytes."""
+    installed = os.path.join(sidco_torch.include_dir(), "sidco")
+    assert os.path.realpath(installed).startswith(VENV + os.sep), f"headers from {installed}, not from {VENV}"
+    source = os.path.join(ROOT, "include", "sidco")
+    files = sorted(os.path.relpath(os.path.join(d, f), source) for d, _, names in os.walk(source) for f in names)
+    copies = sorted(os.path.relpath(os.path.join(d, f), installed) for d, _, names in os.walk(installed) for f in names)
+    assert files == copies, f"installed headers differ in their names: {sorted(set(files) ^ set(copies))}"
+    _, mismatch, errors = filecmp.cmpfiles(source, installed, files, shallow=False)
+    assert not mismatch and not errors, (mismatch, errors)
+    return len(files)
 
 
 def main():
@@ -38,13 +56,21 @@ def main():
     expected = torch.topk(x.abs(), 100).indices.sort().values
     assert torch.equal(indices.sort().values, expected), "top-k differs from torch.topk"
     assert torch.equal(values, x[indices])
+    headers = check_headers()
+    if "--extension" in sys.argv[2:]:
+        # The example prints each call and exits non-zero when its SIDCo-E differs from the package's.
+        # CXX names pip's compiler, which may be a launcher and a compiler ("ccache c++"):
+        # torch.utils.cpp_extension runs CXX as one program, so it gets its default.
+        env = {k: v for k, v in os.environ.items() if k != "CXX"}
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "torch_extension.py"), "--calls", "2"],
+                       check=True, env=env)
     results = run_ranks(sparse_ddp_step)
     for rank, same, paths, nonzero, size in results:
         assert same, f"rank {rank}: the averaged gradients differ between ranks"
         assert paths == {"sparse (allgather)"}, f"rank {rank}: bucket paths {paths}"
         assert 0 < nonzero < size, (rank, nonzero, size)
     print(f"sidco_torch from {os.path.dirname(where)} ({kernels}): top-k exact, a 2-rank sparse DDP step "
-          f"({results[0][3]} of {results[0][4]} values averaged)")
+          f"({results[0][3]} of {results[0][4]} values averaged), {headers} headers")
 
 
 if __name__ == "__main__":

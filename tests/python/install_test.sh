@@ -2,7 +2,8 @@
 # sidco_torch installed as a user installs it: from a copy of the source as a clean clone has
 # it, `pip install --no-build-isolation` into a fresh virtual environment that sees the
 # interpreter's torch, then a wheel from `python -m build --no-isolation` into another; each
-# imported from outside the source tree and run (a compress and a 2-rank hook step).
+# imported from outside the source tree and run (a compress and a 2-rank hook step); the first
+# also builds an extension of one's own on the installed headers (examples/torch_extension.py).
 #   install_test.sh PYTHON SOURCE_ROOT [WORK_PARENT [MESON_OPTION...]]
 # exits 77 without venv, pip, meson-python or build. WORK_PARENT (default $TMPDIR or /tmp)
 # holds its scratch directory. The build directory sits in the copy of the source as build/
@@ -32,8 +33,9 @@ else
   tar -C "$root" --exclude='./build*' -cf - . | tar -xf - -C "$tmp/src"
 fi
 
-smoke() {  # VENV: import from $tmp, not the source tree, and run
-  (cd "$tmp" && OMP_NUM_THREADS=1 "$1/bin/python" "$root/tests/python/install_smoke.py" "$1")
+smoke() {  # VENV [--extension]: import from $tmp, not the source tree, and run
+  (cd "$tmp" && OMP_NUM_THREADS=1 TORCH_EXTENSIONS_DIR="$tmp/extensions" \
+     "$1/bin/python" "$root/tests/python/install_smoke.py" "$@")
 }
 
 # Both front ends drive meson-python's build_wheel; they share one build directory, so the
@@ -43,7 +45,7 @@ echo "== pip install --no-build-isolation"
 "$python" -m venv --system-site-packages "$tmp/venv"
 (cd "$tmp" && "$tmp/venv/bin/pip" install -q --no-index --no-build-isolation \
    --config-settings builddir="$tmp/src/build" "${pip_setup[@]}" "$tmp/src")
-smoke "$tmp/venv"
+smoke "$tmp/venv" --extension
 
 echo "== python -m build --no-isolation --wheel, then pip install the wheel"
 (cd "$tmp/src" && "$tmp/venv/bin/python" -m build --no-isolation --wheel -Cbuilddir="$tmp/src/build" \
@@ -53,7 +55,8 @@ wheel=$(ls "$tmp"/dist/*.whl)
 "$python" - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-for want in ("sidco_torch/__init__.py", "sidco_torch/hook.py", "sidco_torch/ops.py", "sidco_torch/libsidco_torch_ops.so"):
+for want in ("sidco_torch/__init__.py", "sidco_torch/hook.py", "sidco_torch/ops.py", "sidco_torch/libsidco_torch_ops.so",
+             "sidco_torch/extension.py", "sidco_torch/build_config.py", "sidco_torch/include/sidco/sidco.hpp"):
     assert want in names, (want, names)
 stray = [n for n in names if not n.startswith(("sidco_torch/", "sidco_torch-", "sidco_torch.", "sidco-torch"))]
 assert not stray, f"the wheel holds files outside the package: {stray}"
