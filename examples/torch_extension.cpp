@@ -1,5 +1,6 @@
 // A PyTorch extension of one's own on sidco's headers: compressors composed from policies at
-// compile time, as TorchScript classes with error feedback kept in a tensor the caller owns.
+// compile time, as TorchScript classes with error feedback kept in a tensor the caller owns,
+// and added as methods that sidco_torch's Compressor, State and DDP hook take by name.
 // examples/torch_extension.py builds it with torch.utils.cpp_extension and
 // sidco_torch.extension_args(), and runs it on a bundled real gradient.
 #include <ATen/ATen.h>
@@ -9,9 +10,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <tuple>
 
 #include <sidco/sidco.hpp>
+#include <sidco_torch/csrc/added_methods.hpp>
 
 namespace my_ext {
 
@@ -74,9 +77,22 @@ void define(torch::Library& m, const char* name) {
       .def("stages", &compressor<Compressor>::stages);
 }
 
+// Both compressors as methods of sidco_torch (CPU tensors, every element type), by the names
+// given. Called once per process, after the library loads: a name can be added once.
+void add_methods(const std::string& sidco_e_name, const std::string& gamma_gp_name) {
+  try {
+    sidco_torch::add_method<sidco_e>(sidco_e_name, "SIDCo-E from an extension of one's own");
+    sidco_torch::add_method<gamma_gp_two_stages>(gamma_gp_name, "gamma fit, generalized-Pareto tails, two fixed stages");
+  } catch (const sidco::error& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
 }  // namespace my_ext
 
 TORCH_LIBRARY(my_sidco, m) {
   my_ext::define<my_ext::sidco_e>(m, "SidcoE");
   my_ext::define<my_ext::gamma_gp_two_stages>(m, "GammaGPTwoStages");
+  m.def("add_methods(str sidco_e_name='my-sidco-e', str gamma_gp_name='gamma-gp-two-stages') -> ()",
+        my_ext::add_methods);
 }

@@ -8,9 +8,12 @@ runs it with error feedback on a bundled real gradient:
 
 It compresses the gradient several times with SIDCo-E from the extension and with
 sidco_torch's own "sidco-e" side by side (same indices, values and residual, bit for bit),
-then with the extension's gamma / generalized-Pareto composition. The first build takes about
-20 s; torch caches it (TORCH_EXTENSIONS_DIR).
+then with the extension's gamma / generalized-Pareto composition, which it then adds as a
+method ("gamma-gp-two-stages") and compresses per layer through sidco_torch.Compressor, as
+State(method="gamma-gp-two-stages") would in the DDP hook. The first build takes about 30 s;
+torch caches it (TORCH_EXTENSIONS_DIR).
 """
+import json
 import argparse
 import os
 
@@ -59,6 +62,21 @@ def main():
         print(f"call {call}: GammaGPTwoStages kept {indices.numel()} "
               f"({indices.numel() / gradient.numel() / args.density:.3f}x the target), "
               f"threshold {composed.threshold():.6g}, {composed.stages()} stages")
+
+    # Added as methods, the compositions go wherever sidco_torch takes a method name.
+    if "gamma-gp-two-stages" not in sidco_torch.methods():
+        torch.ops.my_sidco.add_methods()
+    manifest = os.path.join(os.path.dirname(args.gradient), "manifest.json")
+    layers = []
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            layers = [layer["size"] for layer in json.load(f).get(os.path.basename(args.gradient), {}).get("layers", [])]
+    added = sidco_torch.Compressor("gamma-gp-two-stages")
+    residual = torch.zeros_like(gradient)
+    for call in range(args.calls):
+        indices, _ = added.compress(gradient, args.density, layers, residual)
+        print(f"call {call}: method gamma-gp-two-stages over {len(layers) or 'no'} layers kept {indices.numel()} "
+              f"({indices.numel() / gradient.numel() / args.density:.3f}x the target)")
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ def _load():
 
 library_path = _load()
 
-from .ops import METHODS, Compressor, cpu_kernels, compress, decompress, scatter_add_  # noqa: E402
+from .ops import METHODS, Compressor, cpu_kernels, compress, decompress, methods, scatter_add_  # noqa: E402
 from .arguments import ExchangeError  # noqa: E402
 from .hook import State, hook, register  # noqa: E402
 from .extension import extension_args, include_dir  # noqa: E402
 
-__all__ = ["METHODS", "Compressor", "cpu_kernels", "compress", "decompress", "scatter_add_", "ExchangeError", "State",
+__all__ = ["METHODS", "methods", "Compressor", "cpu_kernels", "compress", "decompress", "scatter_add_", "ExchangeError", "State",
            "hook", "register", "library_path", "extension_args", "include_dir"]

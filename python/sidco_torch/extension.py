@@ -6,37 +6,76 @@
                        **sidco_torch.extension_args())
 
 compiles my_ops.cpp against the headers this package's ops were built from, with their flags
-(C++20, OpenMP, Highway's SIMD kernels chosen at run time), so that a compressor composed there
-from sidco's policies gives the same bits as the package's own op of the same preset.
+(C++20, OpenMP, Highway's SIMD kernels chosen at run time), and links it with the ops library,
+so that a compressor composed there from sidco's policies gives the same bits as the package's
+op of the same preset, and can be added as a method the hook takes
+(sidco_torch/csrc/added_methods.hpp).
 """
+import importlib
 import os
 
-from . import build_config as _config
+from . import library_path as _library_path
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _config():
+    """build_config.py, which meson writes beside the package (absent when the package is
+    imported from the source tree itself, as the GPU check does with ops it built apart)."""
+    try:
+        return importlib.import_module(".build_config", __package__)
+    except ImportError:
+        raise RuntimeError(f"sidco_torch: no build_config.py in {_HERE}: this copy of the package was not built by "
+                           "meson (meson compile, or pip), so the flags its ops were built with are not known") from None
+
+
+def _source(key):
+    """A source-tree directory build_config.py recorded ("" when installed or not built)."""
+    try:
+        return getattr(importlib.import_module(".build_config", __package__), key)
+    except ImportError:
+        return ""
 
 
 def include_dir():
     """The directory holding sidco/sidco.hpp: installed in the package, or the source tree's
-    include/ in a development build."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "include"), _config.SOURCE_INCLUDE):
+    include/ in a development build (or beside python/ when imported from the tree itself)."""
+    candidates = (os.path.join(_HERE, "include"), _source("SOURCE_INCLUDE"),
+                  os.path.join(_HERE, os.pardir, os.pardir, "include"))
+    for candidate in candidates:
         if candidate and os.path.isfile(os.path.join(candidate, "sidco", "sidco.hpp")):
-            return candidate
-    raise FileNotFoundError(f"sidco_torch: sidco's headers are neither in {os.path.join(here, 'include')} nor in "
-                            f"the source tree it was built from ({_config.SOURCE_INCLUDE or 'none recorded'})")
+            return os.path.normpath(candidate)
+    raise FileNotFoundError(f"sidco_torch: sidco's headers are in none of {', '.join(c for c in candidates if c)}")
+
+
+def _include_paths():
+    """include_dir(), and where sidco_torch/csrc/added_methods.hpp is when that is elsewhere."""
+    paths = [include_dir()]
+    for candidate in (paths[0], _source("SOURCE_PYTHON"), os.path.join(_HERE, os.pardir)):
+        if candidate and os.path.isfile(os.path.join(candidate, "sidco_torch", "csrc", "added_methods.hpp")):
+            candidate = os.path.normpath(candidate)
+            return paths if candidate == paths[0] else paths + [candidate]
+    raise FileNotFoundError(f"sidco_torch: sidco_torch/csrc/added_methods.hpp is neither in {paths[0]} nor in the "
+                            "source tree")
 
 
 def extension_args(highway=None):
     """Keyword arguments for torch.utils.cpp_extension.load and load_inline: the include
-    directory and the compile and link flags. highway: None (as this package was built), True
-    or False (the portable loops, with no libhwy to link; not the package's bits)."""
+    directories, the compile flags and the link flags (the ops library, found at run time where
+    it is now). highway: None (as this package was built), True, or False (the portable loops,
+    with no libhwy to link; not the package's bits)."""
     if highway is not None and not isinstance(highway, bool):
         raise TypeError(f"extension_args: highway = {highway!r} is not None, True or False")
-    if highway and not _config.HIGHWAY:
+    config = _config()
+    if highway and not config.HIGHWAY:
         raise ValueError("extension_args: highway = True, but this sidco_torch was built without Highway "
                          "(its build found no libhwy-dev)")
-    use_highway = _config.HIGHWAY if highway is None else highway
+    use_highway = config.HIGHWAY if highway is None else highway
+    library = os.path.realpath(_library_path)
+    directory, name = os.path.split(library)
     return {
-        "extra_include_paths": [include_dir()],
-        "extra_cflags": list(_config.CXX_FLAGS) + (list(_config.HIGHWAY_CFLAGS) if use_highway else []),
-        "extra_ldflags": list(_config.LD_FLAGS) + (list(_config.HIGHWAY_LIBS) if use_highway else []),
+        "extra_include_paths": _include_paths(),
+        "extra_cflags": list(config.CXX_FLAGS) + (list(config.HIGHWAY_CFLAGS) if use_highway else []),
+        "extra_ldflags": list(config.LD_FLAGS) + (list(config.HIGHWAY_LIBS) if use_highway else [])
+        + [f"-L{directory}", f"-l:{name}", f"-Wl,-rpath,{directory}"],
     }

@@ -4,8 +4,14 @@ import numbers
 
 import torch
 
-#: Every method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
+#: Every built-in method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
+
+
+def methods():
+    """Every method the ops take now, name -> description: METHODS, then those extensions
+    added (sidco_torch/csrc/added_methods.hpp; docs/PYTORCH.md, "An extension of one's own")."""
+    return {**METHODS, **dict(torch.ops.sidco.methods(True))}
 
 
 def cpu_kernels():
@@ -17,12 +23,13 @@ _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "f
 
 
 def _check_method(method, where):
-    """A method name from METHODS; argument errors raised here, before TorchScript sees them."""
+    """A method name from methods(); argument errors raised here, before TorchScript sees them."""
+    known = methods()
     if not isinstance(method, str):
-        raise TypeError(f"{where}: method must be a str, one of {', '.join(METHODS)}; got "
+        raise TypeError(f"{where}: method must be a str, one of {', '.join(known)}; got "
                         f"{type(method).__name__} {method!r}")
-    if method not in METHODS:
-        raise ValueError(f"{where}: method {method!r} is not one of {', '.join(METHODS)}")
+    if method not in known:
+        raise ValueError(f"{where}: method {method!r} is not one of {', '.join(known)}")
     return method
 
 
@@ -72,7 +79,7 @@ def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, ra
 
 class Compressor:
     """One tensor's compressor (its adaptive state and per-layer layout persist across
-    calls). method: one of sidco_torch.METHODS; options: seed (random-k)."""
+    calls). method: one of sidco_torch.methods(); options: seed (random-k)."""
 
     def __init__(self, method="sidco-e", **options):
         _check_method(method, "sidco_torch.Compressor")

@@ -89,7 +89,8 @@ class State(_Checkpoints, _Agreement):
     """What the hook keeps between steps: per parameter, its residual and compressor state;
     per bucket, its codec; the iteration. One paragraph per argument:
 
-    method: a sidco_torch method (sidco_torch.METHODS), "sidco-e" by default.
+    method: a sidco_torch method (sidco_torch.methods(): the built-in METHODS and those extensions
+    added), "sidco-e" by default.
 
     density: the share of each tensor sent, in (0, 1]: any real scalar, or a schedule (a
     function of the iteration returning one, evaluated once a step, alike on every rank).

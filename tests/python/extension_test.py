@@ -1,7 +1,10 @@
 """An extension of one's own on sidco's headers (examples/torch_extension.cpp), built with
 torch.utils.cpp_extension and sidco_torch.extension_args(): its SIDCo-E gives sidco_torch's
 "sidco-e" bits on every bundled real gradient, its own composition keeps error feedback exact
-and its threshold's cut, and bad arguments raise errors that name them and change nothing."""
+and its threshold's cut, bad arguments raise errors that name them and change nothing, and the
+methods it adds run in sidco_torch's Compressor and DDP hook (2 gloo ranks, both exchanges)
+with the bits of the built-in method they equal."""
+import json
 import os
 import shutil
 import sys
@@ -9,8 +12,11 @@ import tempfile
 
 import numpy
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 
 import sidco_torch
+from ranks import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -116,6 +122,96 @@ def check_errors(classes):
     assert indices.numel() > 0 and torch.equal(values, (gradient + before)[indices])
 
 
+def check_added_methods(classes):
+    """The methods the extension adds: refused before it adds them, then taken by
+    sidco_torch.Compressor with the bits of the compressor they were made from (whole and per
+    layer, every element type, with error feedback); a name is added once."""
+    try:
+        sidco_torch.Compressor("my-sidco-e")
+        raise AssertionError("an unknown method was accepted")
+    except ValueError as e:
+        assert "method 'my-sidco-e' is not one of" in str(e), e
+    for names, words in ((("sidco-gp", "x"), "add_method: name 'sidco-gp' is a built-in method's"),
+                         (("", "x"), "add_method: name '' is not 1 to 64 letters"),
+                         (("my sidco", "x"), "add_method: name 'my sidco' is not 1 to 64 letters"),
+                         (("m" * 65, "x"), "is not 1 to 64 letters")):
+        try:
+            torch.ops.my_sidco.add_methods(*names)
+            raise AssertionError(f"{names}: added")
+        except ValueError as e:
+            assert words in str(e), (words, str(e))
+    assert sidco_torch.methods() == sidco_torch.METHODS, "a refused name was added"
+    torch.ops.my_sidco.add_methods()
+    added = {name: description for name, description in sidco_torch.methods().items()
+             if name not in sidco_torch.METHODS}
+    assert list(added) == ["my-sidco-e", "gamma-gp-two-stages"], added
+    try:
+        torch.ops.my_sidco.add_methods()
+        raise AssertionError("a method was added twice")
+    except ValueError as e:
+        assert "add_method: name 'my-sidco-e' was added before" in str(e), e
+
+    with open(os.path.join(GRADIENTS, "manifest.json")) as f:
+        layers = [layer["size"] for layer in json.load(f)["lstm_it10.npy"]["layers"]]
+    gradient = dict(gradients())["lstm_it10.npy"]
+    calls = 0
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        g = gradient.to(dtype)
+        for sizes in ([], layers):
+            mine, theirs = sidco_torch.Compressor("my-sidco-e"), sidco_torch.Compressor("sidco-e")
+            my_residual, their_residual = torch.zeros_like(g), torch.zeros_like(g)
+            for call in range(3):
+                got = mine.compress(g, 0.01, sizes, my_residual)
+                expected = theirs.compress(g, 0.01, sizes, their_residual)
+                where = f"{dtype}, {len(sizes) or 'no'} layers, call {call}"
+                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), where
+                assert torch.equal(my_residual, their_residual), where
+                assert mine.report() == theirs.report(), where
+                calls += 1
+    # The added name runs the extension's own composition.
+    added, direct = sidco_torch.Compressor("gamma-gp-two-stages"), classes.GammaGPTwoStages()
+    for call in range(3):
+        got = added.compress(gradient, 0.01)
+        expected = direct.compress(gradient, 0.01, None)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"gamma-gp call {call}"
+        assert added.report()["stages"] == 2
+        calls += 1
+    return calls
+
+
+def hook_steps(rank, port, out, exchange):
+    """For run_ranks: four DDP steps with the hook, once with "sidco-e" and once with
+    "my-sidco-e" from the same start; puts (rank, whether each step's averaged gradients are
+    the same bits, the buckets' paths)."""
+    torch_extension.build()  # the parent's build, loaded from TORCH_EXTENSIONS_DIR
+    torch.ops.my_sidco.add_methods()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    steps, paths = {}, set()
+    for method in ("sidco-e", "my-sidco-e"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        state = sidco_torch.State(method=method, density=0.05, start_iter=0, exchange=exchange)
+        sidco_torch.register(ddp, state)
+        torch.manual_seed(1 + rank)
+        steps[method] = []
+        for _ in range(4):
+            model.zero_grad()
+            ddp(torch.randn(32, 64)).square().mean().backward()
+            steps[method].append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        paths |= {f"{s['path']} ({s['exchange']})" for s in state.stats().values()}
+    same = all(torch.equal(a, b) for a, b in zip(steps["sidco-e"], steps["my-sidco-e"]))
+    out.put((rank, same, sorted(paths)))
+    dist.destroy_process_group()
+
+
+def check_hook():
+    for exchange in ("allgather", "reduce"):
+        for rank, same, paths in run_ranks(hook_steps, exchange):
+            assert same, f"{exchange}, rank {rank}: my-sidco-e's steps differ from sidco-e's"
+            assert paths == [f"sparse ({exchange})"], (exchange, rank, paths)
+
+
 def main():
     check_arguments()
     scratch = tempfile.mkdtemp(prefix="sidco-extension-")
@@ -126,10 +222,14 @@ def main():
         same = check_same_bits(classes)
         composed = check_composition(classes)
         check_errors(classes)
+        added = check_added_methods(classes)
+        check_hook()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"extension: SIDCo-E the same bits as sidco_torch's in {same} calls; "
-          f"the gamma/GP composition conserved and cut at its threshold in {composed} calls; errors named")
+          f"the gamma/GP composition conserved and cut at its threshold in {composed} calls; errors named; "
+          f"its added methods the same bits in {added} Compressor calls and in 4 DDP steps at 2 ranks over "
+          "both exchanges")
 
 
 if __name__ == "__main__":

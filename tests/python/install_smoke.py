@@ -26,7 +26,13 @@ def check_headers():
     assert files == copies, f"installed headers differ in their names: {sorted(set(files) ^ set(copies))}"
     _, mismatch, errors = filecmp.cmpfiles(source, installed, files, shallow=False)
     assert not mismatch and not errors, (mismatch, errors)
-    return len(files)
+    # And what an extension includes to add methods of its own.
+    added = ["added_methods.hpp", "engine.hpp"]
+    _, mismatch, errors = filecmp.cmpfiles(os.path.join(ROOT, "python", "sidco_torch", "csrc"),
+                                           os.path.join(sidco_torch.include_dir(), "sidco_torch", "csrc"), added,
+                                           shallow=False)
+    assert not mismatch and not errors, (mismatch, errors)
+    return len(files) + len(added)
 
 
 def main():

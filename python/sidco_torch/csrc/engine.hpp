@@ -142,6 +142,15 @@ inline std::vector<sidco::segment> layout_of(const std::vector<std::int64_t>& la
   return layout;
 }
 
+/// An engine of prototype's compressor type: whole (layout empty) or per layer.
+template <class T, class Index, class Compressor>
+std::unique_ptr<engine<T, Index, typename Compressor::memory_space>> engine_of(Compressor prototype,
+                                                                               std::vector<sidco::segment> layout,
+                                                                               layer_budget budget) {
+  if (layout.empty()) return std::make_unique<detail::whole<T, Index, Compressor>>(std::move(prototype));
+  return std::make_unique<detail::layered<T, Index, Compressor>>(std::move(layout), std::move(prototype), budget);
+}
+
 /// The method called name on a Backend made by make_backend(), whole (layout empty) or
 /// per layer.
 template <class T, class Index, class Backend = sidco::backend::cpu, class MakeBackend>
@@ -150,10 +159,8 @@ std::unique_ptr<engine<T, Index, typename Backend::memory>> make_engine(
     layer_budget budget, MakeBackend&& make_backend) {
   using result = std::unique_ptr<engine<T, Index, typename Backend::memory>>;
   return sidco::methods::visit<Backend>(method, options, [&](auto prototype) -> result {
-    using C = decltype(prototype);
     prototype.backend() = make_backend();
-    if (layout.empty()) return std::make_unique<detail::whole<T, Index, C>>(std::move(prototype));
-    return std::make_unique<detail::layered<T, Index, C>>(std::move(layout), std::move(prototype), budget);
+    return engine_of<T, Index>(std::move(prototype), std::move(layout), budget);
   });
 }
 

@@ -7,11 +7,15 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "added_methods.hpp"
 #include "binding.hpp"
 #include "classes.hpp"
 #include "reduce_codec.hpp"
@@ -35,6 +39,81 @@ sidco::methods::options parse_options(const c10::Dict<std::string, double>& opti
 }
 
 namespace {
+
+// The methods extensions added (added_methods.hpp), in the order they were added. Entries are
+// never removed, so a pointer to one stays valid.
+struct method_registry {
+  std::mutex mutex;
+  std::vector<std::pair<std::string, std::unique_ptr<added_method>>> methods;
+};
+
+method_registry& registry() {
+  static method_registry methods;
+  return methods;
+}
+
+// A method name as the registry writes them: 1 to 64 letters, digits, '-' and '_'.
+bool method_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+void add_method_factories(const std::string& name, added_method method) {
+  if (!method_name(name))
+    sidco::throw_error("add_method: name '", name, "' is not 1 to 64 letters, digits, '-' and '_'");
+  if (sidco::methods::all::find(name)) sidco::throw_error("add_method: name '", name, "' is a built-in method's");
+  if (!method.float32 || !method.float64 || !method.float16 || !method.bfloat16)
+    sidco::throw_error("add_method: method '", name, "' lacks an engine for an element type");
+  method_registry& r = registry();
+  const std::lock_guard<std::mutex> hold(r.mutex);
+  for (const auto& [taken, added] : r.methods)
+    if (taken == name) sidco::throw_error("add_method: name '", name, "' was added before (", added->description, ")");
+  r.methods.emplace_back(name, std::make_unique<added_method>(std::move(method)));
+}
+
+const added_method* find_added_method(const std::string& name) {
+  method_registry& r = registry();
+  const std::lock_guard<std::mutex> hold(r.mutex);
+  for (const auto& [added, method] : r.methods)
+    if (added == name) return method.get();
+  return nullptr;
+}
+
+std::vector<std::pair<std::string, std::string>> added_methods() {
+  method_registry& r = registry();
+  const std::lock_guard<std::mutex> hold(r.mutex);
+  std::vector<std::pair<std::string, std::string>> list;
+  for (const auto& [name, method] : r.methods) list.emplace_back(name, method->description);
+  return list;
+}
+
+namespace {
+
+// Every method name, built-in and added, comma-separated.
+std::string method_names() {
+  std::string names = sidco::methods::all::names();
+  for (const auto& [name, description] : added_methods()) names += ", " + name;
+  return names;
+}
+
+// Fails at construction, not at the first step, for an unknown method or bad options.
+void check_method(const std::string& method, const sidco::methods::options& options) {
+  if (find_added_method(method)) return;
+  if (!sidco::methods::all::find(method)) sidco::throw_error("method '", method, "' is not one of ", method_names());
+  sidco::methods::visit(method, options, [](auto&&) {});
+}
+
+// An added method's engines run on the CPU only.
+void check_device_for(const std::string& method, const at::Device& device) {
+  if (device.is_cuda() && find_added_method(method))
+    sidco::throw_error("method '", method, "' was added by an extension for CPU tensors; device ", device,
+                       " is a CUDA device");
+}
 
 // The object kept for device (cpu, or cuda[index] grown to hold it), made on first use;
 // what names the argument in errors. cuda_built: whether a CUDA factory was registered.
@@ -147,8 +226,7 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
                   ? sidco::comm::compact_format(plan_.total, sizeof(std::uint32_t), value_bytes, dense_size,
                                                 settings_.coding)
                   : sidco::comm::wire_format{plan_.total, sizeof(std::uint32_t), value_bytes};
-    // Fails here, not at the first step, for an unknown method.
-    sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
+    check_method(settings_.method, settings_.options);
     return 0;
   });
 }
@@ -167,6 +245,7 @@ sidco::comm::wire_fields fields_of(const codec_settings& settings, std::int64_t 
 void register_cuda_codec(cuda_codec_factory factory) { cuda_codecs = factory; }
 
 codec_impl& Codec::on(const at::Device& device) const {
+  check_device_for(settings_.method, device);
   std::unique_ptr<codec_impl>& slot = per_device(
       device, "bucket", cuda_codecs != nullptr, cpu_, cuda_, [&] { return make_cpu_codec(settings_, format_, plan_); },
       [&](const at::Device& on) { return cuda_codecs(settings_, format_, plan_, on); });
@@ -234,7 +313,7 @@ void Codec::load_layer_state(std::int64_t layer, const at::Tensor& state) {
 Compressor::Compressor(std::string method, c10::Dict<std::string, double> options) : method_(std::move(method)) {
   translated([&] {
     options_ = parse_options(options);
-    sidco::methods::visit(method_, options_, [](auto&&) {});
+    check_method(method_, options_);
     return 0;
   });
 }
@@ -253,6 +332,7 @@ std::tuple<at::Tensor, at::Tensor> Compressor::compress(const at::Tensor& gradie
 }
 
 compressor_impl& Compressor::on(const at::Device& device) {
+  check_device_for(method_, device);
   last_ = per_device(
               device, "gradient", cuda_factory != nullptr, cpu_, cuda_,
               [&] { return make_cpu_compressor(method_, options_); },
@@ -326,8 +406,9 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
       return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, capacity_density,
                                                                                   slack, std::size_t(ranks));
     });
-    sidco::methods::visit(settings_.method, settings_.options, [](auto&&) {});
+    check_method(settings_.method, settings_.options);
     const at::Device on = parse_device(device);
+    check_device_for(settings_.method, on);
     if (on.is_cuda()) {
       if (cuda_reduce_codecs == nullptr)
         sidco::throw_error("bucket: device ", on, ": this sidco_torch was built without CUDA (the torch it was ",
@@ -563,10 +644,15 @@ TORCH_LIBRARY(sidco, m) {
   });
   // Which CPU kernels run here: a Highway target chosen at load time, or "portable".
   m.def("cpu_kernels() -> str", [] { return std::string(sidco::backend::cpu::kernels()); });
-  // The method table (sidco/methods.hpp): [name, description] per method.
-  m.def("methods() -> str[][]", [] {
+  // The method table (sidco/methods.hpp): [name, description] per method; with added=True,
+  // the methods extensions added (added_methods.hpp) instead.
+  m.def("methods(bool added=False) -> str[][]", [](bool added) {
     std::vector<std::vector<std::string>> table;
-    for (const auto& m : sidco::methods::table) table.push_back({std::string(m.name), std::string(m.description)});
+    if (added) {
+      for (const auto& [name, description] : added_methods()) table.push_back({name, description});
+    } else {
+      for (const auto& m : sidco::methods::table) table.push_back({std::string(m.name), std::string(m.description)});
+    }
     return table;
   });
   register_cpu_kernels(m);

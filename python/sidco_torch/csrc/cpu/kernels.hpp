@@ -18,6 +18,7 @@
 #include <sidco/comm/residual_sink.hpp>
 #include <sidco/core/half.hpp>
 
+#include "../added_methods.hpp"
 #include "../binding.hpp"
 #include "../classes.hpp"
 #include "../engine.hpp"
@@ -110,7 +111,7 @@ class cpu_compressor final : public compressor_impl {
  public:
   cpu_compressor(std::string method, sidco::methods::options options)
       : method_(std::move(method)), options_(options),
-        whole_(make_engine<T, index32>(method_, options_, {}, layer_budget::shared)) {}
+        whole_(make_cpu_engine<T>(method_, options_, {}, layer_budget::shared)) {}
 
   std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
                                               const std::vector<std::int64_t>& layers,
@@ -121,7 +122,7 @@ class cpu_compressor final : public compressor_impl {
     engine<T, index32>* e = whole_.get();
     if (!layers.empty()) {
       if (!layered_ || layers != layer_sizes_) {
-        layered_ = make_engine<T, index32>(method_, options_, layout_of(layers, n), layer_budget::shared);
+        layered_ = make_cpu_engine<T>(method_, options_, layout_of(layers, n), layer_budget::shared);
         layer_sizes_ = layers;
       }
       e = layered_.get();
@@ -149,6 +150,8 @@ template <class T>
 std::unique_ptr<engine<T, std::uint32_t>> make_cpu_engine(const std::string& method,
                                                           const sidco::methods::options& options,
                                                           std::vector<sidco::segment> layout, layer_budget budget) {
+  if (const added_method* added = find_added_method(method))
+    return added->template factory<T>()(options, std::move(layout), budget);
   return make_engine<T, std::uint32_t>(method, options, std::move(layout), budget);
 }
 
