@@ -1,7 +1,7 @@
-// One tensor's compressor behind a run-time method name: the one place the binding turns
-// sidco's compile-time presets (methods.hpp) into an object chosen by a string, whole or
-// per layer, for one element type and one backend (backend::cpu on host memory, or
-// backend::cuda on device memory).
+// One tensor's compressor behind a run-time method name: where the binding turns sidco's
+// compile-time presets (methods.hpp), and the compressors extensions add (added_methods.hpp),
+// into an object chosen by a string, whole or per layer, for one element type and one backend
+// (backend::cpu on host memory, or backend::cuda on device memory).
 #pragma once
 
 #include <cstddef>

@@ -47,9 +47,11 @@ struct method_registry {
   std::vector<std::pair<std::string, std::unique_ptr<added_method>>> methods;
 };
 
+// Never destroyed: its entries' code lives in the extensions that added them, which may be
+// unloaded before this library's static destructors run at exit.
 method_registry& registry() {
-  static method_registry methods;
-  return methods;
+  static method_registry* const methods = new method_registry;
+  return *methods;
 }
 
 // A method name as the registry writes them: 1 to 64 letters, digits, '-' and '_'.
