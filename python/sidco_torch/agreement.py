@@ -8,6 +8,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from .ops import methods
 from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _REDUCE_SCHEDULES, _STATE_FORMAT, _WIRES, ExchangeError,
                         _bits)
 
@@ -19,7 +20,11 @@ class _Agreement:
         """Every rank's configuration, compared once (the first hook call of this State in this
         process): a difference would make the payloads' sizes differ."""
         verified = self._verified if self._verified is not None else self._step_density
+        # A method an extension added is known here by its name and description only: ranks
+        # that added different compressors under one name differ in the description.
+        description = methods().get(self.method, "")
         fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
+                  ("method's description", zlib.crc32(description.encode())),
                   ("density", _bits(self._step_density)), ("agreed density", _bits(verified)),
                   ("capacity_slack", _bits(self.capacity_slack)),
                   ("feedback", int(self.feedback)), ("start_iter", self.start_iter),
@@ -59,11 +64,13 @@ class _Agreement:
                     "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
             for j, (name, _) in enumerate(fields[:loaded_at]):
                 if theirs[j] != everyone[0][j]:
-                    if name in ("method", "options", "exchange", "owner", "nonfinite", "wire", "reduce_schedule"):
+                    if name in ("method", "method's description", "options", "exchange", "owner", "nonfinite", "wire",
+                                "reduce_schedule"):
                         # Hashes and indices on the wire: the values themselves, from every rank
                         # (each one found this same difference, so each joins this gather).
                         readable = [None] * world
-                        dist.all_gather_object(readable, {"method": self.method, "options": dict(sorted(
+                        dist.all_gather_object(readable, {"method": self.method, "method's description": description,
+                                                          "options": dict(sorted(
                             self.options.items())), "exchange": self.exchange, "owner": self.owner,
                             "nonfinite": self.nonfinite, "wire": self.wire,
                             "reduce_schedule": self.reduce_schedule}, group=group)

@@ -3,7 +3,8 @@ torch.utils.cpp_extension and sidco_torch.extension_args(): its SIDCo-E gives si
 "sidco-e" bits on every bundled real gradient, its own composition keeps error feedback exact
 and its threshold's cut, bad arguments raise errors that name them and change nothing, and the
 methods it adds run in sidco_torch's Compressor and DDP hook (2 gloo ranks, both exchanges)
-with the bits of the built-in method they equal."""
+with the bits of the built-in method they equal; ranks that added different compressors under
+one name are refused alike."""
 import json
 import os
 import shutil
@@ -205,11 +206,38 @@ def hook_steps(rank, port, out, exchange):
     dist.destroy_process_group()
 
 
+def swapped_methods(rank, port, out):
+    """For run_ranks: each rank adds the extension's two compressors under swapped names, so
+    that "mine" is SIDCo-E on rank 0 and the gamma/GP composition on rank 1; puts (rank, the
+    State's error, whether it is an ExchangeError) after the first step."""
+    torch_extension.build()
+    torch.ops.my_sidco.add_methods(*(("mine", "theirs") if rank == 0 else ("theirs", "mine")))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = sidco_torch.State(method="mine", density=0.05, start_iter=0)
+    sidco_torch.register(ddp, state)
+    try:
+        ddp(torch.randn(32, 64)).square().mean().backward()
+    except RuntimeError:
+        pass
+    out.put((rank, str(state.error), isinstance(state.error, sidco_torch.ExchangeError)))
+    dist.destroy_process_group()
+
+
 def check_hook():
     for exchange in ("allgather", "reduce"):
         for rank, same, paths in run_ranks(hook_steps, exchange):
             assert same, f"{exchange}, rank {rank}: my-sidco-e's steps differ from sidco-e's"
             assert paths == [f"sparse ({exchange})"], (exchange, rank, paths)
+    # One name, different compressors: refused on every rank alike, before any payload.
+    results = run_ranks(swapped_methods)
+    expected = ("sidco_torch.State: rank 1 has method's description 'gamma fit, generalized-Pareto tails, two fixed "
+                "stages', rank 0 has \"SIDCo-E from an extension of one's own\"")
+    for rank, error, exchange_error in results:
+        assert exchange_error and expected in error, (rank, error)
+    assert results[0][1] == results[1][1], results
 
 
 def main():
@@ -229,7 +257,7 @@ def main():
     print(f"extension: SIDCo-E the same bits as sidco_torch's in {same} calls; "
           f"the gamma/GP composition conserved and cut at its threshold in {composed} calls; errors named; "
           f"its added methods the same bits in {added} Compressor calls and in 4 DDP steps at 2 ranks over "
-          "both exchanges")
+          "both exchanges; one name for two compressors refused on both ranks")
 
 
 if __name__ == "__main__":
