@@ -180,18 +180,11 @@ def check_added_methods(classes):
     return calls
 
 
-def load_built():
-    """In a rank: the library the parent built, loaded as it is. Not through
-    cpp_extension.load, whose check of the build directory two ranks would run at once (one
-    such run hung in CI)."""
-    torch.ops.load_library(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "my_sidco", "my_sidco.so"))
-
-
 def hook_steps(rank, port, out, exchange):
     """For run_ranks: four DDP steps with the hook, once with "sidco-e" and once with
     "my-sidco-e" from the same start; puts (rank, whether each step's averaged gradients are
     the same bits, the buckets' paths)."""
-    load_built()
+    torch_extension.build()  # the parent's build, loaded from TORCH_EXTENSIONS_DIR
     torch.ops.my_sidco.add_methods()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     steps, paths = {}, set()
@@ -217,7 +210,7 @@ def swapped_methods(rank, port, out):
     """For run_ranks: each rank adds the extension's two compressors under swapped names, so
     that "mine" is SIDCo-E on rank 0 and the gamma/GP composition on rank 1; puts (rank, the
     State's error, whether it is an ExchangeError) after the first step."""
-    load_built()
+    torch_extension.build()
     torch.ops.my_sidco.add_methods(*(("mine", "theirs") if rank == 0 else ("theirs", "mine")))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)
