@@ -1,6 +1,7 @@
 """What every rank must agree on before a collective's sizes depend on it: the State's
 configuration (once), and each bucket's wire format (whenever it changes). A difference is
 the same ExchangeError on every rank, raised before the collective it would have broken."""
+import pickle
 import struct
 import warnings
 import zlib
@@ -68,12 +69,11 @@ class _Agreement:
                                 "reduce_schedule"):
                         # Hashes and indices on the wire: the values themselves, from every rank
                         # (each one found this same difference, so each joins this gather).
-                        readable = [None] * world
-                        dist.all_gather_object(readable, {"method": self.method, "method's description": description,
-                                                          "options": dict(sorted(
-                            self.options.items())), "exchange": self.exchange, "owner": self.owner,
-                            "nonfinite": self.nonfinite, "wire": self.wire,
-                            "reduce_schedule": self.reduce_schedule}, group=group)
+                        readable = self._gather_objects({
+                            "method": self.method, "method's description": description,
+                            "options": dict(sorted(self.options.items())), "exchange": self.exchange,
+                            "owner": self.owner, "nonfinite": self.nonfinite, "wire": self.wire,
+                            "reduce_schedule": self.reduce_schedule}, group, world, device)
                         theirs_shown, first_shown = readable[rank][name], readable[0][name]
                     else:
                         show = shown.get(name, lambda v: v)
@@ -88,6 +88,24 @@ class _Agreement:
             self._warned.add("world")
             warnings.warn("sidco_torch: a world of one rank has nothing to exchange; the hook still compresses (error "
                           "feedback delays part of each update), as it would among several", stacklevel=4)
+
+    def _gather_objects(self, value, group, world, device):
+        """Every rank's value (picklable), as dist.all_gather_object gives them, but through
+        tensors kept in _in_flight: all_gather_object frees its own as it returns, which can
+        leave a gloo worker the last reference (see State._in_flight; seen: a rank hung in the
+        DDP reducer's destructor right after this error was raised)."""
+        data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+        sizes = [torch.empty_like(size) for _ in range(world)]
+        self._in_flight.extend([size, *sizes])
+        dist.all_gather(sizes, size, group=group)
+        lengths = [int(s) for s in sizes]
+        padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+        padded[:data.numel()] = data.to(device)
+        everyone = [torch.empty_like(padded) for _ in range(world)]
+        self._in_flight.extend([padded, *everyone])
+        dist.all_gather(everyone, padded, group=group)
+        return [pickle.loads(t[:n].cpu().numpy().tobytes()) for t, n in zip(everyone, lengths)]
 
     def _agree_wire_format(self, group, world, bucket, path, payload_bytes, dense_values=0):
         """What this bucket puts on the wire (path, dtype, values, bytes), compared across ranks
