@@ -19,22 +19,28 @@ from . import library_path as _library_path
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _config():
-    """build_config.py, which meson writes beside the package (absent when the package is
-    imported from the source tree itself, as the GPU check does with ops it built apart)."""
+def _build_config():
+    """build_config.py, which meson writes beside the package, or None (absent when the package
+    is imported from the source tree itself, as the GPU check does with ops it built apart)."""
     try:
         return importlib.import_module(".build_config", __package__)
     except ImportError:
+        return None
+
+
+def _config():
+    """build_config.py, or an error saying why the flags are not known."""
+    config = _build_config()
+    if config is None:
         raise RuntimeError(f"sidco_torch: no build_config.py in {_HERE}: this copy of the package was not built by "
-                           "meson (meson compile, or pip), so the flags its ops were built with are not known") from None
+                           "meson (meson compile, or pip), so the flags its ops were built with are not known")
+    return config
 
 
 def _source(key):
     """A source-tree directory build_config.py recorded ("" when installed or not built)."""
-    try:
-        return getattr(importlib.import_module(".build_config", __package__), key)
-    except ImportError:
-        return ""
+    config = _build_config()
+    return getattr(config, key) if config is not None else ""
 
 
 def include_dir():
