@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import sidco_torch
-from ranks import run_ranks
+from ranks import first_step_refused, run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -212,18 +212,7 @@ def swapped_methods(rank, port, out):
     State's error, whether it is an ExchangeError) after the first step."""
     torch_extension.build()
     torch.ops.my_sidco.add_methods(*(("mine", "theirs") if rank == 0 else ("theirs", "mine")))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    state = sidco_torch.State(method="mine", density=0.05, start_iter=0)
-    sidco_torch.register(ddp, state)
-    try:
-        ddp(torch.randn(32, 64)).square().mean().backward()
-    except RuntimeError:
-        pass
-    out.put((rank, str(state.error), isinstance(state.error, sidco_torch.ExchangeError)))
-    dist.destroy_process_group()
+    first_step_refused(rank, port, out, ("mine", "mine"))
 
 
 def check_hook():

@@ -69,6 +69,25 @@ def cuda_skip_reason():
     return None
 
 
+def first_step_refused(rank, port, out, methods):
+    """For run_ranks: a small model's first DDP step with the hook, State(method=methods[rank]),
+    on 2 gloo ranks; then the process group is destroyed and the function left at once (DDP's
+    reducer then drops the group's last reference a moment after the step's collectives).
+    Puts (rank, the State's error, whether it is an ExchangeError)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = sidco_torch.State(method=methods[rank], density=0.05, start_iter=0)
+    sidco_torch.register(ddp, state)
+    try:
+        ddp(torch.randn(32, 64)).square().mean().backward()
+    except RuntimeError:
+        pass
+    out.put((rank, str(state.error), isinstance(state.error, sidco_torch.ExchangeError)))
+    dist.destroy_process_group()
+
+
 def sparse_ddp_step(rank, port, out, backend="gloo", device="cpu", steps=1, exchange="auto", wire="auto"):
     """For run_ranks: a small model's DDP steps with the SIDCo-E hook on 2 ranks (device
     "cuda": rank r on GPU r with NCCL, on GPU 0 with gloo). Puts (rank, whether both ranks
