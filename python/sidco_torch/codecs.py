@@ -135,6 +135,7 @@ def _all_reduce_dense(state, bucket, group, world, reason):
     state._stats[bucket.index()] = stats
     sent = time.perf_counter()
     buffer.div_(world)  # first: the sum of averages cannot overflow where the sum could
+    state._in_flight.append(buffer)  # see State._in_flight: the all-reduce's work holds it
 
     def done(future):
         stats["exchange_seconds"] = time.perf_counter() - sent
@@ -144,7 +145,7 @@ def _all_reduce_dense(state, bucket, group, world, reason):
             stats["skipped"] = True
         return reduced
 
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
+    return state._callbacks.then(dist.all_reduce(buffer, group=group, async_op=True).get_future(), done)
 
 
 def _all_reduce_slices(state, b, buffer, slices, group, world):
@@ -168,7 +169,7 @@ def _all_reduce_slices(state, b, buffer, slices, group, world):
     return dist.all_reduce(values, group=group, async_op=True).get_future()
 
 
-def _with_slices(future, reduced, slices):
+def _with_slices(state, future, reduced, slices):
     """The bucket's future with the densely averaged slices written back in (local work)."""
     def merged(both):
         sparse, dense = both.value()
@@ -180,7 +181,7 @@ def _with_slices(future, reduced, slices):
             at += size
         return out
 
-    return torch.futures.collect_all([future, reduced]).then(merged)
+    return state._callbacks.then(torch.futures.collect_all([future, reduced]), merged)
 
 
 def _sparse_stats(state, b, buffer, report, compress_seconds, bytes_sent):
@@ -233,7 +234,7 @@ def _decode_when(state, b, buffer, future, encoded, stats, decode, more_stats=No
             stats.update(more_stats(b.codec.report()))
         return buffer
 
-    return future.then(done)
+    return state._callbacks.then(future, done)
 
 
 def _agreed_head(state, used, size, group, device):

@@ -7,6 +7,8 @@ residual) and packs the result into a payload of fixed size: a 64-byte header, 3
 indices, values in the bucket's dtype. One asynchronous all-gather of equal-sized payloads
 is issued and its future returned at once; the decode (every rank's entries added in rank
 order and averaged, one C++ call) runs in the future's then(), which does local work only.
+The step's last bucket is decoded before its hook call returns: that call ends the step
+(callbacks.py).
 
 A rank whose compression fails (a NaN, a damaged state) still sends a payload, carrying its
 error; every rank's decode then raises the same error naming that rank, and what each rank
@@ -19,7 +21,8 @@ load_state_dict() resume a run bit for bit.
 The package's modules: state.py (State: arguments, keys, statistics, each step's
 bookkeeping), agreement.py (what every rank must agree on before a collective),
 checkpoint.py (state_dict, load_state_dict), codecs.py (a bucket's codec and the paths
-around its collectives), arguments.py (checks and names); this one registers the hook.
+around its collectives), callbacks.py (the futures' then(), and the step's end, which no
+callback outlives), arguments.py (checks and names); this one registers the hook.
 """
 import time
 
@@ -47,6 +50,15 @@ def register(ddp_model, state, comm_hook=None):
 def hook(state, bucket):
     """The communication hook: sidco_torch.register(ddp_model, state), or
     ddp_model.register_comm_hook(state, sidco_torch.hook)."""
+    try:
+        return _hook_call(state, bucket)
+    except BaseException:
+        if isinstance(state, State):
+            state._callbacks.finish(failed=True)  # no callback outlives a step that raises either
+        raise
+
+
+def _hook_call(state, bucket):
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     first_call = state._begin_step(bucket.index())
@@ -64,6 +76,7 @@ def hook(state, bucket):
         state._in_step = False
     # Earlier buckets' second rounds (two hops) a phase further, before this bucket's collectives.
     state._advance_round_twos()
+    state._callbacks.at_step_end = last
     try:
         future = _exchange(state, bucket, group, world, iteration)
     except BaseException:
@@ -73,6 +86,7 @@ def hook(state, bucket):
         raise
     if last:
         state._advance_round_twos(drain=True)
+        state._callbacks.finish()
     return future
 
 
@@ -97,4 +111,4 @@ def _exchange(state, bucket, group, world, iteration):
     stats = state._stats[bucket.index()]
     stats["dense_values"] = dense_values
     stats["bytes_sent"] += dense_values * buffer.element_size()
-    return _with_slices(future, reduced, slices)
+    return _with_slices(state, future, reduced, slices)

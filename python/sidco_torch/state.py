@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from .agreement import _Agreement
 from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _REDUCE_SCHEDULES, _WIRES, _checked_density, _owner_name, _real_scalar)
+from .callbacks import _StepCallbacks
 from .checkpoint import _Checkpoints
 from .codecs import _Bucket, _Layer
 from .ops import _check_method, _codec, _options_dict
@@ -220,7 +221,11 @@ class State(_Checkpoints, _Agreement):
         self.nonfinite = nonfinite
         self._density = density    # the density, or the schedule's first value
         self._schedule = schedule  # the schedule, or None
-        self.process_group = process_group
+        # Held weakly: the hook's then() callbacks hold the State, and a gloo worker that runs
+        # one can drop the last reference to it; holding the group too, it would then destroy
+        # the group on the group's own worker (which joins itself: torch aborts the process).
+        # The group lives while torch.distributed (until destroy_process_group) or DDP holds it.
+        self._process_group = None if process_group is None else weakref.ref(process_group)
         self.start_iter = start_iter
         self.min_bucket_elements = min_bucket_elements
         self.dense_parameters = dense_parameters
@@ -230,6 +235,17 @@ class State(_Checkpoints, _Agreement):
         self.iteration = 0
         self._clock = time.perf_counter  # exchange="auto"'s probe times steps by it
         self._reset()
+
+    @property
+    def process_group(self):
+        """The group the hook exchanges in; None for the default group."""
+        if self._process_group is None:
+            return None
+        group = self._process_group()
+        if group is None:
+            raise RuntimeError("sidco_torch.State: its process_group is gone (destroyed, and no DDP model holds it "
+                               "any more): build a new State for the new group")
+        return group
 
     def _reset(self):
         self._buckets = {}      # parameter keys -> _Bucket
@@ -242,6 +258,7 @@ class State(_Checkpoints, _Agreement):
         # it, and torch 1.13 joins its workers holding the GIL when the process group goes
         # (the DDP reducer's destructor at exit): the two then wait for each other forever.
         self._in_flight = []
+        self._callbacks = _StepCallbacks()
         self._keys = {}         # id(parameter) -> (weakref, key)
         self._global_ranks = {}  # id(process group) -> its ranks' global ranks
         self._keying = None     # "names" (attach) or "order" (DDP's), once known
@@ -594,6 +611,7 @@ class State(_Checkpoints, _Agreement):
         if self._next_verified is not None:
             self._verified, self._next_verified = self._next_verified, None
         self._in_flight = []  # the last step's collectives are done: DDP waited for them
+        self._callbacks.begin_step()
         self._in_step = True
         self._step_failed = False
         self._step_iteration = self.iteration

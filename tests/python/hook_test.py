@@ -420,10 +420,11 @@ def scenario_returns_early(rank, world, recorded_path):
     calls = []
 
     def hook(s, bucket):
-        if armed and rank == 1:
+        if armed and rank == 1 and not bucket.is_last():
             # Rank 1 sends bucket b only once rank 0 has recorded whether its future for b was
             # done when the hook returned: rank 0's cannot be complete then, whatever the load
-            # (a fixed sleep here failed on a loaded machine).
+            # (a fixed sleep here failed on a loaded machine). The step's last bucket is done
+            # at return: that call ends the step (callbacks.py).
             calls.append(True)
             deadline = time.time() + 20  # then go on: rank 0's check fails instead of a hang
             while _recorded(recorded_path) < len(calls) and time.time() < deadline:
@@ -444,8 +445,8 @@ def scenario_returns_early(rank, world, recorded_path):
     armed.append(True)
     train_step(ddp, optimizer, rank, 2)
     if rank == 0:
-        assert pending and not any(pending), f"futures done at return: {pending}"
-    return "returned early"
+        assert len(pending) > 1 and not any(pending[:-1]) and pending[-1], f"futures done at return: {pending}"
+    return f"{len(pending) - 1} of {len(pending)} returned early, the last done"
 
 
 def _recorded(path):
@@ -1378,6 +1379,39 @@ def scenario_auto_probe_failure(rank, world, fail_at):
     return {"auto": measured, "parameters": flat.numpy().tobytes()}
 
 
+def scenario_group_released(rank, world, rounds):
+    """A model, its State and its own process group dropped right after one step, round after
+    round, on each path whose future has a then() callback: torch 1.13 frees a callback on the
+    gloo worker that ran it, taking the GIL, after DDP saw the step complete; the group's
+    destructor then joined that worker holding the GIL, and the rank hung (3 of 3 runs of 40
+    rounds before the step's last hook call waited for the workers' callbacks; 0 of 9 after)."""
+    paths = [{"exchange": "allgather"}, {"exchange": "reduce"}, {"start_iter": 1},
+             {"dense_parameters": ["middle.bias"]}]
+    for i in range(rounds):
+        _step_then_release(rank, dist.new_group(backend="gloo"), paths[i % len(paths)])
+    # The State holds its group weakly (a worker that frees the State must not free the group).
+    group = dist.new_group(backend="gloo")
+    state = sidco_torch.State(process_group=group)
+    assert state.process_group is group
+    dist.destroy_process_group(group)
+    del group
+    try:
+        state.process_group
+        raise AssertionError("a destroyed, unreferenced group is still the State's")
+    except RuntimeError as e:
+        assert "process_group is gone" in str(e), e
+    return f"{rounds} rounds, no rank hung"
+
+
+def _step_then_release(rank, group, options):
+    torch.manual_seed(0)
+    ddp = DDP(Shuffled(), bucket_cap_mb=0.1, process_group=group)
+    state = sidco_torch.State(density=0.05, process_group=group, **{"start_iter": 0, **options})
+    sidco_torch.register(ddp, state)
+    train_step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), rank, 0)
+    dist.destroy_process_group(group)  # the last references go as this returns
+
+
 def run(scenario, world, *args, timeout=120):
     """scenario(rank, world, *args) on world processes; its per-rank results, or an error.
     The ranks meet at a store served from here, up before any of them starts (a rank that
@@ -1768,6 +1802,7 @@ def main():
         assert first == second and "rank 1 has method 'top-k', rank 0 has 'sidco-e'" in first, (first, second)
         assert typed, first
     print("different methods, the group released at once after: 20 times, no rank hung")
+    print("a process group released right after each step:", run(scenario_group_released, 2, 40, timeout=60)[0])
     print("two models:", run(scenario_two_models, 1)[0])
     print("dense switch:", run(scenario_dense_switch, 2)[0])
     print("summary:", run(scenario_summary, 2)[0])
