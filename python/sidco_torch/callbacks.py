@@ -26,16 +26,12 @@ class _StepCallbacks:
     # A step that raises waits at most this long for them, then raises its error anyway.
     FAILED_WAIT_SECONDS = 30.0
 
-    def __init__(self):
+    def __init__(self, keep):
+        self._keep = keep    # keep(*futures): held until the next step begins (State._in_flight)
         self._freed = threading.Condition()
         self._alive = set()  # weak references to the callbacks handed to a future, not yet freed
         self._gates = []     # (gate, future): the callbacks finish runs on this thread
-        self._kept = []      # the step's futures: no worker drops the last reference to one
         self.at_step_end = False  # set for the step's last hook call
-
-    def begin_step(self):
-        """The last step's futures are done (DDP waited for them): they may go."""
-        self._kept = []
 
     def then(self, future, fn):
         """future.then(fn); at the step's last hook call, fn runs in finish() instead, on the
@@ -52,7 +48,7 @@ class _StepCallbacks:
             with self._freed:
                 self._alive.add(ref)
             child = future.then(call)
-        self._kept += [future, child]
+        self._keep(future, child)  # no worker drops the last reference to one
         return child
 
     def _release(self, ref):

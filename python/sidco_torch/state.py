@@ -258,7 +258,7 @@ class State(_Checkpoints, _Agreement):
         # it, and torch 1.13 joins its workers holding the GIL when the process group goes
         # (the DDP reducer's destructor at exit): the two then wait for each other forever.
         self._in_flight = []
-        self._callbacks = _StepCallbacks()
+        self._callbacks = _StepCallbacks(lambda *futures: self._in_flight.extend(futures))
         self._keys = {}         # id(parameter) -> (weakref, key)
         self._global_ranks = {}  # id(process group) -> its ranks' global ranks
         self._keying = None     # "names" (attach) or "order" (DDP's), once known
@@ -611,7 +611,6 @@ class State(_Checkpoints, _Agreement):
         if self._next_verified is not None:
             self._verified, self._next_verified = self._next_verified, None
         self._in_flight = []  # the last step's collectives are done: DDP waited for them
-        self._callbacks.begin_step()
         self._in_step = True
         self._step_failed = False
         self._step_iteration = self.iteration

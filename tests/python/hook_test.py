@@ -1384,7 +1384,7 @@ def scenario_group_released(rank, world, rounds):
     round, on each path whose future has a then() callback: torch 1.13 frees a callback on the
     gloo worker that ran it, taking the GIL, after DDP saw the step complete; the group's
     destructor then joined that worker holding the GIL, and the rank hung (3 of 3 runs of 40
-    rounds before the step's last hook call waited for the workers' callbacks; 0 of 9 after)."""
+    rounds before the step's last hook call waited for the workers' callbacks; 0 of 8 after)."""
     paths = [{"exchange": "allgather"}, {"exchange": "reduce"}, {"start_iter": 1},
              {"dense_parameters": ["middle.bias"]}]
     for i in range(rounds):
