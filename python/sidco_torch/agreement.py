@@ -1,6 +1,7 @@
 """What every rank must agree on before a collective's sizes depend on it: the State's
 configuration (once), and each bucket's wire format (whenever it changes). A difference is
 the same ExchangeError on every rank, raised before the collective it would have broken."""
+import importlib
 import pickle
 import struct
 import warnings
@@ -14,6 +15,25 @@ from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PAT
                         _bits)
 
 
+def _source_digest():
+    """The digest of the sources this package and its ops were built from (source_digest.py,
+    which meson writes with scripts/source_digest.py), or "" where it is absent (the package
+    imported from the source tree itself, as the GPU check does)."""
+    try:
+        return importlib.import_module(".source_digest", __package__).DIGEST
+    except ImportError:
+        return ""
+
+
+def _digest_field(digest):
+    """A digest's first 60 bits, as an int64 field of the agreement (-1: none)."""
+    return int(digest[:15], 16) if digest else -1
+
+
+def _digest_shown(field):
+    return f"{field:015x}" if field >= 0 else "unknown (no source_digest.py)"
+
+
 class _Agreement:
     """State's agreement methods (a mixin: State holds the data they read)."""
 
@@ -24,7 +44,9 @@ class _Agreement:
         # A method an extension added is known here by its name and description only: ranks
         # that added different compressors under one name differ in the description.
         description = methods().get(self.method, "")
-        fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
+        # First: other code explains whatever else differs (the names below mean what it says).
+        fields = [("sources", _digest_field(_source_digest())),
+                  ("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
                   ("method's description", zlib.crc32(description.encode())),
                   ("density", _bits(self._step_density)), ("agreed density", _bits(verified)),
                   ("capacity_slack", _bits(self.capacity_slack)),
@@ -64,6 +86,12 @@ class _Agreement:
                     "state holds that rank's residuals: each rank saves and loads its own "
                     "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
             for j, (name, _) in enumerate(fields[:loaded_at]):
+                if theirs[j] != everyone[0][j] and name == "sources":
+                    raise self._fail(ExchangeError(
+                        f"sidco_torch.State: rank {rank} runs sidco_torch built from other sources than rank 0 "
+                        f"(source digest {_digest_shown(int(theirs[j]))}, rank 0 {_digest_shown(int(everyone[0][j]))}):"
+                        " every rank must run the same build of sidco_torch (sidco_torch.source_digest.DIGEST names "
+                        "it)"))
                 if theirs[j] != everyone[0][j]:
                     if name in ("method", "method's description", "options", "exchange", "owner", "nonfinite", "wire",
                                 "reduce_schedule"):

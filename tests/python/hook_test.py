@@ -644,6 +644,23 @@ def scenario_method_mismatch(rank, world):
     raise AssertionError("different methods were accepted")
 
 
+def scenario_sources_mismatch(rank, world):
+    """Rank 1 reports other sources (as another build of sidco_torch would): every rank raises
+    an ExchangeError naming both digests, before any other difference (rank 1's density
+    differs too)."""
+    import sidco_torch.agreement as agreement
+    ours = agreement._source_digest()
+    if rank == 1:
+        agreement._source_digest = lambda: "f" * 64
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05 if rank == 0 else 0.04)
+    model, ddp, optimizer = make(state, rank)
+    sentence = (f"rank 1 runs sidco_torch built from other sources than rank 0 (source digest {'f' * 15}, "
+                f"rank 0 {ours[:15]}): every rank must run the same build of sidco_torch")
+    refused_on_first_step(ddp, optimizer, rank, sentence, "different sources")
+    assert isinstance(state.error, sidco_torch.ExchangeError), state.error
+    return str(state.error)
+
+
 def scenario_two_models(rank, world):
     state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05)
     first = make(state, rank)
@@ -1456,7 +1473,18 @@ def _entry(scenario, rank, world, port, args, results):
 
 
 def check_local():
-    """What needs no process group: pickling, arguments."""
+    """What needs no process group: pickling, arguments, the digest of the sources."""
+    # The digest the build wrote is the one of the sources as they are now (an edit the build
+    # missed, or a file left out of its inputs, would let ranks of different code agree).
+    from sidco_torch.source_digest import DIGEST, FILES
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    import source_digest
+    listed = source_digest.listed(root)
+    assert FILES == len(listed) and DIGEST == source_digest.digest(root, [os.path.join(root, p) for p in listed]), (
+        DIGEST, FILES, len(listed))
+    assert any(p.endswith("include/sidco/sidco.hpp") for p in listed) and any(
+        p.endswith("csrc/cpu/reduce.cpp") for p in listed) and any(p.endswith("sidco_torch/hook.py") for p in listed)
     state = sidco_torch.State(method="dgc", density=0.02, start_iter=3, seed=7, reduce_schedule="two-hop",
                               dense_parameters=["last.bias"], wire="compact")
     for clone in (pickle.loads(pickle.dumps(state)), copy.deepcopy(state)):
@@ -1794,6 +1822,7 @@ def main():
         print("future:", run(scenario_returns_early, 2, os.path.join(tmp, "recorded"))[0])
     print("different densities:", run(scenario_agreement, 2)[0])
     print("different methods:", run(scenario_method_mismatch, 2)[0])
+    print("different sources:", run(scenario_sources_mismatch, 2)[0])
     # The group released at once after a refusal: a tensor of the refusal's gathers left for a
     # gloo worker to free hangs torch 1.13 there (4 in 60 before they travelled in tensors the
     # State keeps; 0 in 100 after). A race: 20 tries catch 3 in 4 of that rate.

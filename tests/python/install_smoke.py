@@ -1,5 +1,6 @@
 """Run by install_test.sh with an installed sidco_torch: it must come from VENV (argv[1]),
-compress exactly, carry a sparse DDP step over 2 gloo ranks, and hold the source's headers;
+compress exactly, carry a sparse DDP step over 2 gloo ranks, hold the source's headers and
+name the source's digest;
 with --extension, an extension of one's own builds on them (examples/torch_extension.py) and
 gives the package's bits."""
 import filecmp
@@ -63,6 +64,12 @@ def main():
     assert torch.equal(indices.sort().values, expected), "top-k differs from torch.topk"
     assert torch.equal(values, x[indices])
     headers = check_headers()
+    # The installed build names the same sources as the tree it came from (and so agrees with
+    # a development build of that tree, or another machine's install of it).
+    from sidco_torch.source_digest import DIGEST
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import source_digest
+    assert DIGEST == source_digest.digest(ROOT, [os.path.join(ROOT, p) for p in source_digest.listed(ROOT)]), DIGEST
     if "--extension" in sys.argv[2:]:
         # The example prints each call and exits non-zero when its SIDCo-E differs from the package's.
         # CXX names pip's compiler, which may be a launcher and a compiler ("ccache c++"):

@@ -56,7 +56,8 @@ wheel=$(ls "$tmp"/dist/*.whl)
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 for want in ("sidco_torch/__init__.py", "sidco_torch/hook.py", "sidco_torch/ops.py", "sidco_torch/libsidco_torch_ops.so",
-             "sidco_torch/extension.py", "sidco_torch/build_config.py", "sidco_torch/include/sidco/sidco.hpp",
+             "sidco_torch/extension.py", "sidco_torch/build_config.py", "sidco_torch/source_digest.py",
+             "sidco_torch/include/sidco/sidco.hpp",
              "sidco_torch/include/sidco_torch/csrc/added_methods.hpp"):
     assert want in names, (want, names)
 stray = [n for n in names if not n.startswith(("sidco_torch/", "sidco_torch-", "sidco_torch.", "sidco-torch"))]
