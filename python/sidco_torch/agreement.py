@@ -34,6 +34,12 @@ def _digest_shown(field):
     return f"{field:015x}" if field >= 0 else "unknown (no source_digest.py)"
 
 
+# The first gather of every agreement, two int64 (this tag and the digest), kept as it is in
+# every later version: gloo aborts a process whose all_gather lengths differ from a peer's,
+# so builds are told apart before the gather whose length depends on the build.
+_FIRST_GATHER_TAG = 0x5349444330  # "SIDC0"
+
+
 class _Agreement:
     """State's agreement methods (a mixin: State holds the data they read)."""
 
@@ -44,9 +50,8 @@ class _Agreement:
         # A method an extension added is known here by its name and description only: ranks
         # that added different compressors under one name differ in the description.
         description = methods().get(self.method, "")
-        # First: other code explains whatever else differs (the names below mean what it says).
-        fields = [("sources", _digest_field(_source_digest())),
-                  ("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
+        self._agree_sources(group, world, device)
+        fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
                   ("method's description", zlib.crc32(description.encode())),
                   ("density", _bits(self._step_density)), ("agreed density", _bits(verified)),
                   ("capacity_slack", _bits(self.capacity_slack)),
@@ -86,12 +91,6 @@ class _Agreement:
                     "state holds that rank's residuals: each rank saves and loads its own "
                     "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
             for j, (name, _) in enumerate(fields[:loaded_at]):
-                if theirs[j] != everyone[0][j] and name == "sources":
-                    raise self._fail(ExchangeError(
-                        f"sidco_torch.State: rank {rank} runs sidco_torch built from other sources than rank 0 "
-                        f"(source digest {_digest_shown(int(theirs[j]))}, rank 0 {_digest_shown(int(everyone[0][j]))}):"
-                        " every rank must run the same build of sidco_torch (sidco_torch.source_digest.DIGEST names "
-                        "it)"))
                 if theirs[j] != everyone[0][j]:
                     if name in ("method", "method's description", "options", "exchange", "owner", "nonfinite", "wire",
                                 "reduce_schedule"):
@@ -116,6 +115,22 @@ class _Agreement:
             self._warned.add("world")
             warnings.warn("sidco_torch: a world of one rank has nothing to exchange; the hook still compresses (error "
                           "feedback delays part of each update), as it would among several", stacklevel=4)
+
+    def _agree_sources(self, group, world, device):
+        """Every rank's source digest, in the first gather (_FIRST_GATHER_TAG): other code
+        explains whatever else differs, and only the same code gathers the same fields."""
+        mine = torch.tensor([_FIRST_GATHER_TAG, _digest_field(_source_digest())], dtype=torch.int64, device=device)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        self._in_flight.extend([mine, *everyone])  # see State._in_flight
+        dist.all_gather(everyone, mine, group=group)
+        tags, digests = zip(*((int(t[0]), int(t[1])) for t in (t.cpu() for t in everyone)))
+        for rank in range(world):
+            if tags[rank] != _FIRST_GATHER_TAG or digests[rank] != digests[0]:
+                theirs = _digest_shown(digests[rank]) if tags[rank] == _FIRST_GATHER_TAG else "unknown (another agreement)"
+                raise self._fail(ExchangeError(
+                    f"sidco_torch.State: rank {rank} runs sidco_torch built from other sources than rank 0 "
+                    f"(source digest {theirs}, rank 0 {_digest_shown(digests[0])}): every rank must run the same "
+                    "build of sidco_torch (sidco_torch.source_digest.DIGEST names it)"))
 
     def _gather_objects(self, value, group, world, device):
         """Every rank's value (picklable), as dist.all_gather_object gives them, but through
