@@ -18,11 +18,14 @@ from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PAT
 def _source_digest():
     """The digest of the sources this package and its ops were built from (source_digest.py,
     which meson writes with scripts/source_digest.py), or "" where it is absent (the package
-    imported from the source tree itself, as the GPU check does)."""
+    imported from the source tree itself, as the GPU check does, or unreadable: this rank then
+    shows "unknown" in the gather, and every rank raises alike, where an exception here would
+    leave the others waiting in it)."""
     try:
-        return importlib.import_module(".source_digest", __package__).DIGEST
-    except ImportError:
+        digest = str(importlib.import_module(".source_digest", __package__).DIGEST)
+    except Exception:  # noqa: BLE001 (any failure is told to every rank through the gather)
         return ""
+    return digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) else ""
 
 
 def _digest_field(digest):
