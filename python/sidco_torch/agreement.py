@@ -75,10 +75,7 @@ class _Agreement:
         fields.append(("loaded", -1 if loaded is None or loaded == (rank, world) else loaded[0] * 65536 + loaded[1]))
         # On the buckets' device: NCCL gathers CUDA tensors only.
         mine = torch.tensor([v for _, v in fields], dtype=torch.int64, device=device)
-        everyone = [torch.empty_like(mine) for _ in range(world)]
-        self._in_flight.extend([mine, *everyone])  # see State._in_flight
-        dist.all_gather(everyone, mine, group=group)
-        everyone = [t.cpu() for t in everyone]
+        everyone = [t.cpu() for t in self._kept_all_gather(mine, group, world)]
         shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "agreed density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
@@ -123,9 +120,7 @@ class _Agreement:
         """Every rank's source digest, in the first gather (_FIRST_GATHER_TAG): other code
         explains whatever else differs, and only the same code gathers the same fields."""
         mine = torch.tensor([_FIRST_GATHER_TAG, _digest_field(_source_digest())], dtype=torch.int64, device=device)
-        everyone = [torch.empty_like(mine) for _ in range(world)]
-        self._in_flight.extend([mine, *everyone])  # see State._in_flight
-        dist.all_gather(everyone, mine, group=group)
+        everyone = self._kept_all_gather(mine, group, world)
         tags, digests = zip(*((int(t[0]), int(t[1])) for t in (t.cpu() for t in everyone)))
         for rank in range(world):
             if tags[rank] != _FIRST_GATHER_TAG or digests[rank] != digests[0]:
@@ -135,6 +130,14 @@ class _Agreement:
                     f"(source digest {theirs}, rank 0 {_digest_shown(digests[0])}): every rank must run the same "
                     "build of sidco_torch (sidco_torch.source_digest.DIGEST names it)"))
 
+    def _kept_all_gather(self, mine, group, world):
+        """Every rank's mine (one shape on every rank), gathered and waited for; mine and the
+        gathered tensors stay in _in_flight (see State._in_flight: no gloo worker frees them)."""
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        self._in_flight.extend([mine, *everyone])
+        dist.all_gather(everyone, mine, group=group)
+        return everyone
+
     def _gather_objects(self, value, group, world, device):
         """Every rank's value (picklable), as dist.all_gather_object gives them, but through
         tensors kept in _in_flight: all_gather_object frees its own as it returns, which can
@@ -142,15 +145,10 @@ class _Agreement:
         DDP reducer's destructor right after this error was raised)."""
         data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-        sizes = [torch.empty_like(size) for _ in range(world)]
-        self._in_flight.extend([size, *sizes])
-        dist.all_gather(sizes, size, group=group)
-        lengths = [int(s) for s in sizes]
+        lengths = [int(s) for s in self._kept_all_gather(size, group, world)]
         padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
         padded[:data.numel()] = data.to(device)
-        everyone = [torch.empty_like(padded) for _ in range(world)]
-        self._in_flight.extend([padded, *everyone])
-        dist.all_gather(everyone, padded, group=group)
+        everyone = self._kept_all_gather(padded, group, world)
         return [pickle.loads(t[:n].cpu().numpy().tobytes()) for t, n in zip(everyone, lengths)]
 
     def _agree_wire_format(self, group, world, bucket, path, payload_bytes, dense_values=0):
@@ -164,11 +162,8 @@ class _Agreement:
                 dense_values)
         if self._signatures.get(bucket.index()) == mine:
             return
-        everyone = [torch.empty(len(mine), dtype=torch.int64, device=buffer.device) for _ in range(world)]
         signature = torch.tensor(mine, dtype=torch.int64, device=buffer.device)
-        self._in_flight.extend([signature, *everyone])  # see State._in_flight
-        dist.all_gather(everyone, signature, group=group)
-        everyone = [tuple(int(v) for v in t.cpu()) for t in everyone]
+        everyone = [tuple(int(v) for v in t.cpu()) for t in self._kept_all_gather(signature, group, world)]
         first = everyone[0]
         for rank, theirs in enumerate(everyone):
             if theirs == first:

@@ -424,9 +424,7 @@ class State(_Checkpoints, _Agreement):
         times = self._probe_times
         mine = torch.tensor([statistics.median(times[k]) if times.get(k) else -1.0 for k in keys],
                             dtype=torch.float64)
-        everyone = [torch.empty_like(mine) for _ in range(world)]
-        self._in_flight.extend([mine, *everyone])  # see State._in_flight
-        dist.all_gather(everyone, mine, group=group)
+        everyone = self._kept_all_gather(mine, group, world)
         # The same sums in the same order on every rank: the same choice.
         seconds = {k: sum(float(t[j]) for t in everyone) / world for j, k in enumerate(keys)}
         exchanges, wires = self._choices(world, device_type)
