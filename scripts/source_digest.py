@@ -46,6 +46,12 @@ def digest(root, paths):
     return h.hexdigest()
 
 
+def tree_digest(root):
+    """(digest, file count) of the files listed(root) names: what a build of root writes."""
+    paths = listed(root)
+    return digest(root, [os.path.join(root, p) for p in paths]), len(paths)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--list", metavar="ROOT", help="print the files the digest covers")
@@ -58,15 +64,14 @@ def main():
         return 0
     if not a.root:
         ap.error("--root ROOT is needed")
-    files = a.files or [os.path.join(a.root, p) for p in listed(a.root)]
-    value = digest(a.root, files)
+    value, count = (digest(a.root, a.files), len(a.files)) if a.files else tree_digest(a.root)
     if not a.output:
         print(value)
         return 0
     with open(a.output, "w") as f:
         f.write('"""The digest of the sources this sidco_torch was built from (written by meson with\n'
                 'scripts/source_digest.py): the hook\'s agreement compares it across ranks."""\n'
-                f"DIGEST = \"{value}\"\nFILES = {len(files)}\n")
+                f"DIGEST = \"{value}\"\nFILES = {count}\n")
     return 0
 
 

@@ -69,7 +69,7 @@ def main():
     from sidco_torch.source_digest import DIGEST
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import source_digest
-    assert DIGEST == source_digest.digest(ROOT, [os.path.join(ROOT, p) for p in source_digest.listed(ROOT)]), DIGEST
+    assert DIGEST == source_digest.tree_digest(ROOT)[0], DIGEST
     if "--extension" in sys.argv[2:]:
         # The example prints each call and exits non-zero when its SIDCo-E differs from the package's.
         # CXX names pip's compiler, which may be a launcher and a compiler ("ccache c++"):
