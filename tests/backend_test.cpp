@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -172,6 +173,43 @@ TEST_CASE("per-segment passes: thousands of tiny segments and segments across th
   serial.select_above<true>(source, layout, thresholds, b, 0, kept_serial);
   CHECK(test::entries(a) == test::entries(b));
   CHECK(kept == kept_serial);
+}
+
+TEST_CASE("two probes per segment, in either order, measure the serial oracle's tails") {
+  // The moments pass under error feedback measures the base and the last threshold: the
+  // kernels take them ascending (the lower gates the tails' work, every vector where values
+  // above it are scattered) and give the tails back in the caller's order. Segments of
+  // 100,000 values: probes far apart (one touching most vectors, one few), equal, both above
+  // every value, one at 0; even segments ascending, odd ones descending.
+  // (mixed_values: magnitudes of mean 1/300, 30% zeros.)
+  const std::vector<std::pair<double, double>> pairs = {{0.002, 0.02}, {0.02, 0.002}, {0.01, 0.01},
+                                                        {50.0, 80.0}, {0.0, 0.01}, {0.01, 0.0}};
+  std::vector<segment> layout;
+  std::vector<double> probes;
+  std::size_t n = 0;
+  for (const auto& [first, second] : pairs) {
+    layout.push_back({n, 100000});
+    n += 100000;
+    probes.push_back(first);
+    probes.push_back(second);
+  }
+  const auto x = test::mixed_values<float>(n, 29, false);
+  const backend::plain_source<float> source{x.data(), n};
+  std::vector<moments> got(3 * layout.size()), want(3 * layout.size());
+  backend::cpu(2).analyze<backend::pass_statistics<true, true, true>>(source, layout, probes, got);
+  backend::serial{}.analyze<backend::pass_statistics<true, true, true>>(source, layout, probes, want);
+  for (std::size_t s = 0; s < layout.size(); ++s) {
+    INFO("segment ", s, ": probes ", probes[2 * s], ", ", probes[2 * s + 1]);
+    test::check_same_moments(got[3 * s], want[3 * s], test::log_tolerance<float>);
+    for (std::size_t p = 0; p < 2; ++p) {
+      test::check_same_tail<float>(got[3 * s + 1 + p], want[3 * s + 1 + p], probes[2 * s + p], want[3 * s].max);
+      CHECK(std::fabs(got[3 * s + 1 + p].sum_log - want[3 * s + 1 + p].sum_log) <=
+            test::log_tolerance<float> * (1 + std::fabs(want[3 * s + 1 + p].sum_log)));
+    }
+  }
+  CHECK(want[1].count > want[2].count);  // the first segment's probes touch different counts
+  CHECK(want[1].count > 0);
+  CHECK(want[2].count > 0);
 }
 
 #if defined(SIDCO_HIGHWAY_KERNELS)

@@ -451,11 +451,18 @@ class cpu {
     if constexpr (!Stats::sums) {
       out[0].merge(host::counts_in(source, lo, hi));
     } else {
-      moments local[2];
+      moments local[3];
       if (per == 0)
         cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 0>(source, lo, hi, probes, local);
-      else
+      else if (per == 1)
         cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 1>(source, lo, hi, probes, local);
+      else {
+        // The kernels take probes ascending: the lower one gates the tails' work.
+        const bool swapped = probes[1].key < probes[0].key;
+        const P ascending[2] = {probes[swapped ? 1 : 0], probes[swapped ? 0 : 1]};
+        cpu_detail::piece_statistics<Stats::log, Stats::tail_log, 2>(source, lo, hi, ascending, local);
+        if (swapped) std::swap(local[1], local[2]);
+      }
       for (std::size_t w = 0; w <= per; ++w) out[w].merge(local[w]);
     }
   }

@@ -99,8 +99,10 @@ class basic_cuda {
   template <class Stats, class Source>
   void analyze(const Source& source, std::span<const segment> layout, std::span<const double> probes,
                std::span<moments> out) {
-    if (probes.empty()) return cuda_detail::analyze<Tuning, Stats, 0>(work_, source, layout, probes, out);
-    cuda_detail::analyze<Tuning, Stats, 1>(work_, source, layout, probes, out);
+    const std::size_t per = layout.empty() ? 0 : probes.size() / layout.size();
+    if (per == 0) return cuda_detail::analyze<Tuning, Stats, 0>(work_, source, layout, probes, out);
+    if (per == 1) return cuda_detail::analyze<Tuning, Stats, 1>(work_, source, layout, probes, out);
+    cuda_detail::analyze<Tuning, Stats, 2>(work_, source, layout, probes, out);
   }
 
   template <bool Log, class Source>

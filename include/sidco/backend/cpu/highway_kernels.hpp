@@ -336,9 +336,11 @@ class lane_count {
 /// Fills out's lanes with [i, i + block) of s: moments of |x| and, for each probe, the
 /// count above it and the sums of the excesses (ln of them when TailLog), summed in the
 /// lanes' Sum type. block is a multiple of the lane count, which is at most 64 bytes' worth.
-/// Returns how many vectors held a value above a probe. A vector above none skips the
-/// tails' work, unless every_vector: where such vectors are scattered, the skip's branch
-/// mispredicts and costs more than the work (which adds zeros: the same sums either way).
+/// Probes ascend (probe 0 the lowest). Returns how many vectors held a value above probe 0.
+/// A vector above none skips the tails' work, unless every_vector: where such vectors are
+/// scattered, the skip's branch mispredicts and costs more than the work (which adds zeros:
+/// the same sums either way). A vector above probe 0 and none higher skips theirs: values
+/// above a higher probe are rarer, so that branch is predicted.
 template <bool Log, bool TailLog, std::size_t Probes, class Source, class Sum, class T = typename Source::value_type>
 std::size_t block_statistics(const Source& s, std::size_t i, std::size_t block, const cpu_detail::probe_at<T>* probes,
                              cpu_detail::lane_statistics<T, Probes, Sum>& out, bool every_vector) {
@@ -364,9 +366,7 @@ std::size_t block_statistics(const Source& s, std::size_t i, std::size_t block, 
   lane_count<decltype(du)> tail_count[tails];
   for (std::size_t p = 0; p < Probes; ++p) tail_log[p] = hn::Zero(d);
   // Values above no probe skip the tails' work: at small densities, nearly every vector.
-  auto lowest = std::numeric_limits<hn::TFromD<decltype(di)>>::max();
-  for (std::size_t p = 0; p < Probes; ++p) lowest = std::min(lowest, probes[p].key);
-  const auto lowest_probe = hn::Set(di, lowest);
+  const auto lowest_probe = hn::Set(di, Probes == 0 ? 0 : probes[0].key);
   const std::size_t lanes = hn::Lanes(d);
   std::size_t touched = 0;
   // Two loops, so that the one doing every vector's tail work has no branch in it.
@@ -396,6 +396,7 @@ std::size_t block_statistics(const Source& s, std::size_t i, std::size_t block, 
       }
       for (std::size_t p = 0; p != Probes; ++p) {  // !=: Probes may be 0
         const auto above = hn::Gt(hn::BitCast(di, kept), hn::Set(di, probes[p].key));
+        if (p > 0 && hn::AllFalse(d, hn::RebindMask(d, above))) continue;
         const auto excess = hn::IfThenElseZero(hn::RebindMask(d, above), hn::Sub(x, hn::Set(d, probes[p].value)));
         tail_count[p].add(du, hn::RebindMask(du, above));
         tail_sums[p].add(excess);

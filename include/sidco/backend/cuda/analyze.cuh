@@ -1,4 +1,4 @@
-// backend::cuda's moments pass: moments of |x| (and of one probe's tail) per segment, one
+// backend::cuda's moments pass: moments of |x| (and of up to two probes' tails) per segment, one
 // block per piece, merged per segment in a fixed order; one host wait for the result.
 #pragma once
 
@@ -63,12 +63,12 @@ __global__ void __launch_bounds__(Tuning::block_threads)
   if (threadIdx.x == 0) out[blockIdx.x] = total;
 }
 
-/// out[s (1 + Probes)] = moments of segment s, out[s (1 + Probes) + 1] = its probe's tail
-/// (Probes: 0 or 1, probes[s] the probe of segment s).
+/// out[s (1 + Probes)] = moments of segment s, out[s (1 + Probes) + 1 + p] = its probe p's
+/// tail (Probes: 0 to 2, probes[s Probes + p] the probes of segment s).
 template <class Tuning, class Stats, std::size_t Probes, class Source>
 void analyze(workspace& ws, const Source& source, std::span<const segment> layout, std::span<const double> probes,
              std::span<moments> out) {
-  static_assert(Probes <= 1, "backend::cuda: at most one probe per segment");
+  static_assert(Probes <= 2, "backend::cuda: at most two probes per segment");
   using T = typename Source::value_type;
   constexpr std::size_t width = 1 + Probes;
   ws.refresh_pieces<Tuning>(layout);
