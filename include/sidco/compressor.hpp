@@ -170,7 +170,7 @@ class compressor : public pipeline::front_end<compressor<Estimator, Selection, B
   compress_report run(const pipeline::input<Source>& in, double delta, auto& out) {
     const detail::single_user::scope in_use(user_, "compressor::compress");
     const segment whole{0, in.source.size};
-    const pipeline::scratch work = scratch_.view(state_.probe_count());
+    const pipeline::scratch work = scratch_.view(state_.probe_count(pipeline::probe_limit<Source>));
     pipeline::run<typename Estimator::statistics, Selection>(
         backend_, std::span<state_type>(&state_, 1), std::span<const segment>(&whole, 1), in.source, in.what, out,
         work, [delta](const pipeline::scratch& w) { w.densities[0] = delta; });

@@ -152,7 +152,8 @@ class segmented : public pipeline::front_end<segmented<Compressor>, typename Com
   compress_report run(const pipeline::input<Source>& in, double delta, sparse_vector<T, Index, memory>& out) {
     const detail::single_user::scope in_use(user_, "segmented::compress");
     const pipeline::scratch work =
-        work_.view(layout_.size(), pipeline::probes_per_segment(std::span<const State>(states_)));
+        work_.view(layout_.size(), pipeline::probes_per_segment(std::span<const State>(states_),
+                                                                pipeline::probe_limit<Source>));
     pipeline::run<typename Estimator::statistics, Selection>(
         backend_, std::span<State>(states_), std::span<const segment>(layout_), in.source, in.what, out, work,
         [&](const pipeline::scratch& w) { share_budget(w, delta); });

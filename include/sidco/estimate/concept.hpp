@@ -15,7 +15,7 @@
 //   observes = true: observe(achieved_density, delta) after every call, with the density
 //     the threshold yielded before any trimming (adaptive stages learn from it).
 //   probes = true: probe_count() and probe_thresholds(span<double>): where the next moments
-//     pass should measure tails (at most pipeline::tensor_state::max_probes, 1).
+//     pass should measure tails (at most pipeline::tensor_state::max_probes, 2).
 #pragma once
 
 #include <concepts>

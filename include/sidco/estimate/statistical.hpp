@@ -24,8 +24,9 @@ namespace sidco::fit {
 /// measured by the previous pass (not a fixed fraction), so stage errors do not compound; a
 /// stage that overshoots is bracketed and the next threshold interpolates between the two
 /// measured points of the tail. From the second call on a tensor, the moments pass also
-/// measures the tail above where the last stage started the call before (the base), so the
-/// last stage fits from that one pass and no refinement pass is needed.
+/// measures the tail above where the last stage started the call before (the base) and above
+/// the last call's threshold, so the last stage fits from that one pass and no refinement
+/// pass is needed.
 struct zero_aware {
   static constexpr const char* name = "zero-aware";
 };
@@ -104,10 +105,13 @@ class statistical {
                    " is outside (0, 1)");
   }
 
-  /// How many tails the next moments pass should measure, and where.
-  std::size_t probe_count() const { return base_ > 0 ? 1 : 0; }
+  /// How many tails the next moments pass should measure, and where: the base, then the last
+  /// threshold. The pipeline asks for the second only under error feedback (see
+  /// pipeline::probe_limit).
+  std::size_t probe_count() const { return base_ > 0 ? (last_threshold_ > 0 ? 2 : 1) : 0; }
   void probe_thresholds(std::span<double> out) const {
     if (!out.empty()) out[0] = base_;
+    if (out.size() > 1) out[1] = last_threshold_;
   }
 
   template <class Pass>
@@ -240,6 +244,31 @@ class statistical {
       }
     }
 
+    // The last call's threshold, measured on this gradient: most calls it lies close to k, on
+    // either side. Below the cut it is the last stage's start, and with the base below it a
+    // second point for the last stage's slope; above, an upper bracket.
+    // (Measured only when asked for: probes holds more slots when other segments asked more.)
+    tail_point below_last{-1, 0, {}};
+    if (!one_step && std::min(probes.size(), probe_count()) > 1 && last_threshold_ < all.max) {
+      const moments& measured = probes[1];
+      const double n = double(measured.count);
+      if (n >= k) {
+        if (last_threshold_ > lo.t) {
+          if (lo.t > 0) below_last = lo;
+          lo = {last_threshold_, n, measured};
+          if (candidate.t <= 0) candidate = lo;
+          const int remaining =
+              n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
+          stage = std::max(stage, std::max(1, stage_count - remaining));
+        }
+      } else if (last_threshold_ < hi_t) {
+        hi_t = last_threshold_;
+        hi_n = n;
+        hi_measured = true;
+        if (lo.t > 0 && n >= k / close_bracket) stage = std::max(stage, stage_count - 1);
+      }
+    }
+
     for (int extra = 0;;) {
       const double bracket = hi_measured && hi_n >= k / close_bracket ? hi_t : 0.0;
       if (lo.n == k) return finish(all, candidate, bracket, wanted, lo.t, stage_count);
@@ -253,6 +282,14 @@ class statistical {
         } else {
           const double rho = std::pow(k / lo.n, 1.0 / double(std::max(1, stage_count - stage)));
           t = lo.t + fit_tail(lo.excess, rho);
+          // Two measured points below the cut: the line through them (log count against
+          // threshold) caps the fit. Where the tail is heavier than the model near the cut (its
+          // mean excess drawn out by the few largest values), the fit alone steps too far up
+          // and keeps too few.
+          if (below_last.t > 0 && below_last.n > lo.n && stage >= stage_count - 1) {
+            const double secant = interpolate(below_last, lo.t, lo.n, k);
+            if (secant > lo.t && !(t <= secant)) t = secant;
+          }
         }
         // A fit that is not finite, or lands outside the bracket, is replaced by the
         // interpolation, which cannot leave it.

@@ -28,11 +28,20 @@
 
 namespace sidco::pipeline {
 
-/// The most probes any of states asks for: the probe slots each segment gets.
+/// How many probes a moments pass over Source measures per segment: two under error
+/// feedback, one without. With feedback, what the last call left in the residual piles up
+/// under its threshold, so the tail near the cut changes shape from call to call and the
+/// count above the last threshold, measured on this call's values, is worth its cost (about
+/// a fifth of a call without feedback, where the tail keeps its shape and the base alone
+/// serves; docs/RESULTS.md).
+template <class Source>
+inline constexpr std::size_t probe_limit = Source::has_state ? 2 : 1;
+
+/// The most probes any of states asks for, at most limit: the probe slots each segment gets.
 template <class State>
-std::size_t probes_per_segment(std::span<const State> states) {
+std::size_t probes_per_segment(std::span<const State> states, std::size_t limit) {
   std::size_t per = 0;
-  for (const auto& s : states) per = std::max(per, s.probe_count());
+  for (const auto& s : states) per = std::max(per, s.probe_count(limit));
   return per;
 }
 
@@ -47,9 +56,10 @@ void check_finite(Backend& backend, const Source& source, std::uint64_t nonfinit
 }
 
 /// Runs the pipeline for source over layout (which tiles it), state s serving segment s;
-/// work.per must be probes_per_segment(states). budget(work) writes work.densities after the
-/// moments pass (it may throw: nothing is written yet). out is cleared and gets every
-/// segment's selection with global indices; work.reports gets each segment's report.
+/// work.per must be probes_per_segment(states, probe_limit<Source>). budget(work) writes
+/// work.densities after the moments pass (it may throw: nothing is written yet). out is
+/// cleared and gets every segment's selection with global indices; work.reports gets each
+/// segment's report.
 template <class Statistics, class Selection, class State, class Backend, class Source, class T, class Index,
           class Memory, class Budget>
 void run(Backend& backend, std::span<State> states, std::span<const segment> layout, const Source& source,
@@ -57,7 +67,7 @@ void run(Backend& backend, std::span<State> states, std::span<const segment> lay
   const std::size_t n = layout.size();
   std::fill(work.probes.begin(), work.probes.end(), std::numeric_limits<double>::infinity());
   for (std::size_t s = 0; s < n; ++s)
-    states[s].probe_thresholds(work.probes.subspan(s * work.per, states[s].probe_count()));
+    states[s].probe_thresholds(work.probes.subspan(s * work.per, states[s].probe_count(work.per)));
   // Top-k's coarse histograms count what a counts-only moments pass would: that pass is its
   // input check, and the histograms wait in the backend for the targets.
   constexpr bool histograms_first =

@@ -54,17 +54,18 @@ template <class Estimator, class Selection>
 class tensor_state {
  public:
   /// Most tails an estimator may ask the moments pass to measure (the backends' moments
-  /// passes take at most one probe per segment).
-  static constexpr std::size_t max_probes = 1;
+  /// passes take at most two probes per segment).
+  static constexpr std::size_t max_probes = 2;
 
   tensor_state() = default;
   tensor_state(Estimator estimator, Selection selection)
       : estimator_(std::move(estimator)), selection_(std::move(selection)) {}
 
-  /// How many tails the estimator asks the next moments pass to measure, and where.
-  std::size_t probe_count() const {
+  /// How many tails the estimator asks the next moments pass to measure (at most limit), and
+  /// where (the first probe_count(limit) of its probes).
+  std::size_t probe_count(std::size_t limit) const {
     if constexpr (estimate::contract::declares_probes<Estimator>())
-      return std::min(max_probes, estimator_.probe_count());
+      return std::min({limit, max_probes, estimator_.probe_count()});
     else
       return 0;
   }
