@@ -184,6 +184,14 @@ class statistical {
     return lo.t + (hi_t - lo.t) * std::log(lo.n / k) / std::log(lo.n / hi_n);
   }
 
+  // The stage a measured point of n >= k values starts: as many stages follow as its distance
+  // from k needs at the schedule's last-stage ratio (one, within 2x of where the last stage
+  // starts).
+  static int stage_from(double n, double k, double wanted, int stage_count) {
+    const int remaining = n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
+    return std::max(1, stage_count - remaining);
+  }
+
   // The last stage's extrapolation ratio in an M-stage schedule: stage 1 keeps `first`
   // values, the others share the rest geometrically.
   double base_ratio(double first, double k, int stage_count) const {
@@ -226,13 +234,10 @@ class statistical {
       const moments& measured = probes[0];
       const double n = double(measured.count);
       if (n >= k) {
-        // The probe is a measured stage: as many stages follow as its distance from k needs
-        // at the schedule's last-stage ratio (one, when it is where the last stage starts).
+        // The probe is a measured stage.
         lo = {base_, n, measured};
         candidate = lo;
-        const int remaining =
-            n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
-        stage = std::max(1, stage_count - remaining);
+        stage = stage_from(n, k, wanted, stage_count);
       } else {
         // The base keeps too few: it brackets the tail from above. Placed as that bracket
         // (see finish) and still close to k, its interpolation is the last stage; otherwise
@@ -257,9 +262,7 @@ class statistical {
           if (lo.t > 0) below_last = lo;
           lo = {last_threshold_, n, measured};
           if (candidate.t <= 0) candidate = lo;
-          const int remaining =
-              n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
-          stage = std::max(stage, std::max(1, stage_count - remaining));
+          stage = std::max(stage, stage_from(n, k, wanted, stage_count));
         }
       } else if (last_threshold_ < hi_t) {
         hi_t = last_threshold_;
