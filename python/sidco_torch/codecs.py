@@ -448,13 +448,15 @@ def _allgather(state, bucket, b, group, iteration, problem, started):
     buffer = bucket.buffer()
     payload = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.encode, torch.ops.sidco.encode_failure)
     report = b.codec.report()
+    # The head's agreement below waits for every rank and for earlier buckets' exchanges on
+    # the group: exchange time, not this rank's compress.
+    encoded = time.perf_counter()
     sent, into = payload, None
     if b.wire != "plain":
         # Compact payloads end early (zeros after): every rank sends the head the longest one
         # needs, and the inbox's tails are zeroed, so the decode reads the whole payloads.
         head = _agreed_head(state, report["used_bytes"], payload.numel(), group, payload.device)
         sent, into = _heads(payload, b.inbox, head)
-    encoded = time.perf_counter()
     stats = _sparse_stats(state, b, buffer, report, encoded - started, sent.numel())
     state._stats[bucket.index()] = stats
     return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.decode, into=into)

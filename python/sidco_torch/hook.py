@@ -97,12 +97,12 @@ def _exchange(state, bucket, group, world, iteration):
     if reason is not None:
         state._agree_wire_format(group, world, bucket, "dense", buffer.numel() * buffer.element_size())
         return _all_reduce_dense(state, bucket, group, world, reason)
-    started = time.perf_counter()
     b, problem = state._bucket(bucket, world)
     problem = problem or state._step_problem
     slices = state._dense_slices(bucket)
     dense_values = sum(n for _, n in slices)
     state._agree_wire_format(group, world, bucket, b.exchange, b.payload_bytes(), dense_values)
+    started = time.perf_counter()  # after the agreement (a wait for every rank) and the codec's setup
     reduced = _all_reduce_slices(state, b, buffer, slices, group, world) if slices else None
     path = _reduce if b.exchange == "reduce" else _allgather
     future = path(state, bucket, b, group, iteration, problem, started)

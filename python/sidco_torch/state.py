@@ -547,8 +547,10 @@ class State(_Checkpoints, _Agreement):
         """The last step's statistics, per bucket index: path (sparse or dense, and the reason
         when dense), size, selected, candidates, trimmed, capacity, density (achieved),
         target_density, threshold (-1 when per layer), stages, fallback (some tensor's fit
-        degenerated and the radix threshold replaced it), compress_seconds,
-        exchange_seconds (from the payload's send to its decode), decode_seconds, bytes_sent
+        degenerated and the radix threshold replaced it), compress_seconds
+        (this rank's encode), exchange_seconds (from the payload's send to its decode; with
+        a compact all-gather, the agreement of the payloads' head first, which waits for every
+        rank), decode_seconds, bytes_sent
         (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
         its P - 1 blocks and its selection: on CPU buckets as frames at their own sizes and the
         P - 1 sizes, on CUDA buckets at the heads the ranks agreed; in two hops, the messages of

@@ -512,6 +512,28 @@ def scenario_compact(rank, world, wire="compact"):
     return f"{sparse} sparse buckets, {records[-1]['stats']['bytes_per_entry']:.2f} bytes per entry"
 
 
+def scenario_compress_seconds(rank, world):
+    """compress_seconds is this rank's encode; the compact all-gather's head agreement, a
+    collective that waits for every rank (and for earlier buckets' exchanges), counts in
+    exchange_seconds: rank 1 starts a step 0.8 s late, and rank 0's compress times stay far
+    under that while its exchange time holds the wait."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, wire="compact", exchange="allgather")
+    model, ddp, optimizer = make(state, rank)
+    for step in range(3):
+        train_step(ddp, optimizer, rank, step)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.8)
+    train_step(ddp, optimizer, rank, 3)
+    stats = [s for s in state.stats().values() if s["path"] == "sparse"]
+    assert stats and all(s["wire"] == "compact" for s in stats), stats
+    compress = max(s["compress_seconds"] for s in stats)
+    waited = max(s["exchange_seconds"] for s in stats)
+    if rank == 0:
+        assert compress < 0.3 and waited > 0.5, (compress, waited)
+    return f"rank 0 behind a late rank: compress {1e3 * compress:.1f} ms, exchange {1e3 * waited:.0f} ms"
+
+
 def elias_fano_bytes(count, dense_size):
     """Bytes of the Elias-Fano code of count indices below dense_size: count x L low bits
     (to a byte), then count + (dense_size - 1 >> L) + 1 unary bits (to a byte)."""
@@ -1898,6 +1920,7 @@ def main():
     for world in (2, 3):
         print(f"compact wire ({world} ranks):", run(scenario_compact, world)[0])
     print("compact8 wire (3 ranks):", run(scenario_compact, 3, "compact8")[0])
+    print("compact wire, a late rank:", run(scenario_compress_seconds, 2)[0])
     print("wires that differ:", run(scenario_wire_mismatch, 2)[0])
     with tempfile.TemporaryDirectory() as tmp:
         run(scenario_save_for_world, 3, os.path.join(tmp, "state"))
