@@ -38,6 +38,11 @@ _PROBE_STEPS = 3
 # seeds, the larger ratio rounded up to 0.05; docs/PYTORCH.md), (ranks, steps factor).
 # "auto" keeps it when its step is at most 1 / factor of the all-gather's.
 _REDUCE_STEPS_FACTORS = ((4, 1.15), (8, 1.20), (16, 1.25), (32, 1.30))
+# wire="auto" takes, for an exchange, the most precise of its wires whose steps are at most
+# _WIRE_MARGIN longer than the fastest one's: narrower values for a gain within the probe's
+# noise would only cost precision (and the same run could choose differently each time).
+_WIRE_PRECISION = ("plain", "compact", "compact8")
+_WIRE_MARGIN = 0.03
 
 
 def _reduce_steps_factor(ranks):
@@ -51,6 +56,14 @@ def _reduce_steps_factor(ranks):
         if ranks <= p1:
             return f0 + (f1 - f0) * (math.log2(ranks) - math.log2(p0)) / (math.log2(p1) - math.log2(p0))
     return points[-1][1]
+
+
+def _precise_enough(seconds):
+    """(seconds, wire) of the most precise wire whose step (seconds: wire -> the ranks' mean
+    of medians) is within _WIRE_MARGIN of the fastest wire's."""
+    fastest = min(seconds.values())
+    wire = next(w for w in _WIRE_PRECISION if w in seconds and seconds[w] <= fastest * (1 + _WIRE_MARGIN))
+    return seconds[wire], wire
 
 
 def _scheduled(schedule, iteration):
@@ -336,7 +349,8 @@ class State(_Checkpoints, _Agreement):
         """The entry coding the hook uses among world ranks this step. "auto": "plain" on CUDA
         buckets (compact is not timed there: not yet run on a GPU) and in a world of one;
         otherwise the probe (see auto_exchange) times both codings with each exchange it times
-        and every rank takes the one whose steps were shorter (ties: plain), for the exchange chosen: compact
+        and every rank takes, for the exchange chosen, the most precise coding (plain, compact,
+        compact8) whose steps were at most 3% longer than the fastest one's: compact
         sends a third of the bytes but narrows, codes and expands the entries, which pays on
         a slow link and may cost on a fast one (docs/PYTORCH.md). The loss is the same either
         way (final training loss within 0.1% on two language models; compact8's within 0.02%
@@ -392,7 +406,7 @@ class State(_Checkpoints, _Agreement):
         the same choice on every rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/
         wire" -> the ranks' mean of their medians), "ranks", "iteration" (the step it chose
         at)}; when it chose the exchange also "allgather_seconds" and "reduce_seconds" (each
-        exchange's time with its faster wire) and "steps_factor" (f of exchange_for: the
+        exchange's time with the wire it would take) and "steps_factor" (f of exchange_for: the
         reduce exchange kept when reduce_seconds x f <= allgather_seconds)."""
         return dict(self._auto) if self._auto is not None else None
 
@@ -433,8 +447,7 @@ class State(_Checkpoints, _Agreement):
             # Some rank timed no step of some pair (resumed mid-probe): by bytes.
             chosen, wire = exchanges[-1], wires[-1]
         else:
-            # Each exchange with its faster wire (min keeps the first of equals: plain).
-            best = {e: min(((seconds[f"{e}/{w}"], w) for e2, w in candidates if e2 == e), key=lambda tw: tw[0])
+            best = {e: _precise_enough({w: seconds[f"{e}/{w}"] for e2, w in candidates if e2 == e})
                     for e in exchanges}
             chosen = exchanges[0]
             if len(exchanges) == 2:
