@@ -102,7 +102,7 @@ class Job:
                                                 start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
             self.ddp.register_comm_hook(self.state, powersgd.powerSGD_hook)
         else:
-            self.ddp = nn.parallel.DistributedDataParallel(self.model)
+            self.ddp = nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=a.bucket_mb)
         if name == "ddp-local":  # DDP's own machinery: a hook that sends nothing
             def local(state, bucket):
                 future = torch.futures.Future()
@@ -143,6 +143,7 @@ class Job:
             row["capacity"] = sum(s.get("capacity", s["size"]) for s in stats)
             row["sparse"] = all(s["path"] == "sparse" for s in stats)
             row["payload"] = sum(s["bytes_sent"] for s in stats)
+            row["buckets"] = len(stats)
         return row
 
 
@@ -298,6 +299,7 @@ def summarize_step(method, out, a):
             s["density_p95"] = ratios[int(math.ceil(0.95 * (len(ratios) - 1)))]
             s["over_capacity"] = sum(r["selected"] > r["capacity"] for r in sparse)
             s["payload_bytes"] = statistics.median(r["payload"] for r in sparse)
+            s["buckets"] = max(r["buckets"] for r in sparse)
     return s
 
 
@@ -326,6 +328,8 @@ def main():
     ap.add_argument("--eval-words", type=int, default=10000)
     ap.add_argument("--powersgd-rank", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bucket-mb", type=float, default=25.0,
+                    help="DDP's bucket_cap_mb (its default 25; PowerSGD keeps one bucket)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--package", default=os.path.join(HERE, "..", "build", "python"))
@@ -343,7 +347,8 @@ def main():
                 row = summarize_step(method, out, a)
             else:
                 row = {"method": method, **out}
-            row.update(mode=a.mode, round=r, ranks=a.ranks, rate=a.rate, model=a.model, density=a.density)
+            row.update(mode=a.mode, round=r, ranks=a.ranks, rate=a.rate, model=a.model, density=a.density,
+                       bucket_mb=a.bucket_mb)
             print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
             results.append(row)
     if a.json:

@@ -8,6 +8,7 @@
 #   STEP=0 scripts/train_speed.sh DIR     only the time-to-perplexity runs
 # PNG= skips the figure; PACKAGE=DIR takes sidco_torch from DIR (default build/python). PREVIOUS=DIR adds sidco-e@previous, the hook of an earlier build's python directory.
 # STEP_ARGS="--warmup 2 --steps 4" passes more options to every step run (the test's short runs).
+# STEP_ARGS="--bucket-mb 1" runs DDP with smaller buckets (many of them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build/train-speed}
