@@ -92,7 +92,7 @@ class Job:
         name, _, choices = name.partition(":")
         choices = choices.split("/") if choices else []
         named = {"wire": c for c in choices if c in ("compact", "compact8", "plain")}
-        named.update({"exchange": c for c in choices if c not in ("compact", "compact8", "plain", "fixed")})
+        named.update({"exchange": c for c in choices if c not in ("compact", "compact8", "plain")})
         self.state, self.sidco = None, name not in ("compute", "none", "powersgd", "ddp-local")
         if name == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -112,8 +112,6 @@ class Job:
         if self.sidco:
             import sidco_torch
             self.state = sidco_torch.State(method=name, density=a.density, start_iter=2, **named)
-            if "fixed" in choices:  # compact payloads whole, without agreeing their heads first
-                self.state._agree_heads = False
             if hasattr(sidco_torch, "register"):
                 sidco_torch.register(self.ddp, self.state)
             else:  # an earlier package

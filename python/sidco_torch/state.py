@@ -144,8 +144,8 @@ class State(_Checkpoints, _Agreement):
     bucket's dtype: (P - 1) slack 8k bytes a rank for float32) or "compact" (values narrowed
     to half their width: float32 as bfloat16, float64 as float32, 16-bit as they are; what
     rounding takes off stays in the residual; indices as variable-length gaps, one or two
-    bytes each), the ranks' longest used size agreed first so that only the bytes used travel:
-    about 3 bytes an entry where plain ones take 10. In the reduce exchange the values a rank
+    bytes each), in payloads of a fixed size (zeros after what they use): 3-4 bytes an
+    entry where plain ones take 10. In the reduce exchange the values a rank
     sends are rounded alike, and so is each owner's update (what that takes off stays in the
     owner's carry, added to the index's next update it keeps); both travel narrowed. On CUDA
     buckets too, by either exchange (their payloads are packed, and their messages framed,

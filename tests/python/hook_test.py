@@ -494,16 +494,20 @@ def scenario_compact(rank, world, wire="compact"):
             for _, i, v in payloads:
                 expected[i] = expected[i] + v
             assert torch.equal(r["out"], expected / world), f"step {step}: not the rank-order average"
-            # Each payload's indices in the shorter code (the gaps on a tie). Every rank sends
-            # the head the longest payload needs: 64 bytes, 2 a value (to 8; compact8: the
-            # scale's 8 and 1 a value) and that code (to 8); well under the fixed 64 + 4 capacity.
+            # Each payload's indices in the shorter code (the gaps on a tie). A payload uses 64
+            # bytes, 2 a value (to 8; compact8: the scale's 8 and 1 a value) and that code (to
+            # 8), zeros after; every rank sends its payload whole, of the format's fixed size.
             codes = [min((len(gap_code(i)), 0), (elias_fano_bytes(h["count"], h["dense_size"]), 1)) for h, i, _ in payloads]
             assert [c for _, c in codes] == [h["index_code"] for h, _, _ in payloads], (codes, [h for h, _, _ in payloads])
             width, scale = (1, 8) if wire == "compact8" else (2, 0)
             assert all(h["coding"] == (2 if wire == "compact8" else 1) for h, _, _ in payloads), payloads[0][0]
-            longest = max(64 + scale + (width * h["count"] + 7) // 8 * 8 + (b + 7) // 8 * 8
-                          for (h, _, _), (b, _) in zip(payloads, codes))
-            assert r["stats"]["bytes_sent"] == longest < 64 + 4 * header["capacity"], (longest, r["stats"])
+            used = [64 + scale + (width * h["count"] + 7) // 8 * 8 + (b + 7) // 8 * 8
+                    for (h, _, _), (b, _) in zip(payloads, codes)]
+            size = r["inbox"][rank].numel()
+            assert all(p.numel() == size for p in r["inbox"]), [p.numel() for p in r["inbox"]]
+            assert all(not p[u:].any() for p, u in zip(r["inbox"], used)), "a payload not zero past what it uses"
+            assert r["stats"]["bytes_sent"] == size and max(used) < size < 64 + 4 * header["capacity"], \
+                (used, size, r["stats"])
     assert sparse > 0
     digest = torch.cat([p.detach().flatten() for p in model.parameters()])
     everyone = [torch.empty_like(digest) for _ in range(world)]
@@ -513,8 +517,7 @@ def scenario_compact(rank, world, wire="compact"):
 
 
 def scenario_compress_seconds(rank, world):
-    """compress_seconds is this rank's encode; the compact all-gather's head agreement, a
-    collective that waits for every rank (and for earlier buckets' exchanges), counts in
+    """compress_seconds is this rank's encode; waits for the other ranks count in
     exchange_seconds: rank 1 starts a step 0.8 s late, and rank 0's compress times stay far
     under that while its exchange time holds the wait."""
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, wire="compact", exchange="allgather")
