@@ -150,11 +150,11 @@ class State(_Checkpoints, _Agreement):
     owner's carry, added to the index's next update it keeps); both travel narrowed. On CUDA
     buckets too, by either exchange (their payloads are packed, and their messages framed,
     on the host; not yet run on a GPU). "auto" (the default): timed
-    against plain in the first sparse steps, the faster kept (see wire_for); plain on CUDA
-    buckets. "compact8" (the all-gather exchange only): as compact, with each value in one byte
+    against plain in the first sparse steps, the most precise within 3% of the fastest kept
+    (see wire_for); plain on CUDA buckets. "compact8" (the all-gather exchange only): as compact, with each value in one byte
     (4 significant bits on a scale each payload shares: its largest value's binade and the
     15 below; what rounding takes off, or a value below that range, stays in the residual):
-    about 2 bytes an entry. "auto" times it too, against the all-gather's other wires.
+    2-2.5 bytes an entry. "auto" times it too, against the all-gather's other wires.
 
     reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
