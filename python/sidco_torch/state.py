@@ -561,9 +561,8 @@ class State(_Checkpoints, _Agreement):
         when dense), size, selected, candidates, trimmed, capacity, density (achieved),
         target_density, threshold (-1 when per layer), stages, fallback (some tensor's fit
         degenerated and the radix threshold replaced it), compress_seconds
-        (this rank's encode), exchange_seconds (from the payload's send to its decode; with
-        a compact all-gather, the agreement of the payloads' head first, which waits for every
-        rank), decode_seconds, bytes_sent
+        (this rank's encode), exchange_seconds (from the payload's send to its decode, the
+        waits for the other ranks in it), decode_seconds, bytes_sent
         (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
         its P - 1 blocks and its selection: on CPU buckets as frames at their own sizes and the
         P - 1 sizes, on CUDA buckets at the heads the ranks agreed; in two hops, the messages of

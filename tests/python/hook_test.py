@@ -1301,7 +1301,7 @@ def auto_choice(costs, world):
         mine = {pair.split("/")[1]: t for pair, t in costs.items() if pair.startswith(exchange + "/")}
         wire = next(w for w in ("plain", "compact", "compact8") if w in mine and mine[w] <= 1.03 * min(mine.values()))
         best[exchange] = (mine[wire], wire)
-    exchange = "allgather" if "allgather" in best else next(iter(best))
+    exchange = next(iter(best))
     if len(best) == 2:
         exchange = "reduce" if best["reduce"][0] * _reduce_steps_factor(world) <= best["allgather"][0] else "allgather"
     return exchange, best[exchange][1], {e: t for e, (t, _) in best.items()}
