@@ -277,8 +277,8 @@ def scenario_exact(rank, world, method, slack, wrapper=None, model_dtype=torch.f
     return {"trimmed": trimmed, "buckets": len({r["index"] for r in records})}
 
 
-def scenario_failure_nan(rank, world, exchange="allgather", reduce_schedule="auto"):
-    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange=exchange,
+def scenario_failure_nan(rank, world, exchange="allgather", reduce_schedule="auto", wire="plain"):
+    state = sidco_torch.State(wire=wire, method="sidco-e", density=0.05, start_iter=1, exchange=exchange,
                               reduce_schedule=reduce_schedule)
     calls = []
     armed = []
@@ -320,6 +320,11 @@ def scenario_failure_nan(rank, world, exchange="allgather", reduce_schedule="aut
         # Nothing lost: what the others sent is back in their residuals; rank 1 changed nothing.
         expected = old if rank == 1 else before + old
         assert torch.equal(residual, expected), f"rank {rank}: the residual lost what was sent"
+    # The next step goes through (DDP cannot go on after an error: built again, as users do).
+    model, ddp, optimizer = make(state, rank, model=model)
+    train_step(ddp, optimizer, rank, 3)
+    sparse = [s for s in state.stats().values() if s["path"] == "sparse"]
+    assert sparse and all(s["wire"] == wire for s in sparse), state.stats()
     return message.split("RuntimeError: ")[-1].split("\n")[0]
 
 
@@ -1838,6 +1843,8 @@ def main():
         out = run(scenario_exact, 2, "sidco-e", 1.0, wrapper, dtype)
         print(f"exact, 16-bit buckets ({wrapper or dtype}): {out[0]}")
     print("failure (NaN on rank 1 of 3):", run(scenario_failure_nan, 3)[0])
+    print("failure (NaN on rank 1 of 3, compact whole payloads):",
+          run(scenario_failure_nan, 3, "allgather", "auto", "compact")[0])
     print("failure (bad state on rank 1 of 2):", run(scenario_failure_state, 2)[0])
     for method in ("sidco-e", "dgc", "top-k"):
         print(f"resume ({method}):", run(scenario_resume, 2, method)[0])
