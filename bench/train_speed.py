@@ -7,7 +7,8 @@ with tc (as root; nothing leaves the namespace) and runs every mode below.
   step      ms per step of each method (medians after warm-up) and of the compute-only
             floor (DDP under no_sync), in the same processes, in alternating blocks; bytes per step on the link (the
             namespace's loopback counter, TCP/IP included) and their wire time at --rate;
-            compress and decode ms per step (the hook's statistics); achieved/target
+            compress and decode ms per step (the hook's statistics) and the ms spent inside
+            the hook's calls (hook_ms: what backward waits for); achieved/target
             density per step and the capacity.
   converge  training wall time (evaluation excluded) until the test perplexity reaches
             --target, evaluated every --eval-every steps.
@@ -112,10 +113,18 @@ class Job:
         if self.sidco:
             import sidco_torch
             self.state = sidco_torch.State(method=name, density=a.density, start_iter=2, **named)
+            self.hook_seconds = 0.0  # this step's time inside the hook's calls (what backward waits for)
+
+            def timed(state, bucket):
+                began = time.perf_counter()
+                try:
+                    return sidco_torch.hook(state, bucket)
+                finally:
+                    self.hook_seconds += time.perf_counter() - began
             if hasattr(sidco_torch, "register"):
-                sidco_torch.register(self.ddp, self.state)
+                sidco_torch.register(self.ddp, self.state, comm_hook=timed)
             else:  # an earlier package
-                self.ddp.register_comm_hook(self.state, sidco_torch.hook)
+                self.ddp.register_comm_hook(self.state, timed)
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=spec["lr"], momentum=0.9)
         self.parameters = sum(p.numel() for p in self.model.parameters())
 
@@ -124,6 +133,7 @@ class Job:
         compute method); its seconds and, with the hook, its statistics."""
         communicate = communicate and self.method != "compute"
         x, y = self.batches.next()
+        self.hook_seconds = 0.0
         started = time.perf_counter()
         with contextlib.nullcontext() if communicate else self.ddp.no_sync():
             out, hidden = self.ddp(x, self.batches.hidden)
@@ -138,6 +148,7 @@ class Job:
             stats = list(self.state.stats().values())
             row["compress"] = sum(s["compress_seconds"] for s in stats)
             row["decode"] = sum(s.get("decode_seconds", 0.0) for s in stats)
+            row["hook"] = self.hook_seconds
             row["selected"] = sum(s["selected"] for s in stats)
             row["size"] = sum(s["size"] for s in stats)
             row["capacity"] = sum(s.get("capacity", s["size"]) for s in stats)
@@ -294,6 +305,7 @@ def summarize_step(method, out, a):
         sparse = [r for r in rows if r.get("sparse")]
         s["compress_ms"] = 1e3 * statistics.median(r["compress"] for r in rows)
         s["decode_ms"] = 1e3 * statistics.median(r["decode"] for r in rows)
+        s["hook_ms"] = 1e3 * statistics.median(r["hook"] for r in rows)
         if sparse:
             ratios = sorted(r["selected"] / (a.density * r["size"]) for r in sparse)
             s["density_p5"] = ratios[int(0.05 * (len(ratios) - 1))]

@@ -6,7 +6,7 @@
 #   scripts/train_speed.sh [DIR]          everything (about 90 minutes on 2 cores)
 #   RATES="1gbit" RANKS="2" MODELS="lstm" CONVERGE=0 scripts/train_speed.sh   a part of it
 #   STEP=0 scripts/train_speed.sh DIR     only the time-to-perplexity runs
-# PNG= skips the figure; PACKAGE=DIR takes sidco_torch from DIR (default build/python). PREVIOUS=DIR adds sidco-e@previous, the hook of an earlier build's python directory.
+# PNG= skips the figure; PACKAGE=DIR takes sidco_torch from DIR (default build/python). PREVIOUS=DIR adds sidco-e@previous, the hook of an earlier build's python directory (unless METHODS names NAME@previous).
 # STEP_ARGS="--warmup 2 --steps 4" passes more options to every step run (the test's short runs).
 # STEP_ARGS="--bucket-mb 1" runs DDP with smaller buckets (many of them).
 set -euo pipefail
@@ -19,7 +19,7 @@ unshare -n bash -c 'ip link set lo up && tc qdisc add dev lo root tbf rate 1gbit
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 density=${DENSITY:-0.01}
 methods=${METHODS:-compute,none,powersgd,sidco-e,sidco-gp,top-k,dgc}
-[ -n "${PREVIOUS:-}" ] && methods="$methods,sidco-e@previous"
+[ -n "${PREVIOUS:-}" ] && [[ "$methods" != *@previous* ]] && methods="$methods,sidco-e@previous"
 bench=(/usr/bin/python3 bench/train_speed.py)
 [ -n "${PREVIOUS:-}" ] && bench+=(--previous "$PREVIOUS")
 [ -n "${PACKAGE:-}" ] && bench+=(--package "$PACKAGE")
