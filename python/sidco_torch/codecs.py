@@ -1,6 +1,7 @@
 """The hook's paths for one bucket: its codec and buffers (_Bucket), the all-gather and
 reduce-scatter exchanges around their collectives, and the dense all-reduce. Every
-collective is issued from the hook body; the futures' callbacks do local work only."""
+collective is issued from a hook call (the reduce exchange's later phases from the step's
+later calls: staged.py); the futures' callbacks do local work only."""
 import re
 import time
 import warnings
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from .arguments import ExchangeError
 from .ops import _codec, _reduce_codec
+from .staged import _Staged
 
 
 def _exchange_key(keys):
@@ -208,14 +210,12 @@ def _encode(state, bucket, b, iteration, problem, encode, encode_failure):
     return encode_failure(buffer, b.codec, problem, bucket.index(), iteration)
 
 
-def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode, more_stats=None, into=None,
-                       unpack=None):
-    """One asynchronous all-gather of sent into the bucket's inbox (or into, views of its
-    heads, or tensors unpack() writes into the inbox first), decoded by decode in the
-    future's then() (local work only); more_stats(codec report) adds to the statistics."""
-    state._in_flight.extend([sent, *(into or [])])
-    gathered = dist.all_gather(into or b.inbox, sent, group=group, async_op=True).get_future()
-    return _decode_when(state, b, buffer, gathered, encoded, stats, decode, more_stats, unpack)
+def _gather_and_decode(state, b, buffer, sent, group, encoded, stats, decode):
+    """One asynchronous all-gather of sent into the bucket's inbox, decoded by decode in the
+    future's then() (local work only)."""
+    state._in_flight.append(sent)
+    gathered = dist.all_gather(b.inbox, sent, group=group, async_op=True).get_future()
+    return _decode_when(state, b, buffer, gathered, encoded, stats, decode)
 
 
 def _decode_when(state, b, buffer, future, encoded, stats, decode, more_stats=None, unpack=None):
@@ -237,71 +237,33 @@ def _decode_when(state, b, buffer, future, encoded, stats, decode, more_stats=No
     return state._callbacks.then(future, done)
 
 
-def _agreed_head(state, used, size, group, device):
-    """The head every rank sends of each of its payloads (of size bytes): the longest any
-    rank's uses (used: this rank's longest), by one all-reduce of an integer; the payloads
-    are zero past what they use, so the receivers read the same bytes."""
-    longest = torch.tensor([int(used)], dtype=torch.int64, device=device)
-    state._in_flight.append(longest)
-    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
-    return min(size, max(64, int(longest.item())))
-
-
-def _heads(payload, inbox, head):
-    """What an all-gather at an agreed head sends and receives into: payload's head and
-    each inbox slot's, whose tails are zeroed (what pack left), so the decode reads whole
-    payloads."""
-    for p in inbox:
-        p[head:].zero_()
-    return payload[:head], [p[:head] for p in inbox]
-
-
 def _reduce(state, bucket, b, group, iteration, problem, started):
-    """The reduce-scatter exchange: blocks to the indices' owners (all_to_all_single, waited
-    for here: the owners' selection needs them), each owner's selection all-gathered
-    asynchronously, and decoded in the future's then() (local work only). CPU buckets, and
-    CUDA buckets in the compact coding, send each payload at its own size (_reduce_framed;
-    a CUDA codec frames on the host); CUDA buckets in the plain coding send their blocks and
-    selections at the head the longest block uses (one all-reduce agrees it), not at the
-    capacity's fixed size: the slack and the minimum size stay home."""
+    """The reduce-scatter exchange: blocks to the indices' owners, then each owner's selection
+    to every rank, staged (staged.py): the phases are posted at this and the step's later hook
+    calls, never waited for in this one, and the decode runs in the future's then() (local
+    work only). CPU buckets move flat (_framed_stages) or in two hops (_two_hop_stages, by
+    State.schedule_for); CUDA buckets move flat, in the compact coding framed, in the plain
+    one at the heads the longest block uses (_plain_head_stages)."""
     buffer = bucket.buffer()
     blocks = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.reduce_encode,
                      torch.ops.sidco.reduce_encode_failure)
     encoded = time.perf_counter()
-    if blocks.device.type == "cpu":
-        if state.schedule_for(len(b.inbox)) == "two-hop":
-            return _reduce_two_hop(state, bucket, b, group, blocks, encoded, started)
-        return _reduce_framed(state, bucket, b, group, blocks, encoded, started)
-    if b.wire == "compact":
-        return _reduce_framed(state, bucket, b, group, blocks, encoded, started)
-    world, size = len(b.inbox), b.payload_bytes()
-    head = _agreed_head(state, b.codec.report()["longest_block"], size, group, blocks.device)
-    if head < size:
-        received = torch.empty(world * head, dtype=torch.uint8, device=blocks.device)
-        heads = blocks.view(world, size)[:, :head].contiguous().view(-1)
-        state._in_flight.extend([received, heads])
-        dist.all_to_all_single(received, heads, group=group)
-        slots = b.received.view(world, size)
-        slots[:, :head].copy_(received.view(world, head))
-        slots[:, head:].zero_()
-    else:
-        state._in_flight.append(blocks)
-        dist.all_to_all_single(b.received, blocks, group=group)
-    # The bucket and residual checked here, before the all-gather: a problem travels.
-    selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
-    report = b.codec.report()
-    # The selections' head without another round: an owner keeps at most its share of what it
-    # received, received / P entries rounded (comm/reduce/steps.hpp), so at most what the
-    # longest block holds; a failure's message takes at most 64 + 256 bytes.
-    chosen = min(size, max(head, 64 + 256))
-    sent, into = _heads(selection, b.inbox, chosen) if chosen < size else (selection, None)
-    # What this rank hands the collectives: its P - 1 blocks and its selection, at the heads.
-    stats = _sparse_stats(state, b, buffer, report, encoded - started, (world - 1) * head + chosen)
-    stats["schedule"] = "flat"
+    # Filled in once the owners have selected (its first phases are still to come).
+    stats = {"path": "sparse", "exchange": "reduce", "wire": b.wire, "failed": False}
     state._stats[bucket.index()] = stats
-
-    return _gather_and_decode(state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
-                              _reduce_stats(buffer, (world - 1) * (head + chosen)), into=into)
+    moved = {"unpack": lambda: None}  # what the last phase leaves the decode
+    if blocks.device.type == "cpu" and state.schedule_for(len(b.inbox)) == "two-hop":
+        stages = _two_hop_stages(state, b, buffer, group, blocks, encoded - started, stats, moved, bucket.index())
+    elif blocks.device.type == "cpu" or b.wire == "compact":
+        stages = _framed_stages(state, b, buffer, group, blocks, encoded - started, stats, moved)
+    else:
+        stages = _plain_head_stages(state, b, buffer, group, blocks, encoded - started, stats, moved)
+    staged = _Staged(state, stages)
+    state._staged.append(staged)
+    staged.decoded = _decode_when(state, b, buffer, staged.future, encoded, stats, torch.ops.sidco.reduce_decode,
+                                  lambda done: _reduce_stats(buffer, moved["bytes_received"])(done),
+                                  unpack=lambda: moved["unpack"]())
+    return staged.decoded
 
 
 def _reduce_stats(buffer, bytes_received):
@@ -313,50 +275,98 @@ def _reduce_stats(buffer, bytes_received):
     return more
 
 
-def _reduce_framed(state, bucket, b, group, blocks, encoded, started):
-    """The reduce-scatter exchange with each payload at the size it uses (comm/reduce/
-    frames.hpp: a count, the values, the indices gap-coded; each block led by the digest of
-    the step's fields, which its owner checks), on the bucket's device: the blocks' sizes by
-    one all-to-all, the blocks by another at those split sizes (waited for: the owners'
-    selection needs them), the selections all-gathered asynchronously at the longest one's
-    size (one all-reduce agrees it), and decoded in the future's then() (local work only)."""
-    buffer = bucket.buffer()
+def _selected(state, b, buffer, stats, compress_seconds, schedule):
+    """Round 2's selection from the blocks in b.received (the bucket and residual are checked
+    here, before the selections move: a problem travels), and the bucket's statistics."""
+    selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
+    stats.update(_sparse_stats(state, b, buffer, b.codec.report(), compress_seconds, 0))
+    stats["schedule"] = schedule
+    return selection
+
+
+def _sent(stats, bytes_sent):
+    """What this rank handed the exchange's collectives for the others, in the bucket's
+    statistics (bytes_sent adds the dense slices' all-reduce: State(dense_parameters=...))."""
+    stats["bytes_sent"] = bytes_sent + stats.get("dense_values", 0) * stats["element_size"]
+    stats["bytes_per_entry"] = bytes_sent / max(1, stats["selected"])
+
+
+def _framed_stages(state, b, buffer, group, blocks, compress_seconds, stats, moved):
+    """The flat schedule with each payload at the size it uses (comm/reduce/frames.hpp: a
+    count, the values, the indices gap-coded; each block led by the digest of the step's
+    fields, which its owner checks), on the bucket's device, in four phases: the blocks' sizes
+    (all-to-all), the blocks at those split sizes (all-to-all), the longest selection's size
+    (all-reduce), the selections at that size (all-gather)."""
     world, size = len(b.inbox), b.payload_bytes()
     rank = dist.get_rank(group)
     device = blocks.device
     frames, sizes = torch.ops.sidco.reduce_frames(blocks, b.codec, False)
     incoming = torch.empty_like(sizes)
     state._in_flight.extend([frames, sizes, incoming])
-    dist.all_to_all_single(incoming, sizes, group=group)
+    yield [dist.all_to_all_single(incoming, sizes, group=group, async_op=True)]
+
     sent_sizes, received_sizes = sizes.tolist(), incoming.tolist()
     received = torch.empty(sum(received_sizes), dtype=torch.uint8, device=device)
     state._in_flight.append(received)
-    dist.all_to_all_single(received, frames, output_split_sizes=received_sizes, input_split_sizes=sent_sizes,
-                           group=group)
+    yield [dist.all_to_all_single(received, frames, output_split_sizes=received_sizes,
+                                  input_split_sizes=sent_sizes, group=group, async_op=True)]
+
     torch.ops.sidco.reduce_unframe(received, received_sizes, list(b.received.view(world, size).unbind(0)), b.codec,
                                    False)
-    # The bucket and residual checked here, before the all-gather: a problem travels.
-    selection = torch.ops.sidco.reduce_select(b.received, buffer, b.residual, b.codec)
-    report = b.codec.report()
+    selection = _selected(state, b, buffer, stats, compress_seconds, "flat")
     frame = torch.ops.sidco.reduce_frames(selection, b.codec, True)[0]
     longest = torch.tensor([frame.numel()], dtype=torch.int64, device=device)
     state._in_flight.append(longest)
-    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+    yield [dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group, async_op=True)]
+
     head = int(longest.item())
     sent = torch.zeros(head, dtype=torch.uint8, device=device)
     sent[:frame.numel()] = frame
     gathered = [torch.empty(head, dtype=torch.uint8, device=device) for _ in range(world)]
-    # What this rank hands the collectives for the others: its P - 1 blocks' messages, its
-    # selection's (at the agreed head), and the sizes.
-    blocks_sent = sum(sent_sizes) - sent_sizes[rank]
-    stats = _sparse_stats(state, b, buffer, report, encoded - started, blocks_sent + head + 8 * (world - 1))
-    stats["schedule"] = "flat"
-    state._stats[bucket.index()] = stats
-    received_bytes = sum(received_sizes) - received_sizes[rank] + (world - 1) * (head + 8)
-    return _gather_and_decode(
-        state, b, buffer, sent, group, encoded, stats, torch.ops.sidco.reduce_decode,
-        _reduce_stats(buffer, received_bytes), into=gathered,
-        unpack=lambda: torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, b.inbox, b.codec, True))
+    state._in_flight.extend([sent, *gathered])
+    # Its P - 1 blocks' messages, its selection's (at the agreed head), and the sizes.
+    _sent(stats, sum(sent_sizes) - sent_sizes[rank] + head + 8 * (world - 1))
+    moved["bytes_received"] = sum(received_sizes) - received_sizes[rank] + (world - 1) * (head + 8)
+    moved["unpack"] = lambda: torch.ops.sidco.reduce_unframe(torch.cat(gathered), [head] * world, b.inbox, b.codec,
+                                                             True)
+    return dist.all_gather(gathered, sent, group=group, async_op=True).get_future()
+
+
+def _plain_head_stages(state, b, buffer, group, blocks, compress_seconds, stats, moved):
+    """The flat schedule for CUDA buckets in the plain coding, in three phases: the head the
+    longest block uses (all-reduce; the payloads are zero past what they use, so the
+    receivers read the same bytes), the blocks at that head (all-to-all), the selections at
+    the head they can use (all-gather): the slack and the minimum size stay home."""
+    world, size = len(b.inbox), b.payload_bytes()
+    longest = torch.tensor([int(b.codec.report()["longest_block"])], dtype=torch.int64, device=blocks.device)
+    state._in_flight.append(longest)
+    yield [dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group, async_op=True)]
+
+    head = min(size, max(64, int(longest.item())))
+    if head < size:
+        received = torch.empty(world * head, dtype=torch.uint8, device=blocks.device)
+        heads = blocks.view(world, size)[:, :head].contiguous().view(-1)
+        state._in_flight.extend([received, heads])
+        yield [dist.all_to_all_single(received, heads, group=group, async_op=True)]
+        slots = b.received.view(world, size)
+        slots[:, :head].copy_(received.view(world, head))
+        slots[:, head:].zero_()
+    else:
+        state._in_flight.append(blocks)
+        yield [dist.all_to_all_single(b.received, blocks, group=group, async_op=True)]
+
+    selection = _selected(state, b, buffer, stats, compress_seconds, "flat")
+    # The selections' head without another round: an owner keeps at most its share of what it
+    # received, received / P entries rounded (comm/reduce/steps.hpp), so at most what the
+    # longest block holds; a failure's message takes at most 64 + 256 bytes.
+    chosen = min(size, max(head, 64 + 256))
+    sent, into = (selection[:chosen], [p[:chosen] for p in b.inbox]) if chosen < size else (selection, b.inbox)
+    for p in b.inbox:
+        p[chosen:].zero_()  # the decode reads whole payloads
+    state._in_flight.extend([sent, *into])
+    _sent(stats, (world - 1) * head + chosen)
+    moved["bytes_received"] = (world - 1) * (head + chosen)
+    return dist.all_gather(into, sent, group=group, async_op=True).get_future()
 
 
 def _post_hops(state, group, phase, tag):
@@ -372,74 +382,33 @@ def _post_hops(state, group, phase, tag):
     return work, received
 
 
-def _hops(state, group, phase, tag):
-    """One phase of the two-hop schedule, posted and waited for. Returns the received buffers."""
-    work, received = _post_hops(state, group, phase, tag)
-    for w in work:
-        w.wait()
-    return received
-
-
-class _RoundTwo:
-    """A bucket's owners' selections moving in two hops (phases 3 and 4), advanced a phase at
-    each later hook call of the step (State._advance_round_twos), so that they travel while
-    autograd computes the next buckets; every rank advances them at the same calls (DDP calls
-    the hook for the same buckets in the same order), and the step's last call drains them.
-    Once its messages are in, the bucket's inbox is filled and its future completes: the
-    decode runs in that future's then(), as on the other paths."""
-
-    def __init__(self, state, group, b, selection, stats, blocks_sent, blocks_received):
-        self.state, self.group, self.b, self.stats = state, group, b, stats
-        self.blocks_sent, self.bytes_received = blocks_sent, blocks_received  # round 1's; round 2 adds
-        self.future = torch.futures.Future()
-        self.work, self.inbound = _post_hops(state, group, torch.ops.sidco.reduce_hops_first(selection, b.codec, True), 3)
-        self.phase = 3
-
-    def advance(self):
-        """Waits for the phase in flight and starts the next; True once the selections are in."""
-        for w in self.work:
-            w.wait()
-        sidco = torch.ops.sidco
-        if self.phase == 3:
-            self.work, self.inbound = _post_hops(self.state, self.group,
-                                                 sidco.reduce_hops_second(self.inbound, self.b.codec, True), 4)
-            self.phase = 4
-            return False
-        sent, received = sidco.reduce_hops_finish(self.inbound, self.b.inbox, self.b.codec, True)
-        self.stats["bytes_sent"] += sent
-        self.stats["bytes_per_entry"] = (self.blocks_sent + sent) / max(1, self.stats["selected"])
-        self.bytes_received += received
-        self.future.set_result(None)
-        return True
-
-
-def _reduce_two_hop(state, bucket, b, group, blocks, encoded, started):
-    """The reduce-scatter exchange for CPU buckets in two hops (State(reduce_schedule=...);
-    sidco/comm/reduce/hops.hpp, the MPI exchange's router): each rank's blocks, as frames at
-    their own size, go to the owners through an intermediate of a sqrt(P) grid, and the
-    owners' selections come back the same way: O(sqrt P) messages a rank each way, where
-    the flat exchange's all-to-all and ring all-gather take P - 1. Round 1 (the blocks) is
-    waited for in the hook body (phase 2 forwards what phase 1 brought, and the owners'
-    selection needs it); round 2 (the selections) is posted here and advanced by the step's
-    later hook calls (_RoundTwo), overlapping the rest of the backward pass; the decode runs
-    in the future's then() once it is in, like the other paths."""
-    buffer = bucket.buffer()
+def _two_hop_stages(state, b, buffer, group, blocks, compress_seconds, stats, moved, index):
+    """The two-hop schedule for CPU buckets (State(reduce_schedule=...); sidco/comm/reduce/
+    hops.hpp, the MPI exchange's router): each rank's blocks, as frames at their own size, go
+    to the owners through an intermediate of a sqrt(P) grid, and the owners' selections come
+    back the same way: O(sqrt P) messages a rank each way, where the flat schedule's
+    all-to-all and ring all-gather take P - 1. Four phases of send/recv: the blocks' two hops,
+    then the selections', each tagged by the bucket (index) and the phase, so that no two
+    messages in flight between two ranks share a tag."""
     world, size = len(b.inbox), b.payload_bytes()
     sidco = torch.ops.sidco
-    first = _hops(state, group, sidco.reduce_hops_first(blocks, b.codec, False), 1)
-    second = _hops(state, group, sidco.reduce_hops_second(first, b.codec, False), 2)
+    tag = 4 * index
+    work, first = _post_hops(state, group, sidco.reduce_hops_first(blocks, b.codec, False), tag + 1)
+    yield work
+    work, second = _post_hops(state, group, sidco.reduce_hops_second(first, b.codec, False), tag + 2)
+    yield work
     blocks_sent, blocks_received = sidco.reduce_hops_finish(second, list(b.received.view(world, size).unbind(0)),
                                                             b.codec, False)
-    # The bucket and residual checked here, before round 2: a problem travels.
-    selection = sidco.reduce_select(b.received, buffer, b.residual, b.codec)
-    report = b.codec.report()
-    stats = _sparse_stats(state, b, buffer, report, encoded - started, blocks_sent)
-    stats["schedule"] = "two-hop"
-    state._stats[bucket.index()] = stats
-    round_two = _RoundTwo(state, group, b, selection, stats, blocks_sent, blocks_received)
-    state._round_twos.append(round_two)
-    return _decode_when(state, b, buffer, round_two.future, encoded, stats, sidco.reduce_decode,
-                        lambda done: _reduce_stats(buffer, round_two.bytes_received)(done))
+    selection = _selected(state, b, buffer, stats, compress_seconds, "two-hop")
+    _sent(stats, blocks_sent)
+    work, inbound = _post_hops(state, group, sidco.reduce_hops_first(selection, b.codec, True), tag + 3)
+    yield work
+    work, inbound = _post_hops(state, group, sidco.reduce_hops_second(inbound, b.codec, True), tag + 4)
+    yield work
+    sent, received = sidco.reduce_hops_finish(inbound, b.inbox, b.codec, True)
+    _sent(stats, blocks_sent + sent)
+    moved["bytes_received"] = blocks_received + received
+    return None
 
 
 def _allgather(state, bucket, b, group, iteration, problem, started):

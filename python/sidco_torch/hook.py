@@ -21,7 +21,8 @@ load_state_dict() resume a run bit for bit.
 The package's modules: state.py (State: arguments, keys, statistics, each step's
 bookkeeping), agreement.py (what every rank must agree on before a collective),
 checkpoint.py (state_dict, load_state_dict), codecs.py (a bucket's codec and the paths
-around its collectives), callbacks.py (the futures' then(), and the step's end, which no
+around its collectives), staged.py (the reduce exchange's phases, posted at the step's later
+hook calls), callbacks.py (the futures' then(), and the step's end, which no
 callback outlives), arguments.py (checks and names); this one registers the hook.
 """
 import time
@@ -74,18 +75,18 @@ def _hook_call(state, bucket):
         state.iteration += 1
         state._complete = True
         state._in_step = False
-    # Earlier buckets' second rounds (two hops) a phase further, before this bucket's collectives.
-    state._advance_round_twos()
+    # Earlier buckets' staged exchanges a phase further, before this bucket's collectives.
+    state._advance_exchanges()
     state._callbacks.at_step_end = last
     try:
         future = _exchange(state, bucket, group, world, iteration)
     except BaseException:
         # The rounds in flight finish first (the agreements raise on every rank alike, at the
         # same call), so that their decodes put every rank's state in order.
-        state._advance_round_twos(drain=True)
+        state._advance_exchanges(drain=True)
         raise
     if last:
-        state._advance_round_twos(drain=True)
+        state._advance_exchanges(drain=True)
         state._callbacks.finish()
     return future
 
@@ -109,6 +110,6 @@ def _exchange(state, bucket, group, world, iteration):
     if reduced is None:
         return future
     stats = state._stats[bucket.index()]
-    stats["dense_values"] = dense_values
-    stats["bytes_sent"] += dense_values * buffer.element_size()
+    stats["dense_values"] = dense_values  # a staged exchange's bytes_sent adds them when it is set
+    stats["bytes_sent"] = stats.get("bytes_sent", 0) + dense_values * buffer.element_size()
     return _with_slices(state, future, reduced, slices)

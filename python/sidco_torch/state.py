@@ -160,9 +160,10 @@ class State(_Checkpoints, _Agreement):
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
     messages a rank each way, each block crossing one link), "two-hop" (the MPI exchange's
     default: through an intermediate of a sqrt(P) grid, by send/recv, O(sqrt P) messages a
-    rank each way, most blocks crossing two links: fewer latencies; the blocks waited for in
-    the hook body, the selections' two phases advanced by the step's later hook calls while
-    backward goes on), or "auto" (see schedule_for). The same update either way, bit for bit.
+    rank each way, most blocks crossing two links: fewer latencies), or "auto" (see
+    schedule_for). Either way each bucket's rounds are posted a phase at a time by the step's
+    later hook calls, while backward goes on (staged.py), never waited for in the call that
+    starts them. The same update either way, bit for bit.
     CUDA buckets move flat.
 
     nonfinite: what a step does when some rank's bucket holds NaN or +-Inf: "raise" (every
@@ -298,7 +299,8 @@ class State(_Checkpoints, _Agreement):
         self.error = None       # the last ExchangeError the hook raised
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
         self._step_began = None  # when this step's first hook call ran
-        self._round_twos = []   # two-hop buckets whose owners' selections are still travelling
+        self._staged = []       # reduce buckets whose exchange has phases still to post (staged.py)
+        self._relayed = []      # this step's staged exchanges whose last collective a worker relays
         self._last_index = -1   # the bucket index of this step's last hook call
         self._reset_probe()
 
@@ -611,9 +613,15 @@ class State(_Checkpoints, _Agreement):
             return False
         self._last_index = index
         self._step_began = self._clock()
-        # A step cut short (a hook body raised on every rank) may leave second rounds posted:
-        # they finish alike on every rank before this step's collectives start.
-        self._advance_round_twos(drain=True)
+        # A step cut short (a hook body raised on every rank) may leave staged exchanges:
+        # they finish alike on every rank, and are decoded, before this step's collectives start.
+        self._advance_exchanges(drain=True)
+        relayed, self._relayed = self._relayed, []
+        for exchange in relayed:
+            try:
+                exchange.decoded.wait()
+            except RuntimeError:
+                pass  # raised to DDP in the step that was cut short, or not at all
         self._settle()
         if self._stats:  # the last step's statistics join the totals (summary())
             for key, value in _summed(self._stats.values()).items():
@@ -633,11 +641,22 @@ class State(_Checkpoints, _Agreement):
             self._step_problem = f"{type(e).__name__}: {e}"
         return True
 
-    def _advance_round_twos(self, drain=False):
-        """The two-hop buckets' second rounds a phase further (every one: drain=True, at the
-        step's last hook call), in the order they were posted, the same on every rank."""
-        while self._round_twos:
-            self._round_twos = [r for r in self._round_twos if not r.advance()]
+    def _advance_exchanges(self, drain=False):
+        """Every staged exchange a phase further (all of them to their end: drain=True, at the
+        step's last hook call), in the order they were staged, the same on every rank. A phase
+        whose collective failed raises here, and the exchanges left are given up (their
+        futures carry that error): the process group cannot be trusted after it."""
+        while self._staged:
+            staged, self._staged = self._staged, []
+            for i, exchange in enumerate(staged):
+                try:
+                    if not exchange.advance(drain):
+                        self._staged.append(exchange)
+                except BaseException as e:
+                    for left in [*self._staged, *staged[i + 1:]]:
+                        left.abandon(e)
+                    self._staged = []
+                    raise
             if not drain:
                 return
 

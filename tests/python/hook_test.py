@@ -846,19 +846,19 @@ def scenario_dtype_mismatch(rank, world):
                                  "different bucket dtypes")
 
 
-def scenario_two_hop_cut_short(rank, world):
+def scenario_staged_cut_short(rank, world, schedule):
     """A step cut short in a later bucket's hook body, on every rank, while an earlier
-    bucket's selections are still travelling in two hops: they finish before the next step,
-    every rank's sent entries end in its residual or the update, and the next steps train
-    the ranks alike."""
+    bucket's reduce exchange still has phases to post (staged.py; schedule: "flat" or
+    "two-hop"): they finish before the next step, every rank's sent entries end in its
+    residual or the update, and the next steps train the ranks alike."""
     state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange="reduce",
-                              reduce_schedule="two-hop")
+                              reduce_schedule=schedule)
     left = []
 
     def cutting(state, bucket):
         if state.iteration == 3 and bucket.index() == 1 and not left:
-            assert state._round_twos, "no second round in flight: the test tests nothing"
-            left.extend(state._round_twos)
+            assert state._staged, "no staged exchange in flight: the test tests nothing"
+            left.extend(state._staged)
             raise RuntimeError("cut short on purpose")
         return sidco_torch.hook(state, bucket)
     building = state._bucket
@@ -866,7 +866,7 @@ def scenario_two_hop_cut_short(rank, world):
     def checked_bucket(*args):
         # Before the next step builds a bucket (taking each parameter's residual from the
         # bucket that held it), what the cut step left in flight is decoded.
-        assert all(r.future.done() for r in left), "a cut step's second round still in flight"
+        assert all(r.future.done() for r in left), "a cut step's staged exchange still in flight"
         return building(*args)
     state._bucket = checked_bucket
     model, ddp, optimizer = make(state, rank, hook=cutting)
@@ -878,7 +878,7 @@ def scenario_two_hop_cut_short(rank, world):
             assert "cut short on purpose" in str(e), str(e)
             failed += 1
             model, ddp, optimizer = make(state, rank, model=model, hook=cutting)  # DDP cannot go on
-    assert failed == 1 and left and not state._round_twos
+    assert failed == 1 and left and not state._staged
     assert all(r.future.done() for r in left)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"parameters": flat.numpy().tobytes(), "iteration": state.iteration}
@@ -1882,9 +1882,11 @@ def main():
     for world, wire in ((3, "plain"), (5, "compact"), (4, "plain")):
         print(f"reduce exchange in two hops against flat ({world} ranks, {wire} wire):",
               run(scenario_reduce_two_hop, world, wire, timeout=240)[0])
-    out = run(scenario_two_hop_cut_short, 3)
-    assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ after a step cut short"
-    print("a step cut short while two-hop selections travel (3 ranks): finished first, ranks alike")
+    for schedule in ("flat", "two-hop"):
+        out = run(scenario_staged_cut_short, 3, schedule)
+        assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ after a step cut short"
+        print(f"a step cut short while a {schedule} reduce exchange has phases left (3 ranks): finished first, "
+              "ranks alike")
     print("failure (NaN on rank 1 of 5, reduce exchange in two hops):",
           run(scenario_failure_nan, 5, "reduce", "two-hop")[0])
     print("reduce schedules that differ:", run(scenario_schedule_mismatch, 2)[0])
