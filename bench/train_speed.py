@@ -297,8 +297,6 @@ def summarize_step(method, out, a):
         s["auto_exchange"] = chosen["chosen"] + (f"/{chosen['wire']}" if "wire" in chosen else "")
         if "seconds" in chosen:  # what the probe measured, per "exchange/wire" (ranks' mean of medians)
             s["auto_ms"] = {pair: round(1e3 * t, 1) for pair, t in chosen["seconds"].items()}
-        if "spans" in chosen:  # each pair's fastest and slowest timed step (ranks' means)
-            s["auto_spans_ms"] = {pair: [round(1e3 * t, 1) for t in span] for pair, span in chosen["spans"].items()}
     if "link_bytes_per_step" in out:
         s["link_bytes"] = out["link_bytes_per_step"]
         s["retransmits"] = out["retransmits_per_step"]

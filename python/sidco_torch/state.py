@@ -38,11 +38,9 @@ _PROBE_STEPS = 3
 # seeds, the larger ratio rounded up to 0.05; docs/PYTORCH.md), (ranks, steps factor).
 # "auto" keeps it when its step is at most 1 / factor of the all-gather's.
 _REDUCE_STEPS_FACTORS = ((4, 1.15), (8, 1.20), (16, 1.25), (32, 1.30))
-# wire="auto" takes, for an exchange, the most precise of its wires that no other beats:
-# whose slowest timed step was still faster than its fastest by more than _WIRE_MARGIN.
-# Narrower values for a gain within the probe's noise (or the machine's drift between the
-# probe's rounds) would only cost precision, and the same run could choose differently each
-# time.
+# wire="auto" takes, for an exchange, the most precise of its wires whose steps are at most
+# _WIRE_MARGIN longer than the fastest one's: narrower values for a gain within the probe's
+# noise would only cost precision (and the same run could choose differently each time).
 _WIRE_PRECISION = ("plain", "compact", "compact8")
 _WIRE_MARGIN = 0.03
 
@@ -60,13 +58,12 @@ def _reduce_steps_factor(ranks):
     return points[-1][1]
 
 
-def _precise_enough(spans):
-    """The most precise wire that no other beats (spans: wire -> its (fastest, slowest) timed
-    step, each the ranks' mean): another beats it when its slowest step was faster than this
-    one's fastest by more than _WIRE_MARGIN. Some wire always stands: beating is a strict order."""
-    def beaten(wire):
-        return any(spans[other][1] * (1 + _WIRE_MARGIN) < spans[wire][0] for other in spans if other != wire)
-    return next(w for w in _WIRE_PRECISION if w in spans and not beaten(w))
+def _precise_enough(seconds):
+    """(seconds, wire) of the most precise wire whose step (seconds: wire -> the ranks' mean
+    of medians) is within _WIRE_MARGIN of the fastest wire's."""
+    fastest = min(seconds.values())
+    wire = next(w for w in _WIRE_PRECISION if w in seconds and seconds[w] <= fastest * (1 + _WIRE_MARGIN))
+    return seconds[wire], wire
 
 
 def _scheduled(schedule, iteration):
@@ -153,8 +150,8 @@ class State(_Checkpoints, _Agreement):
     owner's carry, added to the index's next update it keeps); both travel narrowed. On CUDA
     buckets too, by either exchange (their payloads are packed, and their messages framed,
     on the host; not yet run on a GPU). "auto" (the default): timed
-    against plain in the first sparse steps, the most precise that no other beat (its slowest
-    step more than 3% faster than that one's fastest) kept (see wire_for); plain on CUDA buckets. "compact8" (the all-gather exchange only): as compact, with each value in one byte
+    against plain in the first sparse steps, the most precise within 3% of the fastest kept
+    (see wire_for); plain on CUDA buckets. "compact8" (the all-gather exchange only): as compact, with each value in one byte
     (4 significant bits on a scale each payload shares: its largest value's binade and the
     15 below; what rounding takes off, or a value below that range, stays in the residual):
     2-2.5 bytes an entry. "auto" times it too, against the all-gather's other wires.
@@ -355,9 +352,7 @@ class State(_Checkpoints, _Agreement):
         buckets (compact is not timed there: not yet run on a GPU) and in a world of one;
         otherwise the probe (see auto_exchange) times both codings with each exchange it times
         and every rank takes, for the exchange chosen, the most precise coding (plain, compact,
-        compact8) that no other coding beat: whose slowest timed step was more than 3% faster
-        than its fastest (a gain the probe's noise or the machine's drift between its rounds
-        could make is not taken): compact
+        compact8) whose steps were at most 3% longer than the fastest one's: compact
         sends a third of the bytes but narrows, codes and expands the entries, which pays on
         a slow link and may cost on a fast one (docs/PYTORCH.md). The loss is the same either
         way (final training loss within 0.1% on two language models; compact8's within 0.02%
@@ -409,11 +404,10 @@ class State(_Checkpoints, _Agreement):
         named. From the first sparse step the probe runs each (exchange, wire) pair it may use
         for 3 steps (the first untimed), the pairs in turn, twice: 12 steps for the exchange
         alone, 18 for the wire alone (plain, compact8, compact), 30 for both (compact8 with
-        the all-gather only); then one all_gather of every rank's median, fastest and slowest
-        timed step per pair, and
+        the all-gather only); then one all_gather of every rank's median step time per pair, and
         the same choice on every rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/
-        wire" -> the ranks' mean of their medians), "spans" (-> the ranks' means of their
-        fastest and of their slowest timed step), "ranks", "iteration" (the step it chose at)}; when it chose the exchange also "allgather_seconds" and "reduce_seconds" (each
+        wire" -> the ranks' mean of their medians), "ranks", "iteration" (the step it chose
+        at)}; when it chose the exchange also "allgather_seconds" and "reduce_seconds" (each
         exchange's time with the wire it would take) and "steps_factor" (f of exchange_for: the
         reduce exchange kept when reduce_seconds x f <= allgather_seconds)."""
         return dict(self._auto) if self._auto is not None else None
@@ -444,24 +438,19 @@ class State(_Checkpoints, _Agreement):
             return
         keys = ["/".join(c) for c in candidates]
         times = self._probe_times
-        # Per pair: this rank's median, fastest and slowest timed step (-1: none timed).
-        mine = torch.tensor([f(times[k]) if times.get(k) else -1.0 for k in keys
-                             for f in (statistics.median, min, max)], dtype=torch.float64)
+        mine = torch.tensor([statistics.median(times[k]) if times.get(k) else -1.0 for k in keys],
+                            dtype=torch.float64)
         everyone = self._kept_all_gather(mine, group, world)
         # The same sums in the same order on every rank: the same choice.
-        mean = [sum(float(t[i]) for t in everyone) / world for i in range(len(mine))]
-        seconds = {k: mean[3 * j] for j, k in enumerate(keys)}
-        spans = {k: (mean[3 * j + 1], mean[3 * j + 2]) for j, k in enumerate(keys)}
+        seconds = {k: sum(float(t[j]) for t in everyone) / world for j, k in enumerate(keys)}
         exchanges, wires = self._choices(world, device_type)
-        self._auto = {"ranks": world, "iteration": iteration, "seconds": seconds, "spans": spans}
+        self._auto = {"ranks": world, "iteration": iteration, "seconds": seconds}
         if min(float(t.min()) for t in everyone) < 0:
             # Some rank timed no step of some pair (resumed mid-probe): by bytes.
             chosen, wire = exchanges[-1], wires[-1]
         else:
-            best = {}
-            for e in exchanges:
-                wire = _precise_enough({w: spans[f"{e}/{w}"] for e2, w in candidates if e2 == e})
-                best[e] = (seconds[f"{e}/{wire}"], wire)
+            best = {e: _precise_enough({w: seconds[f"{e}/{w}"] for e2, w in candidates if e2 == e})
+                    for e in exchanges}
             chosen = exchanges[0]
             if len(exchanges) == 2:
                 factor = _reduce_steps_factor(world)
