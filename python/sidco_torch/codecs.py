@@ -260,10 +260,9 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
         stages = _plain_head_stages(state, b, buffer, group, blocks, encoded - started, stats, moved)
     staged = _Staged(state, stages)
     state._staged.append(staged)
-    staged.decoded = _decode_when(state, b, buffer, staged.future, encoded, stats, torch.ops.sidco.reduce_decode,
-                                  lambda done: _reduce_stats(buffer, moved["bytes_received"])(done),
-                                  unpack=lambda: moved["unpack"]())
-    return staged.decoded
+    return _decode_when(state, b, buffer, staged.future, encoded, stats, torch.ops.sidco.reduce_decode,
+                        lambda done: _reduce_stats(buffer, moved["bytes_received"])(done),
+                        unpack=lambda: moved["unpack"]())
 
 
 def _reduce_stats(buffer, bytes_received):

@@ -18,13 +18,11 @@ class _Staged:
     """One bucket's exchange in phases. stages: a generator that posts a phase and yields the
     work to wait for before its next one, and returns the future of its last collective or
     None (done once the last phase's work is waited for). Its first phase is posted here.
-    future: done once every phase's messages are in (the decode's then() hangs on it);
-    decoded: the future of that decode, once the caller sets it."""
+    future: done once every phase's messages are in (the decode's then() hangs on it)."""
 
     def __init__(self, state, stages):
         self.state = state
         self.future = torch.futures.Future()
-        self.decoded = None
         self._stages = stages
         self._work = self._next(drain=False)
 
@@ -65,7 +63,6 @@ class _Staged:
                 self._relay(last)
             else:
                 self.state._callbacks.then(last, self._relay)
-                self.state._relayed.append(self)
             return None
         except BaseException as e:
             self.future.set_exception(e)

@@ -300,7 +300,6 @@ class State(_Checkpoints, _Agreement):
         self.skipped_steps = 0  # steps skipped for non-finite values (nonfinite="skip")
         self._step_began = None  # when this step's first hook call ran
         self._staged = []       # reduce buckets whose exchange has phases still to post (staged.py)
-        self._relayed = []      # this step's staged exchanges whose last collective a worker relays
         self._last_index = -1   # the bucket index of this step's last hook call
         self._reset_probe()
 
@@ -616,12 +615,9 @@ class State(_Checkpoints, _Agreement):
         # A step cut short (a hook body raised on every rank) may leave staged exchanges:
         # they finish alike on every rank, and are decoded, before this step's collectives start.
         self._advance_exchanges(drain=True)
-        relayed, self._relayed = self._relayed, []
-        for exchange in relayed:
-            try:
-                exchange.decoded.wait()
-            except RuntimeError:
-                pass  # raised to DDP in the step that was cut short, or not at all
+        # Cut short by a wrapping hook, no finish() ran: the decodes left with the workers end
+        # here (a no-op after a step that ended).
+        self._callbacks.finish(failed=True)
         self._settle()
         if self._stats:  # the last step's statistics join the totals (summary())
             for key, value in _summed(self._stats.values()).items():
