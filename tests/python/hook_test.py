@@ -15,6 +15,9 @@ a hang fails it. Checked:
 - exchange="auto" from 3 ranks: the probe's order and the choice from every rank's times
   (a fake clock), the same on every rank, resumed mid-probe bit for bit, and after one
   rank's failure in the probe;
+- DDP's options around the hook: no_sync() accumulation, gradient_as_bucket_view and
+  static_graph give the default's parameters (a static graph under the reduce exchange: the
+  same parameters on every rank);
 - ranks with different configurations, and one State for two models, are refused;
 - State pickles, deep-copies and torch.save()s; densities as numpy or tensor scalars;
   bad arguments raise with their message; the dense switch is reported once."""
@@ -1257,6 +1260,54 @@ def scenario_load_among_fewer(rank, world, path):
     return message.split(": ")[-1][:60]
 
 
+def scenario_ddp_options(rank, world, exchange, accumulate):
+    """DDP's own options around the hook: gradient accumulation (each step's first micro-batch
+    under no_sync(), which calls no hook), gradient_as_bucket_view=True (the bucket is the
+    gradients' storage) and, without accumulation, static_graph=True (torch 1.13's reducer
+    fails no_sync() under a static graph, with or without a hook: not ours to test). Every
+    variant ends with the default's parameters bit for bit, except a static graph under the
+    reduce exchange: it rebuilds its buckets a step later, and the reduce exchange's selection
+    is per bucket, so it is checked for ranks alike instead."""
+    variants = [("default", {}), ("gradient_as_bucket_view", {"gradient_as_bucket_view": True})]
+    if not accumulate:
+        variants.append(("static_graph", {"static_graph": True}))
+    finals = {}
+    for name, options in variants:
+        state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, exchange=exchange)
+        calls = []
+
+        def hook(s, bucket):
+            calls.append(s.iteration)
+            return sidco_torch.hook(s, bucket)
+        torch.manual_seed(0)
+        model = Shuffled()
+        ddp = DDP(model, bucket_cap_mb=0.1, **options)
+        sidco_torch.register(ddp, state, hook)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        steps = 6
+        for step in range(steps):
+            optimizer.zero_grad()
+            if accumulate:
+                with ddp.no_sync():
+                    x, y = batch(rank, 2 * step)
+                    nn.functional.cross_entropy(ddp(x), y).backward()
+                assert len(calls) == 0 or calls[-1] == step - 1, f"{name}: a hook call under no_sync(): {calls}"
+            x, y = batch(rank, 2 * step + 1)
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            assert calls and calls[-1] == step and state.iteration == step + 1, (name, step, calls)
+            optimizer.step()
+        summary = state.summary()["total"]
+        assert summary["steps"] == steps and summary["dense_buckets"] == calls.count(0), (name, summary)
+        assert summary["sparse_buckets"] == len(calls) - calls.count(0) > steps - 1, (name, summary, calls)
+        finals[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        assert torch.isfinite(finals[name]).all(), name
+    for name, flat in finals.items():
+        if name == "static_graph" and exchange == "reduce":
+            continue
+        assert torch.equal(flat, finals["default"]), f"{name}: {(flat - finals['default']).abs().max()} from the default"
+    return {name: flat.numpy().tobytes() for name, flat in finals.items()}
+
+
 def scenario_state_dict_mid_step(rank, world):
     """state_dict() from a wrapping hook after bucket 0 (part of the step exchanged) is refused
     with a sentence; after backward() it works."""
@@ -1899,6 +1950,13 @@ def main():
         print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
               run(scenario_reduce_local_error, world)[0])
     print("state_dict() mid-step:", run(scenario_state_dict_mid_step, 2)[0])
+    for exchange in ("allgather", "reduce"):
+        for accumulate in (True, False):
+            out = run(scenario_ddp_options, 3, exchange, accumulate, timeout=240)
+            for name in out[0]:
+                assert len({o[name] for o in out.values()}) == 1, f"ranks' parameters differ ({name})"
+            print(f"DDP options ({exchange}, 3 ranks{', no_sync() accumulation' if accumulate else ''}): "
+                  f"{', '.join(out[0])} alike on every rank")
     # auto's steps factor: the measured points, between them by log2 P, flat outside them.
     from sidco_torch.state import _REDUCE_STEPS_FACTORS, _reduce_steps_factor
     for ranks, factor in _REDUCE_STEPS_FACTORS:
