@@ -188,6 +188,48 @@ void streaming_read(benchmark::State& state) {
   set_bytes(state, g.size());
 }
 
+// Baseline: the memory traffic of a call with error feedback, and no other work: a pass
+// reading the gradient and the residual (the moments pass reads no more), then one reading
+// both and writing the residual back, cleared where |g + r| passes a cut (what the selection
+// pass settles). The cut is the input's (1 - delta) quantile of |g|, fixed, so that the
+// residual stays bounded over calls. NAME:feedback / this row is what a method adds to the
+// traffic it cannot avoid; over two streaming reads, what error feedback must cost.
+void feedback_traffic(benchmark::State& state) {
+  const auto& g = input(state).values;
+  std::vector<float> residual(g.size());
+  std::vector<float> magnitudes(g.size());
+  std::transform(g.begin(), g.end(), magnitudes.begin(), [](float v) { return std::fabs(v); });
+  const std::size_t k = sidco::target_count(density_of(state), g.size());
+  std::nth_element(magnitudes.begin(), magnitudes.begin() + std::ptrdiff_t(k - 1), magnitudes.end(),
+                   std::greater<float>());
+  const float cut = magnitudes[k - 1];
+  magnitudes = {};
+  float* const r = residual.data();
+  for (auto _ : state) {
+    double total = 0;
+#if defined(_OPENMP)
+#pragma omp parallel for reduction(+ : total) schedule(static)
+#endif
+    for (std::size_t block = 0; block < g.size() / 1024; ++block) {
+      float sums[16] = {};
+      for (std::size_t i = block * 1024; i < block * 1024 + 1024; i += 16)
+        for (std::size_t j = 0; j < 16; ++j) sums[j] += std::fabs(g[i + j] + r[i + j]);
+      for (float s : sums) total += s;
+    }
+    benchmark::DoNotOptimize(total);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (std::size_t block = 0; block < g.size() / 1024; ++block)
+      for (std::size_t i = block * 1024; i < block * 1024 + 1024; ++i) {
+        const float v = g[i] + r[i];
+        r[i] = std::fabs(v) > cut ? 0.0f : v;
+      }
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, g.size());
+}
+
 // Baseline: exact Top-k by std::nth_element on magnitudes (one thread, as the standard
 // library gives it).
 void nth_element_top_k(benchmark::State& state) {
@@ -295,7 +337,7 @@ void layered_inputs(benchmark::internal::Benchmark* b) {
 // NAME:fresh-feedback (four gradients in turn, as in training), NAME:serial (the one-thread
 // backend), NAME:feedback:float16 and NAME:feedback:bfloat16 (the input rounded to 16 bits;
 // the baselines read it in float), sidco-e:fixed3 (three fixed stages, not a registry entry); the baselines are
-// streaming-read and nth-element-top-k; layers/NAME per layer, layers/NAME/whole the same
+// streaming-read and nth-element-top-k, and feedback-traffic for the :feedback rows; layers/NAME per layer, layers/NAME/whole the same
 // method on the whole vector.
 using namespace sidco::presets;
 using sidco_e_fixed3 = sidco_with<sidco::models::exponential, sidco::models::exponential,
@@ -311,6 +353,7 @@ void add(const std::string& name, void (*inputs)(benchmark::internal::Benchmark*
 void register_rows() {
   benchmark::RegisterBenchmark(sidco_bench::streaming_read_row, streaming_read)->Apply(synthetic_and_real);
   benchmark::RegisterBenchmark(sidco_bench::nth_element_row, nth_element_top_k)->Apply(synthetic_and_real);
+  benchmark::RegisterBenchmark(sidco_bench::feedback_traffic_row, feedback_traffic)->Apply(synthetic_and_real);
   sidco::methods::all::for_each([](auto entry) {
     using method = typename decltype(entry)::type;
     using compressor = sidco::methods::compressor_of<method>;

@@ -18,7 +18,7 @@ import sys
 INPUTS = {0: "normal", 1: "laplace", 2: "lstm (real)", 3: "cnn (real)", 4: "transformer bucket (170 layers)",
           5: "gpt lm (real, it 200)", 6: "gpt lm with error feedback (real, it 100)", 7: "1,000 small layers"}
 REAL_SIZES = {2: 3689196, 3: 900490, 4: 1 << 25, 5: 17717713, 6: 17717713, 7: 2995031}
-BASELINES = ("streaming-read", "nth-element-top-k")
+BASELINES = ("streaming-read", "nth-element-top-k", "feedback-traffic")
 # Rows whose old underscore name is not the registry's name with hyphens.
 LEGACY = {"streaming_read": "streaming-read", "nth_element_top_k": "nth-element-top-k",
           "sidco_e_exact_k": "sidco-e-exact", "sidco_e_fixed3": "sidco-e:fixed3",
@@ -82,7 +82,7 @@ def plot(runs, path, methods, kind=1, inverse=1000):
                         if m == name and k == kind and i == inverse)
         if not points:
             continue
-        style = {"streaming-read": "k--", "nth-element-top-k": "k:"}.get(name, "o-")
+        style = {"streaming-read": "k--", "nth-element-top-k": "k:", "feedback-traffic": "k-."}.get(name, "o-")
         ax.plot([2 ** n for n, _ in points], [s * 1e3 for _, s in points], style, label=name)
     ax.set(xscale="log", yscale="log", xlabel="N (values)", ylabel="time per call (ms)",
            title=f"{INPUTS[kind]} values, δ = {1 / inverse:g}")
@@ -217,6 +217,8 @@ def main():
          lambda c: t("sidco-e:fresh-feedback", c) / t("sidco-e", c), "≤ 1.3"),
         ("the same, one gradient repeated (the residual ramps)",
          lambda c: t("sidco-e:feedback", c) / t("sidco-e", c), "—"),
+        ("SIDCo-E adaptive with error feedback (a fresh gradient each call) / its traffic (feedback-traffic)",
+         lambda c: t("sidco-e:fresh-feedback", c) / t("feedback-traffic", c), "—"),
         ("workspace kept / input bytes (%)",
          lambda c: 100 * (runs[("sidco-e",) + c]["workspace_bytes"] or 0) / (4 * size_of(c[0], c[1])), "≤ 10"),
     ]
