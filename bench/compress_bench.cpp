@@ -170,22 +170,27 @@ const std::vector<T>& values_in(const benchmark::State& state) {
 
 // Baseline: the bandwidth ceiling, one threaded read of every value (sum of |x| in
 // independent lanes, so that it vectorizes).
-void streaming_read(benchmark::State& state) {
-  const auto& g = input(state).values;
-  for (auto _ : state) {
-    double total = 0;
+// The sum of |value(i)| over the whole blocks of 1,024 in [0, n), threaded: a read-only pass.
+template <class Value>
+double sum_of_magnitudes(std::size_t n, Value value) {
+  double total = 0;
 #if defined(_OPENMP)
 #pragma omp parallel for reduction(+ : total) schedule(static)
 #endif
-    for (std::size_t block = 0; block < g.size() / 1024; ++block) {
-      float sums[16] = {};
-      for (std::size_t i = block * 1024; i < block * 1024 + 1024; i += 16)
-        for (std::size_t j = 0; j < 16; ++j) sums[j] += std::fabs(g[i + j]);
-      for (float s : sums) total += s;
-    }
-    benchmark::DoNotOptimize(total);
+  for (std::size_t block = 0; block < n / 1024; ++block) {
+    float sums[16] = {};
+    for (std::size_t i = block * 1024; i < block * 1024 + 1024; i += 16)
+      for (std::size_t j = 0; j < 16; ++j) sums[j] += std::fabs(value(i + j));
+    for (float s : sums) total += s;
   }
-  set_bytes(state, g.size());
+  return total;
+}
+
+void streaming_read(benchmark::State& state) {
+  const float* const g = input(state).values.data();
+  const std::size_t n = input(state).values.size();
+  for (auto _ : state) benchmark::DoNotOptimize(sum_of_magnitudes(n, [g](std::size_t i) { return g[i]; }));
+  set_bytes(state, n);
 }
 
 // Baseline: the memory traffic of a call with error feedback, and no other work: a pass
@@ -205,18 +210,10 @@ void feedback_traffic(benchmark::State& state) {
   const float cut = magnitudes[k - 1];
   magnitudes = {};
   float* const r = residual.data();
+  const float* const gradient = g.data();
   for (auto _ : state) {
-    double total = 0;
-#if defined(_OPENMP)
-#pragma omp parallel for reduction(+ : total) schedule(static)
-#endif
-    for (std::size_t block = 0; block < g.size() / 1024; ++block) {
-      float sums[16] = {};
-      for (std::size_t i = block * 1024; i < block * 1024 + 1024; i += 16)
-        for (std::size_t j = 0; j < 16; ++j) sums[j] += std::fabs(g[i + j] + r[i + j]);
-      for (float s : sums) total += s;
-    }
-    benchmark::DoNotOptimize(total);
+    benchmark::DoNotOptimize(
+        sum_of_magnitudes(g.size(), [gradient, r](std::size_t i) { return gradient[i] + r[i]; }));
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
