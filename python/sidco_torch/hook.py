@@ -51,12 +51,17 @@ def register(ddp_model, state, comm_hook=None):
 def hook(state, bucket):
     """The communication hook: sidco_torch.register(ddp_model, state), or
     ddp_model.register_comm_hook(state, sidco_torch.hook)."""
+    called = time.perf_counter()
     try:
-        return _hook_call(state, bucket)
+        future = _hook_call(state, bucket)
     except BaseException:
         if isinstance(state, State):
             state._callbacks.finish(failed=True)  # no callback outlives a step that raises either
         raise
+    # What backward waited for in this call: its compression, the agreements, earlier buckets'
+    # staged phases, and at the step's last call the drain and the decodes.
+    state._stats[bucket.index()]["hook_seconds"] = time.perf_counter() - called
+    return future
 
 
 def _hook_call(state, bucket):

@@ -78,7 +78,7 @@ def _scheduled(schedule, iteration):
 def _summed(stats):
     """One step's statistics (State.stats()'s values) summed over its buckets."""
     out = dict(values=0, sent=0, bytes_sent=0, dense_bytes=0, compress_ms=0.0, exchange_ms=0.0, decode_ms=0.0,
-               sparse_buckets=0, dense_buckets=0)
+               hook_ms=0.0, sparse_buckets=0, dense_buckets=0)
     for s in stats:
         dense = s["path"] == "dense"
         out["values"] += s["size"]
@@ -88,6 +88,7 @@ def _summed(stats):
         out["compress_ms"] += 1e3 * s.get("compress_seconds", 0.0)
         out["exchange_ms"] += 1e3 * s.get("exchange_seconds", 0.0)
         out["decode_ms"] += 1e3 * s.get("decode_seconds", 0.0)
+        out["hook_ms"] += 1e3 * s.get("hook_seconds", 0.0)
         out["dense_buckets" if dense else "sparse_buckets"] += 1
     return out
 
@@ -563,7 +564,9 @@ class State(_Checkpoints, _Agreement):
         target_density, threshold (-1 when per layer), stages, fallback (some tensor's fit
         degenerated and the radix threshold replaced it), compress_seconds
         (this rank's encode), exchange_seconds (from the payload's send to its decode, the
-        waits for the other ranks in it), decode_seconds, bytes_sent
+        waits for the other ranks in it), decode_seconds, hook_seconds (the hook call's own time:
+        what backward waited for at this bucket, earlier buckets' staged phases and, at the
+        step's last call, the decodes included), bytes_sent
         (what this rank hands the collectives: its all-gather payload; with exchange "reduce",
         its P - 1 blocks and its selection: on CPU buckets as frames at their own sizes and the
         P - 1 sizes, on CUDA buckets at the heads the ranks agreed; in two hops, the messages of
@@ -586,8 +589,8 @@ class State(_Checkpoints, _Agreement):
         does not carry them)}. Each holds density (entries sent over the values, dense
         buckets counting every value), bytes_sent (what this rank handed the collectives),
         dense_bytes (what DDP's all-reduce would have been handed: every bucket whole),
-        bytes_ratio (their ratio), compress_ms, exchange_ms, decode_ms, sparse_buckets,
-        dense_buckets; "total" adds steps and skipped_steps. For example, with TensorBoard:
+        bytes_ratio (their ratio), compress_ms, exchange_ms, decode_ms, hook_ms (the time inside
+        the hook's calls, which the backward pass waits for), sparse_buckets, dense_buckets; "total" adds steps and skipped_steps. For example, with TensorBoard:
 
             s = state.summary()
             writer.add_scalar("sidco/density", s["step"]["density"], step)

@@ -737,21 +737,35 @@ def scenario_dense_switch(rank, world):
 
 def scenario_summary(rank, world):
     """state.summary(): the last step's totals over its buckets and the sums over every step,
-    equal to what stats() held after each step; a dense warm-up step counts every value."""
+    equal to what stats() held after each step; a dense warm-up step counts every value; the
+    time inside the hook's calls within the backward pass that waited for it."""
     state = sidco_torch.State(wire="plain", method="sidco-e", density=0.02, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     seen = []
     for step in range(4):
-        train_step(ddp, optimizer, rank, step)
+        x, y = batch(rank, step)
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        began = time.perf_counter()
+        loss.backward()
+        backward = time.perf_counter() - began
+        optimizer.step()
         seen.append(list(state.stats().values()))
         summary = state.summary()
         last = summary["step"]
         assert last["values"] == sum(s["size"] for s in seen[-1]), last
         assert last["bytes_sent"] == sum(s["bytes_sent"] for s in seen[-1]), last
         assert abs(last["compress_ms"] - 1e3 * sum(s["compress_seconds"] for s in seen[-1])) < 1e-9, last
+        # Each call's own time, inside the backward pass that waited for it; a sparse call's
+        # includes its compression.
+        assert all(0 < s["hook_seconds"] for s in seen[-1]), seen[-1]
+        assert abs(last["hook_ms"] - 1e3 * sum(s["hook_seconds"] for s in seen[-1])) < 1e-9, last
+        assert last["hook_ms"] <= 1e3 * backward, (last["hook_ms"], backward)
+        assert all(s["hook_seconds"] >= s["compress_seconds"] for s in seen[-1] if s["path"] == "sparse"), seen[-1]
     total = summary["total"]
     assert total["steps"] == 4 and total["skipped_steps"] == 0, total
     every = [s for step in seen for s in step]
+    assert abs(total["hook_ms"] - 1e3 * sum(s["hook_seconds"] for s in every)) < 1e-6, total
     assert total["bytes_sent"] == sum(s["bytes_sent"] for s in every), total
     assert total["dense_bytes"] == sum(4 * s["size"] for s in every), total
     assert total["sent"] == sum(s["size"] if s["path"] == "dense" else s["selected"] for s in every), total
