@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -26,6 +27,8 @@ namespace sidco_bench {
 inline constexpr const char* streaming_read_row = "streaming-read";
 inline constexpr const char* nth_element_row = "nth-element-top-k";
 inline constexpr const char* feedback_traffic_row = "feedback-traffic";  // the :feedback rows' floor
+inline constexpr std::array<const char*, 3> baseline_rows = {streaming_read_row, nth_element_row,
+                                                             feedback_traffic_row};
 
 /// A run's configuration: input, log2 N, inverse density.
 using configuration = std::tuple<int, int, int>;
@@ -83,7 +86,7 @@ class summary_reporter : public benchmark::ConsoleReporter {
       } else {
         t.samples.push_back(seconds);
       }
-      if (name != streaming_read_row && name != nth_element_row && name != feedback_traffic_row &&
+      if (std::find(baseline_rows.begin(), baseline_rows.end(), name) == baseline_rows.end() &&
           seen_.insert(name).second)
         methods_.push_back(name);
     }
@@ -113,7 +116,7 @@ class summary_reporter : public benchmark::ConsoleReporter {
                       "timing loop), not the code measured, which this build compiles optimized.\n\n");
     std::fprintf(out, "%-32s %10s %7s %14s %8s %16s\n", "method", "ms", "+", "/ streaming", "/ top-k",
                  "achieved/target");
-    std::vector<std::string> rows = {streaming_read_row, nth_element_row, feedback_traffic_row};
+    std::vector<std::string> rows(baseline_rows.begin(), baseline_rows.end());
     rows.insert(rows.end(), methods_.begin(), methods_.end());
     for (const std::string& name : rows) {
       const auto run = find(name, *config);

@@ -4,8 +4,9 @@
 # them on stderr), every method of the run listed once, in the suite's order, its spread over
 # repetitions (none from one), each time over the
 # streaming read and over our Top-k as the columns' definition gives them (the baselines at
-# exactly 1.00; feedback-traffic, the :feedback rows' floor, a baseline without a density), and a density flagged exactly when it lies outside [0.8, 1.25]. JSON output
-# stays JSON; a bad --summary names its value.
+# exactly 1.00; feedback-traffic, the :feedback rows' floor, a baseline without a density), and
+# a density flagged exactly when it lies outside [0.8, 1.25]. JSON output stays JSON; a bad
+# --summary names its value.
 # Arguments: SIDCO_BENCH
 set -euo pipefail
 bench=$1

@@ -590,7 +590,8 @@ class State(_Checkpoints, _Agreement):
         buckets counting every value), bytes_sent (what this rank handed the collectives),
         dense_bytes (what DDP's all-reduce would have been handed: every bucket whole),
         bytes_ratio (their ratio), compress_ms, exchange_ms, decode_ms, hook_ms (the time inside
-        the hook's calls, which the backward pass waits for), sparse_buckets, dense_buckets; "total" adds steps and skipped_steps. For example, with TensorBoard:
+        the hook's calls, which the backward pass waits for), sparse_buckets, dense_buckets;
+        "total" adds steps and skipped_steps. For example, with TensorBoard:
 
             s = state.summary()
             writer.add_scalar("sidco/density", s["step"]["density"], step)
