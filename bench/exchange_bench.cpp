@@ -207,8 +207,9 @@ void allgather_codec(benchmark::State& state) {
 
 // reduce_frames/C/P: one rank's round-1 framing of its P blocks (comm/reduce/frames.hpp:
 // counts, values, gap-coded indices) plus the reading back of P frames as payloads, plain
-// (C = 0) or compact (C = 1: the values rounded to bfloat16 before packing, outside the
-// timing, and sent narrowed), on one thread, against the local compress in the same run:
+// (C = 0), compact (C = 1: the values rounded to bfloat16 before packing, outside the
+// timing, and sent narrowed) or compact8 (C = 2: rounded to 8-bit codes, sent a byte each
+// after each frame's scale), on one thread, against the local compress in the same run:
 //
 //   codec_ms              framing + reading back
 //   compress_ms           one rank's local compress (median of 5 calls, same run)
@@ -216,7 +217,7 @@ void allgather_codec(benchmark::State& state) {
 //   frame_bytes_per_entry the frames' bytes over the entries they carry
 void reduce_frames(benchmark::State& state) {
   static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
-  const bool compact = state.range(0) == 1;
+  const auto coding = comm::entry_coding(state.range(0));
   const std::size_t ranks = std::size_t(state.range(1)), n = gradient.size();
   const std::vector<segment> layout{{0, n}};
   const auto plan = comm::plan_reduce<float, std::uint32_t>(layout, delta, 1.25, ranks);
@@ -232,11 +233,11 @@ void reduce_frames(benchmark::State& state) {
   }
   std::sort(compress_seconds.begin(), compress_seconds.end());
   comm::host_residual<float> none;
-  if (compact) comm::round_for_compact(sent, none, none);
+  if (comm::is_compact(coding)) comm::round_for_compact(sent, none, none, coding);
   const std::size_t bytes = plan.format.bytes();
   std::vector<std::byte> blocks(bytes * ranks), back(bytes * ranks), frames;
   comm::pack_blocks(sent, plan, comm::wire_fields{}, none, std::span<std::byte>(blocks));
-  const comm::frame_kind kind{false, compact};
+  const comm::frame_kind kind = comm::frame_kind_for(false, coding);
   const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>({}, n, plan.format);
   std::vector<std::size_t> ends(ranks);
   double codec_seconds = 0;
@@ -324,7 +325,8 @@ void sum_runs(benchmark::State& state) {
 //   pack_ms frames_ms select_ms apply_ms step_ms compress_ms step_over_compress
 //
 // reduce_rank_coded/compact/P: the same in the compact coding (values rounded at pack, what
-// rounding left off given back in apply, frames with narrowed values, the owner's carry).
+// rounding left off given back in apply, frames with narrowed values, the owner's carry);
+// reduce_rank_coded/compact8/P: in compact8 (8-bit codes on each rank's and owner's scale).
 void reduce_rank_coded(benchmark::State& state, comm::entry_coding coding) {
   static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
   const std::size_t ranks = std::size_t(state.range(0)), n = gradient.size();
@@ -443,7 +445,7 @@ void owner_carry(benchmark::State& state) {
   for (auto _ : state) {
     selection = packed;  // outside the timing: apply rounds in place
     const auto start = std::chrono::steady_clock::now();
-    carry.apply(selection, format, n, true);
+    carry.apply(selection, format, n, comm::entry_coding::compact);
     carry.commit();
     apply_seconds += seconds_since(start);
     benchmark::ClobberMemory();
@@ -485,10 +487,12 @@ void owner_carry(benchmark::State& state) {
 
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 BENCHMARK(allgather_codec)->ArgsProduct({{0, 1, 2}, {1, 4, 16}, {10, 100}})->Unit(benchmark::kMillisecond);
-BENCHMARK(reduce_frames)->ArgsProduct({{0, 1}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
+BENCHMARK(reduce_frames)->ArgsProduct({{0, 1, 2}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
 BENCHMARK(owner_carry)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_rank)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(reduce_rank_coded, compact, comm::entry_coding::compact)
+    ->Arg(4)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(reduce_rank_coded, compact8, comm::entry_coding::compact8)
     ->Arg(4)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {4, 16, 64, 256, 1024}, {0}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(sum_runs)->ArgsProduct({{0, 1, 2}, {2, 4, 16, 64}, {1}})->Unit(benchmark::kMicrosecond);

@@ -48,9 +48,10 @@ def worker(rank, world, port, a, mode, results):
         state = None
         if mode != "dense":
             import sidco_torch
-            # "reduce-compact": the compact wire; a -two-hop or -flat suffix: that reduce_schedule
+            # "reduce-compact": the compact wire ("-compact8": compact8); a -two-hop or -flat
+            # suffix: that reduce_schedule
             exchange = mode.split("-")[0]
-            wire = "compact" if "-compact" in mode else "plain"
+            wire = "compact8" if "-compact8" in mode else "compact" if "-compact" in mode else "plain"
             schedule = next((s for s in ("two-hop", "flat") if mode.endswith("-" + s)), "auto")
             state = sidco_torch.State(method=a.method, density=a.density, start_iter=1, exchange=exchange,
                                       wire=wire, reduce_schedule=schedule)
@@ -118,7 +119,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="2,4,8,16")
     ap.add_argument("--modes", default="dense,allgather,reduce",
-                    help="dense, allgather, reduce; a -compact suffix: wire='compact'; then -two-hop or -flat: "
+                    help="dense, allgather, reduce; a -compact or -compact8 suffix: that wire; then -two-hop or -flat: "
                          "that reduce_schedule (default 'auto')")
     ap.add_argument("--method", default="sidco-e")
     ap.add_argument("--density", type=float, default=0.01)

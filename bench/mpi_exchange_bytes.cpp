@@ -6,8 +6,8 @@
 // allgather-compact8-exact: 8-bit values, fixed or exact sizes), the reduce-scatter
 // exchange (comm/reduce_exchange.hpp; reduce-exact: at the head the longest block uses;
 // reduce-two-hop: through an intermediate of a sqrt(P) grid, gap-coded frames;
-// reduce-two-hop-compact: its values rounded to bfloat16 and sent narrowed) or a
-// dense MPI_Allreduce. Rank 0 reads the `lo` line
+// reduce-two-hop-compact: its values rounded to bfloat16 and sent narrowed; -compact8: to
+// 8-bit codes, a byte each) or a dense MPI_Allreduce. Rank 0 reads the `lo` line
 // of /proc/self/net/dev before and after the timed steps (between barriers): run it alone
 // in a private network namespace with MPI's TCP transport, as scripts/mpi_exchange_bytes.sh
 // does, so that the loopback carries these ranks' traffic and nothing else.
@@ -73,13 +73,13 @@ options parse(int argc, char** argv) {
     else throw std::invalid_argument("unknown option " + flag);
   }
   if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" &&
-      o.mode != "reduce-two-hop-compact" && o.mode != "allgather" &&
+      o.mode != "reduce-two-hop-compact" && o.mode != "reduce-two-hop-compact8" && o.mode != "allgather" &&
       o.mode != "allgather-compact" && o.mode != "allgather-exact" && o.mode != "allgather-compact8" &&
       o.mode != "allgather-compact8-exact" && o.mode != "dense")
     throw std::invalid_argument("--mode " + o.mode +
-                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, allgather, "
-                                "allgather-compact, allgather-exact, allgather-compact8, allgather-compact8-exact "
-                                "or dense");
+                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, "
+                                "reduce-two-hop-compact8, allgather, allgather-compact, allgather-exact, "
+                                "allgather-compact8, allgather-compact8-exact or dense");
   return o;
 }
 
@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
       options.schedule = o.mode.starts_with("reduce-two-hop") ? sidco::comm::reduce_schedule::two_hop
                                                                : sidco::comm::reduce_schedule::flat;
       if (o.mode.ends_with("-compact")) options.coding = sidco::comm::entry_coding::compact;
+      if (o.mode.ends_with("-compact8")) options.coding = sidco::comm::entry_coding::compact8;
       sidco::comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, layout, o.delta, options);
       timed([&](int first, int steps) { return run_sparse(exchange, me, gradient, o.delta, steps, first); });
     } else if (o.mode.starts_with("allgather")) {

@@ -3,7 +3,8 @@
 // reduce-scatter exchange (comm/reduce_exchange.hpp; --mode reduce-exact: at the head the
 // longest block uses, exchange_options::exact_sizes; --mode reduce-two-hop: through an
 // intermediate of a sqrt(P) grid, exchange_options::schedule; reduce-two-hop-compact: its
-// values rounded to bfloat16 and sent narrowed, exchange_options::coding; allgather-compact
+// values rounded to bfloat16 and sent narrowed, exchange_options::coding (-compact8: to 8-bit
+// codes, a byte each); allgather-compact
 // and allgather-compact8: the all-gather's entries coded, bfloat16 or 8-bit values at the
 // fixed size), step after step on synthetic gradients, each rank with SIDCo-E (or, --method
 // top-k, exact Top-k, which keeps the exchange's losses apart from the estimate's) and error
@@ -142,11 +143,11 @@ options parse(int argc, char** argv) {
     else throw std::invalid_argument("unknown option " + flag);
   }
   if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" &&
-      o.mode != "reduce-two-hop-compact" && o.mode != "allgather" && o.mode != "allgather-compact" &&
-      o.mode != "allgather-compact8" && o.mode != "dense")
+      o.mode != "reduce-two-hop-compact" && o.mode != "reduce-two-hop-compact8" && o.mode != "allgather" &&
+      o.mode != "allgather-compact" && o.mode != "allgather-compact8" && o.mode != "dense")
     throw std::invalid_argument("--mode " + o.mode +
-                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, allgather, "
-                                "allgather-compact, allgather-compact8 or dense");
+                                " is not reduce, reduce-exact, reduce-two-hop, reduce-two-hop-compact, "
+                                "reduce-two-hop-compact8, allgather, allgather-compact, allgather-compact8 or dense");
   if (o.method != "sidco-e" && o.method != "top-k")
     throw std::invalid_argument("--method " + o.method + " is not sidco-e or top-k");
   if (o.gradient != "iid" && o.gradient != "hot")

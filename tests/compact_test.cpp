@@ -17,6 +17,7 @@
 #include <sidco/comm/compact.hpp>
 #include <sidco/comm/reduce/carry.hpp>
 #include <sidco/comm/reduce/core.hpp>
+#include <sidco/comm/reduce/frames.hpp>
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/comm/setup.hpp>
 #include <sidco/sidco.hpp>
@@ -680,7 +681,8 @@ TEST_CASE("compact: the reduce core rounds what it packs to bfloat16, the rest i
   }
   options.coding = comm::entry_coding(7);
   CHECK_THROWS_WITH_AS((comm::reduce_core<float, std::uint32_t, comm::owner_top_k>(layout, 0.01, 2, 0, options)),
-                       doctest::Contains("options.coding = 7, neither plain (0) nor compact (1)"), sidco::error);
+                       doctest::Contains("options.coding = 7, neither plain (0), compact (1) nor compact8 (2)"),
+                       sidco::error);
 }
 
 namespace {
@@ -903,7 +905,7 @@ TEST_CASE("compact: an owner's update that bfloat16 cannot hold travels as it is
   const std::vector<float> values{huge, tiny, plain};
   comm::pack<float, std::uint32_t>(indices, values, n, 0, {1, 1, 0.1, comm::reduction::average}, format, payload);
   comm::owner_carry<float, std::uint32_t> carry;
-  carry.apply(payload, format, n, true);
+  carry.apply(payload, format, n, comm::entry_coding::compact);
   float sent[3];
   std::memcpy(sent, payload.data() + format.values_offset(3), sizeof sent);
   CHECK(same_bits(sent[0], huge));  // not narrowed: its frame travels whole
@@ -916,8 +918,167 @@ TEST_CASE("compact: an owner's update that bfloat16 cannot hold travels as it is
   CHECK(carry.values()[7] == 0.0f);
   // The plain coding makes no carry.
   comm::owner_carry<float, std::uint32_t> none;
-  none.apply(payload, format, n, false);
+  none.apply(payload, format, n, comm::entry_coding::plain);
   CHECK(none.empty());
+}
+
+TEST_CASE("compact8: an owner's update takes a byte on the scale of its largest; one below the scale's range is sent "
+          "as 0 and carried whole, one beyond it as it is") {
+  const std::size_t n = 100;
+  const auto format = comm::format_for<float, std::uint32_t>(8);
+  std::vector<std::byte> payload(format.bytes());
+  // The largest codeable update is 1 (scale 2^0: codes down to 1.125 x 2^-15); FLT_MAX is
+  // beyond every scale; 1e-6 lies below this one's codes; 0 has none.
+  const float huge = std::numeric_limits<float>::max(), tiny = 1e-6f, one = 1.0f + std::ldexp(1.0f, -20);
+  const std::vector<std::uint32_t> indices{3, 5, 7, 9, 11};
+  const std::vector<float> values{huge, tiny, 0.0f, one, -0.7f};
+  comm::pack<float, std::uint32_t>(indices, values, n, 0, {1, 1, 0.1, comm::reduction::average}, format, payload);
+  comm::owner_carry<float, std::uint32_t> carry;
+  carry.apply(payload, format, n, comm::entry_coding::compact8);
+  float sent[5];
+  std::memcpy(sent, payload.data() + format.values_offset(5), sizeof sent);
+  CHECK(same_bits(sent[0], huge));  // as it is: its frame travels whole
+  CHECK(carry.values()[3] == 0.0f);
+  CHECK(same_bits(sent[1], 0.0f));  // sent as 0, carried whole
+  CHECK(same_bits(carry.values()[5], tiny));
+  CHECK(same_bits(sent[2], 0.0f));
+  CHECK(same_bits(carry.values()[7], 0.0f));
+  CHECK(same_bits(sent[3], 1.0f));
+  CHECK(same_bits(carry.values()[9], std::ldexp(1.0f, -20)));
+  CHECK(same_bits(sent[4], -0.6875f));  // 11/16: the nearest 4 significant bits
+  CHECK(same_bits(carry.values()[11], -0.7f + 0.6875f));
+  CHECK(same_bits(sent[4] + carry.values()[11], -0.7f));
+  carry.restore();  // the step failed: as before
+  for (const auto i : indices) CHECK(same_bits(carry.values()[i], 0.0f));
+}
+
+TEST_CASE_TEMPLATE("compact8: the reduce exchange sends a byte a value; per rank residual + applied = gradient + old "
+                   "residual, per owner update + new carry = the rule's update + old carry, bit for bit; a failed "
+                   "step keeps every carry",
+                   T, float, double, float16, bfloat16) {
+  using wide = typename comm::byte_scale<T>::wide;
+  using A = typename float_traits<T>::accumulator;
+  const auto gradient = test::load_gradient<float>("cnn_it200.npy");
+  const std::size_t size = gradient.size(), ranks = 3;
+  comm::exchange_options options;
+  options.coding = comm::entry_coding::compact8;
+  std::vector<comm::reduce_core<T, std::uint32_t, comm::owner_top_k>> cores;
+  for (std::size_t r = 0; r < ranks; ++r) cores.emplace_back(std::vector<segment>{{0, size}}, 0.01, ranks, r, options);
+  CHECK(cores[0].coding() == comm::entry_coding::compact8);
+  const std::size_t bytes = cores[0].block_bytes();
+  const comm::wire_format format = cores[0].plan().format;
+  // Every payload frames as a byte a value (not whole) and reads back as it was.
+  const auto frames_in_bytes = [&](std::span<const std::byte> payload, bool selection, std::uint64_t step) {
+    const comm::frame_kind kind = comm::frame_kind_for(selection, comm::entry_coding::compact8);
+    std::vector<std::byte> frame, back(bytes);
+    comm::append_frame<T, std::uint32_t>(payload, format, kind, frame);
+    REQUIRE(comm::frame_length(frame, format, kind) == frame.size());
+    REQUIRE((std::uint8_t(frame[0]) & 1) == 0);
+    const std::size_t count = std::size_t(comm::header_of(payload).count);
+    std::vector<std::byte> whole_values;  // the same frame with each value at T's width
+    comm::append_frame<T, std::uint32_t>(payload, format, comm::frame_kind{selection}, whole_values);
+    CHECK(frame.size() == whole_values.size() - count * (sizeof(T) - 1) + (count > 0 ? 1 : 0));  // + the scale's byte
+    const auto header = comm::detail::header_for<T, std::uint32_t>(cores[0].fields(step), size, format);
+    comm::read_frame<T, std::uint32_t>(frame, header, format, kind, back);
+    const std::size_t head = sizeof(comm::wire_header);  // a block's trimmed count does not travel
+    REQUIRE(std::memcmp(back.data() + head, payload.data() + head, bytes - head) == 0);
+  };
+  std::vector<std::vector<T>> residuals(ranks, std::vector<T>(size, T(0)));
+  std::size_t rounded_off = 0, carried = 0, reused = 0;
+  for (std::uint64_t step = 0; step < 5; ++step) {
+    CAPTURE(step);
+    const bool failing = step == 3;
+    std::vector<sparse_vector<T, std::uint32_t>> sent(ranks);
+    std::vector<std::vector<T>> inputs(ranks);
+    std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(ranks * bytes)),
+        selections(ranks, std::vector<std::byte>(bytes));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::vector<T> g(size);
+      for (std::size_t i = 0; i < size; ++i) g[i] = T(gradient[(i + r * 997 + step * 31) % size] * float(1 + r));
+      feedback::residual<T> state{std::span<T>(residuals[r])};
+      presets::top_k<> compressor({}, {}, backend::cpu(1));
+      compressor.compress(std::span<const T>(g), 0.01, sent[r], state);
+      inputs[r] = residuals[r];
+      for (std::size_t j = 0; j < sent[r].size(); ++j) inputs[r][sent[r].indices()[j]] = sent[r].values()[j];
+      comm::host_residual<T> sink{std::span<T>(residuals[r])};
+      REQUIRE(cores[r].pack(sent[r], sink, cores[r].fields(step), blocks[r]));
+      for (std::size_t j = 0; j < ranks; ++j)
+        frames_in_bytes(std::span<const std::byte>(blocks[r]).subspan(j * bytes, bytes), false, step);
+    }
+    std::vector<std::vector<T>> carry_before;
+    for (const auto& core : cores) carry_before.emplace_back(core.carry().begin(), core.carry().end());
+    const auto carried_at = [&](const std::vector<T>& c, std::size_t i) { return c.empty() ? T(0) : c[i]; };
+    const sidco::error problem("sidco: this rank's output is wrong");
+    for (std::size_t owner = 0; owner < ranks; ++owner) {
+      views received;
+      for (std::size_t r = 0; r < ranks; ++r)
+        received.push_back(std::span<const std::byte>(blocks[r]).subspan(owner * bytes, bytes));
+      cores[owner].select(received, selections[owner], failing && owner == 1 ? &problem : nullptr);
+      if (!failing) frames_in_bytes(selections[owner], true, step);
+    }
+    for (std::size_t r = 0; r < ranks; ++r) {
+      comm::host_residual<T> sink{std::span<T>(residuals[r])};
+      if (failing) {
+        CHECK_THROWS_AS(cores[r].apply(views_of(selections), sink), sidco::runtime_error);
+      } else {
+        cores[r].apply(views_of(selections), sink);
+      }
+    }
+    if (failing) {  // every entry back whole, every carry as it was
+      for (std::size_t r = 0; r < ranks; ++r) {
+        REQUIRE(std::memcmp(residuals[r].data(), inputs[r].data(), size * sizeof(T)) == 0);
+        const std::vector<T> now(cores[r].carry().begin(), cores[r].carry().end());
+        REQUIRE(now.size() == carry_before[r].size());
+        REQUIRE(std::memcmp(now.data(), carry_before[r].data(), now.size() * sizeof(T)) == 0);
+      }
+      continue;
+    }
+    const auto global = cores[0].global_selection();
+    const auto updates = cores[0].updates();
+    for (std::size_t r = 1; r < ranks; ++r) {
+      REQUIRE(std::ranges::equal(cores[r].global_selection(), global));
+      REQUIRE(std::memcmp(cores[r].updates().data(), updates.data(), updates.size() * sizeof(T)) == 0);
+    }
+    // The owner's side: the rule over what the blocks held (rank order), plus its old carry,
+    // is what it sent plus its new carry.
+    for (std::size_t j = 0; j < global.size(); ++j) {
+      const std::uint32_t i = global[j];
+      const std::size_t owner = comm::owner_of(i, ranks);
+      A sum = A(0);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const auto at = std::lower_bound(sent[r].indices().begin(), sent[r].indices().end(), i);
+        if (at != sent[r].indices().end() && *at == i)
+          sum = A(sum + to_accumulator(sent[r].values()[std::size_t(at - sent[r].indices().begin())]));
+      }
+      const T rule = from_accumulator<T>(A(sum / A(double(ranks))));
+      const T old = carried_at(carry_before[owner], i), now = cores[owner].carry()[i];
+      const T t = T(wide(rule) + wide(old));
+      REQUIRE(wide(updates[j]) + wide(now) == wide(t));
+      carried += double(now) != 0;
+      reused += double(old) != 0;
+    }
+    // Each rank's side: an applied entry leaves what rounding took off in the residual, an
+    // entry given back (trimmed, below the scale, unkept) all of it.
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const auto kept = sent[r].indices();
+      std::size_t unconserved = 0, k = 0, g = 0;
+      for (std::size_t i = 0; i < size; ++i) {
+        while (k < kept.size() && kept[k] < i) ++k;
+        while (g < global.size() && global[g] < i) ++g;
+        if (k < kept.size() && kept[k] == i && g < global.size() && global[g] == i) {
+          unconserved += wide(residuals[r][i]) + wide(sent[r].values()[k]) != wide(inputs[r][i]);
+          rounded_off += double(residuals[r][i]) != 0;
+        } else {
+          unconserved += std::memcmp(&residuals[r][i], &inputs[r][i], sizeof(T)) != 0;
+        }
+      }
+      REQUIRE(unconserved == 0);
+    }
+  }
+  INFO("rounded off ", rounded_off, ", carried ", carried, ", reused ", reused);
+  CHECK(rounded_off > 100);  // or the ranks' rounding went untested
+  CHECK(carried > 100);      // or the owners' went untested
+  CHECK(reused > 0);         // or adding a carry back went untested
 }
 
 namespace {

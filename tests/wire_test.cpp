@@ -1311,6 +1311,68 @@ TEST_CASE("frames: the compact coding's blocks send values narrowed, losslessly,
   CHECK(doubles_back == doubles);
 }
 
+TEST_CASE("frames: compact8's values travel a byte each after their scale, zero as its own code, losslessly; a value "
+          "without a code sends the frame whole; a scale outside the type's range arrives as a failure") {
+  const comm::wire_format format = comm::format_for<float, std::uint32_t>(40);
+  const comm::wire_fields fields{9, 12, 0.01, comm::reduction::average};
+  const comm::wire_header header = comm::detail::header_for<float, std::uint32_t>(fields, 1000, format);
+  const std::vector<std::uint32_t> indices{3, 17, 400, 999};
+  const comm::frame_kind bytes = comm::frame_kind_for(true, comm::entry_coding::compact8);
+  CHECK(bytes.byte_values);
+  CHECK(bytes.with_trimmed);
+  CHECK_FALSE(bytes.narrow_values);
+  std::vector<std::byte> payload(format.bytes()), back(format.bytes());
+  // 4 significant bits within 16 binades of the largest (scale 2^3), and an owner's zero update.
+  const std::vector<float> rounded{9.0f, -0.0009765625f * 1.5f, 0.0f, -15.0f};
+  comm::pack<float, std::uint32_t>(indices, rounded, 1000, 2, fields, format, payload);
+  std::vector<std::byte> frame;
+  comm::append_frame<float, std::uint32_t>(payload, format, bytes, frame);
+  // count, trimmed, the scale (zigzag 3: 6), 4 codes, the gaps 3, 13, 382, 598.
+  CHECK(frame.size() == 1 + 1 + 1 + 4 + 1 + 1 + 2 + 2);
+  CHECK(std::uint8_t(frame[2]) == 6);
+  CHECK(std::uint8_t(frame[5]) == 0x80);  // zero's code
+  CHECK(comm::frame_length(frame, format, bytes) == frame.size());
+  comm::read_frame<float, std::uint32_t>(frame, header, format, bytes, back);
+  CHECK(back == payload);
+  // A value with no code (more bits than 4; a value below the scale's range): whole.
+  for (const float odd : {3.1415927f, 1e-9f, std::numeric_limits<float>::infinity(), -0.0f}) {
+    CAPTURE(odd);
+    const std::vector<float> values{9.0f, odd, 1.0f, 2.0f};
+    comm::pack<float, std::uint32_t>(indices, values, 1000, 0, fields, format, payload);
+    frame.clear();
+    comm::append_frame<float, std::uint32_t>(payload, format, bytes, frame);
+    CHECK(frame.size() == 2 + comm::used_bytes(payload, format));
+    std::fill(back.begin(), back.end(), std::byte{1});
+    comm::read_frame<float, std::uint32_t>(frame, header, format, bytes, back);
+    CHECK(back == payload);
+  }
+  // 16-bit and 64-bit values alike.
+  const comm::wire_format half = comm::format_for<sidco::bfloat16, std::uint32_t>(40);
+  std::vector<std::byte> halves(half.bytes()), halves_back(half.bytes());
+  using sidco::bfloat16;
+  const std::vector<bfloat16> half_values{bfloat16(0.5f), bfloat16(-0.25f), bfloat16(0.0f), bfloat16(0.375f)};
+  comm::pack<bfloat16, std::uint32_t>(indices, half_values, 1000, 0, fields, half, halves);
+  frame.clear();
+  comm::append_frame<bfloat16, std::uint32_t>(halves, half, bytes, frame);
+  CHECK(frame.size() == 1 + 1 + 1 + 4 + 6);
+  const auto half_header = comm::detail::header_for<bfloat16, std::uint32_t>(fields, 1000, half);
+  comm::read_frame<bfloat16, std::uint32_t>(frame, half_header, half, bytes, halves_back);
+  CHECK(halves_back == halves);
+  // A scale beyond float's (2^200, damaged in transit): the payload reads as a failure naming it.
+  frame.clear();
+  comm::pack<float, std::uint32_t>(indices, rounded, 1000, 2, fields, format, payload);
+  comm::append_frame<float, std::uint32_t>(payload, format, bytes, frame);
+  std::vector<std::byte> damaged(frame.begin(), frame.begin() + 2);
+  comm::detail::append_code(damaged, comm::detail::zigzag(200));
+  damaged.insert(damaged.end(), frame.begin() + 3, frame.end());
+  REQUIRE(comm::frame_length(damaged, format, bytes) == damaged.size());
+  comm::read_frame<float, std::uint32_t>(damaged, header, format, bytes, back);
+  CHECK(comm::header_of(back).status != std::uint8_t(comm::wire_status::ok));
+  const std::vector<std::span<const std::byte>> one{back};
+  CHECK_THROWS_WITH_AS((comm::agree<float, std::uint32_t>(one, format)), doctest::Contains("scale 2^200"),
+                       sidco::runtime_error);
+}
+
 TEST_CASE("frames: gap codes read back as written, cut-short and overlong ones refused; narrowing to bfloat16 "
           "equals bfloat16(v) and back") {
   std::mt19937_64 rng(56);

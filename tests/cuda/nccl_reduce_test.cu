@@ -94,7 +94,7 @@ void exact_steps(const std::vector<ncclComm_t>& comms, const std::vector<float>&
     for (int r = 0; r < ranks; ++r) inputs[step].push_back(input_of<H>(gradient, r + 3 * int(step), delta));
     host_step(cores, inputs[step], n, step, dense_ref[step], residual_ref[step]);
   }
-  const std::string name = std::string(type) + (coding == comm::entry_coding::compact ? ", compact" : ", plain") +
+  const std::string name = std::string(type) + ", " + comm::coding_name(std::uint8_t(coding)) +
                            (exact_sizes ? ", exact sizes" : "");
   on_every_rank(ranks, [&](int r) {
     const std::string who = name + ", rank " + std::to_string(r) + ": ";
@@ -110,7 +110,7 @@ void exact_steps(const std::vector<ncclComm_t>& comms, const std::vector<float>&
              when + "residual has the host transports' bits");
       const auto plan = comm::plan_reduce<H, std::uint32_t>(layout, delta, 1.25, std::size_t(ranks));
       expect(report.ranks == ranks && report.target == plan.target && report.selected > 0, when + "report");
-      if ((coding == comm::entry_coding::compact || exact_sizes) && ranks > 1)
+      if ((comm::is_compact(coding) || exact_sizes) && ranks > 1)
         expect(report.bytes_sent < 2 * std::size_t(ranks - 1) * plan.format.bytes(), when + "messages shorter than blocks");
     }
   });
@@ -131,7 +131,8 @@ int main() {
   const std::size_t n = gradient.size();
   for (const auto& [coding, exact_sizes] : {std::pair{comm::entry_coding::plain, false},
                                              std::pair{comm::entry_coding::plain, true},
-                                             std::pair{comm::entry_coding::compact, false}}) {
+                                             std::pair{comm::entry_coding::compact, false},
+                                             std::pair{comm::entry_coding::compact8, false}}) {
     exact_steps<float>(comms, gradient, "float", coding, exact_sizes);
     exact_steps<__half>(comms, gradient, "__half", coding, exact_sizes);
     exact_steps<__nv_bfloat16>(comms, gradient, "__nv_bfloat16", coding, exact_sizes);

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -77,26 +78,29 @@ bool same_on_every_rank(const std::string& message) {
 }
 
 // How the blocks travel: flat at the fixed size, flat at the agreed head, in two hops, or in
-// two hops in the compact coding (values rounded to bfloat16, sent narrowed).
-enum class transfer { fixed, exact, two_hop, two_hop_compact };
+// two hops in the compact coding (values rounded to bfloat16, sent narrowed) or compact8
+// (values rounded to 8-bit codes, sent a byte each).
+enum class transfer { fixed, exact, two_hop, two_hop_compact, two_hop_compact8 };
 
 comm::exchange_options options_for(transfer how) {
   comm::exchange_options options;
   options.exact_sizes = how == transfer::exact;
-  const bool hops = how == transfer::two_hop || how == transfer::two_hop_compact;
+  const bool hops = how == transfer::two_hop || how == transfer::two_hop_compact || how == transfer::two_hop_compact8;
   options.schedule = hops ? comm::reduce_schedule::two_hop : comm::reduce_schedule::flat;
   if (how == transfer::two_hop_compact) options.coding = comm::entry_coding::compact;
+  if (how == transfer::two_hop_compact8) options.coding = comm::entry_coding::compact8;
   return options;
 }
 
 // What the two-hop schedule puts in messages: an 8-byte digest a message, a frame a payload
-// (the count's code, a selection's trimmed count's code, 4 bytes a value (a block's 2 in the
-// compact coding), the indices' gap code); what passes through an intermediate travels twice.
+// (the count's code, a selection's trimmed count's code, 4 bytes a value (2 in the compact
+// coding; 1 in compact8, after the scale's code), the indices' gap code); what passes through
+// an intermediate travels twice.
 // blocks[s][d]: the indices rank s sent rank d; owned[d]: those of d's selection.
 std::size_t frame_bytes(const std::vector<std::uint32_t>& indices, std::size_t trimmed, bool selection,
                         std::size_t value_bytes = 4) {
   return comm::detail::varint_bytes(2 * indices.size()) + (selection ? comm::detail::varint_bytes(trimmed) : 0) +
-         value_bytes * indices.size() +
+         value_bytes * indices.size() + (value_bytes == 1 && !indices.empty() ? 1 : 0) +
          comm::detail::gap_code_bytes<std::uint32_t>(std::span<const std::uint32_t>(indices));
 }
 
@@ -163,24 +167,37 @@ std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, in
     REQUIRE(std::is_sorted(global.begin(), global.end()));
     std::vector<char> kept(n, 0);
     for (auto i : global) kept[i] = 1;
+    std::vector<float> expected(n, 0.0f);
     for (std::size_t i = 0; i < n; ++i) {
-      if (!kept[i]) {
-        REQUIRE(dense[i] == 0.0f);
-        continue;
-      }
+      if (!kept[i]) continue;
       float sum = 0.0f;
       for (int r = 0; r < ranks; ++r) {
         const float v = contributions[std::size_t(r) * n + i];
         if (!std::isnan(v)) sum = sum + v;
       }
-      float expected = sum / float(ranks);
+      expected[i] = sum / float(ranks);
       if (options.coding == comm::entry_coding::compact) {  // narrowed, the rest carried by the owner
-        const float t = expected + carry[i];
-        expected = float(bfloat16(t));
-        carry[i] = t - expected;
+        const float t = expected[i] + carry[i];
+        expected[i] = float(bfloat16(t));
+        carry[i] = t - expected[i];
       }
-      REQUIRE(std::memcmp(&dense[i], &expected, sizeof(float)) == 0);
     }
+    if (options.coding == comm::entry_coding::compact8) {  // codes on the scale of the owner's largest update
+      const std::size_t p = std::size_t(ranks);
+      std::vector<std::vector<float>> totals(p);
+      for (const auto i : global) totals[comm::owner_of(i, p)].push_back(expected[i] + carry[i]);
+      std::vector<std::size_t> next(p, 0);
+      for (const auto i : global) {
+        const std::size_t owner = comm::owner_of(i, p);
+        const auto scale = comm::byte_scale<float>::of(totals[owner]);
+        const float t = totals[owner][next[owner]++];
+        std::uint8_t code;
+        float rounded;
+        expected[i] = scale.encode(t, code, rounded) ? rounded : std::fabs(t) < scale.decode(1) ? 0.0f : t;
+        carry[i] = t - expected[i];
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(std::memcmp(&dense[i], &expected[i], sizeof(float)) == 0);
     // Per rank, bitwise: residual + applied contribution = gradient + old residual.
     for (std::size_t i = 0; i < n; ++i) {
       const float applied = kept[i] && !std::isnan(mine[i]) ? mine[i] : 0.0f;
@@ -207,11 +224,13 @@ std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, in
     }
     std::vector<std::vector<std::uint32_t>> owners_indices(p);
     for (const auto i : global) owners_indices[comm::owner_of(i, p)].push_back(i);
-    if (how == transfer::two_hop || how == transfer::two_hop_compact) {
-      const bool compact = how == transfer::two_hop_compact;
-      CHECK(report.bytes_sent == two_hop_bytes(std::size_t(rank), blocks, owners_indices, compact ? 2 : 4));
+    if (how == transfer::two_hop || how == transfer::two_hop_compact || how == transfer::two_hop_compact8) {
+      const bool compact = how == transfer::two_hop_compact, bytes = how == transfer::two_hop_compact8;
+      CHECK(report.bytes_sent == two_hop_bytes(std::size_t(rank), blocks, owners_indices, bytes ? 1 : compact ? 2 : 4));
       if (compact)  // what this rank sent was rounded to bfloat16 (the rest is in its residual)
         for (const float v : sent.values()) REQUIRE(float(bfloat16(v)) == v);
+      if (bytes)  // ... or to 4 significant bits
+        for (const float v : sent.values()) REQUIRE((std::bit_cast<std::uint32_t>(v) & 0xfffffu) == 0);
       continue;
     }
     std::vector<std::size_t> owned(p, 0);
@@ -236,6 +255,7 @@ TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing l
   CHECK(run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::two_hop) == densities);
   // Rounded to bfloat16 and sent narrowed: other values, so other selections; every promise kept.
   run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::two_hop_compact);
+  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 6, false, transfer::two_hop_compact8);
   // The global selection aims at k = 400 (a few steps to adapt).
   std::vector<double> sorted(densities.begin() + 2, densities.end());
   std::sort(sorted.begin(), sorted.end());
@@ -249,6 +269,7 @@ TEST_CASE("exact Top-k owners; ranks selecting 3x the agreed density: blocks ove
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::exact);
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::two_hop);
   run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::two_hop_compact);
+  run_and_check<comm::owner_top_k>(MPI_COMM_WORLD, 30011, 0.02, 4, true, transfer::two_hop_compact8);
 }
 
 TEST_CASE("one rank alone, and tensors smaller than the rank count") {
@@ -265,11 +286,12 @@ using fixed_size = std::integral_constant<transfer, transfer::fixed>;
 using exact_size = std::integral_constant<transfer, transfer::exact>;
 using two_hops = std::integral_constant<transfer, transfer::two_hop>;
 using compact_two_hops = std::integral_constant<transfer, transfer::two_hop_compact>;
+using compact8_two_hops = std::integral_constant<transfer, transfer::two_hop_compact8>;
 
 // At exact sizes the failure's selections outgrow the blocks' head (the relayed message is
 // longer than the failed rank's reason): the second all-gather carries them whole.
 TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; every rank's sent entries go back", How,
-                   fixed_size, exact_size, two_hops, compact_two_hops) {
+                   fixed_size, exact_size, two_hops, compact_two_hops, compact8_two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
@@ -337,7 +359,7 @@ TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the st
 // At exact sizes and a density whose blocks are shorter than the error message, the failed
 // selection outgrows the blocks' head: the message arrives whole by the second all-gather.
 TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank raises it; the next steps work on every "
-                   "rank", How, fixed_size, exact_size, two_hops, compact_two_hops) {
+                   "rank", How, fixed_size, exact_size, two_hops, compact_two_hops, compact8_two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
   const double delta = How::value == transfer::exact ? 0.0005 : 0.01;
@@ -383,7 +405,7 @@ TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank r
 }
 
 TEST_CASE_TEMPLATE("an exchange destroyed between start() and wait() on one rank: every other rank's wait() raises, "
-                   "none hangs", How, fixed_size, exact_size, two_hops, compact_two_hops) {
+                   "none hangs", How, fixed_size, exact_size, two_hops, compact_two_hops, compact8_two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
   presets::sidco_e<> compressor;
@@ -523,7 +545,7 @@ TEST_CASE("blocking collectives (overlap = false) and two hops (the default) app
   });
 }
 
-TEST_CASE("the compact coding: flat (values at full width) and two hops (narrowed) apply the same bits; a rank "
+TEST_CASE("the compact codings: flat (values at full width) and two hops (narrowed) apply the same bits; a rank "
           "in another coding is refused by every rank's constructor") {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
@@ -550,19 +572,18 @@ TEST_CASE("the compact coding: flat (values at full width) and two hops (narrowe
     CHECK_MESSAGE(message.find("compact") != std::string::npos, message);
   else
     CHECK(message.empty());
-  // compact8 (a scale per payload) is the all-gather's: refused on every rank, with why.
-  message.clear();
-  try {
-    comm::exchange_options bytes = options_for(transfer::two_hop);
-    bytes.coding = comm::entry_coding::compact8;
-    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, bytes);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
-  CHECK(same_on_every_rank(message));
-  CHECK_MESSAGE(message.find("options.coding = compact8 (2): its 8-bit values take a scale per payload") !=
-                    std::string::npos,
-                message);
+  // compact8 alike: flat and two hops apply the same bits; a byte a value takes fewer bytes
+  // than compact's two.
+  comm::exchange_options flat8 = options_for(transfer::fixed);
+  flat8.coding = comm::entry_coding::compact8;
+  comm::sparse_reduce_exchange<float> wide8(MPI_COMM_WORLD, n, 0.01, flat8),
+      hops8(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop_compact8)),
+      hops16(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop_compact));
+  run_alike({&wide8, &hops8, &hops16}, n, [](const auto& dense, const auto& residuals, const auto& reports) {
+    REQUIRE(bits_equal(dense[0], dense[1]));
+    REQUIRE(bits_equal(residuals[0], residuals[1]));
+    if (size_of(MPI_COMM_WORLD) > 1) CHECK(reports[1].bytes_sent < reports[2].bytes_sent);  // a byte < two
+  });
 }
 
 TEST_CASE("ranks whose densities differ are refused by every rank's constructor") {

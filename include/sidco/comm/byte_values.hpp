@@ -14,6 +14,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -60,13 +61,13 @@ class byte_scale {
       if (bits < beyond) largest = std::max(largest, bits);
     }
     const std::int32_t top = largest == 0 ? lowest_top : exponent_of(largest);
-    return byte_scale(std::clamp(top, lowest_top, highest_top));
+    return made(std::clamp(top, lowest_top, highest_top));
   }
 
   /// The scale a payload names (receivers); nullopt outside the range a sender may name.
   static std::optional<byte_scale> named(std::int32_t top) {
     if (top < lowest_top || top > highest_top) return std::nullopt;
-    return byte_scale(top);
+    return made(top);
   }
 
   std::int32_t top() const { return top_; }
@@ -101,6 +102,16 @@ class byte_scale {
   static constexpr int dropped_bits = mantissa_bits - byte_value_mantissa_bits;
   static constexpr unsigned mantissa_mask = (1u << byte_value_mantissa_bits) - 1;
   static constexpr std::int32_t bias = std::numeric_limits<wide>::max_exponent - 1;
+
+  // The scale of top, its table from a small per-thread cache: building one takes 256
+  // ldexp calls, and a step frames many payloads whose tops are a few binades apart (the
+  // reduce exchange: two a block at 64 ranks, where building dominated the codec).
+  static byte_scale made(std::int32_t top) {
+    thread_local std::array<std::optional<byte_scale>, 16> cache;
+    auto& slot = cache[std::size_t(std::uint32_t(top) % cache.size())];
+    if (!slot || slot->top_ != top) slot.emplace(byte_scale(top));
+    return *slot;
+  }
 
   explicit byte_scale(std::int32_t top) : top_(top) {
     for (unsigned code = 0; code < 256; ++code) {

@@ -333,8 +333,8 @@ std::size_t round_for_compact(sparse_vector<T, Index>& sent, Sink& sink, Remaind
 /// For each entry of rounded (what round_for_compact left of unrounded, or a part of it;
 /// both ascending): where applied(index) holds (asked in ascending order), what rounding left
 /// off it, exactly (Sterbenz: rounded lies within a factor 2 of its value; nothing where
-/// compact values are T's own or the value is not finite: no step applies it); elsewhere its
-/// value before rounding, whole. Returns how many it gave back whole.
+/// 16-bit values were sent as they are or the value is not finite: no step applies it);
+/// elsewhere its value before rounding, whole. Returns how many it gave back whole.
 template <class T, class Index, class Applied, class Sink>
 std::size_t give_back_rounded(const sparse_vector<T, Index>& unrounded, const sparse_vector<T, Index>& rounded,
                               Applied&& applied, Sink& sink) {
@@ -350,8 +350,13 @@ std::size_t give_back_rounded(const sparse_vector<T, Index>& unrounded, const sp
       sidco::detail::fail("give_back_rounded: index ", i, " was not among the entries before rounding");
     const T v = before[u];
     if (applied(i)) {
-      if constexpr (!std::is_same_v<compact_value_t<T>, T>)
-        if (std::isfinite(double(v))) sink.give_back(i, T(v - values[j]));
+      if (!std::isfinite(double(v))) continue;
+      if constexpr (!std::is_same_v<compact_value_t<T>, T>) {
+        sink.give_back(i, T(v - values[j]));
+      } else if (std::memcmp(&v, &values[j], sizeof v) != 0) {  // 16-bit values: rounded by compact8 only
+        using wide = typename byte_scale<T>::wide;
+        sink.give_back(i, T(wide(v) - wide(values[j])));
+      }
     } else {
       sink.give_back(i, v);
       ++whole;

@@ -4,7 +4,7 @@
 //
 // Round 1 is a grouped ncclSend/ncclRecv of fixed-size blocks (one to each owner), round 2
 // one ncclAllGather of the owners' selections: both of fixed size, so no count exchange
-// comes first. In the compact coding (exchange_options::coding), or with
+// comes first. In the compact codings (exchange_options::coding), or with
 // exchange_options::exact_sizes, both rounds move messages of their own size instead
 // (comm/reduce/frames.hpp: values narrowed, indices gap-coded, round 1's led by the step's
 // digest, as the MPI two-hop and hook transports send them): each round's sizes go first
@@ -73,10 +73,11 @@ namespace sidco::comm {
 /// sent is only read: the entries its blocks could not hold, and those the global selection
 /// left out, are written back into residual (when given), so that per rank, bit for bit,
 /// residual + applied contribution = gradient + old residual. With options.coding =
-/// entry_coding::compact the values a rank sends are rounded to half their width (what
-/// rounding takes off goes into residual), each owner's updates too (the rest in its carry,
-/// which save_state keeps), and both rounds move messages of their own size (top of this
-/// file), as they do with options.exact_sizes in the plain coding. Not thread-safe.
+/// entry_coding::compact the values a rank sends are rounded to half their width
+/// (compact8: to 8-bit codes; what rounding takes off goes into residual), each owner's
+/// updates too (the rest in its carry, which save_state keeps), and both rounds move
+/// messages of their own size (top of this file), as they do with options.exact_sizes in
+/// the plain coding. Not thread-safe.
 template <class T, class Index = std::uint32_t, class Policy = owner_sidco_e>
 class nccl_reduce_exchange {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
@@ -114,7 +115,7 @@ class nccl_reduce_exchange {
       mine = setup_of<H, Index>(layout, core_.plan().format, core_.fields(0), options.slack);
       mine.coding = std::uint8_t(options.coding);
       mine.exact_sizes = options.exact_sizes;
-      framed_ = options.exact_sizes || options.coding == entry_coding::compact;
+      framed_ = options.exact_sizes || is_compact(options.coding);
     } catch (const std::exception& e) {
       mine = failed_setup(e, options.tag);
     }

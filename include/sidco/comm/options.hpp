@@ -11,7 +11,7 @@ namespace sidco::comm {
 /// compact (comm/compact.hpp: values narrowed to half their width, what rounding takes back
 /// into the residual; indices coded: about 3 bytes an entry at 1%, where plain ones take 8)
 /// or compact8 (the same with 8-bit values on a scale each payload shares:
-/// comm/byte_values.hpp; about 2 bytes an entry; the all-gather exchanges only).
+/// comm/byte_values.hpp; about 2 bytes an entry).
 enum class entry_coding : std::uint8_t { plain = 0, compact = 1, compact8 = 2 };
 
 /// Whether a coding is one of the compact ones (coded indices, narrowed values).

@@ -1,7 +1,8 @@
-// An owner's carry in the reduce-scatter exchange's compact coding: the owners' sums travel
-// narrowed too (float as bfloat16), and what narrowing leaves off an update stays with its
-// owner, added to that index's update the next time the owner keeps it. Per kept index i,
-// with u the update by the sum rule and c[i] the carry:
+// An owner's carry in the reduce-scatter exchange's compact codings: the owners' sums travel
+// narrowed too (compact: float as bfloat16; compact8: a byte each on the scale of the
+// owner's largest update, comm/byte_values.hpp), and what narrowing leaves off an update
+// stays with its owner, added to that index's update the next time the owner keeps it. Per
+// kept index i, with u the update by the sum rule and c[i] the carry:
 //
 //   t = u + c[i] (rounded once to T, as the update itself is); sent = t narrowed to
 //   nearest; c[i] = t - sent, exact (Sterbenz: sent lies within a factor 2 of t).
@@ -9,24 +10,28 @@
 // So sent + the new carry is t, bit for bit, and no rank's residual takes another's
 // rounding: a rank's residual + its applied contribution is still its gradient + its old
 // residual. A t that does not narrow (beyond the narrow type's range, or below it) is sent
-// as it is, its carry then 0 (its frame travels whole); a u + c[i] that overflows leaves the
-// carry for later and sends u. The carry is dense (the owner's indices only are ever
-// nonzero: a hash spreads them), made on the first step that needs it, saved with the
-// exchange's state (nonzero entries: 8 bytes each for float) and put back when a step fails.
-// The plain coding makes no carry but applies one it loaded (a wire switched mid-run), so
-// nothing is left behind.
+// as it is, its carry then 0 (its frame travels whole), except in compact8, where a t below
+// the scale's range (under 2^-15 of the largest) is sent as 0 and carried whole; a u + c[i]
+// that overflows leaves the carry for later and sends u. The carry is dense (the owner's
+// indices only are ever nonzero: a hash spreads them), made on the first step that needs
+// it, saved with the exchange's state (nonzero entries: 8 bytes each for float) and put back
+// when a step fails. The plain coding makes no carry but applies one it loaded (a wire
+// switched mid-run), so nothing is left behind.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "sidco/comm/byte_values.hpp"
 #include "sidco/comm/compact.hpp"
+#include "sidco/comm/options.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
 #include "sidco/core/state_io.hpp"
@@ -38,7 +43,7 @@ class owner_carry {
   using N = compact_value_t<T>;
 
  public:
-  /// Whether T has a narrower type to send (16-bit values do not: they never carry).
+  /// Whether compact narrows T (16-bit values it sends as they are; compact8 narrows every T).
   static constexpr bool narrows = !std::is_same_v<N, T>;
 
   /// The carry per index of the dense size (empty: none made yet, all zero).
@@ -46,36 +51,52 @@ class owner_carry {
   bool empty() const { return values_.empty(); }
 
   /// Adds the carry to each update of an ok selection payload (format: plain; the owner's)
-  /// and, when narrow, rounds it to N, keeping the rest as the new carry; the payload then
-  /// holds what is applied. Remembers what it changed until commit() or restore().
-  void apply(std::span<std::byte> selection, const wire_format& format, std::size_t dense_size, bool narrow) {
+  /// and rounds it for coding (plain: not at all), keeping the rest as the new carry; the
+  /// payload then holds what is applied. Remembers what it changed until commit() or restore().
+  void apply(std::span<std::byte> selection, const wire_format& format, std::size_t dense_size, entry_coding coding) {
     undo_.clear();
-    if constexpr (narrows) {
-      if (!narrow && values_.empty()) return;
-      const wire_header h = detail::read_header(selection);
-      if (h.status != std::uint8_t(wire_status::ok)) return;
-      const std::size_t count = std::size_t(h.count);
-      if (values_.empty()) values_.assign(dense_size, T(0));
-      const std::byte* indices = selection.data() + format.indices_offset();
-      std::byte* updates = selection.data() + format.values_offset(count);
+    const bool bytes = coding == entry_coding::compact8, rounds = bytes || (coding == entry_coding::compact && narrows);
+    if (!rounds && values_.empty()) return;
+    const wire_header h = detail::read_header(selection);
+    if (h.status != std::uint8_t(wire_status::ok)) return;
+    const std::size_t count = std::size_t(h.count);
+    if (values_.empty()) values_.assign(dense_size, T(0));
+    const std::byte* indices = selection.data() + format.indices_offset();
+    std::byte* updates = selection.data() + format.values_offset(count);
+    using wide = typename byte_scale<T>::wide;
+    const auto total = [&](std::size_t j, T& u, T& old) {
+      std::memcpy(&u, updates + j * sizeof u, sizeof u);
+      old = values_[std::size_t(detail::index_at<Index>(indices + j * sizeof(Index)))];
+      return T(wide(u) + wide(old));  // rounded once to T, as the update is
+    };
+    std::optional<byte_scale<T>> scale;
+    if (bytes) {  // the scale of the owner's largest update (byte_scale::of skips what is not finite)
+      totals_.resize(count);
       for (std::size_t j = 0; j < count; ++j) {
-        const auto index = std::size_t(detail::index_at<Index>(indices + j * sizeof(Index)));
-        T u;
-        std::memcpy(&u, updates + j * sizeof u, sizeof u);
-        const T old = values_[index];
-        const T t = u + old;
-        if (!std::isfinite(double(t))) continue;  // u sent as it is; the carry waits
-        T sent = t, rounded;
-        if (narrow && round_to_compact(t, rounded)) sent = rounded;
-        const T carried = t - sent;
-        if (std::memcmp(&carried, &old, sizeof old) != 0) {
-          undo_.emplace_back(Index(index), old);
-          values_[index] = carried;
-        }
-        std::memcpy(updates + j * sizeof sent, &sent, sizeof sent);
+        T u, old;
+        totals_[j] = total(j, u, old);
       }
-    } else {
-      (void)selection, (void)format, (void)dense_size, (void)narrow;
+      scale = byte_scale<T>::of(std::span<const T>(totals_));
+    }
+    for (std::size_t j = 0; j < count; ++j) {
+      const auto index = std::size_t(detail::index_at<Index>(indices + j * sizeof(Index)));
+      T u, old;
+      const T t = total(j, u, old);
+      if (!std::isfinite(double(t))) continue;  // u sent as it is; the carry waits
+      T sent = t, rounded;
+      if (scale) {
+        std::uint8_t code;
+        if (scale->encode(t, code, rounded)) sent = rounded;
+        else if (below_codes(*scale, t)) sent = T(0);
+      } else if (rounds && round_to_compact(t, rounded)) {
+        sent = rounded;
+      }
+      const T carried = T(wide(t) - wide(sent));  // exact (Sterbenz; 0 where sent is t)
+      if (std::memcmp(&carried, &old, sizeof old) != 0) {
+        undo_.emplace_back(Index(index), old);
+        values_[index] = carried;
+      }
+      std::memcpy(updates + j * sizeof sent, &sent, sizeof sent);
     }
   }
 
@@ -92,9 +113,9 @@ class owner_carry {
   /// 2: two words each, the index and the value as a double, exact for every T sidco sends),
   /// then the entries, ascending.
   void save(state_writer& out) const {
-    if constexpr (narrows) {
+    {
       std::size_t nonzero = 0;
-      for (const T c : values_) nonzero += c != T(0);
+      for (const T c : values_) nonzero += nonzero_value(c);
       const bool packed = std::is_same_v<T, float> && values_.size() <= (std::size_t(1) << 32);
       out.word(nonzero);
       out.word(packed ? 1 : 2);
@@ -112,11 +133,8 @@ class owner_carry {
           state_writer::put_word(slot, i);
           state_writer::put_word(slot + 8, sidco::detail::bit_cast<std::uint64_t>(double(c)));
         }
-        written += c != T(0);
+        written += nonzero_value(c);
       }
-    } else {
-      out.word(0);
-      out.word(1);
     }
   }
   /// Reads what save wrote (either layout, whatever T wrote it) for dense_size values;
@@ -129,7 +147,7 @@ class owner_carry {
       sidco::detail::fail("reduce exchange state: ", count, " carried entries for ", dense_size, " values");
     if (layout != 1 && layout != 2)
       sidco::detail::fail("reduce exchange state: the carry's layout is ", layout, ", neither 1 nor 2");
-    if constexpr (narrows) {
+    {
       std::vector<T> loaded;
       if (count > 0) loaded.assign(dense_size, T(0));
       std::uint64_t next = 0;
@@ -154,14 +172,26 @@ class owner_carry {
         next = index + 1;
       }
       values_ = std::move(loaded);
-    } else if (count > 0) {
-      sidco::detail::fail("reduce exchange state: ", count, " carried entries for 16-bit values, which never carry");
     }
     undo_.clear();
   }
 
  private:
+  // Whether c is not zero (16-bit types compare as float; float and double as they are,
+  // which vectorizes the snapshot's scan).
+  static bool nonzero_value(T c) {
+    if constexpr (narrows) return c != T(0);
+    else return float(c) != 0.0f;
+  }
+
+  // Whether t lies below every code of scale (compact8 sends it as 0, its carry whole).
+  static bool below_codes(const byte_scale<T>& scale, T t) {
+    using wide = typename byte_scale<T>::wide;
+    return std::fabs(wide(t)) < wide(scale.decode(1));
+  }
+
   std::vector<T> values_;
+  std::vector<T> totals_;                  // this step's t per kept entry
   std::vector<std::pair<Index, T>> undo_;  // this step's changes: index, carry before
 };
 

@@ -13,9 +13,9 @@
 //           residual. Per rank, bitwise: residual + applied contribution = gradient + old
 //           residual.
 //
-// In the compact coding both rounds' values are narrowed: a rank's sent values (the rest
-// into its residual) and an owner's updates (the rest into the owner's carry,
-// comm/reduce/carry.hpp, added the next time it keeps the index).
+// In the compact codings (compact, compact8) both rounds' values are narrowed: a rank's sent
+// values (the rest into its residual) and an owner's updates (the rest into the owner's
+// carry, comm/reduce/carry.hpp, added the next time it keeps the index).
 //
 // Every rank sends about 2 (P - 1) c (8 bytes) + 2 (P - 1) x 64-byte headers a step: about
 // 2 slack 8k, whatever P. A step commits only when every rank has agreed it: a problem on any
@@ -73,13 +73,9 @@ class reduce_core {
         options_(options),
         policy_(std::move(policy)) {
     check_trim_limit(options.trim_limit);
-    if (options.coding == entry_coding::compact8)
-      sidco::detail::fail("reduce-scatter exchange: options.coding = compact8 (2): its 8-bit values take a scale per ",
-                          "payload, which an owner's relayed sums do not keep; the all-gather exchanges send it, ",
-                          "this one plain (0) or compact (1)");
-    if (options.coding != entry_coding::plain && options.coding != entry_coding::compact)
+    if (options.coding != entry_coding::plain && !is_compact(options.coding))
       sidco::detail::fail("reduce-scatter exchange: options.coding = ", int(options.coding),
-                          ", neither plain (0) nor compact (1)");
+                          ", neither plain (0), compact (1) nor compact8 (2)");
     if (plan_.size > sparse_vector<T, Index>::max_dense_size)
       sidco::detail::fail("reduce-scatter exchange: ", plan_.size, " values exceed the ", 8 * sizeof(Index),
                           "-bit index range");
@@ -89,8 +85,10 @@ class reduce_core {
   const reduce_plan& plan() const { return plan_; }
   /// compact: pack() rounds what a rank sends to compact_value_t<T> (the rest into its
   /// residual) and select() an owner's updates (the rest into its carry), so that transports
-  /// that frame payloads (comm/reduce/frames.hpp) send the values narrowed; payloads stay in
-  /// the plain format, and the update is the same bits whatever carries them.
+  /// that frame payloads (comm/reduce/frames.hpp) send the values narrowed; compact8 rounds
+  /// both to byte codes (comm/byte_values.hpp: a rank's on the scale of its largest value, an
+  /// owner's on its largest update's), which frames send a byte each. Payloads stay in the
+  /// plain format, and the update is the same bits whatever carries them.
   entry_coding coding() const { return options_.coding; }
   std::size_t block_bytes() const { return plan_.format.bytes(); }
   /// The last global selection's indices and updates (ascending; the same on every rank).
@@ -122,7 +120,7 @@ class reduce_core {
       checked = true;
       // What rounding leaves off each entry goes to sink in apply, once the owners have kept it.
       host_residual<T> later;
-      const std::size_t rounded_off = compact() ? round_for_compact(sent, sink, later) : 0;
+      const std::size_t rounded_off = compact() ? round_for_compact(sent, sink, later, options_.coding) : 0;
       report_.trimmed = returning(sink, [&](auto& back) { return pack_blocks(sent, plan_, fields_, back, blocks); });
       check_trimmed(report_.trimmed, sent.size() + report_.trimmed, options_.trim_limit, delta_);
       report_.trimmed += rounded_off;  // values below the narrow type's range: not a capacity's doing
@@ -157,7 +155,7 @@ class reduce_core {
     } else {
       save_owner();
       select_owned<T, Index>(received, rank_, plan_, fields_, policy_, selection, report_, scratch_);
-      carry_.apply(selection, plan_.format, plan_.size, compact());
+      carry_.apply(selection, plan_.format, plan_.size, options_.coding);
     }
     report_.selection_bytes = used_bytes(selection, plan_.format);
   }
@@ -233,7 +231,7 @@ class reduce_core {
     packed_.clear(plan_.size);
   }
 
-  bool compact() const { return options_.coding == entry_coding::compact; }
+  bool compact() const { return is_compact(options_.coding); }
 
   // In the compact coding an entry given back whole (over a capacity, or the step failed)
   // gets its value from before the rounding (sink assigns), not what rounding kept of it, so

@@ -9,19 +9,22 @@
 // of entries and 4-byte words would be a fifth of the bytes. Anything else (a failure and
 // its message, a header a rank cannot rebuild) travels whole, as the used prefix of the
 // payload. In the compact coding (comm/options.hpp) values travel narrowed (comm/compact.hpp's
-// compact_value_t: float as bfloat16), which is lossless because the reduce core rounded them
-// so: a block's before packing (the rest went back into the residual), an owner's updates
-// when it selected (the rest into its carry, comm/reduce/carry.hpp); a value that does not
-// narrow exactly sends the frame whole. Each message starts with an 8-byte digest of its
-// sender's header fields, so that a rank at another step or tensor is caught by the first
-// rank that hears from it; what it sent then arrives as a failure naming it.
+// compact_value_t: float as bfloat16), in compact8 as one byte each after the frame's scale
+// (comm/byte_values.hpp; a zero update as the code 0x80, which no value takes), which is
+// lossless because the reduce core rounded them so: a block's before packing (the rest went
+// back into the residual), an owner's updates when it selected (the rest into its carry,
+// comm/reduce/carry.hpp); a value that does not narrow exactly sends the frame whole. Each
+// message starts with an 8-byte digest of its sender's header fields, so that a rank at
+// another step or tensor is caught by the first rank that hears from it; what it sent then
+// arrives as a failure naming it.
 //
-//   frame:   code(2·count)      | code(trimmed) (selections) | values | gap codes
+//   frame:   code(2·count)      | code(trimmed) (selections) | [code(scale)] values | gap codes
 //            code(2·length + 1) | the payload's first length bytes
 // A frame is never longer than its whole form: at most max_frame_bytes(format).
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "sidco/comm/agree.hpp"
+#include "sidco/comm/byte_values.hpp"
 #include "sidco/comm/compact.hpp"
 #include "sidco/comm/wire.hpp"
 #include "sidco/core/error.hpp"
@@ -51,16 +55,17 @@ std::uint64_t fields_digest(const wire_fields& fields, std::size_t dense_size, c
 }
 
 /// What a frame carries beyond the count and entries: a selection's trimmed count; values
-/// narrowed (the compact coding's blocks).
+/// narrowed (the compact coding's) or as byte codes on a scale (compact8's).
 struct frame_kind {
   bool with_trimmed = false;
   bool narrow_values = false;
+  bool byte_values = false;
 };
 
-/// The reduce exchange's frames: values narrowed in the compact coding; an owner's selection
-/// with its trimmed count.
+/// The reduce exchange's frames: values narrowed in the compact coding, in a byte each in
+/// compact8; an owner's selection with its trimmed count.
 inline frame_kind frame_kind_for(bool selection, entry_coding coding) {
-  return frame_kind{selection, coding == entry_coding::compact};
+  return frame_kind{selection, coding == entry_coding::compact, coding == entry_coding::compact8};
 }
 
 /// The most bytes a frame of a payload of format takes (a whole payload behind its code).
@@ -68,7 +73,7 @@ inline std::size_t max_frame_bytes(const wire_format& format) { return 10 + form
 
 /// The bytes of one value in a frame of kind.
 inline std::size_t frame_value_bytes(const wire_format& format, frame_kind kind) {
-  return kind.narrow_values ? compact_value_bytes(format.value_bytes) : format.value_bytes;
+  return kind.byte_values ? 1 : kind.narrow_values ? compact_value_bytes(format.value_bytes) : format.value_bytes;
 }
 
 namespace detail {
@@ -114,6 +119,61 @@ inline void append_code(std::vector<std::byte>& out, std::uint64_t v) {
   append_bytes(out, code, std::size_t(put_varint(v, code) - code));
 }
 
+/// The byte code a frame sends a zero update as: a negative marker, which no value codes to.
+inline constexpr std::uint8_t zero_byte_code = 0x80;
+
+/// A scale's top as an unsigned code (zigzag: small magnitudes, one byte).
+inline std::uint64_t zigzag(std::int32_t v) { return (std::uint32_t(v) << 1) ^ std::uint32_t(v >> 31); }
+inline std::int64_t unzigzag(std::uint64_t v) { return std::int64_t(v >> 1) ^ -std::int64_t(v & 1); }
+
+/// Appends count T values at from as compact8 codes: the scale of their largest (its top's
+/// code), then a byte each; false when some value has no code that stands for it bit for bit
+/// (not rounded for compact8, or not finite; out is then partly written).
+template <class T>
+bool append_byte_values(const std::byte* from, std::size_t count, std::vector<T>& scratch,
+                        std::vector<std::byte>& out) {
+  scratch.resize(count);
+  std::memcpy(scratch.data(), from, count * sizeof(T));
+  const auto scale = byte_scale<T>::of(std::span<const T>(scratch));
+  append_code(out, zigzag(scale.top()));
+  const std::size_t at = out.size();
+  out.resize(at + count);
+  const T zero(0);
+  for (std::size_t j = 0; j < count; ++j) {
+    const T v = scratch[j];
+    std::uint8_t code = zero_byte_code;
+    if (std::memcmp(&v, &zero, sizeof v) != 0) {
+      T rounded;
+      if (!std::isfinite(double(v)) || !scale.encode(v, code, rounded) || std::memcmp(&rounded, &v, sizeof v) != 0)
+        return false;
+    }
+    out[at + j] = std::byte{code};
+  }
+  return true;
+}
+
+/// Writes count compact8 codes at from as T values on the scale of top (one a payload may
+/// name) into values.
+template <class T>
+void decode_byte_values(const std::byte* from, std::size_t count, std::int32_t top, std::byte* values) {
+  const auto scale = *byte_scale<T>::named(top);
+  for (std::size_t j = 0; j < count; ++j) {
+    const auto code = std::uint8_t(from[j]);
+    const T v = code == zero_byte_code ? T(0) : scale.decode(code);
+    std::memcpy(values + j * sizeof(T), &v, sizeof v);
+  }
+}
+
+/// A frame whose scale no payload of T may name (damaged) read as a failure naming it.
+template <class T, class Index>
+[[gnu::noinline, gnu::cold]] void pack_scale_failure(std::int64_t top, const wire_header& header,
+                                                     const wire_format& format, std::span<std::byte> payload) {
+  const runtime_error reason(sidco::detail::message("a frame named the 8-bit values' scale 2^", top,
+                                                    ", outside the value type's (damaged in transit?)"));
+  pack_failure<T, Index>(reason, std::size_t(header.dense_size),
+                         wire_fields{header.tag, header.sequence, header.delta, reduction(header.op)}, format, payload);
+}
+
 /// Reads the code at bytes[at] into v and moves at past it; false when bytes end inside it
 /// or it is longer than a 64-bit number's (damaged).
 inline bool take_code(std::span<const std::byte> bytes, std::size_t& at, std::uint64_t& v) {
@@ -148,7 +208,10 @@ void append_frame(std::span<const std::byte> payload, const wire_format& format,
   detail::append_code(out, 2 * std::uint64_t(count));
   if (kind.with_trimmed) detail::append_code(out, h.trimmed);
   const std::byte* values = payload.data() + format.values_offset(count);
-  if (kind.narrow_values && !std::is_same_v<N, T>) {
+  if (kind.byte_values) {
+    thread_local std::vector<T> scratch;
+    if (count > 0 && !detail::append_byte_values<T>(values, count, scratch, out)) return append_whole();
+  } else if (kind.narrow_values && !std::is_same_v<N, T>) {
     const std::size_t at = out.size();
     out.resize(at + count * sizeof(N));
     if (!detail::narrow_exactly<T>(values, count, out.data() + at)) return append_whole();  // not rounded for it
@@ -201,6 +264,10 @@ inline std::size_t frame_length(std::span<const std::byte> bytes, const wire_for
   const std::uint64_t count = head >> 1;
   if (count > format.capacity) return 0;
   if (kind.with_trimmed && !detail::take_code(bytes, length, trimmed)) return 0;
+  if (kind.byte_values && count > 0) {
+    std::uint64_t top = 0;
+    if (!detail::take_code(bytes, length, top) || top > 0xffffffffu) return 0;  // read_frame checks its range
+  }
   const std::size_t values = std::size_t(count) * frame_value_bytes(format, kind);
   if (values > bytes.size() - length) return 0;
   length += values;
@@ -230,13 +297,22 @@ void read_frame(std::span<const std::byte> frame, const wire_header& header, con
   }
   const std::size_t count = std::size_t(head >> 1);
   if (kind.with_trimmed) detail::take_code(frame, at, trimmed);
+  std::uint64_t top = 0;  // compact8: the scale's top, its code
+  if (kind.byte_values && count > 0) {
+    detail::take_code(frame, at, top);
+    if (!byte_scale<T>::named(std::int32_t(detail::unzigzag(top))))
+      return detail::pack_scale_failure<T, Index>(detail::unzigzag(top), header, format, payload);
+  }
   wire_header h = header;
   h.count = count;
   h.trimmed = trimmed;
   std::memset(payload.data(), 0, payload.size());
   detail::write_header(h, payload);
   std::byte* values = payload.data() + format.values_offset(count);
-  if (kind.narrow_values && !std::is_same_v<N, T>) {
+  if (kind.byte_values && count > 0) {
+    detail::decode_byte_values<T>(frame.data() + at, count, std::int32_t(detail::unzigzag(top)), values);
+    at += count;
+  } else if (kind.narrow_values && !std::is_same_v<N, T>) {
     for (std::size_t j = 0; j < count; ++j, at += sizeof(N)) {
       N narrowed;
       std::memcpy(&narrowed, frame.data() + at, sizeof narrowed);
