@@ -39,7 +39,7 @@ class _Bucket:
         self.dtype = dtype
         self.device = device
         self.exchange = exchange
-        self.wire = wire  # "plain", "compact" or (the all-gather) "compact8"
+        self.wire = wire  # "plain", "compact" or "compact8"
         # What it compresses at (this step's density) and plans capacity for (the agreed one).
         self.density, self.capacity_density = state._step_density, state._verified
         numel = sum(sizes)
@@ -242,7 +242,7 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     to every rank, staged (staged.py): the phases are posted at this and the step's later hook
     calls, never waited for in this one, and the decode runs in the future's then() (local
     work only). CPU buckets move flat (_framed_stages) or in two hops (_two_hop_stages, by
-    State.schedule_for); CUDA buckets move flat, in the compact coding framed, in the plain
+    State.schedule_for); CUDA buckets move flat, in the compact codings framed, in the plain
     one at the heads the longest block uses (_plain_head_stages)."""
     buffer = bucket.buffer()
     blocks = _encode(state, bucket, b, iteration, problem, torch.ops.sidco.reduce_encode,
@@ -254,7 +254,7 @@ def _reduce(state, bucket, b, group, iteration, problem, started):
     moved = {"unpack": lambda: None}  # what the last phase leaves the decode
     if blocks.device.type == "cpu" and state.schedule_for(len(b.inbox)) == "two-hop":
         stages = _two_hop_stages(state, b, buffer, group, blocks, encoded - started, stats, moved, bucket.index())
-    elif blocks.device.type == "cpu" or b.wire == "compact":
+    elif blocks.device.type == "cpu" or b.wire in ("compact", "compact8"):
         stages = _framed_stages(state, b, buffer, group, blocks, encoded - started, stats, moved)
     else:
         stages = _plain_head_stages(state, b, buffer, group, blocks, encoded - started, stats, moved)

@@ -66,8 +66,8 @@ def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, ra
                   device="cpu", order=None, wire="plain"):
     """A bucket's side of the reduce-scatter exchange on its device (capacity as _codec's);
     order: the exchange's order of the layers (order[c] is the layer at position c; None: the
-    bucket's); wire: "plain" or "compact" (values rounded to half their width and sent
-    narrowed in round 1, CPU buckets)."""
+    bucket's); wire: "plain", "compact" (values rounded to half their width and sent
+    narrowed in both rounds' frames) or "compact8" (rounded to 8-bit codes, a byte each)."""
     if dtype not in _DTYPES:
         raise TypeError(f"sidco_torch: dtype {dtype} is not one of {', '.join(map(str, _DTYPES))}")
     return torch.classes.sidco.ReduceCodec(method, _options_dict(options), [int(n) for n in layer_sizes],

@@ -152,10 +152,12 @@ class State(_Checkpoints, _Agreement):
     buckets too, by either exchange (their payloads are packed, and their messages framed,
     on the host; not yet run on a GPU). "auto" (the default): timed
     against plain in the first sparse steps, the most precise within 3% of the fastest kept
-    (see wire_for); plain on CUDA buckets. "compact8" (the all-gather exchange only): as compact, with each value in one byte
+    (see wire_for); plain on CUDA buckets. "compact8": as compact, with each value in one byte
     (4 significant bits on a scale each payload shares: its largest value's binade and the
-    15 below; what rounding takes off, or a value below that range, stays in the residual):
-    2-2.5 bytes an entry. "auto" times it too, against the all-gather's other wires.
+    15 below; what rounding takes off, or a value below that range, stays in the residual;
+    in the reduce exchange an owner's update below its scale's range is sent as 0 and kept
+    whole in its carry): 2-2.5 bytes an entry. "auto" times it against the all-gather's
+    other wires, not with the reduce exchange (named, it runs with either).
 
     reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
@@ -202,9 +204,6 @@ class State(_Checkpoints, _Agreement):
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
         if wire not in _WIRES:
             raise ValueError(f"sidco_torch.State: wire = {wire!r} is not one of {', '.join(map(repr, _WIRES))}")
-        if wire == "compact8" and exchange == "reduce":
-            raise ValueError("sidco_torch.State: wire = 'compact8' is for the all-gather exchange; exchange = "
-                             "'reduce' sends 'plain' or 'compact' entries")
         if reduce_schedule not in _REDUCE_SCHEDULES:
             raise ValueError(f"sidco_torch.State: reduce_schedule = {reduce_schedule!r} is not one of "
                              f"{', '.join(map(repr, _REDUCE_SCHEDULES))}")
@@ -375,10 +374,11 @@ class State(_Checkpoints, _Agreement):
         return exchanges, wires
 
     def _candidates(self, world, device_type):
-        """The (exchange, wire) pairs of _choices, in the probe's order (compact8 with the
-        all-gather only)."""
+        """The (exchange, wire) pairs of _choices, in the probe's order (wire "auto" times
+        compact8 with the all-gather only)."""
         exchanges, wires = self._choices(world, device_type)
-        return tuple((e, w) for w in wires for e in exchanges if not (e == "reduce" and w == "compact8"))
+        return tuple((e, w) for w in wires for e in exchanges
+                     if not (e == "reduce" and w == "compact8" and self.wire == "auto"))
 
     def _configuration(self, world, device_type):
         """This step's (exchange, wire)."""
@@ -572,7 +572,7 @@ class State(_Checkpoints, _Agreement):
         P - 1 sizes, on CUDA buckets at the heads the ranks agreed; in two hops, the messages of
         both rounds, forwarded frames included), bytes_per_entry (bytes_sent
         over selected), wire
-        ("plain" or "compact"), element_size (a value's bytes), failed, exchange ("allgather" or
+        ("plain", "compact" or "compact8"), element_size (a value's bytes), failed, exchange ("allgather" or
         "reduce"), dense_values (with dense_parameters: the values all-reduced densely beside the
         exchange, their bytes in bytes_sent); with
         "reduce" also schedule ("flat" or "two-hop"), union_density (the owners' reduced entries

@@ -10,13 +10,13 @@
   gets back what this rank sent, as on the CPU;
 - the reduce-scatter exchange's codecs, three ranks' in one process, on the bundled real
   gradients with error feedback, per layer, float32 and float16, owners by SIDCo-E and by
-  Top-k, blocks that trim, plain and compact entries (compact: both rounds through the
-  messages the hook sends, framed on the host by the CUDA codec): every block, every
+  Top-k, blocks that trim, plain, compact and compact8 entries (compact ones: both rounds
+  through the messages the hook sends, framed on the host by the CUDA codec): every block, every
   message, every owner's selection, the update and the residuals equal the CPU codecs', bit
   for bit, step by step (the regions move on as in training); a rank that fails: every rank
   raises the same error, and each residual gets back what its rank sent, as on the CPU;
 - 2-rank DDP steps with the hook on CUDA buckets (NCCL with 2 GPUs, else gloo on one), by
-  all-gather (plain, compact and compact8 entries) and by reduce-scatter (plain and compact):
+  all-gather and by reduce-scatter (plain, compact and compact8 entries each):
   every rank ends with the same averaged gradients, all sent sparse."""
 import os
 import sys
@@ -133,13 +133,13 @@ def reduce_codecs_agree(owner, dtype, wire="plain", devices=("cpu", "cuda"), ran
                 blocks = [ops.reduce_encode(g[r].to(device), res[r], cs[r], 7, step).clone() for r in range(ranks - 1)]
                 blocks.append(ops.reduce_encode_failure(g[-1].to(device), cs[-1], "out of memory", 7, step).clone())
             messages = []
-            if wire == "compact":
+            if wire != "plain":
                 received, messages = framed_blocks(blocks, cs, block, device)
             else:
                 received = [torch.cat([b[o * block:(o + 1) * block] for b in blocks]) for o in range(ranks)]
             selections = [ops.reduce_select(received[o], torch.zeros(n, dtype=dtype, device=device), res[o],
                                             cs[o]).clone() for o in range(ranks)]
-            if wire == "compact":
+            if wire != "plain":
                 inboxes, sent = framed_selections(selections, cs, block, device)
                 messages += sent
             else:
@@ -160,14 +160,14 @@ def reduce_codecs_agree(owner, dtype, wire="plain", devices=("cpu", "cuda"), ran
             assert torch.equal(gpu[1][r].cpu(), cpu[1][r].cpu()), f"{what}: owner {r}'s selection differs"
             assert torch.equal(gpu[2][r].cpu(), cpu[2][r].cpu()), f"{what}: rank {r}'s update differs"
             assert torch.equal(residuals[1][r].cpu(), residuals[0][r].cpu()), f"{what}: rank {r}'s residual differs"
-        assert len(gpu[4]) == len(cpu[4]) == (3 * ranks if wire == "compact" else 0), what
+        assert len(gpu[4]) == len(cpu[4]) == (3 * ranks if wire != "plain" else 0), what
         for x, y in zip(gpu[4], cpu[4]):  # the messages (and, round 1, their sizes), byte for byte
             assert torch.equal(x.cpu(), y.cpu()), f"{what}: the messages differ"
         assert gpu[3] == cpu[3], f"{what}: errors {gpu[3]} on {devices[1]}, {cpu[3]} on {devices[0]}"
         if step < 3:
             assert not cpu[3] and bool((cpu[2][0] != 0).any()), f"{what}: {cpu[3]}"
             trimmed += sum(int(c.report()["trimmed"]) for c in codecs[1])
-            if wire == "compact":  # 2-byte values and gap codes: a few bytes an entry where plain takes 8
+            if wire != "plain":  # 1- or 2-byte values and gap codes: a few bytes an entry where plain takes 8
                 framed = sum(m.numel() for m in cpu[4][:2 * ranks:2])
                 entries = sum(int(c.report()["selected"] - c.report()["trimmed"]) for c in codecs[0])
                 assert framed < 4.0 * entries, f"{what}: {framed} bytes framed for {entries} entries"
@@ -200,14 +200,14 @@ def main():
                 print(f"{method} {dtype} {wire}: CUDA codec equals the CPU codec ({trimmed} entries trimmed)")
     for owner in ("sidco-e-exact", "top-k"):
         for dtype in (torch.float32, torch.float16):
-            for wire in ("plain", "compact"):
+            for wire in ("plain", "compact", "compact8"):
                 trimmed = reduce_codecs_agree(owner, dtype, wire)
                 assert trimmed > 0, f"owner {owner} {dtype} {wire}: no block trimmed, the test checks less than it says"
                 print(f"reduce exchange, owner {owner}, {dtype}, {wire}: the CUDA codecs equal the CPU's ({trimmed} "
                       "entries trimmed)")
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    for exchange, wires in (("allgather", ("plain", "compact", "compact8")), ("reduce", ("plain", "compact"))):
-        for wire in wires:
+    for exchange in ("allgather", "reduce"):
+        for wire in ("plain", "compact", "compact8"):
             ddp_steps_agree(backend, exchange, wire)
     return 0
 

@@ -182,16 +182,30 @@ def code_bytes(value):
     return 1 + max(0, value.bit_length() - 1) // 7
 
 
+def four_bits(t):
+    """float32 t rounded to 4 significant bits, to nearest, ties to even (comm/byte_values.hpp's
+    rounding), from the bits."""
+    bits = t.abs().view(torch.int32)
+    rounded = ((bits + 0x7ffff + ((bits >> 20) & 1)) & ~0xfffff).view(torch.float32)
+    return torch.where(t < 0, -rounded, rounded)
+
+
 def frame_bytes(payload, dtype, selection, narrow=False):
     """What an ok payload takes as a frame (comm/reduce/frames.hpp): the code of twice its
-    count (and of a selection's trimmed count), the values (narrowed: half their width, 16-bit
-    ones as they are), the indices as codes of the first index and then each gap less one."""
+    count (and of a selection's trimmed count), the values (narrow=True: half their width,
+    16-bit ones as they are; "compact8": the code of the scale's top, then a byte each), the
+    indices as codes of the first index and then each gap less one."""
     header, indices, _ = read_payload(payload, dtype)
     assert header["status"] == 0, header
     gaps = (indices - torch.cat([torch.tensor([-1]), indices[:-1]]) - 1).tolist()
     code = sum(code_bytes(g) for g in gaps)
     head = code_bytes(2 * header["count"]) + (code_bytes(header["trimmed"]) if selection else 0)
     width = torch.tensor([], dtype=dtype).element_size()
+    if narrow == "compact8":
+        if header["count"] == 0:
+            return head + code
+        top = int(torch.frexp(read_payload(payload, dtype)[2].abs().max().float())[1]) - 1
+        return head + code_bytes(2 * top if top >= 0 else -2 * top - 1) + header["count"] + code
     if narrow and width > 2:
         width //= 2
     return head + header["count"] * width + code
@@ -997,9 +1011,11 @@ def scenario_reduce_exact(rank, world, owner, wire="plain"):
     rank, residual + applied contribution = gradient + old residual, bitwise; the global
     density tracks the target. wire="compact": what a rank sent is bfloat16 (the rest stayed
     in its residual), each owner's update is its sum / P plus what it carried at that index
-    rounded to bfloat16 (the rest carried: comm/reduce/carry.hpp), and both travel narrowed."""
+    rounded to bfloat16 (the rest carried: comm/reduce/carry.hpp), and both travel narrowed.
+    wire="compact8": alike, at 4 significant bits, an owner's updates on the scale of its
+    largest (one below the scale's 16 binades sent as 0, carried whole), a byte each."""
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1, exchange="reduce", owner=owner, wire=wire)
-    narrow = wire == "compact"
+    narrow = {"plain": False, "compact": True, "compact8": "compact8"}[wire]
     records = []
     model, ddp, optimizer = make(state, rank, hook=recording_hook(records))
     densities = []
@@ -1048,11 +1064,25 @@ def scenario_reduce_exact(rank, world, owner, wire="plain"):
             for q in range(world):
                 sent = kept & (gathered["new"][q] != gathered["total"][q])
                 contribution = gathered["total"][q] - gathered["new"][q]
-                if narrow:
+                if narrow == "compact8":
+                    assert not (contribution[sent].view(torch.int32) & 0xfffff).any(), "more than 4 significant bits"
+                elif narrow:
                     assert torch.equal(contribution[sent].bfloat16().float(), contribution[sent]), "not bfloat16"
                 expected = torch.where(sent, expected + contribution, expected)
             expected = torch.where(kept, expected / world, torch.zeros_like(expected))
-            if narrow:
+            if narrow == "compact8":
+                carry = carries.setdefault(r["index"], torch.zeros_like(expected))
+                for p in r["inbox"]:  # each owner's updates on the scale of its largest
+                    _, indices, _ = read_payload(p, total.dtype)
+                    if len(indices) == 0:
+                        continue
+                    t = expected[indices] + carry[indices]
+                    rounded = four_bits(t)
+                    top = int(torch.frexp(rounded.abs().max())[1]) - 1
+                    update = torch.where(rounded.abs() >= 1.125 * 2.0 ** (top - 15), rounded, torch.zeros_like(t))
+                    carry[indices] = t - update
+                    expected[indices] = update
+            elif narrow:
                 carry = carries.setdefault(r["index"], torch.zeros_like(expected))
                 t = torch.where(kept, expected + carry, expected)
                 expected = torch.where(kept, t.to(NARROW.get(t.dtype, t.dtype)).to(t.dtype), expected)
@@ -1675,21 +1705,11 @@ def check_exchange_devices():
         assert "wire = 'narrow' is not 'plain', 'compact' or 'compact8'" in str(e), e
     else:
         raise AssertionError("a reduce codec with wire 'narrow' was made")
-    # compact8 is the all-gather's: the reduce codec and a State naming both refuse it.
-    try:
-        _reduce_codec("sidco-e", {}, [1000], torch.float32, 0.01, 1.25, 3, 0, "sidco-e-exact", wire="compact8")
-    except (RuntimeError, ValueError) as e:
-        assert "wire = 'compact8' is for the all-gather exchange" in str(e), e
-    else:
-        raise AssertionError("a reduce codec with wire 'compact8' was made")
-    try:
-        sidco_torch.State(exchange="reduce", wire="compact8")
-    except ValueError as e:
-        assert "wire = 'compact8' is for the all-gather exchange" in str(e), e
-    else:
-        raise AssertionError("State(exchange='reduce', wire='compact8') was made")
-    # Named with exchange="auto": the all-gather alone, nothing to time.
-    assert sidco_torch.State(wire="compact8")._candidates(4, "cpu") == (("allgather", "compact8"),)
+    # compact8 named with exchange="auto": both exchanges timed with it; wire="auto" times it
+    # with the all-gather only.
+    assert sidco_torch.State(wire="compact8")._candidates(4, "cpu") == (("allgather", "compact8"),
+                                                                        ("reduce", "compact8"))
+    assert ("reduce", "compact8") not in sidco_torch.State()._candidates(4, "cpu")
     # Owners by the registry's names; the first name still works, with a DeprecationWarning.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1941,8 +1961,9 @@ def main():
     print("residuals on the dense path:", run(scenario_dense_fold, 2)[0])
     for owner, world in (("sidco-e-exact", 3), ("top-k", 5), ("sidco-e-exact", 2)):
         print(f"reduce exchange, {owner} owners, {world} ranks:", run(scenario_reduce_exact, world, owner, timeout=240)[0])
-    print("reduce exchange, compact wire, 3 ranks:",
-          run(scenario_reduce_exact, 3, "sidco-e-exact", "compact", timeout=240)[0])
+    for wire in ("compact", "compact8"):
+        print(f"reduce exchange, {wire} wire, 3 ranks:",
+              run(scenario_reduce_exact, 3, "sidco-e-exact", wire, timeout=240)[0])
     print("failure (NaN on rank 1 of 3, reduce exchange):", run(scenario_failure_nan, 3, "reduce")[0])
     for world, wire in ((3, "plain"), (5, "compact"), (4, "plain")):
         print(f"reduce exchange in two hops against flat ({world} ranks, {wire} wire):",

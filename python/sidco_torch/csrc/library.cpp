@@ -183,15 +183,11 @@ std::span<const std::byte> state_bytes(const at::Tensor& state) {
   return bytes_of(state);
 }
 
-// A codec's wire= (the all-gather's also takes "compact8"; the reduce exchange keeps no
-// scale per payload for an owner's relayed sums).
-sidco::comm::entry_coding coding_of(const std::string& wire, bool allgather) {
+// A codec's wire=.
+sidco::comm::entry_coding coding_of(const std::string& wire) {
   if (wire == "plain") return sidco::comm::entry_coding::plain;
   if (wire == "compact") return sidco::comm::entry_coding::compact;
-  if (wire == "compact8" && allgather) return sidco::comm::entry_coding::compact8;
-  if (wire == "compact8")
-    sidco::throw_error("wire = 'compact8' is for the all-gather exchange; the reduce exchange sends 'plain' or ",
-                       "'compact'");
+  if (wire == "compact8") return sidco::comm::entry_coding::compact8;
   sidco::throw_error("wire = '", wire, "' is not 'plain', 'compact' or 'compact8'");
 }
 
@@ -220,7 +216,7 @@ Codec::Codec(std::string method, c10::Dict<std::string, double> options, std::ve
   translated([&] {
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     settings_.capacity_density = capacity_density;
-    settings_.coding = coding_of(wire, true);
+    settings_.coding = coding_of(wire);
     plan_ = sidco::comm::plan_capacity(settings_.layout, capacity_density, slack);
     const std::size_t value_bytes = std::size_t(c10::elementSize(settings_.dtype));
     const std::size_t dense_size = settings_.layout.back().end();
@@ -403,7 +399,7 @@ ReduceCodec::ReduceCodec(std::string method, c10::Dict<std::string, double> opti
       sidco::throw_error("owner = '", owner, "' is not ", owner_names);
     settings_ = settings_of(std::move(method), options, layer_sizes, dtype, density, slack);
     settings_.capacity_density = capacity_density;
-    settings_.coding = coding_of(wire, false);
+    settings_.coding = coding_of(wire);
     plan_ = with_value_type(settings_.dtype, "bucket", [&](auto tag) {
       return sidco::comm::plan_reduce<typename decltype(tag)::type, std::uint32_t>(settings_.layout, capacity_density,
                                                                                   slack, std::size_t(ranks));

@@ -356,9 +356,10 @@ class ReduceCodec : public torch::CustomClassHolder {
   /// layer_sizes: the bucket's layers as the bucket holds them; order: the exchange's order
   /// of them (order[c] is the layer at position c; empty: the bucket's order); ranks and
   /// rank: the process group's; owner: "sidco-e-exact" or "top-k"; capacity_density: as
-  /// Codec's; device: the bucket's ("cpu", "cuda:0", ...); wire: "plain" or "compact"
+  /// Codec's; device: the bucket's ("cpu", "cuda:0", ...); wire: "plain", "compact"
   /// (values rounded to half their width, the rest kept in the residual, and sent narrowed
-  /// in the frames of both rounds; a CUDA codec frames on the host).
+  /// in the frames of both rounds; a CUDA codec frames on the host) or "compact8" (rounded
+  /// to 8-bit codes, sent a byte each).
   ReduceCodec(std::string method, c10::Dict<std::string, double> options, std::vector<std::int64_t> layer_sizes,
               std::vector<std::int64_t> order, std::string dtype, double density, double slack, std::int64_t ranks,
               std::int64_t rank, std::string owner, double capacity_density, std::string device, std::string wire);
