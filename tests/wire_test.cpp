@@ -1373,6 +1373,39 @@ TEST_CASE("frames: compact8's values travel a byte each after their scale, zero 
                        sidco::runtime_error);
 }
 
+TEST_CASE("frames: compact8's float codes from the bits are byte_scale's codes, bit for bit, whatever the values") {
+  static_assert(comm::byte_value_binades == 16 && comm::byte_value_mantissa_bits == 3);
+  std::mt19937_64 rng(88);
+  std::size_t coded = 0, whole = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const std::size_t count = 1 + rng() % 12;
+    const int top = int(rng() % 280) - 150;  // subnormal to the largest binades
+    std::vector<float> values(count);
+    for (auto& v : values) {
+      // Mostly 4-bit values within the 16 binades below top; sometimes one that is not.
+      const int kind = int(rng() % 40);
+      const float four = std::ldexp(float(8 + rng() % 8), top - int(rng() % 17) - 3) * (rng() % 2 ? -1.0f : 1.0f);
+      v = kind == 0   ? 0.0f
+          : kind == 1 ? -0.0f
+          : kind == 2 ? four * 1.0001f
+          : kind == 3 ? std::numeric_limits<float>::infinity()
+          : kind == 4 ? std::bit_cast<float>(std::uint32_t(rng()))
+                      : four;
+    }
+    std::vector<std::byte> fast, by_scale;
+    std::vector<float> scratch;
+    const auto* bytes = reinterpret_cast<const std::byte*>(values.data());
+    const bool fast_ok = comm::detail::append_byte_values<float>(bytes, count, scratch, fast);
+    const bool scale_ok = comm::detail::append_byte_values_by_scale<float>(bytes, count, scratch, by_scale);
+    REQUIRE(fast_ok == scale_ok);
+    if (fast_ok) REQUIRE(fast == by_scale);
+    (fast_ok ? coded : whole) += 1;
+  }
+  INFO(coded, " coded, ", whole, " whole");
+  CHECK(coded > 5000);  // or the codes went untested
+  CHECK(whole > 5000);  // or the refusals did
+}
+
 TEST_CASE("frames: gap codes read back as written, cut-short and overlong ones refused; narrowing to bfloat16 "
           "equals bfloat16(v) and back") {
   std::mt19937_64 rng(56);

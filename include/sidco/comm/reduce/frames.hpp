@@ -126,12 +126,50 @@ inline constexpr std::uint8_t zero_byte_code = 0x80;
 inline std::uint64_t zigzag(std::int32_t v) { return (std::uint32_t(v) << 1) ^ std::uint32_t(v >> 31); }
 inline std::int64_t unzigzag(std::uint64_t v) { return std::int64_t(v >> 1) ^ -std::int64_t(v & 1); }
 
+/// append_byte_values for floats whose largest magnitude is a normal float, from the bits in
+/// two passes that vectorize (the largest, then every code and whether each is exact; 16
+/// binades of 3 mantissa bits: comm/byte_values.hpp's constants): the
+/// same bytes as byte_scale's encode. Returns 1 (appended), 0 (some value has no code) or -1
+/// (another case: the general path decides).
+inline int append_float_byte_values(const std::byte* from, std::size_t count, std::vector<std::byte>& out) {
+  std::uint32_t largest = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    std::uint32_t x;
+    std::memcpy(&x, from + j * sizeof x, sizeof x);
+    largest = std::max(largest, x & 0x7fffffffu);
+  }
+  const std::uint32_t biased = largest >> 23;  // the largest's biased exponent
+  if (biased == 0 || biased == 0xff) return -1;  // zero or subnormal; not finite
+  if ((largest & 0xfffffu) != 0) return 0;  // not rounded to 4 significant bits
+  const std::int32_t top = std::int32_t(biased) - 127;
+  append_code(out, zigzag(top));
+  const std::size_t at = out.size();
+  out.resize(at + count);
+  const std::uint32_t lowest = biased - (byte_value_binades - 1);  // binade 0's biased exponent (may wrap)
+  std::uint32_t inexact = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    std::uint32_t x;
+    std::memcpy(&x, from + j * sizeof x, sizeof x);
+    const std::uint32_t magnitude_bits = x & 0x7fffffffu, exponent = magnitude_bits >> 23;
+    const std::uint32_t binade = exponent - lowest;
+    const std::uint32_t magnitude = (binade << 3) | ((magnitude_bits >> 20) & 7u);
+    const std::uint32_t zero = std::uint32_t(x == 0);
+    const std::uint32_t coded = std::uint32_t(exponent != 0) & std::uint32_t(binade < 16u) &
+                                std::uint32_t((magnitude_bits & 0xfffffu) == 0) & std::uint32_t(magnitude != 0);
+    inexact |= ~(coded | zero) & 1u;
+    const std::uint32_t code = zero ? std::uint32_t(zero_byte_code) : (magnitude & 0x7fu) | ((x >> 24) & 0x80u);
+    out[at + j] = std::byte(code);
+  }
+  return inexact == 0 ? 1 : 0;
+}
+
 /// Appends count T values at from as compact8 codes: the scale of their largest (its top's
 /// code), then a byte each; false when some value has no code that stands for it bit for bit
-/// (not rounded for compact8, or not finite; out is then partly written).
+/// (not rounded for compact8, or not finite; out is then partly written). By byte_scale, for
+/// every T.
 template <class T>
-bool append_byte_values(const std::byte* from, std::size_t count, std::vector<T>& scratch,
-                        std::vector<std::byte>& out) {
+bool append_byte_values_by_scale(const std::byte* from, std::size_t count, std::vector<T>& scratch,
+                                 std::vector<std::byte>& out) {
   scratch.resize(count);
   std::memcpy(scratch.data(), from, count * sizeof(T));
   const auto scale = byte_scale<T>::of(std::span<const T>(scratch));
@@ -150,6 +188,17 @@ bool append_byte_values(const std::byte* from, std::size_t count, std::vector<T>
     out[at + j] = std::byte{code};
   }
   return true;
+}
+
+/// append_byte_values_by_scale's bytes, floats by their bits where they can be.
+template <class T>
+bool append_byte_values(const std::byte* from, std::size_t count, std::vector<T>& scratch,
+                        std::vector<std::byte>& out) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int fast = append_float_byte_values(from, count, out);
+    if (fast >= 0) return fast == 1;
+  }
+  return append_byte_values_by_scale<T>(from, count, scratch, out);
 }
 
 /// Writes count compact8 codes at from as T values on the scale of top (one a payload may
