@@ -144,7 +144,7 @@ class _Checkpoints:
             raise ValueError(f"{where}: chosen {chosen!r}")
         if start is not None and not (isinstance(start, int) and start >= 0):
             raise ValueError(f"{where}: start {start!r}")
-        pairs = {f"{e}/{w}" for e in ("allgather", "reduce") for w in ("plain", "compact")} | {"allgather/compact8"}
+        pairs = {f"{e}/{w}" for e in ("allgather", "reduce") for w in ("plain", "compact", "compact8")}
         if not (isinstance(times, dict) and set(times) <= pairs and all(
                 isinstance(t, list) and all(isinstance(v, float) and v >= 0 for v in t) for t in times.values())):
             raise ValueError(f"{where}: times {times!r}")

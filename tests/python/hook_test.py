@@ -1735,6 +1735,9 @@ def check_loaded_states():
         read = sidco_torch.State(wire=wire)._checked_probe(copy.deepcopy(old_probe))
         assert read["chosen"]["wire"] == ran and read["times"] == {f"allgather/{ran}": [1.0, 1.0],
                                                                    f"reduce/{ran}": [0.5, 0.5]}, read
+    # A probe of compact8 named with exchange="auto" times both exchanges with it.
+    both8 = {"chosen": None, "start": 2, "times": {"allgather/compact8": [1.0], "reduce/compact8": [0.5]}}
+    assert sidco_torch.State(wire="compact8")._checked_probe(copy.deepcopy(both8)) == both8
     for damaged in (dict(old_probe, times={"allgather/bits": [1.0]}),
                     dict(old_probe, chosen=dict(old_probe["chosen"], wire="bits"))):
         try:
