@@ -6,8 +6,9 @@
 # bench/smpi_model.py compares them with the alpha-beta model.
 #   bench/smpi_exchange.sh [OUT_DIR]      (OUT_DIR: where the program is built; default /tmp/sidco-smpi)
 # Environment: RANKS ("16 64 256 1024"), MODES ("dense allgather reduce reduce-two-hop"; also
-# reduce-exact, reduce-two-hop-compact, allgather-compact, allgather-compact8; reduce and reduce-exact run the
-# flat schedule, reduce-two-hop the default), GRADIENTS
+# reduce-exact, reduce-two-hop-compact, reduce-two-hop-compact8, allgather-compact,
+# allgather-compact8; reduce and reduce-exact run the flat schedule, reduce-two-hop the
+# default), GRADIENTS
 # ("iid hot"), PLATFORMS ("10gbps 100gbps"), N (262144), DENSITY (0.01), WARMUP (1), STEPS (3), METHOD
 # (top-k: the exchange's losses apart from the estimate's), ALLGATHER_MAX (256: its receive
 # buffer is P payloads a rank, 27 GB in all at 1,024 ranks), COMPUTE (1: with the ranks' compute,
