@@ -954,7 +954,7 @@ TEST_CASE("compact8: an owner's update takes a byte on the scale of its largest;
 
 TEST_CASE_TEMPLATE("compact8: the reduce exchange sends a byte a value; per rank residual + applied = gradient + old "
                    "residual, per owner update + new carry = the rule's update + old carry, bit for bit; a failed "
-                   "step keeps every carry",
+                   "step keeps every carry; the carries resume bit for bit",
                    T, float, double, float16, bfloat16) {
   using wide = typename comm::byte_scale<T>::wide;
   using A = typename float_traits<T>::accumulator;
@@ -1074,6 +1074,19 @@ TEST_CASE_TEMPLATE("compact8: the reduce exchange sends a byte a value; per rank
       }
       REQUIRE(unconserved == 0);
     }
+  }
+  // The carries resume bit for bit (16-bit values carry too in compact8).
+  for (std::size_t r = 0; r < ranks; ++r) {
+    state_writer out;
+    cores[r].save_state(out);
+    const auto bytes = out.take();
+    comm::reduce_core<T, std::uint32_t, comm::owner_top_k> resumed(std::vector<segment>{{0, size}}, 0.01, ranks, r,
+                                                                    options);
+    state_reader in(bytes);
+    resumed.load_state(in);
+    in.finish();
+    REQUIRE(resumed.carry().size() == cores[r].carry().size());
+    CHECK(std::memcmp(resumed.carry().data(), cores[r].carry().data(), size * sizeof(T)) == 0);
   }
   INFO("rounded off ", rounded_off, ", carried ", carried, ", reused ", reused);
   CHECK(rounded_off > 100);  // or the ranks' rounding went untested

@@ -113,30 +113,29 @@ class owner_carry {
   /// 2: two words each, the index and the value as a double, exact for every T sidco sends),
   /// then the entries, ascending.
   void save(state_writer& out) const {
-    {
-      std::size_t nonzero = 0;
-      for (const T c : values_) nonzero += nonzero_value(c);
-      const bool packed = std::is_same_v<T, float> && values_.size() <= (std::size_t(1) << 32);
-      out.word(nonzero);
-      out.word(packed ? 1 : 2);
-      // In one go and without a branch per entry (the owner's indices fall at random: a
-      // snapshot may be taken every step): each slot is written, and kept when nonzero.
-      const std::size_t width = packed ? 8 : 16;
-      std::byte* const at = out.extend(width * nonzero);
-      for (std::size_t i = 0, written = 0; written < nonzero; ++i) {
-        const T c = values_[i];
-        std::byte* const slot = at + width * written;
-        if (packed) {
-          const auto bits = sidco::detail::bit_cast<std::uint32_t>(float(c));
-          state_writer::put_word(slot, std::uint64_t(i) | std::uint64_t(bits) << 32);
-        } else {
-          state_writer::put_word(slot, i);
-          state_writer::put_word(slot + 8, sidco::detail::bit_cast<std::uint64_t>(double(c)));
-        }
-        written += nonzero_value(c);
+    std::size_t nonzero = 0;
+    for (const T c : values_) nonzero += nonzero_value(c);
+    const bool packed = std::is_same_v<T, float> && values_.size() <= (std::size_t(1) << 32);
+    out.word(nonzero);
+    out.word(packed ? 1 : 2);
+    // In one go and without a branch per entry (the owner's indices fall at random: a
+    // snapshot may be taken every step): each slot is written, and kept when nonzero.
+    const std::size_t width = packed ? 8 : 16;
+    std::byte* const at = out.extend(width * nonzero);
+    for (std::size_t i = 0, written = 0; written < nonzero; ++i) {
+      const T c = values_[i];
+      std::byte* const slot = at + width * written;
+      if (packed) {
+        const auto bits = sidco::detail::bit_cast<std::uint32_t>(float(c));
+        state_writer::put_word(slot, std::uint64_t(i) | std::uint64_t(bits) << 32);
+      } else {
+        state_writer::put_word(slot, i);
+        state_writer::put_word(slot + 8, sidco::detail::bit_cast<std::uint64_t>(double(c)));
       }
+      written += nonzero_value(c);
     }
   }
+
   /// Reads what save wrote (either layout, whatever T wrote it) for dense_size values;
   /// changes nothing unless all of it reads (ascending indices below dense_size, finite
   /// values T holds exactly).
@@ -147,32 +146,30 @@ class owner_carry {
       sidco::detail::fail("reduce exchange state: ", count, " carried entries for ", dense_size, " values");
     if (layout != 1 && layout != 2)
       sidco::detail::fail("reduce exchange state: the carry's layout is ", layout, ", neither 1 nor 2");
-    {
-      std::vector<T> loaded;
-      if (count > 0) loaded.assign(dense_size, T(0));
-      std::uint64_t next = 0;
-      for (std::uint64_t e = 0; e < count; ++e) {
-        std::uint64_t index = 0;
-        double value = 0;
-        if (layout == 1) {
-          const std::uint64_t word = in.word("reduce exchange state: a carried entry");
-          index = word & 0xffffffffu;
-          value = double(sidco::detail::bit_cast<float>(std::uint32_t(word >> 32)));
-        } else {
-          index = in.word("reduce exchange state: a carried index");
-          value = in.number("reduce exchange state: a carried value");
-        }
-        if (index < next || index >= dense_size)
-          sidco::detail::fail("reduce exchange state: carried index ", index, " (not ascending, or not below ",
-                              dense_size, ")");
-        if (!std::isfinite(value) || double(T(value)) != value)
-          sidco::detail::fail("reduce exchange state: carried value ", value, " at index ", index,
-                              " is not a finite value of the exchange's type");
-        loaded[std::size_t(index)] = T(value);
-        next = index + 1;
+    std::vector<T> loaded;
+    if (count > 0) loaded.assign(dense_size, T(0));
+    std::uint64_t next = 0;
+    for (std::uint64_t e = 0; e < count; ++e) {
+      std::uint64_t index = 0;
+      double value = 0;
+      if (layout == 1) {
+        const std::uint64_t word = in.word("reduce exchange state: a carried entry");
+        index = word & 0xffffffffu;
+        value = double(sidco::detail::bit_cast<float>(std::uint32_t(word >> 32)));
+      } else {
+        index = in.word("reduce exchange state: a carried index");
+        value = in.number("reduce exchange state: a carried value");
       }
-      values_ = std::move(loaded);
+      if (index < next || index >= dense_size)
+        sidco::detail::fail("reduce exchange state: carried index ", index, " (not ascending, or not below ",
+                            dense_size, ")");
+      if (!std::isfinite(value) || double(T(value)) != value)
+        sidco::detail::fail("reduce exchange state: carried value ", value, " at index ", index,
+                            " is not a finite value of the exchange's type");
+      loaded[std::size_t(index)] = T(value);
+      next = index + 1;
     }
+    values_ = std::move(loaded);
     undo_.clear();
   }
 
