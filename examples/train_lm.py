@@ -128,7 +128,7 @@ def main():
     ap.add_argument("--exchange", default="auto", choices=("auto", "allgather", "reduce"),
                     help="sidco_torch's exchange (auto: the all-gather at 2 ranks; from 3, timed in the first sparse steps)")
     ap.add_argument("--wire", default="plain", choices=("plain", "compact", "compact8", "auto"),
-                    help="sidco_torch's entry coding (compact: the all-gather only)")
+                    help="sidco_torch's entry coding (compact: bfloat16 values; compact8: a byte a value; auto: timed)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=20)

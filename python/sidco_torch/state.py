@@ -156,8 +156,7 @@ class State(_Checkpoints, _Agreement):
     (4 significant bits on a scale each payload shares: its largest value's binade and the
     15 below; what rounding takes off, or a value below that range, stays in the residual;
     in the reduce exchange an owner's update below its scale's range is sent as 0 and kept
-    whole in its carry): 2-2.5 bytes an entry. "auto" times it against the all-gather's
-    other wires, not with the reduce exchange (named, it runs with either).
+    whole in its carry): 2-2.5 bytes an entry. "auto" times it with each exchange it times.
 
     reduce_schedule: how the "reduce" exchange moves CPU buckets' blocks and selections:
     "flat" (an all-to-all of the blocks, then an all-gather of the owners' selections: P - 1
@@ -369,16 +368,14 @@ class State(_Checkpoints, _Agreement):
         if self.wire != "auto":
             wires = (self.wire,)
         else:
-            # compact8 before compact: the last pair is the fewest bytes' among many ranks.
+            # compact last: the pair taken by bytes (the last) narrows no further than bfloat16.
             wires = ("plain", "compact8", "compact") if world >= 2 and device_type == "cpu" else ("plain",)
         return exchanges, wires
 
     def _candidates(self, world, device_type):
-        """The (exchange, wire) pairs of _choices, in the probe's order (wire "auto" times
-        compact8 with the all-gather only)."""
+        """The (exchange, wire) pairs of _choices, in the probe's order."""
         exchanges, wires = self._choices(world, device_type)
-        return tuple((e, w) for w in wires for e in exchanges
-                     if not (e == "reduce" and w == "compact8" and self.wire == "auto"))
+        return tuple((e, w) for w in wires for e in exchanges)
 
     def _configuration(self, world, device_type):
         """This step's (exchange, wire)."""
@@ -403,9 +400,9 @@ class State(_Checkpoints, _Agreement):
         for the exchange, 2 or more for the wire), once they chose; None before, or with both
         named. From the first sparse step the probe runs each (exchange, wire) pair it may use
         for 3 steps (the first untimed), the pairs in turn, twice: 12 steps for the exchange
-        alone, 18 for the wire alone (plain, compact8, compact), 30 for both (compact8 with
-        the all-gather only); then one all_gather of every rank's median step time per pair, and
-        the same choice on every rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/
+        alone, 18 for the wire alone (plain, compact8, compact), 36 for both; then one
+        all_gather of every rank's median step time per pair, and the same choice on every
+        rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/
         wire" -> the ranks' mean of their medians), "ranks", "iteration" (the step it chose
         at)}; when it chose the exchange also "allgather_seconds" and "reduce_seconds" (each
         exchange's time with the wire it would take) and "steps_factor" (f of exchange_for: the
