@@ -4,7 +4,7 @@ state that cannot apply is refused at load with a sentence, never carried into e
 import torch
 import torch.distributed as dist
 
-from .arguments import _COMPRESSED, _STATE_FORMAT, _checked_density, _owner_name
+from .arguments import _COMPRESSED, _EXCHANGES, _STATE_FORMAT, _WIRES, _checked_density, _owner_name
 from .codecs import _Layer, _exchange_key
 from .ops import _codec
 
@@ -134,17 +134,19 @@ class _Checkpoints:
             raise ValueError(f"{where} is not a probe's state: {probe!r}")
         chosen, start, times = probe["chosen"], probe["start"], probe["times"]
         ran = "plain" if self.wire == "auto" else self.wire
+        exchanges = tuple(e for e in _EXCHANGES if e != "auto")
+        wires = tuple(w for w in _WIRES if w != "auto")
         if isinstance(times, dict) and set(times) == {"allgather", "reduce"}:
             times = {f"{e}/{ran}": t for e, t in times.items() if t}
         if isinstance(chosen, dict) and "wire" not in chosen:
             chosen = dict(chosen, wire=ran)
-        if chosen is not None and not (isinstance(chosen, dict) and chosen.get("chosen") in ("allgather", "reduce")
-                                       and chosen.get("wire") in ("plain", "compact", "compact8")
+        if chosen is not None and not (isinstance(chosen, dict) and chosen.get("chosen") in exchanges
+                                       and chosen.get("wire") in wires
                                        and isinstance(chosen.get("ranks"), int) and chosen["ranks"] >= 2):
             raise ValueError(f"{where}: chosen {chosen!r}")
         if start is not None and not (isinstance(start, int) and start >= 0):
             raise ValueError(f"{where}: start {start!r}")
-        pairs = {f"{e}/{w}" for e in ("allgather", "reduce") for w in ("plain", "compact", "compact8")}
+        pairs = {f"{e}/{w}" for e in exchanges for w in wires}
         if not (isinstance(times, dict) and set(times) <= pairs and all(
                 isinstance(t, list) and all(isinstance(v, float) and v >= 0 for v in t) for t in times.values())):
             raise ValueError(f"{where}: times {times!r}")

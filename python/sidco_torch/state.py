@@ -402,11 +402,11 @@ class State(_Checkpoints, _Agreement):
         for 3 steps (the first untimed), the pairs in turn, twice: 12 steps for the exchange
         alone, 18 for the wire alone (plain, compact8, compact), 36 for both; then one
         all_gather of every rank's median step time per pair, and the same choice on every
-        rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/
-        wire" -> the ranks' mean of their medians), "ranks", "iteration" (the step it chose
-        at)}; when it chose the exchange also "allgather_seconds" and "reduce_seconds" (each
-        exchange's time with the wire it would take) and "steps_factor" (f of exchange_for: the
-        reduce exchange kept when reduce_seconds x f <= allgather_seconds)."""
+        rank: {"chosen" (the exchange), "wire", "seconds" ("exchange/wire" -> the ranks' mean
+        of their medians), "ranks", "iteration" (the step it chose at)}; when it chose the
+        exchange also "allgather_seconds" and "reduce_seconds" (each exchange's time with the
+        wire it would take) and "steps_factor" (f of exchange_for: the reduce exchange kept
+        when reduce_seconds x f <= allgather_seconds)."""
         return dict(self._auto) if self._auto is not None else None
 
     def _probe_step(self, group, world, device_type):

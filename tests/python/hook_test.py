@@ -2024,7 +2024,6 @@ def main():
                            (0.9, 0.85, 1.0, 0.95, 0.95)],  # allgather, compact8
                           [(0.8, 1.1, 1.0, 0.7, 0.6), (0.85, 0.85, 0.9, 0.75, 0.8),
                            (0.75, 1.0, 1.1, 0.7, 0.55)])]  # reduce, compact8
-
     for world, wire, cases in ((3, "plain", exchange_only), (2, "auto", wire_only), (3, "auto", both)):
         for costs in cases:
             out = run(scenario_auto_probe, world, costs, wire, timeout=240)
