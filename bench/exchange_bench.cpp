@@ -413,9 +413,10 @@ void reduce_rank_coded(benchmark::State& state, comm::entry_coding coding) {
 
 void reduce_rank(benchmark::State& state) { reduce_rank_coded(state, comm::entry_coding::plain); }
 
-// owner_carry/P: the compact coding's owner carry (comm/reduce/carry.hpp) on owner 0 of P
-// ranks, against the local compress in the same run: its pass over a selection of k / P
-// updates (each plus its carry, rounded to bfloat16, the rest kept), and the snapshot of the
+// owner_carry/CODING/P: the owner carry of a compact coding (comm/reduce/carry.hpp) on owner 0
+// of P ranks, against the local compress in the same run: its pass over a selection of k / P
+// updates (each plus its carry, rounded to bfloat16 or, in compact8, to an 8-bit code on the
+// scale of the largest, the rest kept), and the snapshot of the
 // exchange's state that checkpoints and the hook's nonfinite="skip" take, in the worst case:
 // every index the owner owns carrying.
 //
@@ -424,7 +425,7 @@ void reduce_rank(benchmark::State& state) { reduce_rank_coded(state, comm::entry
 //                         a carried index)
 //   compress_ms           one rank's local compress (median of 5 calls, same run)
 //   apply_over_compress, save_over_compress   the ratios
-void owner_carry(benchmark::State& state) {
+void owner_carry(benchmark::State& state, comm::entry_coding coding) {
   static const auto gradient = io::load_npy<float>(std::string(bundled::gradients_dir()) + "/lstm_it10.npy");
   const std::size_t ranks = std::size_t(state.range(0)), n = gradient.size();
   double compress = 0;
@@ -445,7 +446,7 @@ void owner_carry(benchmark::State& state) {
   for (auto _ : state) {
     selection = packed;  // outside the timing: apply rounds in place
     const auto start = std::chrono::steady_clock::now();
-    carry.apply(selection, format, n, comm::entry_coding::compact);
+    carry.apply(selection, format, n, coding);
     carry.commit();
     apply_seconds += seconds_since(start);
     benchmark::ClobberMemory();
@@ -488,7 +489,8 @@ void owner_carry(benchmark::State& state) {
 BENCHMARK(owner_select)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 BENCHMARK(allgather_codec)->ArgsProduct({{0, 1, 2}, {1, 4, 16}, {10, 100}})->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_frames)->ArgsProduct({{0, 1, 2}, {4, 16, 64}})->Unit(benchmark::kMillisecond);
-BENCHMARK(owner_carry)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(owner_carry, compact, comm::entry_coding::compact)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(owner_carry, compact8, comm::entry_coding::compact8)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
 BENCHMARK(reduce_rank)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(reduce_rank_coded, compact, comm::entry_coding::compact)
     ->Arg(4)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond);

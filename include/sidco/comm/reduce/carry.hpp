@@ -64,24 +64,24 @@ class owner_carry {
     const std::byte* indices = selection.data() + format.indices_offset();
     std::byte* updates = selection.data() + format.values_offset(count);
     using wide = typename byte_scale<T>::wide;
-    const auto total = [&](std::size_t j, T& u, T& old) {
+    const auto index_of = [&](std::size_t j) {
+      return std::size_t(detail::index_at<Index>(indices + j * sizeof(Index)));
+    };
+    const auto total = [&](std::size_t j, T old) {
+      T u;
       std::memcpy(&u, updates + j * sizeof u, sizeof u);
-      old = values_[std::size_t(detail::index_at<Index>(indices + j * sizeof(Index)))];
       return T(wide(u) + wide(old));  // rounded once to T, as the update is
     };
     std::optional<byte_scale<T>> scale;
     if (bytes) {  // the scale of the owner's largest update (byte_scale::of skips what is not finite)
       totals_.resize(count);
-      for (std::size_t j = 0; j < count; ++j) {
-        T u, old;
-        totals_[j] = total(j, u, old);
-      }
+      for (std::size_t j = 0; j < count; ++j) totals_[j] = total(j, values_[index_of(j)]);
       scale = byte_scale<T>::of(std::span<const T>(totals_));
     }
     for (std::size_t j = 0; j < count; ++j) {
-      const auto index = std::size_t(detail::index_at<Index>(indices + j * sizeof(Index)));
-      T u, old;
-      const T t = total(j, u, old);
+      const std::size_t index = index_of(j);
+      const T old = values_[index];
+      const T t = scale ? totals_[j] : total(j, old);
       if (!std::isfinite(double(t))) continue;  // u sent as it is; the carry waits
       T sent = t, rounded;
       if (scale) {
