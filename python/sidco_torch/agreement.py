@@ -64,6 +64,8 @@ class _Agreement:
                   ("exchange", _EXCHANGES.index(self.exchange)), ("owner", int(self.owner == "top-k")),
                   ("nonfinite", _NONFINITE.index(self.nonfinite)), ("wire", _WIRES.index(self.wire)),
                   ("reduce_schedule", _REDUCE_SCHEDULES.index(self.reduce_schedule)),
+                  # auto's factor: ranks with different ones could choose different exchanges.
+                  ("reduce_steps_factor", _bits(self.reduce_steps_factor or 0.0)),
                   ("iteration", self.iteration), ("ranks", world),
                   # exchange="auto"'s choice and probe, as loaded: the ranks must alternate alike.
                   ("auto exchange", _EXCHANGES.index(self._auto["chosen"]) if self._auto is not None else 0),
@@ -79,6 +81,7 @@ class _Agreement:
         shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "agreed density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
                  "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
+                 "reduce_steps_factor": lambda bits: (struct.unpack("<d", struct.pack("<q", bits))[0] or None),
                  "auto exchange": lambda index: _EXCHANGES[index] if index else "not chosen yet",
                  "auto wire": lambda index: _WIRES[index] if index >= 0 else "not chosen yet",
                  "auto probe start": lambda start: start if start >= 0 else "not started"}

@@ -232,7 +232,7 @@ class _Checkpoints:
                                min_bucket_elements=self.min_bucket_elements, feedback=self.feedback,
                                capacity_slack=self.capacity_slack, exchange=self.exchange, owner=self.owner,
                                nonfinite=self.nonfinite, wire=self.wire, reduce_schedule=self.reduce_schedule,
-                               dense_parameters=self.dense_parameters, **self.options),
+                               reduce_steps_factor=self.reduce_steps_factor, dense_parameters=self.dense_parameters, **self.options),
                 "state": self.state_dict()}
 
     def __setstate__(self, pickled):

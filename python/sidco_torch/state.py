@@ -136,6 +136,12 @@ class State(_Checkpoints, _Agreement):
     rank by a hash of it, then an all-gather of each owner's selection of its reduced
     values: about 2 slack 8k bytes a rank whatever P), or "auto" (see exchange_for).
 
+    reduce_steps_factor: for exchange="auto", how many times the all-gather's steps the
+    reduce exchange needs to the same loss on this model (f of exchange_for), a number in
+    [0.5, 10]; None (the default): the factors measured on a synthetic LSTM, 1.15 to 1.30 by
+    the number of ranks, which lean to the all-gather where a model needs fewer (the
+    WikiText-2 LSTM needed 1.10 at 8 ranks). Unused when the exchange is named.
+
     owner: how an owner in the "reduce" exchange selects from the sums it reduced, by the
     method registry's names: "sidco-e-exact" (SIDCo-E's threshold, trimmed to exactly the
     owner's share; the default) or "top-k" (exact Top-k). "sidco-e", its first name, still
@@ -186,7 +192,8 @@ class State(_Checkpoints, _Agreement):
 
     def __init__(self, method="sidco-e", density=0.01, process_group=None, start_iter=2,
                  min_bucket_elements=1024, feedback=True, capacity_slack=1.25, exchange="auto", owner="sidco-e-exact",
-                 nonfinite="raise", wire="auto", dense_parameters=None, reduce_schedule="auto", **options):
+                 nonfinite="raise", wire="auto", dense_parameters=None, reduce_schedule="auto",
+                 reduce_steps_factor=None, **options):
         schedule = density if callable(density) else None
         density = _checked_density(_scheduled(schedule, 0) if schedule else density,
                                    "density(0)" if schedule else "density")
@@ -206,6 +213,11 @@ class State(_Checkpoints, _Agreement):
         if reduce_schedule not in _REDUCE_SCHEDULES:
             raise ValueError(f"sidco_torch.State: reduce_schedule = {reduce_schedule!r} is not one of "
                              f"{', '.join(map(repr, _REDUCE_SCHEDULES))}")
+        if reduce_steps_factor is not None:
+            reduce_steps_factor = _real_scalar(reduce_steps_factor, "reduce_steps_factor")
+            if not 0.5 <= reduce_steps_factor <= 10:
+                raise ValueError(f"sidco_torch.State: reduce_steps_factor = {reduce_steps_factor!r} is outside "
+                                 "[0.5, 10] (or None: the measured factors)")
         if nonfinite not in _NONFINITE:
             raise ValueError(f"sidco_torch.State: nonfinite = {nonfinite!r} is not 'raise' or 'skip'")
         owner = _owner_name(owner)
@@ -230,6 +242,7 @@ class State(_Checkpoints, _Agreement):
         self.wire = wire
         self.exchange = exchange
         self.reduce_schedule = reduce_schedule
+        self.reduce_steps_factor = reduce_steps_factor
         self.owner = owner
         self.nonfinite = nonfinite
         self._density = density    # the density, or the schedule's first value
@@ -337,13 +350,20 @@ class State(_Checkpoints, _Agreement):
         reduce exchange when the ranks' mean of their median step times with it is at most 1 /
         f of the all-gather's, f the steps it needs to the same loss over the all-gather's (it
         applies k entries a step where the all-gather applies the union of the ranks'
-        selections): 1.15 at 3 and 4 ranks, 1.20 at 8, 1.25 at 16, 1.30 from 32, between them
-        by log2(world) (measured on a synthetic LSTM; on the WikiText-2 LSTM it needed fewer:
-        docs/PYTORCH.md).
+        selections): State(reduce_steps_factor=...) where given, otherwise 1.15 at 3 and 4
+        ranks, 1.20 at 8, 1.25 at 16, 1.30 from 32, between them by log2(world) (measured on a
+        synthetic LSTM; on the WikiText-2 LSTM it needed fewer: docs/PYTORCH.md).
         By bytes alone it would always win from 3 ranks (about 2 s k (4 + v) bytes a rank
         against (P - 1) s k (4 + v)), which on a fast link or a small model loses time (docs/
         PYTORCH.md). auto_exchange() says what was measured and chosen."""
         return self._configuration(world, device_type)[0]
+
+    def steps_factor_for(self, world):
+        """f of exchange_for among world ranks: State(reduce_steps_factor=...), or the measured
+        factors where it is None."""
+        if self.reduce_steps_factor is not None:
+            return self.reduce_steps_factor
+        return _reduce_steps_factor(world)
 
     def wire_for(self, world, device_type="cpu"):
         """The entry coding the hook uses among world ranks this step. "auto": "plain" on CUDA
@@ -450,7 +470,7 @@ class State(_Checkpoints, _Agreement):
                     for e in exchanges}
             chosen = exchanges[0]
             if len(exchanges) == 2:
-                factor = _reduce_steps_factor(world)
+                factor = self.steps_factor_for(world)
                 allgather, reduce = best["allgather"][0], best["reduce"][0]
                 chosen = "reduce" if reduce * factor <= allgather else "allgather"
                 self._auto.update(allgather_seconds=allgather, reduce_seconds=reduce, steps_factor=factor)

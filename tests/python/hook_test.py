@@ -14,7 +14,7 @@ a hang fails it. Checked:
   while two-hop selections travel finishes them before the next step builds its buckets;
 - exchange="auto" from 3 ranks: the probe's order and the choice from every rank's times
   (a fake clock), the same on every rank, resumed mid-probe bit for bit, and after one
-  rank's failure in the probe;
+  rank's failure in the probe; a model's own steps factor (reduce_steps_factor) chooses by it;
 - DDP's options around the hook: no_sync() accumulation, gradient_as_bucket_view and
   static_graph give the default's parameters (a static graph under the reduce exchange: the
   same parameters on every rank);
@@ -676,6 +676,15 @@ def scenario_agreement(rank, world):
     state = sidco_torch.State(wire="plain", method="sidco-e", density=0.01 if rank == 0 else 0.02)
     model, ddp, optimizer = make(state, rank)
     return refused_on_first_step(ddp, optimizer, rank, "rank 1 has density 0.02, rank 0 has 0.01", "different densities")
+
+
+def scenario_steps_factor_mismatch(rank, world):
+    """auto's steps factor agreed at the first step: ranks with different ones could choose
+    different exchanges from the same times."""
+    state = sidco_torch.State(method="sidco-e", density=0.05, reduce_steps_factor=None if rank == 0 else 1.1)
+    model, ddp, optimizer = make(state, rank)
+    return refused_on_first_step(ddp, optimizer, rank, "rank 1 has reduce_steps_factor 1.1, rank 0 has None",
+                                 "different steps factors")
 
 
 def scenario_method_mismatch(rank, world):
@@ -1390,12 +1399,14 @@ def probe_clock(state, costs):
     return clock
 
 
-def auto_choice(costs, world):
+def auto_choice(costs, world, steps_factor=None):
     """What the probe should choose from costs ("exchange/wire" -> seconds): each exchange
     with the most precise of its wires (plain, compact, compact8) whose time is at most 3%
-    over its fastest wire's, the reduce exchange when its time so x the steps factor is at
-    most the all-gather's; (exchange, wire, each exchange's seconds with that wire)."""
+    over its fastest wire's, the reduce exchange when its time so x the steps factor (the
+    measured one where steps_factor is None) is at most the all-gather's; (exchange, wire,
+    each exchange's seconds with that wire)."""
     from sidco_torch.state import _reduce_steps_factor
+    factor = steps_factor if steps_factor is not None else _reduce_steps_factor(world)
     best = {}
     for exchange in dict.fromkeys(pair.split("/")[0] for pair in costs):
         mine = {pair.split("/")[1]: t for pair, t in costs.items() if pair.startswith(exchange + "/")}
@@ -1403,21 +1414,23 @@ def auto_choice(costs, world):
         best[exchange] = (mine[wire], wire)
     exchange = next(iter(best))
     if len(best) == 2:
-        exchange = "reduce" if best["reduce"][0] * _reduce_steps_factor(world) <= best["allgather"][0] else "allgather"
+        exchange = "reduce" if best["reduce"][0] * factor <= best["allgather"][0] else "allgather"
     return exchange, best[exchange][1], {e: t for e, (t, _) in best.items()}
 
 
-def scenario_auto_probe(rank, world, costs, wire="auto"):
+def scenario_auto_probe(rank, world, costs, wire="auto", steps_factor=None):
     """exchange="auto" and wire="auto" (the defaults) time their choices in the first sparse
     steps and every rank keeps the same one. A fake clock makes a step cost costs[rank][pair]
     ("exchange/wire"). Checked: the probe's order, the choice from the ranks' mean of medians
     (rank by rank it would differ), a reduce owner state kept while the all-gather is probed
     (and taken up again, across a change of wire too), a run checkpointed mid-probe equal to
-    the uninterrupted one bit for bit, and its choice kept by a checkpoint after it."""
+    the uninterrupted one bit for bit, and its choice kept by a checkpoint after it. With
+    steps_factor, State(reduce_steps_factor=steps_factor) chooses by it."""
     from sidco_torch.state import _PROBE_ROUNDS, _PROBE_STEPS, _reduce_steps_factor
 
     def made():
-        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start, wire=wire)
+        state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start, wire=wire,
+                                  reduce_steps_factor=steps_factor)
         state._clock = probe_clock(state, costs[rank])
         return state
 
@@ -1428,7 +1441,7 @@ def scenario_auto_probe(rank, world, costs, wire="auto"):
     probe = len(order) * _PROBE_STEPS
     steps = start + probe + 3
     mean = {pair: sum(c[pair] for c in costs) / world for pair in costs[rank]}
-    chosen, chosen_wire, best = auto_choice(mean, world)
+    chosen, chosen_wire, best = auto_choice(mean, world, steps_factor)
     expected = [set()] * start + [{p} for p in order for _ in range(_PROBE_STEPS)] + [{f"{chosen}/{chosen_wire}"}] * 3
     reduce_probed = any(p.startswith("reduce") for p in order)
     # The last step of the first reduce block after an all-gather one after a reduce one.
@@ -1457,13 +1470,15 @@ def scenario_auto_probe(rank, world, costs, wire="auto"):
     if reduce_probed:
         assert abs(measured["allgather_seconds"] - best["allgather"]) < 1e-12, measured
         assert abs(measured["reduce_seconds"] - best["reduce"]) < 1e-12, measured
-        assert measured["steps_factor"] == _reduce_steps_factor(world), measured
-    mine = auto_choice(costs[rank], world)[:2]
+        expected_factor = steps_factor if steps_factor is not None else _reduce_steps_factor(world)
+        assert measured["steps_factor"] == expected_factor, measured
+    mine = auto_choice(costs[rank], world, steps_factor)[:2]
     # Kept with the reduce exchange; with the all-gather the probe's owner states are dropped.
     assert bool(state.state_dict()["exchanges"]) == (chosen == "reduce"), list(state.state_dict()["exchanges"])
     uninterrupted = [p.detach().clone() for p in model.parameters()]
     # Its choice survives a checkpoint: a loaded state probes no more.
-    after = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start, wire=wire)
+    after = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start, wire=wire,
+                              reduce_steps_factor=steps_factor)
     after.load_state_dict(state.state_dict())
     assert after.auto_exchange() == measured
     assert (after.exchange_for(world), after.wire_for(world)) == (chosen, chosen_wire)
@@ -1611,10 +1626,11 @@ def check_local():
     assert any(p.endswith("include/sidco/sidco.hpp") for p in listed) and any(
         p.endswith("csrc/cpu/reduce.cpp") for p in listed) and any(p.endswith("sidco_torch/hook.py") for p in listed)
     state = sidco_torch.State(method="dgc", density=0.02, start_iter=3, seed=7, reduce_schedule="two-hop",
-                              dense_parameters=["last.bias"], wire="compact")
+                              dense_parameters=["last.bias"], wire="compact", reduce_steps_factor=1.1)
     for clone in (pickle.loads(pickle.dumps(state)), copy.deepcopy(state)):
         assert clone.method == "dgc" and clone.density == 0.02 and clone.start_iter == 3 and clone.options == {"seed": 7}
         assert clone.reduce_schedule == "two-hop" and clone.dense_parameters == {"last.bias"} and clone.wire == "compact"
+        assert clone.reduce_steps_factor == 1.1 and clone.steps_factor_for(8) == 1.1
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
@@ -1640,7 +1656,11 @@ def check_local():
                                 "and returns a density), raised TypeError"),
                                (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact', 'auto'"),
                                (dict(reduce_schedule="two_hop"), ValueError,
-                                "reduce_schedule = 'two_hop' is not one of 'auto', 'flat', 'two-hop'")]:
+                                "reduce_schedule = 'two_hop' is not one of 'auto', 'flat', 'two-hop'"),
+                               (dict(reduce_steps_factor=0.2), ValueError,
+                                "reduce_steps_factor = 0.2 is outside [0.5, 10] (or None: the measured factors)"),
+                               (dict(reduce_steps_factor="1.1"), TypeError,
+                                "reduce_steps_factor must be a real number, got str '1.1'")]:
         try:
             sidco_torch.State(**bad)
         except kind as e:
@@ -2031,6 +2051,15 @@ def main():
             alone = {o["this rank alone"] for o in out.values()}
             assert len(alone) > 1, f"every rank alone would choose {alone}: the test tests less"
             print(f"auto, {world} ranks, wire {wire!r}, steps costing {costs}: {out[0]['chosen']} on every rank")
+    # A model's own steps factor: where the measured one (1.15 at 3 ranks) keeps the
+    # all-gather, 1.0 keeps the reduce exchange.
+    costs = exchange_only[0]
+    assert auto_choice({"allgather/plain": 1.0, "reduce/plain": sum(c["reduce/plain"] for c in costs) / 3}, 3)[0] == \
+        "allgather", "the measured factor would keep the reduce exchange too: the case tests nothing"
+    out = run(scenario_auto_probe, 3, costs, "plain", 1.0, timeout=240)
+    assert {o["chosen"] for o in out.values()} == {"reduce/plain"}, {o["chosen"] for o in out.values()}
+    print(f"auto, 3 ranks, reduce_steps_factor 1.0, steps costing {costs}: {out[0]['chosen']} on every rank")
+    print("different steps factors:", run(scenario_steps_factor_mismatch, 2)[0])
     out = run(scenario_auto_probe_failure, 3, 6, timeout=240)
     assert len({o["parameters"] for o in out.values()}) == 1, "ranks' parameters differ after a failure in the probe"
     assert len({str(o["auto"]) for o in out.values()}) == 1, [o["auto"] for o in out.values()]
