@@ -22,7 +22,8 @@ sidco_torch method (sidco-e, top-k, dgc, ...), optionally with the hook's exchan
 wire (sidco-e:compact: bfloat16 values, coded indices; sidco-e:compact8: 8-bit values, the
 all-gather's), the hook's auto exchange (the all-gather at 2 ranks; from 3 both timed in the
 first sparse steps, which the warm-up is extended to cover), or both
-(sidco-e:reduce/compact). NAME@previous runs NAME with the package
+(sidco-e:reduce/compact); sidco-e:f1.1 gives the auto exchange a steps factor of 1.1
+(State(reduce_steps_factor=1.1)). NAME@previous runs NAME with the package
 in --previous (an earlier build's python directory), for before/after comparisons.
 """
 import argparse
@@ -31,6 +32,7 @@ import json
 import math
 import os
 import queue
+import re
 import socket
 import statistics
 import sys
@@ -92,8 +94,12 @@ class Job:
         # sidco-e:plain: that wire (default: the hook's auto); sidco-e:reduce/compact: both
         name, _, choices = name.partition(":")
         choices = choices.split("/") if choices else []
+        # sidco-e:f1.1: auto's steps factor for this model (State(reduce_steps_factor=1.1))
+        factors = [c for c in choices if re.fullmatch(r"f[0-9.]+", c)]
+        choices = [c for c in choices if c not in factors]
         named = {"wire": c for c in choices if c in ("compact", "compact8", "plain")}
         named.update({"exchange": c for c in choices if c not in ("compact", "compact8", "plain")})
+        named.update({"reduce_steps_factor": float(c[1:]) for c in factors})
         self.state, self.sidco = None, name not in ("compute", "none", "powersgd", "ddp-local")
         if name == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -297,6 +303,8 @@ def summarize_step(method, out, a):
         s["auto_exchange"] = chosen["chosen"] + (f"/{chosen['wire']}" if "wire" in chosen else "")
         if "seconds" in chosen:  # what the probe measured, per "exchange/wire" (ranks' mean of medians)
             s["auto_ms"] = {pair: round(1e3 * t, 1) for pair, t in chosen["seconds"].items()}
+        if "steps_factor" in chosen:  # the f it weighed the reduce exchange's time by
+            s["steps_factor"] = chosen["steps_factor"]
     if "link_bytes_per_step" in out:
         s["link_bytes"] = out["link_bytes_per_step"]
         s["retransmits"] = out["retransmits_per_step"]
