@@ -3,7 +3,6 @@ configuration (once), and each bucket's wire format (whenever it changes). A dif
 the same ExchangeError on every rank, raised before the collective it would have broken."""
 import importlib
 import pickle
-import struct
 import warnings
 import zlib
 
@@ -12,7 +11,7 @@ import torch.distributed as dist
 
 from .ops import methods
 from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _REDUCE_SCHEDULES, _STATE_FORMAT, _WIRES, ExchangeError,
-                        _bits)
+                        _bits, _float_of_bits)
 
 
 def _source_digest():
@@ -78,10 +77,8 @@ class _Agreement:
         # On the buckets' device: NCCL gathers CUDA tensors only.
         mine = torch.tensor([v for _, v in fields], dtype=torch.int64, device=device)
         everyone = [t.cpu() for t in self._kept_all_gather(mine, group, world)]
-        shown = {"density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
-                 "agreed density": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
-                 "capacity_slack": lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0],
-                 "reduce_steps_factor": lambda bits: (struct.unpack("<d", struct.pack("<q", bits))[0] or None),
+        shown = {"density": _float_of_bits, "agreed density": _float_of_bits, "capacity_slack": _float_of_bits,
+                 "reduce_steps_factor": lambda bits: _float_of_bits(bits) or None,
                  "auto exchange": lambda index: _EXCHANGES[index] if index else "not chosen yet",
                  "auto wire": lambda index: _WIRES[index] if index >= 0 else "not chosen yet",
                  "auto probe start": lambda start: start if start >= 0 else "not started"}

@@ -67,6 +67,11 @@ def _checked_density(value, what):
 def _bits(x):
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
+
+def _float_of_bits(bits):
+    """The float _bits(x) was made from."""
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
 # Owners by the method registry's names; the hook's first spelling still works, with a warning.
 _OWNERS = ("sidco-e-exact", "top-k")
 _OWNER_ALIASES = {"sidco-e": "sidco-e-exact"}

@@ -1399,14 +1399,20 @@ def probe_clock(state, costs):
     return clock
 
 
+def expected_steps_factor(world, steps_factor):
+    """The f the probe should weigh the reduce exchange by: State(reduce_steps_factor=...), or
+    the measured factor at world ranks where it is None."""
+    from sidco_torch.state import _reduce_steps_factor
+    return steps_factor if steps_factor is not None else _reduce_steps_factor(world)
+
+
 def auto_choice(costs, world, steps_factor=None):
     """What the probe should choose from costs ("exchange/wire" -> seconds): each exchange
     with the most precise of its wires (plain, compact, compact8) whose time is at most 3%
     over its fastest wire's, the reduce exchange when its time so x the steps factor (the
     measured one where steps_factor is None) is at most the all-gather's; (exchange, wire,
     each exchange's seconds with that wire)."""
-    from sidco_torch.state import _reduce_steps_factor
-    factor = steps_factor if steps_factor is not None else _reduce_steps_factor(world)
+    factor = expected_steps_factor(world, steps_factor)
     best = {}
     for exchange in dict.fromkeys(pair.split("/")[0] for pair in costs):
         mine = {pair.split("/")[1]: t for pair, t in costs.items() if pair.startswith(exchange + "/")}
@@ -1426,7 +1432,7 @@ def scenario_auto_probe(rank, world, costs, wire="auto", steps_factor=None):
     (and taken up again, across a change of wire too), a run checkpointed mid-probe equal to
     the uninterrupted one bit for bit, and its choice kept by a checkpoint after it. With
     steps_factor, State(reduce_steps_factor=steps_factor) chooses by it."""
-    from sidco_torch.state import _PROBE_ROUNDS, _PROBE_STEPS, _reduce_steps_factor
+    from sidco_torch.state import _PROBE_ROUNDS, _PROBE_STEPS
 
     def made():
         state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=start, wire=wire,
@@ -1470,8 +1476,7 @@ def scenario_auto_probe(rank, world, costs, wire="auto", steps_factor=None):
     if reduce_probed:
         assert abs(measured["allgather_seconds"] - best["allgather"]) < 1e-12, measured
         assert abs(measured["reduce_seconds"] - best["reduce"]) < 1e-12, measured
-        expected_factor = steps_factor if steps_factor is not None else _reduce_steps_factor(world)
-        assert measured["steps_factor"] == expected_factor, measured
+        assert measured["steps_factor"] == expected_steps_factor(world, steps_factor), measured
     mine = auto_choice(costs[rank], world, steps_factor)[:2]
     # Kept with the reduce exchange; with the all-gather the probe's owner states are dropped.
     assert bool(state.state_dict()["exchanges"]) == (chosen == "reduce"), list(state.state_dict()["exchanges"])
@@ -2054,8 +2059,9 @@ def main():
     # A model's own steps factor: where the measured one (1.15 at 3 ranks) keeps the
     # all-gather, 1.0 keeps the reduce exchange.
     costs = exchange_only[0]
-    assert auto_choice({"allgather/plain": 1.0, "reduce/plain": sum(c["reduce/plain"] for c in costs) / 3}, 3)[0] == \
-        "allgather", "the measured factor would keep the reduce exchange too: the case tests nothing"
+    mean = {pair: sum(c[pair] for c in costs) / len(costs) for pair in costs[0]}
+    assert auto_choice(mean, len(costs))[0] == "allgather", \
+        "the measured factor would keep the reduce exchange too: the case tests nothing"
     out = run(scenario_auto_probe, 3, costs, "plain", 1.0, timeout=240)
     assert {o["chosen"] for o in out.values()} == {"reduce/plain"}, {o["chosen"] for o in out.values()}
     print(f"auto, 3 ranks, reduce_steps_factor 1.0, steps costing {costs}: {out[0]['chosen']} on every rank")
