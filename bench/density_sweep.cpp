@@ -4,7 +4,7 @@
 // (the density test's procedure). One line a case: the first call's achieved / target
 // density, the mean |ratio − 1| over calls 2–10 (early) and 31–50 (late), and the passes the
 // estimates made of their own; then the sums over all cases. For judging a change to the
-// estimator or the loop against the tree before it (docs/RESULTS.md, "first calls"),
+// estimator or the loop against the tree before it (docs/RESULTS.md, "The adaptive loop swept"),
 // compiled by hand against a tree's include/:
 //
 //   g++ -std=c++20 -O3 -march=native -fopenmp -DSIDCO_HIGHWAY=1 -DHWY_SHARED_DEFINE -Iinclude
