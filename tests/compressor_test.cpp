@@ -2,6 +2,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -516,6 +517,45 @@ TEST_CASE("a state written under the old underscore policy names loads, another 
   state_reader wrong(other);
   CHECK_THROWS_WITH_AS(refused.load_state(wrong), doctest::Contains("'bbove-threshold' where 'above-threshold'"),
                        sidco::error);
+}
+
+TEST_CASE("a state saved before the estimator kept the last call's mean loads and resumes") {
+  // The statistical estimator saves the last call's mean |x| after its last threshold (the
+  // base's drift over values that move only with the gradient); states saved before that
+  // field end the estimator's part at the threshold. Over the same values the mean does not
+  // move, so a compressor resumed from such a state gives the uninterrupted one's bits.
+  const auto g = synthetic_gradient<float>(1 << 15, 0.3, 12);
+  presets::sidco_e<backend::serial> original;
+  sparse_vector<float> out, again;
+  for (int step = 0; step < 3; ++step) original.compress<float>(g, 0.001, out);
+  state_writer writer;
+  original.save_state(writer);
+  std::vector<std::byte> bytes = writer.take();
+  const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const auto name = text.find("last-mean");
+  REQUIRE(name != std::string::npos);
+  REQUIRE(text.find("last-mean", name + 1) == std::string::npos);
+  // The field: its name's length (8 bytes), the name, the mean (8 bytes).
+  std::vector<std::byte> legacy(bytes.begin(), bytes.begin() + std::ptrdiff_t(name - 8));
+  legacy.insert(legacy.end(), bytes.begin() + std::ptrdiff_t(name + 9 + 8), bytes.end());
+  presets::sidco_e<backend::serial> resumed;
+  state_reader reader(legacy);
+  resumed.load_state(reader);
+  reader.finish();
+  for (int step = 0; step < 3; ++step) {
+    original.compress<float>(g, 0.001, out);
+    resumed.compress<float>(g, 0.001, again);
+    CHECK(std::equal(out.indices().begin(), out.indices().end(), again.indices().begin(), again.indices().end()));
+    CHECK(std::equal(out.values().begin(), out.values().end(), again.values().begin(), again.values().end()));
+  }
+
+  // A mean that is no mean is refused, naming the field.
+  std::vector<std::byte> broken = bytes;
+  const double nan = std::nan("");
+  std::memcpy(broken.data() + name + 9, &nan, 8);
+  presets::sidco_e<backend::serial> refused;
+  state_reader wrong(broken);
+  CHECK_THROWS_WITH_AS(refused.load_state(wrong), doctest::Contains("last mean = nan"), sidco::error);
 }
 
 }  // namespace compressor_test

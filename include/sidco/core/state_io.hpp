@@ -79,6 +79,16 @@ class state_reader {
     return found;
   }
 
+  /// Whether the next field is the name `expected`, reading nothing (a field added to a
+  /// state later, which states saved before it lack).
+  bool next_name_is(std::string_view expected) const {
+    if (bytes_.size() - at_ < 8) return false;
+    std::uint64_t length = 0;
+    for (int b = 0; b < 8; ++b) length |= std::uint64_t(bytes_[at_ + std::size_t(b)]) << (8 * b);
+    if (length != expected.size() || length > bytes_.size() - at_ - 8) return false;
+    return same_name({reinterpret_cast<const char*>(bytes_.data() + at_ + 8), std::size_t(length)}, expected);
+  }
+
   /// Skips what is left (a part this reader has no use for).
   void skip_rest() { at_ = bytes_.size(); }
 

@@ -149,6 +149,8 @@ class statistical {
     if constexpr (stateful<Stages>) stages_.save_state(out);
     out.number(base_);
     out.number(last_threshold_);
+    out.name(mean_field);
+    out.number(last_mean_);
   }
   void load_state(state_reader& in) {
     in.expect(First::name);
@@ -159,6 +161,14 @@ class statistical {
     if constexpr (stateful<Stages>) stages.load_state(in);
     const double base = in.number("statistical: base");
     const double last = in.number("statistical: last threshold");
+    // States saved before the field have no mean: the next call follows no drift.
+    double mean = -1;
+    if (in.next_name_is(mean_field)) {
+      in.expect(mean_field);
+      mean = in.number("statistical: last mean");
+      if (!(mean == -1 || (mean >= 0 && std::isfinite(mean))))
+        detail::fail("state: statistical: last mean = ", mean, " is neither -1 nor a finite mean");
+    }
     // Both are -1 (none yet) or a finite threshold >= 0.
     if (!(base == -1 || (base >= 0 && std::isfinite(base))))
       detail::fail("state: statistical: base = ", base, " is neither -1 nor a finite threshold");
@@ -167,9 +177,12 @@ class statistical {
     stages_ = stages;
     base_ = base;
     last_threshold_ = last;
+    last_mean_ = mean;
   }
 
  private:
+  static constexpr const char* mean_field = "last-mean";
+
   // A measured point of the tail: n values of |x| lie above t; excess holds their moments.
   struct tail_point {
     double t;
@@ -274,7 +287,7 @@ class statistical {
 
     for (int extra = 0;;) {
       const double bracket = hi_measured && hi_n >= k / close_bracket ? hi_t : 0.0;
-      if (lo.n == k) return finish(all, candidate, bracket, wanted, lo.t, stage_count);
+      if (lo.n == k) return finish(all, candidate, bracket, wanted, lo.t, stage_count, values_drift<Pass>());
       double t;
       bool fitted = true;
       if (bracket > 0) {
@@ -304,7 +317,7 @@ class statistical {
       }
       const bool last = stage >= stage_count - 1 || one_step;
       if (last && (fitted || hi_measured || extra == max_extra_passes))
-        return finish(all, candidate, bracket, wanted, t, stage_count);
+        return finish(all, candidate, bracket, wanted, t, stage_count, values_drift<Pass>());
       if (last) {
         // The model does not reach k inside the data and nothing above was measured:
         // measure halfway to the maximum, which brackets the tail or raises the lower end.
@@ -325,6 +338,18 @@ class statistical {
       stage = std::min(stage + 1, stage_count - 1);
     }
   }
+
+  // Whether a Pass's values move between calls by themselves: under error feedback (the
+  // pipeline's passes say whether they are); a Pass that does not say is taken to.
+  template <class Pass>
+  static constexpr bool values_drift() {
+    if constexpr (requires { Pass::feedback; })
+      return Pass::feedback;
+    else
+      return true;
+  }
+
+  static double bounded_drift(double ratio) { return std::clamp(ratio, 1 / max_drift, max_drift); }
 
   // A last stage whose model leaves the data measures at most this many more points.
   static constexpr int max_extra_passes = 2;
@@ -355,9 +380,16 @@ class statistical {
   // than max_drift above t: the next call then interpolates to it without a pass, as this
   // call's last stage did.
   threshold_estimate finish(const moments& all, const tail_point& candidate, double bracket, double wanted, double t,
-                            int stages) {
-    const double drift =
-        last_threshold_ > 0 && t > 0 ? std::clamp(t / last_threshold_, 1 / max_drift, max_drift) : 1.0;
+                            int stages, bool drifting) {
+    // The drift to follow: where the values move by themselves (error feedback), and for an
+    // upper bracket (which stays one by it: base_brackets), the threshold's change. Otherwise
+    // that change is mostly the loop's own correction, which carried into the next call's base
+    // sustains two-call cycles (docs/RESULTS.md), so the values' own change: their mean.
+    const double mean = all.mean();
+    const double drift = drifting || (candidate.t <= 0 && bracket > 0)
+                             ? (last_threshold_ > 0 && t > 0 ? bounded_drift(t / last_threshold_) : 1.0)
+                             : (last_mean_ > 0 && mean > 0 ? bounded_drift(mean / last_mean_) : 1.0);
+    last_mean_ = mean;
     base_ = -1;
     if (candidate.t <= 0 && bracket > 0) {
       if (bracket * drift > max_drift * t) base_ = bracket * drift;
@@ -406,6 +438,7 @@ class statistical {
   options options_{};
   double base_ = -1;            // where the next moments pass measures the tail
   double last_threshold_ = -1;  // this call's threshold, for the next call's drift
+  double last_mean_ = -1;       // this call's mean |x| over the non-zeros (-1: none yet)
 };
 
 }  // namespace sidco::estimate

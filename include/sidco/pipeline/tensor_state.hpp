@@ -24,6 +24,9 @@ namespace sidco::pipeline {
 /// The estimator's view of the data: passes of its own over one source, counted.
 template <class Backend, class Source>
 struct estimator_pass {
+  /// Whether the values are a gradient plus an error-feedback residual, which moves them
+  /// from call to call by itself.
+  static constexpr bool feedback = Source::has_state;
   Backend& backend;
   const Source& source;
   int passes = 0;
