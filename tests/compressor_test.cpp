@@ -479,16 +479,35 @@ TEST_CASE("one compressor serves one thread at a time: a concurrent call throws,
   CHECK(malformed.load() == 0);
 }
 
+// compressor's saved state after `steps` calls on g at density.
+template <class Compressor>
+std::vector<std::byte> state_after(Compressor& compressor, const std::vector<float>& g, double density, int steps) {
+  sparse_vector<float> out;
+  for (int step = 0; step < steps; ++step) compressor.template compress<float>(g, density, out);
+  state_writer writer;
+  compressor.save_state(writer);
+  return writer.take();
+}
+
+// original and resumed give the same indices and values for `steps` more calls on g.
+template <class Compressor>
+void check_same_calls(Compressor& original, Compressor& resumed, const std::vector<float>& g, double density,
+                      int steps) {
+  sparse_vector<float> out, again;
+  for (int step = 0; step < steps; ++step) {
+    original.template compress<float>(g, density, out);
+    resumed.template compress<float>(g, density, again);
+    CHECK(std::equal(out.indices().begin(), out.indices().end(), again.indices().begin(), again.indices().end()));
+    CHECK(std::equal(out.values().begin(), out.values().end(), again.values().begin(), again.values().end()));
+  }
+}
+
 TEST_CASE("a state written under the old underscore policy names loads, another policy's does not") {
   // Policy names took the registry's hyphens (above-threshold, generalized-pareto); a
   // checkpoint written before that spells them with underscores, at the same length.
   const auto g = synthetic_gradient<float>(1 << 15, 0.3, 11);
   presets::sidco_gp<backend::serial> original;
-  sparse_vector<float> out, again;
-  for (int step = 0; step < 3; ++step) original.compress<float>(g, 0.01, out);
-  state_writer writer;
-  original.save_state(writer);
-  std::vector<std::byte> bytes = writer.take();
+  const std::vector<std::byte> bytes = state_after(original, g, 0.01, 3);
   const auto spell_with = [&](std::vector<std::byte> from, std::string_view hyphens, char separator) {
     std::string text(reinterpret_cast<const char*>(from.data()), from.size());
     const auto at = text.find(hyphens);
@@ -502,10 +521,7 @@ TEST_CASE("a state written under the old underscore policy names loads, another 
   presets::sidco_gp<backend::serial> resumed;
   state_reader reader(legacy);
   resumed.load_state(reader);
-  original.compress<float>(g, 0.01, out);
-  resumed.compress<float>(g, 0.01, again);
-  CHECK(std::equal(out.indices().begin(), out.indices().end(), again.indices().begin(), again.indices().end()));
-  CHECK(std::equal(out.values().begin(), out.values().end(), again.values().begin(), again.values().end()));
+  check_same_calls(original, resumed, g, 0.01, 1);
 
   // Only '-' and '_' are interchangeable: another policy's name is still refused.
   std::vector<std::byte> other = bytes;
@@ -526,11 +542,7 @@ TEST_CASE("a state saved before the estimator kept the last call's mean loads an
   // move, so a compressor resumed from such a state gives the uninterrupted one's bits.
   const auto g = synthetic_gradient<float>(1 << 15, 0.3, 12);
   presets::sidco_e<backend::serial> original;
-  sparse_vector<float> out, again;
-  for (int step = 0; step < 3; ++step) original.compress<float>(g, 0.001, out);
-  state_writer writer;
-  original.save_state(writer);
-  std::vector<std::byte> bytes = writer.take();
+  const std::vector<std::byte> bytes = state_after(original, g, 0.001, 3);
   const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   const auto name = text.find("last-mean");
   REQUIRE(name != std::string::npos);
@@ -542,12 +554,7 @@ TEST_CASE("a state saved before the estimator kept the last call's mean loads an
   state_reader reader(legacy);
   resumed.load_state(reader);
   reader.finish();
-  for (int step = 0; step < 3; ++step) {
-    original.compress<float>(g, 0.001, out);
-    resumed.compress<float>(g, 0.001, again);
-    CHECK(std::equal(out.indices().begin(), out.indices().end(), again.indices().begin(), again.indices().end()));
-    CHECK(std::equal(out.values().begin(), out.values().end(), again.values().begin(), again.values().end()));
-  }
+  check_same_calls(original, resumed, g, 0.001, 3);
 
   // A mean that is no mean is refused, naming the field.
   std::vector<std::byte> broken = bytes;

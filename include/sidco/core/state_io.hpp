@@ -3,6 +3,7 @@
 // uninterrupted one.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -53,8 +54,7 @@ class state_reader {
 
   std::uint64_t word(const char* what) {
     if (bytes_.size() - at_ < 8) detail::fail("state: ends before ", what, " (", bytes_.size(), " bytes)");
-    std::uint64_t v = 0;
-    for (int b = 0; b < 8; ++b) v |= std::uint64_t(bytes_[at_ + std::size_t(b)]) << (8 * b);
+    const std::uint64_t v = word_at(at_);
     at_ += 8;
     return v;
   }
@@ -83,8 +83,7 @@ class state_reader {
   /// state later, which states saved before it lack).
   bool next_name_is(std::string_view expected) const {
     if (bytes_.size() - at_ < 8) return false;
-    std::uint64_t length = 0;
-    for (int b = 0; b < 8; ++b) length |= std::uint64_t(bytes_[at_ + std::size_t(b)]) << (8 * b);
+    const std::uint64_t length = word_at(at_);
     if (length != expected.size() || length > bytes_.size() - at_ - 8) return false;
     return same_name({reinterpret_cast<const char*>(bytes_.data() + at_ + 8), std::size_t(length)}, expected);
   }
@@ -99,6 +98,13 @@ class state_reader {
   }
 
  private:
+  // The little-endian word at offset, which the caller has checked lies inside.
+  std::uint64_t word_at(std::size_t offset) const {
+    std::uint64_t v = 0;
+    for (int b = 0; b < 8; ++b) v |= std::uint64_t(bytes_[offset + std::size_t(b)]) << (8 * b);
+    return v;
+  }
+
   static bool same_name(std::string_view a, std::string_view b) {
     if (a.size() != b.size()) return false;
     for (std::size_t i = 0; i < a.size(); ++i)
@@ -123,6 +129,14 @@ namespace detail {
 /// A value read from a state that must lie in [low, high] (and not be NaN).
 inline double checked_state(double v, double low, double high, const char* what) {
   if (!(v >= low && v <= high)) fail("state: ", what, " = ", v, " is outside [", low, ", ", high, "]");
+  return v;
+}
+
+/// A value read from a state that is -1 (none yet) or a finite value >= 0 (what: its name,
+/// kind: what it measures).
+inline double unset_or_finite_state(double v, const char* what, const char* kind) {
+  if (!(v == -1 || (v >= 0 && std::isfinite(v))))
+    fail("state: ", what, " = ", v, " is neither -1 nor a finite ", kind);
   return v;
 }
 

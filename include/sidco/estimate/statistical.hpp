@@ -159,21 +159,16 @@ class statistical {
     in.expect(Fit::name);
     Stages stages = stages_;
     if constexpr (stateful<Stages>) stages.load_state(in);
-    const double base = in.number("statistical: base");
-    const double last = in.number("statistical: last threshold");
+    // Each is -1 (none yet) or a finite threshold or mean >= 0.
+    const double base = detail::unset_or_finite_state(in.number("statistical: base"), "statistical: base", "threshold");
+    const double last = detail::unset_or_finite_state(in.number("statistical: last threshold"),
+                                                      "statistical: last threshold", "threshold");
     // States saved before the field have no mean: the next call follows no drift.
     double mean = -1;
     if (in.next_name_is(mean_field)) {
       in.expect(mean_field);
-      mean = in.number("statistical: last mean");
-      if (!(mean == -1 || (mean >= 0 && std::isfinite(mean))))
-        detail::fail("state: statistical: last mean = ", mean, " is neither -1 nor a finite mean");
+      mean = detail::unset_or_finite_state(in.number("statistical: last mean"), "statistical: last mean", "mean");
     }
-    // Both are -1 (none yet) or a finite threshold >= 0.
-    if (!(base == -1 || (base >= 0 && std::isfinite(base))))
-      detail::fail("state: statistical: base = ", base, " is neither -1 nor a finite threshold");
-    if (!(last == -1 || (last >= 0 && std::isfinite(last))))
-      detail::fail("state: statistical: last threshold = ", last, " is neither -1 nor a finite threshold");
     stages_ = stages;
     base_ = base;
     last_threshold_ = last;
