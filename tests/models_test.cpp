@@ -8,6 +8,7 @@
 #include <sidco/models/gamma.hpp>
 #include <sidco/models/generalized_pareto.hpp>
 #include <sidco/models/normal.hpp>
+#include <sidco/models/truncated_exponential.hpp>
 #include <sidco/models/weibull.hpp>
 
 // Named after the file: the test programs compile several test files as one unit.
@@ -153,6 +154,53 @@ TEST_CASE("the Weibull fit inverts its log-moment gap and recovers known paramet
   for (int i = 0; i < 5; ++i) equal.add<true>(0.25);
   CHECK(models::weibull::fit(equal).upper_quantile(0.01) == doctest::Approx(0.25));
   CHECK(std::isnan(models::weibull::fit(moments{}).upper_quantile(0.01)));
+}
+
+TEST_CASE("the truncated exponential recovers its rate from its mean, and its quantile inverts its ccdf") {
+  // Rates from values piled at the upper end (-800) through uniform (0) to a steep tail (1e4).
+  for (double rate : {-800.0, -50.0, -3.0, -1e-7, 0.0, 1e-7, 1e-3, 0.2, 5.0, 300.0, 1e4}) {
+    const models::truncated_exponential model{2.5, rate};
+    const auto fitted = models::truncated_exponential::with_mean(model.mean(), 2.5);
+    INFO("rate ", rate, ", mean ", model.mean(), ", fitted rate ", fitted.rate);
+    CHECK(fitted.mean() == doctest::Approx(model.mean()).epsilon(1e-9));
+    if (std::fabs(rate) > 1e-3) CHECK(fitted.rate == doctest::Approx(rate).epsilon(1e-8));
+    for (double rho : {0.0, 0.01, 0.3, 0.5, 0.99, 1.0}) {
+      const double t = model.upper_quantile(rho);
+      CHECK(t >= 0);
+      CHECK(t <= 2.5);
+      CHECK(model.ccdf(t) == doctest::Approx(rho).epsilon(1e-9));
+    }
+  }
+  // Rate 0 is uniform: the mean in the middle, the quantile linear.
+  const auto uniform = models::truncated_exponential::with_mean(1.25, 2.5);
+  CHECK(uniform.rate == 0);
+  CHECK(uniform.upper_quantile(0.3) == doctest::Approx(1.75).epsilon(1e-12));
+}
+
+TEST_CASE("the truncated exponential over an exponential tail's stretch is the log-linear interpolation") {
+  // Exponential draws of mean 1 (fixed seed): between t0 and t1, the count above t falls as
+  // exp(-t), so the log-linear line through (t0, n0) and (t1, n1) gives the cut for k; the
+  // model fitted to the mean of the draws between them gives the same cut within the draws'
+  // noise (1e6 draws: the stretch's mean is known to about 0.2%).
+  std::mt19937_64 rng(5);
+  std::exponential_distribution<double> draw(1.0);
+  const double t0 = 0.5, t1 = 3.0;
+  double n0 = 0, n1 = 0, sum = 0;
+  for (int i = 0; i < 1000000; ++i) {
+    const double a = draw(rng);
+    n0 += a > t0;
+    n1 += a > t1;
+    if (a > t0 && a <= t1) sum += a;
+  }
+  const double inside = n0 - n1;
+  const auto model = models::truncated_exponential::with_mean(sum / inside - t0, t1 - t0);
+  CHECK(model.rate == doctest::Approx(t1 - t0).epsilon(0.02));
+  for (double k : {0.9 * n0, 0.5 * n0, 0.2 * n0, 2 * n1}) {
+    const double loglinear = t0 + (t1 - t0) * std::log(n0 / k) / std::log(n0 / n1);
+    const double cut = t0 + model.upper_quantile((k - n1) / inside);
+    INFO("k ", k, ": log-linear ", loglinear, ", model ", cut);
+    CHECK(cut == doctest::Approx(loglinear).epsilon(0.01));
+  }
 }
 
 }  // namespace models_test
