@@ -14,6 +14,7 @@
 #include "sidco/core/moments.hpp"
 #include "sidco/core/state_io.hpp"
 #include "sidco/models/concept.hpp"
+#include "sidco/models/truncated_exponential.hpp"
 #include "sidco/estimate/result.hpp"
 #include "sidco/stages/stages.hpp"
 
@@ -192,6 +193,27 @@ class statistical {
     return lo.t + (hi_t - lo.t) * std::log(lo.n / k) / std::log(lo.n / hi_n);
   }
 
+  // The same between two measured points with their moments, which give the count and the
+  // mean of the values between them: those values as an exponential density truncated to
+  // the bracket with that mean (models::truncated_exponential). Over an exponential tail
+  // it is the log-linear interpolation; where the values pile up at one end of the bracket
+  // (a tail steeper or flatter than exponential across it, or a cliff of near-equal values)
+  // the cut moves toward that end, where the log-linear line would miss by a large factor.
+  static double interpolate_measured(const tail_point& lo, const tail_point& hi, double k) {
+    const double loglinear = interpolate(lo, hi.t, hi.n, k);
+    const double inside = double(lo.excess.nonzero()) - double(hi.excess.nonzero());
+    const double width = hi.t - lo.t;
+    if (!(inside >= 2 && width > 0 && k > hi.n && k < lo.n)) return loglinear;
+    // The inside's sum of |x|: each tail's excess sum plus its count times its threshold.
+    const double inside_sum = (lo.excess.sum + double(lo.excess.nonzero()) * lo.t) -
+                              (hi.excess.sum + double(hi.excess.nonzero()) * hi.t);
+    const double mean = inside_sum / inside - lo.t;
+    if (!(mean > 0 && mean < width)) return loglinear;
+    const auto model = models::truncated_exponential::with_mean(mean, width);
+    const double t = lo.t + model.upper_quantile((k - hi.n) / (lo.n - hi.n));
+    return t > lo.t && t < hi.t ? t : loglinear;
+  }
+
   // The stage a measured point of n >= k values starts: as many stages follow as its distance
   // from k needs at the schedule's last-stage ratio (one, within 2x of where the last stage
   // starts).
@@ -235,6 +257,7 @@ class statistical {
     // point once a pass finds fewer than k values above a threshold.
     double hi_t = all.max, hi_n = 1;
     bool hi_measured = false;
+    moments hi_excess{};  // the upper end's tail, once measured
     int stage = 0;
     tail_point candidate = lo;  // measured points nearest `wanted`: the next call's base
 
@@ -252,6 +275,7 @@ class statistical {
         // the tail moved: refit from stage 1.
         hi_t = base_;
         hi_n = n;
+        hi_excess = measured;
         hi_measured = true;
         if (base_brackets() && n >= k / close_bracket) stage = stage_count - 1;
       }
@@ -275,18 +299,28 @@ class statistical {
       } else if (last_threshold_ < hi_t) {
         hi_t = last_threshold_;
         hi_n = n;
+        hi_excess = measured;
         hi_measured = true;
         if (lo.t > 0 && n >= k / close_bracket) stage = std::max(stage, stage_count - 1);
       }
     }
 
+    // Up to the upper end: through the values between both ends once it is measured.
+    const auto to_upper_end = [&](double count) {
+      return hi_measured ? interpolate_measured(lo, {hi_t, hi_n, hi_excess}, count)
+                         : interpolate(lo, hi_t, hi_n, count);
+    };
     for (int extra = 0;;) {
       const double bracket = hi_measured && hi_n >= k / close_bracket ? hi_t : 0.0;
+      const bool last = stage >= stage_count - 1 || one_step;
+      // The count this stage aims at: k at the last, otherwise the schedule's step from lo
+      // (so that a stage before the last measures a point below the cut, the next call's base).
+      const double stage_count_aim = last ? k : lo.n * std::pow(k / lo.n, 1.0 / double(stage_count - stage));
       if (lo.n == k) return finish(all, candidate, bracket, wanted, lo.t, stage_count, values_drift<Pass>());
       double t;
       bool fitted = true;
       if (bracket > 0) {
-        t = interpolate(lo, hi_t, hi_n, k);
+        t = to_upper_end(stage_count_aim);
       } else {
         if (stage == 0) {
           t = First::fit(all).upper_quantile(one_step ? target : first_kept);
@@ -305,12 +339,11 @@ class statistical {
         // A fit that is not finite, or lands outside the bracket, is replaced by the
         // interpolation, which cannot leave it.
         if (!(t > lo.t && t < hi_t)) {
-          t = interpolate(lo, hi_t, hi_n, k);
+          t = to_upper_end(k);
           fitted = false;
         }
         t = std::min(t, std::nextafter(hi_t, 0.0));
       }
-      const bool last = stage >= stage_count - 1 || one_step;
       if (last && (fitted || hi_measured || extra == max_extra_passes))
         return finish(all, candidate, bracket, wanted, t, stage_count, values_drift<Pass>());
       if (last) {
@@ -328,6 +361,7 @@ class statistical {
       } else {
         hi_t = t;
         hi_n = n;
+        hi_excess = excess;
         hi_measured = true;
       }
       stage = std::min(stage + 1, stage_count - 1);
