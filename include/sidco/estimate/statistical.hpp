@@ -188,9 +188,9 @@ class statistical {
 
   // Log-linear interpolation of the count between two tail points (an exponential tail
   // through both), solved for n = k.
-  static double interpolate(const tail_point& lo, double hi_t, double hi_n, double k) {
-    if (!(lo.n > hi_n) || hi_n <= 0) return hi_t;
-    return lo.t + (hi_t - lo.t) * std::log(lo.n / k) / std::log(lo.n / hi_n);
+  static double interpolate(const tail_point& lo, const tail_point& hi, double k) {
+    if (!(lo.n > hi.n) || hi.n <= 0) return hi.t;
+    return lo.t + (hi.t - lo.t) * std::log(lo.n / k) / std::log(lo.n / hi.n);
   }
 
   // The same between two measured points with their moments, which give the count and the
@@ -200,13 +200,12 @@ class statistical {
   // (a tail steeper or flatter than exponential across it, or a cliff of near-equal values)
   // the cut moves toward that end, where the log-linear line would miss by a large factor.
   static double interpolate_measured(const tail_point& lo, const tail_point& hi, double k) {
-    const double loglinear = interpolate(lo, hi.t, hi.n, k);
-    const double inside = double(lo.excess.nonzero()) - double(hi.excess.nonzero());
+    const double loglinear = interpolate(lo, hi, k);
+    const double inside = lo.n - hi.n;
     const double width = hi.t - lo.t;
     if (!(inside >= 2 && width > 0 && k > hi.n && k < lo.n)) return loglinear;
     // The inside's sum of |x|: each tail's excess sum plus its count times its threshold.
-    const double inside_sum = (lo.excess.sum + double(lo.excess.nonzero()) * lo.t) -
-                              (hi.excess.sum + double(hi.excess.nonzero()) * hi.t);
+    const double inside_sum = (lo.excess.sum + lo.n * lo.t) - (hi.excess.sum + hi.n * hi.t);
     const double mean = inside_sum / inside - lo.t;
     if (!(mean > 0 && mean < width)) return loglinear;
     const auto model = models::truncated_exponential::with_mean(mean, width);
@@ -255,9 +254,8 @@ class statistical {
     tail_point lo{0.0, nonzero, all};
     // Upper end of the bracket: at least one value reaches the maximum. Becomes a measured
     // point once a pass finds fewer than k values above a threshold.
-    double hi_t = all.max, hi_n = 1;
+    tail_point hi{all.max, 1, {}};
     bool hi_measured = false;
-    moments hi_excess{};  // the upper end's tail, once measured
     int stage = 0;
     tail_point candidate = lo;  // measured points nearest `wanted`: the next call's base
 
@@ -273,9 +271,7 @@ class statistical {
         // The base keeps too few: it brackets the tail from above. Placed as that bracket
         // (see finish) and still close to k, its interpolation is the last stage; otherwise
         // the tail moved: refit from stage 1.
-        hi_t = base_;
-        hi_n = n;
-        hi_excess = measured;
+        hi = {base_, n, measured};
         hi_measured = true;
         if (base_brackets() && n >= k / close_bracket) stage = stage_count - 1;
       }
@@ -296,10 +292,8 @@ class statistical {
           if (candidate.t <= 0) candidate = lo;
           stage = std::max(stage, stage_from(n, k, wanted, stage_count));
         }
-      } else if (last_threshold_ < hi_t) {
-        hi_t = last_threshold_;
-        hi_n = n;
-        hi_excess = measured;
+      } else if (last_threshold_ < hi.t) {
+        hi = {last_threshold_, n, measured};
         hi_measured = true;
         if (lo.t > 0 && n >= k / close_bracket) stage = std::max(stage, stage_count - 1);
       }
@@ -307,11 +301,10 @@ class statistical {
 
     // Up to the upper end: through the values between both ends once it is measured.
     const auto to_upper_end = [&](double count) {
-      return hi_measured ? interpolate_measured(lo, {hi_t, hi_n, hi_excess}, count)
-                         : interpolate(lo, hi_t, hi_n, count);
+      return hi_measured ? interpolate_measured(lo, hi, count) : interpolate(lo, hi, count);
     };
     for (int extra = 0;;) {
-      const double bracket = hi_measured && hi_n >= k / close_bracket ? hi_t : 0.0;
+      const double bracket = hi_measured && hi.n >= k / close_bracket ? hi.t : 0.0;
       const bool last = stage >= stage_count - 1 || one_step;
       // The count this stage aims at: k at the last, otherwise the schedule's step from lo
       // (so that a stage before the last measures a point below the cut, the next call's base).
@@ -332,17 +325,17 @@ class statistical {
           // mean excess drawn out by the few largest values), the fit alone steps too far up
           // and keeps too few.
           if (below_last.t > 0 && below_last.n > lo.n && stage >= stage_count - 1) {
-            const double secant = interpolate(below_last, lo.t, lo.n, k);
+            const double secant = interpolate(below_last, lo, k);
             if (secant > lo.t && !(t <= secant)) t = secant;
           }
         }
         // A fit that is not finite, or lands outside the bracket, is replaced by the
         // interpolation, which cannot leave it.
-        if (!(t > lo.t && t < hi_t)) {
+        if (!(t > lo.t && t < hi.t)) {
           t = to_upper_end(k);
           fitted = false;
         }
-        t = std::min(t, std::nextafter(hi_t, 0.0));
+        t = std::min(t, std::nextafter(hi.t, 0.0));
       }
       if (last && (fitted || hi_measured || extra == max_extra_passes))
         return finish(all, candidate, bracket, wanted, t, stage_count, values_drift<Pass>());
@@ -350,7 +343,7 @@ class statistical {
         // The model does not reach k inside the data and nothing above was measured:
         // measure halfway to the maximum, which brackets the tail or raises the lower end.
         ++extra;
-        t = lo.t + (hi_t - lo.t) / 2;
+        t = lo.t + (hi.t - lo.t) / 2;
       }
 
       const moments excess = pass.template tail<Tail::needs_log>(t);
@@ -359,9 +352,7 @@ class statistical {
         lo = {t, n, excess};
         if (std::fabs(std::log(n / wanted)) < std::fabs(std::log(candidate.n / wanted))) candidate = lo;
       } else {
-        hi_t = t;
-        hi_n = n;
-        hi_excess = excess;
+        hi = {t, n, excess};
         hi_measured = true;
       }
       stage = std::min(stage + 1, stage_count - 1);
@@ -430,7 +421,7 @@ class statistical {
           next = candidate.t + fit_tail(candidate.excess, wanted / candidate.n);
         } else {
           const tail_point zero{0.0, double(all.nonzero()), all};
-          next = interpolate(zero, candidate.t, candidate.n, wanted);
+          next = interpolate(zero, candidate, wanted);
         }
         // A move the fit cannot make (its threshold leaves the data) is left to the
         // next call's passes.

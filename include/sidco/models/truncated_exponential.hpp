@@ -38,7 +38,10 @@ struct truncated_exponential {
   }
 
   /// The mean over [0, width].
-  double mean() const { return width * (rate >= 0 ? mean_share_and_slope(rate).first : 1 - mean_share_and_slope(-rate).first); }
+  double mean() const {
+    const double share = rate >= 0 ? mean_share_and_slope(rate).first : 1 - mean_share_and_slope(-rate).first;
+    return width * share;
+  }
 
   /// P(a > t) for t in [0, width].
   double ccdf(double t) const {
