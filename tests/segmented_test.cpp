@@ -285,19 +285,18 @@ TEST_CASE("the default budget caps a segment at its non-zeros and gives the rest
 }
 
 TEST_CASE("per-layer fitting delivers on the LSTM where one fit of the mixture misses") {
-  // Whole-vector SIDCo-E gets 0.94x / 0.87x / 0.84x at delta = 0.1 / 0.01 / 0.001 (the
-  // first call); per layer, with the capped budget, 0.90x / 0.97x / 0.93x. At 0.1 the decoder
-  // weight's first call keeps 0.84x of its share: its last stage interpolates from the
-  // non-zeros through their bulk, whose mean the truncated exponential reads as a steeper
-  // tail than the cut's (0.97x with the log-linear line, which misses the LM head instead:
-  // docs/RESULTS.md, "The last stage through the values between its ends").
+  // Whole-vector SIDCo-E gets 0.98x / 0.87x / 0.84x at delta = 0.1 / 0.01 / 0.001 (the
+  // first call); per layer, with the capped budget, 0.98x / 0.97x / 0.93x. At 0.1 the decoder
+  // weight's last stage interpolates from the non-zeros through their bell-shaped bulk: with
+  // their mean alone it kept 0.84x of its share (0.90x over the layers), with their mean
+  // square too 0.99x (docs/RESULTS.md, "The last stage through the values between its ends").
   const auto g = test::load_gradient("lstm_it10.npy");
   for (double delta : {0.1, 0.01, 0.001}) {
     segmented<presets::sidco_e<>> layered(lstm_layers());
     sparse_vector<float> out;
     const double ratio = layered.compress<float>(g, delta, out).density_ratio();
     INFO("delta ", delta, ": per-layer SIDCo-E ", ratio);
-    CHECK(ratio >= 0.88);
+    CHECK(ratio >= 0.92);
     CHECK(ratio <= 1.1);
   }
 }

@@ -1,0 +1,184 @@
+// A density on [0, width] whose logarithm is quadratic, set by its mean and its mean square:
+// the maximum-entropy density with those two moments there. Between two measured tail points
+// the estimator knows the count, the sum and the sum of squares of the values between them;
+// the mean alone (models::truncated_exponential) reads a bell-shaped bulk, whose density falls
+// faster toward the upper end than an exponential with its mean, as a flatter tail than the
+// one at the cut. The square adds the curvature. Zero curvature is the truncated exponential.
+// Integrals are by 16-point Gauss-Legendre panels, as many as the log density's steepness
+// needs (one for a gentle bulk, four at max_slope), exact to about 1e-8; a fit that needs a
+// steeper slope is refused (std::nullopt), and the caller keeps the one-moment model, which
+// covers any rate.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numbers>
+#include <optional>
+
+#include "sidco/models/truncated_exponential.hpp"
+
+namespace sidco::models {
+
+struct truncated_log_quadratic {
+  double width = 1;
+  // The density is proportional to exp(-(slope * s + curvature * s^2)), s = t / width.
+  double slope = 0;
+  double curvature = 0;
+
+  /// The largest |d log density / ds| on [0, 1] the quadrature resolves.
+  static constexpr double max_slope = 60;
+
+  /// The model on [0, width] with this mean and mean square (of t, not about the mean), or
+  /// nullopt when no density in the family within max_slope has them: the moments of a
+  /// spike, or moments no density on [0, width] has (mean^2 < mean_square < mean * width).
+  static std::optional<truncated_log_quadratic> with_moments(double mean, double mean_square, double width) {
+    if (!(width > 0)) return std::nullopt;
+    const double u1 = mean / width, u2 = mean_square / (width * width);
+    if (!(u1 > 0 && u1 < 1 && u2 > u1 * u1 && u2 < u1)) return std::nullopt;
+    // From the one-moment fit (the right mean, zero curvature), Newton on both moments with
+    // the covariance of (s, s^2) as the Jacobian, halving steps that do not shrink the miss.
+    const double start = truncated_exponential::with_mean(mean, width).rate;
+    if (!(std::fabs(start) <= max_slope)) return std::nullopt;
+    truncated_log_quadratic model{width, start, 0};
+    auto misses = [&](const truncated_log_quadratic& m) {
+      const auto s = m.power_sums(0);
+      return std::array<double, 6>{s[1] / s[0] - u1, s[2] / s[0] - u2, s[1] / s[0], s[2] / s[0], s[3] / s[0],
+                                   s[4] / s[0]};
+    };
+    auto size = [&](const std::array<double, 6>& r) { return std::hypot(r[0] / u1, r[1] / u2); };
+    auto now = misses(model);
+    for (int i = 0; i < 60; ++i) {
+      if (size(now) <= 1e-10) return model;
+      const double m1 = now[2], m2 = now[3], m3 = now[4], m4 = now[5];
+      // d m_j / d slope = -(m_{j+1} - m_1 m_j), d m_j / d curvature = -(m_{j+2} - m_2 m_j).
+      const double a = m2 - m1 * m1, b = m3 - m1 * m2, d = m4 - m2 * m2;
+      const double det = a * d - b * b;
+      if (!(det > 0)) return std::nullopt;
+      // Solve -J step = -r with J = -[[a, b], [b, d]]: [[a, b], [b, d]] step = r.
+      double step_slope = (d * now[0] - b * now[1]) / det, step_curvature = (a * now[1] - b * now[0]) / det;
+      bool moved = false;
+      for (int halving = 0; halving < 30 && !moved; ++halving) {
+        const truncated_log_quadratic next{width, model.slope + step_slope, model.curvature + step_curvature};
+        if (next.steepest() <= max_slope) {
+          const auto there = misses(next);
+          if (size(there) < size(now)) {
+            model = next;
+            now = there;
+            moved = true;
+          }
+        }
+        step_slope /= 2;
+        step_curvature /= 2;
+      }
+      if (!moved) return std::nullopt;
+    }
+    return size(now) <= 1e-8 ? std::optional(model) : std::nullopt;
+  }
+
+  /// The mean over [0, width].
+  double mean() const {
+    const auto s = power_sums(0);
+    return width * s[1] / s[0];
+  }
+
+  /// The mean of t^2 over [0, width].
+  double mean_square() const {
+    const auto s = power_sums(0);
+    return width * width * s[2] / s[0];
+  }
+
+  /// P(a > t) for t in [0, width].
+  double ccdf(double t) const {
+    const double s = std::clamp(t / width, 0.0, 1.0);
+    return power_sums(s)[0] / power_sums(0)[0];
+  }
+
+  /// t with P(a > t) = rho, for rho in [0, 1]: safeguarded Newton on the ccdf, whose slope
+  /// is minus the density.
+  double upper_quantile(double rho) const {
+    if (!(rho > 0)) return width;
+    if (!(rho < 1)) return 0;
+    // Started from the truncated exponential with the same mean (exact at zero curvature).
+    const auto whole = power_sums(0);
+    const double total = whole[0];
+    double low = 0, high = 1, s = truncated_exponential::with_mean(whole[1] / total, 1.0).upper_quantile(rho);
+    for (int i = 0; i < 60; ++i) {
+      const double miss = power_sums(s)[0] / total - rho;
+      if (miss > 0) low = s; else high = s;
+      if (std::fabs(miss) <= 1e-10 * rho || high - low <= 1e-14) break;
+      const double next = s + miss * total / density(s);
+      s = next > low && next < high ? next : (low + high) / 2;
+    }
+    return width * s;
+  }
+
+ private:
+  static constexpr int nodes = 16;
+  // A 16-point panel is exact to about 1e-8 while the log density changes by at most this
+  // much across it; a span gets as many panels as its steepness needs (four at max_slope).
+  static constexpr double change_per_panel = 15;
+
+  // The 16-point Gauss-Legendre rule on [0, 1], computed once by Newton on the Legendre
+  // polynomial.
+  struct rule {
+    std::array<double, nodes> at{}, weight{};
+    rule() {
+      for (int i = 0; i < nodes; ++i) {
+        double x = std::cos(std::numbers::pi * (i + 0.75) / (nodes + 0.5)), derivative = 1;
+        for (int step = 0; step < 100; ++step) {
+          double p = 1, previous = 0;
+          for (int j = 1; j <= nodes; ++j) {
+            const double older = previous;
+            previous = p;
+            p = ((2 * j - 1) * x * previous - (j - 1) * older) / j;
+          }
+          derivative = nodes * (x * p - previous) / (x * x - 1);
+          const double dx = p / derivative;
+          x -= dx;
+          if (std::fabs(dx) < 1e-16) break;
+        }
+        at[i] = (x + 1) / 2;
+        weight[i] = 1 / ((1 - x * x) * derivative * derivative);
+      }
+    }
+  };
+  static const rule& quadrature() {
+    static const rule r;
+    return r;
+  }
+
+  double exponent(double s) const { return slope * s + curvature * s * s; }
+  // The smallest exponent on [0, 1]: the density scaled by it stays <= 1.
+  double lowest_exponent() const {
+    double low = std::min(0.0, exponent(1));
+    if (curvature > 0) {
+      const double vertex = -slope / (2 * curvature);
+      if (vertex > 0 && vertex < 1) low = std::min(low, exponent(vertex));
+    }
+    return low;
+  }
+  double density(double s) const { return std::exp(lowest_exponent() - exponent(s)); }
+  double steepest() const { return std::max(std::fabs(slope), std::fabs(slope + 2 * curvature)); }
+
+  // The integrals of s^j times the (scaled) density over [from, 1], j = 0..4.
+  std::array<double, 5> power_sums(double from) const {
+    const rule& r = quadrature();
+    const double low = lowest_exponent(), span = 1 - from;
+    const int panels = std::max(1, int(std::ceil(steepest() * span / change_per_panel)));
+    const double panel_width = span / panels;
+    std::array<double, 5> sums{};
+    for (int panel = 0; panel < panels; ++panel)
+      for (int i = 0; i < nodes; ++i) {
+        const double s = from + panel_width * (panel + r.at[i]);
+        double term = panel_width * r.weight[i] * std::exp(low - exponent(s));
+        for (double& sum : sums) {
+          sum += term;
+          term *= s;
+        }
+      }
+    return sums;
+  }
+};
+
+}  // namespace sidco::models
