@@ -13,8 +13,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <numbers>
 #include <optional>
+
+#include <boost/math/quadrature/gauss.hpp>
 
 #include "sidco/models/truncated_exponential.hpp"
 
@@ -34,35 +35,50 @@ struct truncated_log_quadratic {
   /// spike, or moments no density on [0, width] has (mean^2 < mean_square < mean * width).
   static std::optional<truncated_log_quadratic> with_moments(double mean, double mean_square, double width) {
     if (!(width > 0)) return std::nullopt;
+    return with_moments(mean, mean_square, truncated_exponential::with_mean(mean, width));
+  }
+
+  /// The same, given the one-moment model with this mean (the Newton start), for a caller
+  /// that already has it.
+  static std::optional<truncated_log_quadratic> with_moments(double mean, double mean_square,
+                                                             const truncated_exponential& same_mean) {
+    const double width = same_mean.width;
+    if (!(width > 0)) return std::nullopt;
     const double u1 = mean / width, u2 = mean_square / (width * width);
     if (!(u1 > 0 && u1 < 1 && u2 > u1 * u1 && u2 < u1)) return std::nullopt;
     // From the one-moment fit (the right mean, zero curvature), Newton on both moments with
     // the covariance of (s, s^2) as the Jacobian, halving steps that do not shrink the miss.
-    const double start = truncated_exponential::with_mean(mean, width).rate;
-    if (!(std::fabs(start) <= max_slope)) return std::nullopt;
-    truncated_log_quadratic model{width, start, 0};
-    auto misses = [&](const truncated_log_quadratic& m) {
-      const auto s = m.power_sums(0);
-      return std::array<double, 6>{s[1] / s[0] - u1, s[2] / s[0] - u2, s[1] / s[0], s[2] / s[0], s[3] / s[0],
-                                   s[4] / s[0]};
+    if (!(std::fabs(same_mean.rate) <= max_slope)) return std::nullopt;
+    truncated_log_quadratic model{width, same_mean.rate, 0};
+    struct fit {
+      double m1, m2, m3, m4;  // the model's moments of s = t / width
+      double mean_miss, square_miss;
+      double size;  // the two misses relative to their targets
     };
-    auto size = [&](const std::array<double, 6>& r) { return std::hypot(r[0] / u1, r[1] / u2); };
-    auto now = misses(model);
+    auto fit_of = [&](const truncated_log_quadratic& m) {
+      const auto s = m.power_sums(0);
+      fit f{s[1] / s[0], s[2] / s[0], s[3] / s[0], s[4] / s[0], 0, 0, 0};
+      f.mean_miss = f.m1 - u1;
+      f.square_miss = f.m2 - u2;
+      f.size = std::hypot(f.mean_miss / u1, f.square_miss / u2);
+      return f;
+    };
+    auto now = fit_of(model);
     for (int i = 0; i < 60; ++i) {
-      if (size(now) <= 1e-10) return model;
-      const double m1 = now[2], m2 = now[3], m3 = now[4], m4 = now[5];
+      if (now.size <= 1e-10) return model;
       // d m_j / d slope = -(m_{j+1} - m_1 m_j), d m_j / d curvature = -(m_{j+2} - m_2 m_j).
-      const double a = m2 - m1 * m1, b = m3 - m1 * m2, d = m4 - m2 * m2;
+      const double a = now.m2 - now.m1 * now.m1, b = now.m3 - now.m1 * now.m2, d = now.m4 - now.m2 * now.m2;
       const double det = a * d - b * b;
       if (!(det > 0)) return std::nullopt;
-      // Solve -J step = -r with J = -[[a, b], [b, d]]: [[a, b], [b, d]] step = r.
-      double step_slope = (d * now[0] - b * now[1]) / det, step_curvature = (a * now[1] - b * now[0]) / det;
+      // Solve -J step = -miss with J = -[[a, b], [b, d]]: [[a, b], [b, d]] step = miss.
+      double step_slope = (d * now.mean_miss - b * now.square_miss) / det;
+      double step_curvature = (a * now.square_miss - b * now.mean_miss) / det;
       bool moved = false;
       for (int halving = 0; halving < 30 && !moved; ++halving) {
         const truncated_log_quadratic next{width, model.slope + step_slope, model.curvature + step_curvature};
         if (next.steepest() <= max_slope) {
-          const auto there = misses(next);
-          if (size(there) < size(now)) {
+          const auto there = fit_of(next);
+          if (there.size < now.size) {
             model = next;
             now = there;
             moved = true;
@@ -73,7 +89,7 @@ struct truncated_log_quadratic {
       }
       if (!moved) return std::nullopt;
     }
-    return size(now) <= 1e-8 ? std::optional(model) : std::nullopt;
+    return now.size <= 1e-8 ? std::optional(model) : std::nullopt;
   }
 
   /// The mean over [0, width].
@@ -119,27 +135,18 @@ struct truncated_log_quadratic {
   // much across it; a span gets as many panels as its steepness needs (four at max_slope).
   static constexpr double change_per_panel = 15;
 
-  // The 16-point Gauss-Legendre rule on [0, 1], computed once by Newton on the Legendre
-  // polynomial.
+  // Boost.Math's 16-point Gauss-Legendre rule, whose nodes on [-1, 1] come in pairs +-x,
+  // mapped onto [0, 1].
   struct rule {
+    static_assert(nodes % 2 == 0, "the nodes pair up as +-x");
     std::array<double, nodes> at{}, weight{};
     rule() {
-      for (int i = 0; i < nodes; ++i) {
-        double x = std::cos(std::numbers::pi * (i + 0.75) / (nodes + 0.5)), derivative = 1;
-        for (int step = 0; step < 100; ++step) {
-          double p = 1, previous = 0;
-          for (int j = 1; j <= nodes; ++j) {
-            const double older = previous;
-            previous = p;
-            p = ((2 * j - 1) * x * previous - (j - 1) * older) / j;
-          }
-          derivative = nodes * (x * p - previous) / (x * x - 1);
-          const double dx = p / derivative;
-          x -= dx;
-          if (std::fabs(dx) < 1e-16) break;
-        }
-        at[i] = (x + 1) / 2;
-        weight[i] = 1 / ((1 - x * x) * derivative * derivative);
+      using legendre = boost::math::quadrature::gauss<double, nodes>;
+      for (int i = 0; i < nodes / 2; ++i) {
+        const double x = legendre::abscissa()[i], half_weight = legendre::weights()[i] / 2;
+        at[2 * i] = (1 - x) / 2;
+        at[2 * i + 1] = (1 + x) / 2;
+        weight[2 * i] = weight[2 * i + 1] = half_weight;
       }
     }
   };
