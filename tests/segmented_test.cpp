@@ -288,8 +288,9 @@ TEST_CASE("per-layer fitting delivers on the LSTM where one fit of the mixture m
   // Whole-vector SIDCo-E gets 0.98x / 0.87x / 0.84x at delta = 0.1 / 0.01 / 0.001 (the
   // first call); per layer, with the capped budget, 0.98x / 0.97x / 0.93x. At 0.1 the decoder
   // weight's last stage interpolates from the non-zeros through their bell-shaped bulk: with
-  // their mean alone it kept 0.84x of its share (0.90x over the layers), with their mean
-  // square too 0.99x (docs/RESULTS.md, "The last stage through the values between its ends").
+  // their mean alone it kept 0.84x of its share (0.90x over the layers; docs/RESULTS.md, "The
+  // last stage through the values between its ends"), with their mean square too 0.99x ("The
+  // inside's mean square: a bell-shaped bulk").
   const auto g = test::load_gradient("lstm_it10.npy");
   for (double delta : {0.1, 0.01, 0.001}) {
     segmented<presets::sidco_e<>> layered(lstm_layers());

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <optional>
 
 #include <boost/math/quadrature/gauss.hpp>
@@ -56,7 +57,7 @@ struct truncated_log_quadratic {
       double size;  // the two misses relative to their targets
     };
     auto fit_of = [&](const truncated_log_quadratic& m) {
-      const auto s = m.power_sums(0);
+      const auto s = m.power_sums<5>(0);
       fit f{s[1] / s[0], s[2] / s[0], s[3] / s[0], s[4] / s[0], 0, 0, 0};
       f.mean_miss = f.m1 - u1;
       f.square_miss = f.m2 - u2;
@@ -94,20 +95,20 @@ struct truncated_log_quadratic {
 
   /// The mean over [0, width].
   double mean() const {
-    const auto s = power_sums(0);
+    const auto s = power_sums<2>(0);
     return width * s[1] / s[0];
   }
 
   /// The mean of t^2 over [0, width].
   double mean_square() const {
-    const auto s = power_sums(0);
+    const auto s = power_sums<3>(0);
     return width * width * s[2] / s[0];
   }
 
   /// P(a > t) for t in [0, width].
   double ccdf(double t) const {
     const double s = std::clamp(t / width, 0.0, 1.0);
-    return power_sums(s)[0] / power_sums(0)[0];
+    return power_sums<1>(s)[0] / power_sums<1>(0)[0];
   }
 
   /// t with P(a > t) = rho, for rho in [0, 1]: safeguarded Newton on the ccdf, whose slope
@@ -116,11 +117,11 @@ struct truncated_log_quadratic {
     if (!(rho > 0)) return width;
     if (!(rho < 1)) return 0;
     // Started from the truncated exponential with the same mean (exact at zero curvature).
-    const auto whole = power_sums(0);
+    const auto whole = power_sums<2>(0);
     const double total = whole[0];
     double low = 0, high = 1, s = truncated_exponential::with_mean(whole[1] / total, 1.0).upper_quantile(rho);
     for (int i = 0; i < 60; ++i) {
-      const double miss = power_sums(s)[0] / total - rho;
+      const double miss = power_sums<1>(s)[0] / total - rho;
       if (miss > 0) low = s; else high = s;
       if (std::fabs(miss) <= 1e-10 * rho || high - low <= 1e-14) break;
       const double next = s + miss * total / density(s);
@@ -168,13 +169,15 @@ struct truncated_log_quadratic {
   double density(double s) const { return std::exp(lowest_exponent() - exponent(s)); }
   double steepest() const { return std::max(std::fabs(slope), std::fabs(slope + 2 * curvature)); }
 
-  // The integrals of s^j times the (scaled) density over [from, 1], j = 0..4.
-  std::array<double, 5> power_sums(double from) const {
+  // The integrals of s^j times the (scaled) density over [from, 1], j < Count: the fit needs
+  // five, the ccdf's Newton steps one.
+  template <std::size_t Count>
+  std::array<double, Count> power_sums(double from) const {
     const rule& r = quadrature();
     const double low = lowest_exponent(), span = 1 - from;
     const int panels = std::max(1, int(std::ceil(steepest() * span / change_per_panel)));
     const double panel_width = span / panels;
-    std::array<double, 5> sums{};
+    std::array<double, Count> sums{};
     for (int panel = 0; panel < panels; ++panel)
       for (int i = 0; i < nodes; ++i) {
         const double s = from + panel_width * (panel + r.at[i]);
