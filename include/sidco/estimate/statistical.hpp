@@ -14,6 +14,7 @@
 #include "sidco/core/moments.hpp"
 #include "sidco/core/state_io.hpp"
 #include "sidco/models/concept.hpp"
+#include "sidco/models/normal.hpp"
 #include "sidco/models/truncated_exponential.hpp"
 #include "sidco/models/truncated_log_quadratic.hpp"
 #include "sidco/estimate/result.hpp"
@@ -202,7 +203,8 @@ class statistical {
   // the cut moves toward that end, where the log-linear line would miss by a large factor.
   // With enough values between them their mean square adds the curvature of the log density
   // (models::truncated_log_quadratic): a bell-shaped bulk falls faster toward the cut than an
-  // exponential with its mean, which would place the cut too high.
+  // exponential with its mean, which would place the cut too high. A bell well within the
+  // bracket, which that fit refuses as too steep or which has fewer values, is the normal's.
   static double interpolate_measured(const tail_point& lo, const tail_point& hi, double k) {
     const double loglinear = interpolate(lo, hi, k);
     const double inside = lo.n - hi.n;
@@ -214,16 +216,31 @@ class statistical {
     if (!(mean > 0 && mean < width)) return loglinear;
     const double share = (k - hi.n) / inside;
     const auto one_moment = models::truncated_exponential::with_mean(mean, width);
+    // The inside's sum of (|x| - lo.t)^2: the upper tail's values are its excesses plus width.
+    const double inside_square = lo.excess.sum_sq - (hi.excess.sum_sq + 2 * width * hi.excess.sum +
+                                                     hi.n * width * width);
     double t = 0;
     if (inside >= two_moment_inside) {
-      // The inside's sum of (|x| - lo.t)^2: the upper tail's values are its excesses plus width.
-      const double inside_square = lo.excess.sum_sq - (hi.excess.sum_sq + 2 * width * hi.excess.sum +
-                                                       hi.n * width * width);
       if (const auto model = models::truncated_log_quadratic::with_moments(mean, inside_square / inside, one_moment))
         t = lo.t + model->upper_quantile(share);
     }
+    if (!(t > lo.t)) t = lo.t + bell_quantile(mean, inside_square / inside - mean * mean, width, share);
     if (!(t > lo.t)) t = lo.t + one_moment.upper_quantile(share);
     return t > lo.t && t < hi.t ? t : loglinear;
+  }
+
+  // Where the inside is a bell well within the bracket (its mean at least bell_margin
+  // deviations from both ends: a spike of near-equal values, or a bulk the bracket's ends do
+  // not cut), the cut above which the normal with its mean and variance keeps `share`: the
+  // truncated log-quadratic's limit as its slope steepens past what its quadrature resolves.
+  // NaN otherwise, or where that cut leaves the bracket.
+  static double bell_quantile(double mean, double variance, double width, double share) {
+    if (!(variance > 0)) return std::nan("");
+    const double deviation = std::sqrt(variance);
+    if (!(mean > bell_margin * deviation && mean + bell_margin * deviation < width)) return std::nan("");
+    // P(X > mean + d) = share is P(|X - mean| > d) = 2 share: the half-normal's quantile.
+    const double cut = mean + models::normal{deviation}.upper_quantile(2 * share);
+    return cut > 0 && cut < width ? cut : std::nan("");
   }
 
   // The stage a measured point of n >= k values starts: as many stages follow as its distance
@@ -390,6 +407,8 @@ class statistical {
   // interpolation too. Its fit (about 2 us, bench/interpolation_bench.cpp) costs about one
   // compress of 8,192 values, paid only by calls that interpolate to a measured upper point.
   static constexpr double two_moment_inside = 8192;
+  // A bell this many deviations from both ends of its bracket is the normal's.
+  static constexpr double bell_margin = 4;
   // A measured upper bracket within this factor of k is close enough to interpolate to
   // (an exponential tail through both ends); farther, the model's fit is better.
   static constexpr double close_bracket = 4;
