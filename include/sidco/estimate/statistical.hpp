@@ -339,7 +339,7 @@ class statistical {
       // The count this stage aims at: k at the last, otherwise the schedule's step from lo
       // (so that a stage before the last measures a point below the cut, the next call's base).
       const double stage_count_aim = last ? k : lo.n * std::pow(k / lo.n, 1.0 / double(stage_count - stage));
-      if (lo.n == k) return finish(all, candidate, bracket, wanted, lo.t, stage_count, values_drift<Pass>());
+      if (lo.n == k) return finish(all, candidate, bracket, k, wanted, lo.t, stage_count, values_drift<Pass>());
       double t;
       bool fitted = true;
       if (bracket > 0) {
@@ -368,7 +368,7 @@ class statistical {
         t = std::min(t, std::nextafter(hi.t, 0.0));
       }
       if (last && (fitted || hi_measured || extra == max_extra_passes))
-        return finish(all, candidate, bracket, wanted, t, stage_count, values_drift<Pass>());
+        return finish(all, candidate, bracket, k, wanted, t, stage_count, values_drift<Pass>());
       if (last) {
         // The model does not reach k inside the data and nothing above was measured:
         // measure halfway to the maximum, which brackets the tail or raises the lower end.
@@ -414,6 +414,8 @@ class statistical {
   static constexpr double close_bracket = 4;
   // The base follows the threshold's drift from call to call by at most this factor.
   static constexpr double max_drift = 1.25;
+  // A bracket base moved up from a misread fit lies this factor past max_drift times t.
+  static constexpr double past_drift = 1.1;
   // A bracket base whose threshold misses delta by more than this factor is dropped.
   static constexpr double max_bracket_miss = 2;
 
@@ -434,21 +436,32 @@ class statistical {
   // above k: a tail the model misreads, which only measured brackets from above settle),
   // the measured upper end close to k (bracket) becomes the base, provided it lies more
   // than max_drift above t: the next call then interpolates to it without a pass, as this
-  // call's last stage did.
-  threshold_estimate finish(const moments& all, const tail_point& candidate, double bracket, double wanted, double t,
-                            int stages, bool drifting) {
+  // call's last stage did. So does it where the values do not move by themselves and the
+  // candidate's tail, fitted up to k, lands at or above that bracket: a fit this call's own
+  // measurement contradicts (a spike under a few far values, whose mean excess carries the
+  // fit past the spike), from which every next call would keep too few, more than the
+  // loop's bounded correction makes up. (Under feedback the last threshold is probed too.)
+  // Such a bracket within max_drift of t moves just past that, still above the cut.
+  threshold_estimate finish(const moments& all, const tail_point& candidate, double bracket, double k, double wanted,
+                            double t, int stages, bool drifting) {
+    const bool misread = !drifting && candidate.t > 0 && bracket > 0 &&
+                         !(candidate.t + fit_tail(candidate.excess, k / candidate.n) < bracket);
+    const bool bracket_base = bracket > 0 && (candidate.t <= 0 || misread);
     // The drift to follow: where the values move by themselves (error feedback), and for an
     // upper bracket (which stays one by it: base_brackets), the threshold's change. Otherwise
     // that change is mostly the loop's own correction, which carried into the next call's base
     // sustains two-call cycles (docs/RESULTS.md), so the values' own change: their mean.
     const double mean = all.mean();
-    const double drift = drifting || (candidate.t <= 0 && bracket > 0)
+    const double drift = drifting || bracket_base
                              ? (last_threshold_ > 0 && t > 0 ? bounded_drift(t / last_threshold_) : 1.0)
                              : (last_mean_ > 0 && mean > 0 ? bounded_drift(mean / last_mean_) : 1.0);
     last_mean_ = mean;
     base_ = -1;
-    if (candidate.t <= 0 && bracket > 0) {
-      if (bracket * drift > max_drift * t) base_ = bracket * drift;
+    if (bracket_base) {
+      if (bracket * drift > max_drift * t)
+        base_ = bracket * drift;
+      else if (misread)
+        base_ = std::min(past_drift * max_drift * t, std::nextafter(all.max, 0.0));
     } else if (candidate.t > 0) {
       base_ = candidate.t;
       if (!(candidate.n >= wanted / 2 && candidate.n <= 2 * wanted)) {
