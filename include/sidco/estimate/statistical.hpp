@@ -215,17 +215,16 @@ class statistical {
     const double mean = inside_sum / inside - lo.t;
     if (!(mean > 0 && mean < width)) return loglinear;
     const double share = (k - hi.n) / inside;
-    const auto one_moment = models::truncated_exponential::with_mean(mean, width);
-    // The inside's sum of (|x| - lo.t)^2: the upper tail's values are its excesses plus width.
-    const double inside_square = lo.excess.sum_sq - (hi.excess.sum_sq + 2 * width * hi.excess.sum +
-                                                     hi.n * width * width);
+    // The inside's mean of (|x| - lo.t)^2: the upper tail's values are its excesses plus width.
+    const double mean_square =
+        (lo.excess.sum_sq - (hi.excess.sum_sq + 2 * width * hi.excess.sum + hi.n * width * width)) / inside;
     double t = 0;
     if (inside >= two_moment_inside) {
-      if (const auto model = models::truncated_log_quadratic::with_moments(mean, inside_square / inside, one_moment))
+      if (const auto model = models::truncated_log_quadratic::with_moments(mean, mean_square, width))
         t = lo.t + model->upper_quantile(share);
     }
-    if (!(t > lo.t)) t = lo.t + bell_quantile(mean, inside_square / inside - mean * mean, width, share);
-    if (!(t > lo.t)) t = lo.t + one_moment.upper_quantile(share);
+    if (!(t > lo.t)) t = lo.t + bell_quantile(mean, mean_square - mean * mean, width, share);
+    if (!(t > lo.t)) t = lo.t + models::truncated_exponential::with_mean(mean, width).upper_quantile(share);
     return t > lo.t && t < hi.t ? t : loglinear;
   }
 
