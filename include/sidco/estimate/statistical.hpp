@@ -436,10 +436,11 @@ class statistical {
   // the measured upper end close to k (bracket) becomes the base, provided it lies more
   // than max_drift above t: the next call then interpolates to it without a pass, as this
   // call's last stage did. So does it where the values do not move by themselves and the
-  // candidate's tail, fitted up to k, lands at or above that bracket: a fit this call's own
-  // measurement contradicts (a spike under a few far values, whose mean excess carries the
-  // fit past the spike), from which every next call would keep too few, more than the
-  // loop's bounded correction makes up. (Under feedback the last threshold is probed too.)
+  // candidate's tail, fitted up to k, lands at or above that bracket (or cannot be fitted):
+  // a fit this call's own measurement contradicts (a spike under a few far values, whose mean
+  // excess carries the fit past the spike), from which every next call would keep too few,
+  // more than the loop's bounded correction makes up. (Under feedback the last threshold is
+  // probed too.)
   // Such a bracket within max_drift of t moves just past that, still above the cut.
   threshold_estimate finish(const moments& all, const tail_point& candidate, double bracket, double k, double wanted,
                             double t, int stages, bool drifting) {
