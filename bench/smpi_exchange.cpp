@@ -187,9 +187,18 @@ int main(int argc, char** argv) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  // Every rank parses the same arguments, so every rank refuses them alike: no abort, which
+  // SMPI reports as a deadlock of the ranks left.
+  options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "smpi-exchange: %s\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
   int status = 0;
   try {
-    const options o = parse(argc, argv);
     const std::size_t n = o.n;
     const double k = double(sidco::target_count(o.delta, n));
     std::vector<float> gradient(n), dense(n);

@@ -7,7 +7,7 @@
 # exchange's stay under the all-gather's; the reduce exchange applies its target (within 5%)
 # on iid gradients; simulated time is positive; both platforms of bench/smpi/ load; the alpha-beta model
 # (bench/smpi_model.py) is within 25% of the simulated time of the dense all-reduce and of
-# the two hops.
+# the two hops; a bad argument ends every rank with status 2 and its reason once.
 #   smpi_test.sh SMPIRUN PROGRAM SOURCE_ROOT
 set -euo pipefail
 smpirun=$1 program=$2 root=$3
@@ -23,6 +23,18 @@ for platform in 10gbps 100gbps; do
   done
 done
 cat "$work/runs.jsonl"
+# An argument every rank refuses alike: exit status 2 and the reason once, not an abort that
+# SMPI reports as a deadlock (with status 0).
+status=0
+"$smpirun" -np 16 -platform "$root/bench/smpi/cluster-10gbps.xml" -hostfile "$work/hosts" \
+  --cfg=smpi/simulate-computation:no --log=root.thres:critical "$program" --mode bogus \
+  > /dev/null 2> "$work/refused.txt" || status=$?
+if [ "$status" != 2 ] || [ "$(grep -c -- "--mode bogus is not" "$work/refused.txt")" != 1 ] ||
+   grep -q -i deadlock "$work/refused.txt"; then
+  echo "smpi_test: a bad --mode exited with status $status, not 2 with its reason once:" >&2
+  cat "$work/refused.txt" >&2
+  exit 1
+fi
 /usr/bin/python3 - "$work/runs.jsonl" <<'PY'
 import json, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
