@@ -188,6 +188,14 @@ class statistical {
     moments excess;
   };
 
+  // What a call measured and aimed at, from which finish places the next call's base.
+  struct call_points {
+    const tail_point& candidate;  // below the cut, nearest `wanted` (t <= 0: none measured)
+    double bracket;               // the measured upper end close to k (0: none)
+    double k;                     // the count the call keeps
+    double wanted;                // where an M-stage schedule starts its last stage
+  };
+
   // Log-linear interpolation of the count between two tail points (an exponential tail
   // through both), solved for n = k.
   static double interpolate(const tail_point& lo, const tail_point& hi, double k) {
@@ -338,7 +346,7 @@ class statistical {
       // The count this stage aims at: k at the last, otherwise the schedule's step from lo
       // (so that a stage before the last measures a point below the cut, the next call's base).
       const double stage_count_aim = last ? k : lo.n * std::pow(k / lo.n, 1.0 / double(stage_count - stage));
-      if (lo.n == k) return finish(all, candidate, bracket, k, wanted, lo.t, stage_count, values_drift<Pass>());
+      if (lo.n == k) return finish(all, {candidate, bracket, k, wanted}, lo.t, stage_count, values_drift<Pass>());
       double t;
       bool fitted = true;
       if (bracket > 0) {
@@ -367,7 +375,7 @@ class statistical {
         t = std::min(t, std::nextafter(hi.t, 0.0));
       }
       if (last && (fitted || hi_measured || extra == max_extra_passes))
-        return finish(all, candidate, bracket, k, wanted, t, stage_count, values_drift<Pass>());
+        return finish(all, {candidate, bracket, k, wanted}, t, stage_count, values_drift<Pass>());
       if (last) {
         // The model does not reach k inside the data and nothing above was measured:
         // measure halfway to the maximum, which brackets the tail or raises the lower end.
@@ -439,11 +447,10 @@ class statistical {
   // candidate's tail, fitted up to k, lands at or above that bracket (or cannot be fitted):
   // a fit this call's own measurement contradicts (a spike under a few far values, whose mean
   // excess carries the fit past the spike), from which every next call would keep too few,
-  // more than the loop's bounded correction makes up. (Under feedback the last threshold is
-  // probed too.)
-  // Such a bracket within max_drift of t moves just past that, still above the cut.
-  threshold_estimate finish(const moments& all, const tail_point& candidate, double bracket, double k, double wanted,
-                            double t, int stages, bool drifting) {
+  // more than the loop's bounded correction makes up (under feedback the last threshold is
+  // probed too). Such a bracket within max_drift of t moves just past that, still above the cut.
+  threshold_estimate finish(const moments& all, const call_points& call, double t, int stages, bool drifting) {
+    const auto& [candidate, bracket, k, wanted] = call;
     const bool misread = !drifting && candidate.t > 0 && bracket > 0 &&
                          !(candidate.t + fit_tail(candidate.excess, k / candidate.n) < bracket);
     const bool bracket_base = bracket > 0 && (candidate.t <= 0 || misread);
