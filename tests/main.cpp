@@ -1,10 +1,16 @@
 // The one doctest main every test program links (each main costs ~10 s to compile). A program
 // holds several test files and each test runs one file's cases (--source-file), so a run whose
-// filters match no test case fails rather than passing with nothing checked.
+// filters match no test case fails rather than passing with nothing checked. Built with
+// SIDCO_TEST_MPI for the MPI tests (tests/mpi): every rank runs the cases, rank 0 reports, and
+// every rank exits with the same status, failed where any rank failed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
+
+#ifdef SIDCO_TEST_MPI
+#include <mpi.h>
+#endif
 
 namespace {
 
@@ -34,11 +40,26 @@ struct count_matched_cases : doctest::IReporter {
 DOCTEST_REGISTER_LISTENER("count_matched_cases", 1, count_matched_cases);
 
 int main(int argc, char** argv) {
+#ifdef SIDCO_TEST_MPI
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+#endif
   doctest::Context context(argc, argv);
-  const int status = context.run();
+#ifdef SIDCO_TEST_MPI
+  context.setOption("no-colors", true);
+  if (rank != 0) context.setOption("out", "/dev/null");  // one rank reports
+#endif
+  int status = context.run();
   if (status == 0 && !queried && cases_matched == 0) {
     std::fprintf(stderr, "no test case matched the filters: nothing was checked\n");
-    return 1;
+    status = 1;
   }
+#ifdef SIDCO_TEST_MPI
+  int any_failed = 0;
+  MPI_Allreduce(&status, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  status = any_failed;
+#endif
   return status;
 }

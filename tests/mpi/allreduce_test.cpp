@@ -1,7 +1,6 @@
 // Run under mpirun with 2 and 3 ranks: the sparse all-reduce equals the dense sum of what
 // each rank selected, for unequal counts, empty selections and the dense fallback, blocking
 // and not; mismatched inputs are an error on every rank.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -14,20 +13,11 @@
 #include <sidco/comm/sparse_allreduce.hpp>
 #include <sidco/sidco.hpp>
 
+#include "ranks.hpp"
+
 using namespace sidco;
 
 namespace {
-
-int rank_of() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int size_of() {
-  int p = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  return p;
-}
 
 // A different gradient on every rank (so counts differ); rank `empty_rank` sends nothing.
 template <class T>
@@ -58,7 +48,7 @@ std::vector<T> dense_sum_of_selections(const sparse_vector<T, Index>& mine, std:
 template <class T, class Index>
 void check_allreduce(double delta, int empty_rank, comm::path expected_path, bool blocking) {
   const std::size_t n = 20000;
-  const auto g = gradient_for<T>(rank_of(), n, empty_rank);
+  const auto g = gradient_for<T>(rank_in(), n, empty_rank);
   presets::sidco_e<> compressor;
   sparse_vector<T, Index> mine;
   compressor.template compress<T>(g, delta, mine);
@@ -115,7 +105,7 @@ TEST_CASE("an allreducer destroyed with its gathers in flight completes them; th
   const std::size_t n = 1 << 18;
   for (int round = 0; round < 3; ++round) {
     sparse_vector<float> mine(n);
-    for (std::size_t i = std::size_t(rank_of()); i < n; i += 97) mine.push_back(std::uint32_t(i), 1.f);
+    for (std::size_t i = std::size_t(rank_in()); i < n; i += 97) mine.push_back(std::uint32_t(i), 1.f);
     std::vector<float> dense(n);
     try {
       comm::sparse_allreducer<float> allreducer(MPI_COMM_WORLD);
@@ -136,7 +126,7 @@ TEST_CASE("an allreducer destroyed with its gathers in flight completes them; th
 }
 
 TEST_CASE("mismatched inputs are a clear error on every rank, not a hang") {
-  const int rank = rank_of();
+  const int rank = rank_in();
   comm::sparse_allreducer<float> allreducer(MPI_COMM_WORLD);
   // Rank 1 has a longer vector.
   const std::size_t n = rank == 1 ? 101 : 100;
@@ -206,7 +196,7 @@ TEST_CASE("mismatched inputs are a clear error on every rank, not a hang") {
 TEST_CASE("a rank whose compress throws joins the exchange: every rank throws the same error") {
   // Rank 1's gradient holds a NaN (with one rank, rank 0's); the others' are fine, and
   // rank 2 (when there is one) selects nothing at all.
-  const int rank = rank_of(), failing = size_of() > 1 ? 1 : 0;
+  const int rank = rank_in(), failing = size_of() > 1 ? 1 : 0;
   const std::size_t n = 5000;
   std::vector<float> g = gradient_for<float>(rank, n, 2);
   if (rank == failing) g[1234] = std::numeric_limits<float>::quiet_NaN();
@@ -234,16 +224,4 @@ TEST_CASE("a rank whose compress throws joins the exchange: every rank throws th
   g[1234] = 0.f;
   compressor.compress<float>(g, 0.01, mine);
   CHECK(allreducer.allreduce(mine, 0.01, std::span<float>(dense)).ranks == size_of());
-}
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  doctest::Context context(argc, argv);
-  context.setOption("no-colors", true);
-  if (rank_of() != 0) context.setOption("out", "/dev/null");  // one rank reports
-  int failed = context.run();
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed ? 1 : 0;
 }

@@ -2,7 +2,6 @@
 // every rank the rank-order average of what each sent, bit for bit, with the next tensor
 // compressed while it is in flight; trimming to capacity loses nothing; a rank that fails
 // or disagrees makes every rank throw the same error naming it, and nothing sent is lost.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -18,20 +17,11 @@
 #include <sidco/comm/exchange.hpp>
 #include <sidco/sidco.hpp>
 
+#include "ranks.hpp"
+
 using namespace sidco;
 
 namespace {
-
-int rank_of() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int size_of() {
-  int p = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  return p;
-}
 
 // Layers of different scales, each rank its own values; 30% exact zeros.
 std::vector<float> gradient_for(int rank, std::uint64_t step, const std::vector<segment>& layout) {
@@ -137,7 +127,7 @@ TEST_CASE("two tensors in flight at once: each the rank-order average, bit for b
   feedback::residual<float> r1(n), r2(n);
   std::size_t trimmed = 0;
   for (std::uint64_t step = 0; step < 6; ++step) {
-    const auto g1 = gradient_for(rank_of(), step, layout), g2 = gradient_for(rank_of() + 7, step, layout);
+    const auto g1 = gradient_for(rank_in(), step, layout), g2 = gradient_for(rank_in() + 7, step, layout);
     const std::vector<float> before1(r1.values().begin(), r1.values().end());
     sparse_vector<float> s1, s2;
     per_layer.compress<float>(g1, delta, s1, r1);
@@ -176,7 +166,7 @@ TEST_CASE("the compact coding: half the bytes; each rank keeps what rounding too
   segmented<presets::sidco_e<>> per_layer(layout);
   feedback::residual<float> residual(n);
   for (std::uint64_t step = 0; step < 4; ++step) {
-    const auto g = gradient_for(rank_of() + 11, step, layout);
+    const auto g = gradient_for(rank_in() + 11, step, layout);
     const std::vector<float> before(residual.values().begin(), residual.values().end());
     sparse_vector<float> sent;
     per_layer.compress<float>(g, delta, sent, residual);
@@ -196,7 +186,7 @@ TEST_CASE("the compact coding: half the bytes; each rank keeps what rounding too
   // Ranks that code differently are refused by every rank's constructor.
   comm::exchange_options mixed = options;
   mixed.tag = 4;
-  mixed.coding = rank_of() == 1 ? comm::entry_coding::plain : comm::entry_coding::compact;
+  mixed.coding = rank_in() == 1 ? comm::entry_coding::plain : comm::entry_coding::compact;
   CHECK_THROWS_WITH_AS(comm::sparse_exchange<float>(MPI_COMM_WORLD, layout, delta, mixed),
                        "sidco: exchange setup (tag 4): rank 1 codes entries plain, rank 0 compact", sidco::runtime_error);
 }
@@ -213,7 +203,7 @@ TEST_CASE("the compact8 coding: 8-bit values on each payload's scale; each rank 
   half.coding = comm::entry_coding::compact;
   comm::sparse_exchange<float> compact(MPI_COMM_WORLD, layout, delta, half);
   CHECK(both.fixed.format().bytes() < compact.format().bytes());
-  both.run(rank_of() + 40, 3, [&](const fixed_and_exact::step_result& r) {
+  both.run(rank_in() + 40, 3, [&](const fixed_and_exact::step_result& r) {
     // The values sent, each a code of its payload's scale; the residual holds the rest, exactly.
     const auto scale = comm::byte_scale<float>::of(r.fixed_sent.values());
     std::vector<float> applied(n, 0.0f);
@@ -232,7 +222,7 @@ TEST_CASE("the compact8 coding: 8-bit values on each payload's scale; each rank 
   // A rank in the other compact coding is refused by every rank's constructor.
   comm::exchange_options mixed = options;
   mixed.tag = 14;
-  mixed.coding = rank_of() == 1 ? comm::entry_coding::compact : comm::entry_coding::compact8;
+  mixed.coding = rank_in() == 1 ? comm::entry_coding::compact : comm::entry_coding::compact8;
   CHECK_THROWS_WITH_AS(comm::sparse_exchange<float>(MPI_COMM_WORLD, layout, delta, mixed),
                        "sidco: exchange setup (tag 14): rank 1 codes entries compact, rank 0 compact8",
                        sidco::runtime_error);
@@ -243,8 +233,8 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing
   comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, layout, 0.01);
   segmented<presets::sidco_e<>> per_layer(layout);
   feedback::residual<float> residual(n);
-  auto g = gradient_for(rank_of(), 0, layout);
-  if (rank_of() == 1) g[5] = std::numeric_limits<float>::quiet_NaN();
+  auto g = gradient_for(rank_in(), 0, layout);
+  if (rank_in() == 1) g[5] = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> before(residual.values().begin(), residual.values().end());
   sparse_vector<float> sent;
   try {
@@ -265,7 +255,7 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing
   CHECK(dense == std::vector<float>(n, 1.0f));  // nothing written
   // What this rank sent is back in its residual: the step's gradient waits for the next one.
   for (std::size_t i = 0; i < n; ++i)
-    REQUIRE(residual.values()[i] == (rank_of() == 1 ? before[i] : g[i] + before[i]));
+    REQUIRE(residual.values()[i] == (rank_in() == 1 ? before[i] : g[i] + before[i]));
 }
 
 TEST_CASE("ranks whose payloads would differ are refused by every rank's constructor, naming the first") {
@@ -280,19 +270,19 @@ TEST_CASE("ranks whose payloads would differ are refused by every rank's constru
   };
   // The last rank asks for twice the density: its payloads would be twice as long (this
   // overran the others' receive buffers before the setup was agreed).
-  const double delta = rank_of() == size_of() - 1 ? 0.02 : 0.01;
+  const double delta = rank_in() == size_of() - 1 ? 0.02 : 0.01;
   std::string message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, delta); });
   const std::string last = std::to_string(size_of() - 1);
   CHECK_MESSAGE(message.find("rank " + last + " has density 0.02, rank 0 has 0.01") != std::string::npos, message);
   // The same density but another capacity through the layout: {n}, {n/2, n/2}, {10, n - 10}.
   const std::vector<segment> layouts[] = {{{0, n}}, {{0, n / 2}, {n / 2, n / 2}}, {{0, 10}, {10, n - 10}}};
-  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, layouts[rank_of() % 3], 0.01); });
+  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, layouts[rank_in() % 3], 0.01); });
   CHECK_MESSAGE(message.find("rank 1 has a layout of 2 segments unlike rank 0's 1") != std::string::npos, message);
   // A smaller payload (a lower density) on one rank: refused the same way, not truncated.
-  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, rank_of() == 1 ? 0.005 : 0.01); });
+  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, rank_in() == 1 ? 0.005 : 0.01); });
   CHECK_MESSAGE(message.find("rank 1 has density 0.005, rank 0 has 0.01") != std::string::npos, message);
   // A rank that cannot set up (an invalid density) makes every rank's constructor throw it.
-  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, rank_of() == 1 ? 2.0 : 0.01); });
+  message = refused([&] { comm::sparse_exchange<float> e(MPI_COMM_WORLD, n, rank_in() == 1 ? 2.0 : 0.01); });
   CHECK_MESSAGE(message.find("exchange setup (tag 0): rank 1 failed: delta = 2 is outside (0, 1]") != std::string::npos,
                 message);
   // Agreed ranks go on: the communicator is intact.
@@ -310,7 +300,7 @@ TEST_CASE("ranks at another step: every rank's wait() throws naming the first") 
   sparse_vector<float> sent;
   comm::sparse_exchange<float> other(MPI_COMM_WORLD, n, 0.01);
   presets::top_k<>{}.compress(g, 0.01, sent);
-  other.start(sent, {}, rank_of() == 1 ? 4 : 3);
+  other.start(sent, {}, rank_in() == 1 ? 4 : 3);
   std::string message;
   try {
     other.wait(dense);
@@ -326,7 +316,7 @@ TEST_CASE("an exchange destroyed with its all-gather in flight completes it: no 
   // next collectives run normally on every rank.
   const std::size_t n = 1 << 20;
   std::vector<float> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = float(i % 977) + float(rank_of());
+  for (std::size_t i = 0; i < n; ++i) g[i] = float(i % 977) + float(rank_in());
   for (int round = 0; round < 3; ++round) {
     try {
       comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
@@ -365,7 +355,7 @@ TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer b
   options.tag = 6;
   options.coding = comm::entry_coding::compact;
   fixed_and_exact both(options, 7, delta);
-  both.run(rank_of() + 20, 3, [&](const fixed_and_exact::step_result& r) {
+  both.run(rank_in() + 20, 3, [&](const fixed_and_exact::step_result& r) {
     CHECK(bits_equal(std::vector<float>(both.fixed_residual.values().begin(), both.fixed_residual.values().end()),
                      std::vector<float>(both.exact_residual.values().begin(), both.exact_residual.values().end())));
     // 64 + 2 bytes a value (to 8) + the gap code (to 8), well under the fixed size.
@@ -378,9 +368,9 @@ TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer b
   doomed_options.exact_sizes = true;
   auto& first = both.fixed_compressor;
   auto& ra = both.fixed_residual;
-  const auto g = gradient_for(rank_of() + 30, 9, layout);
+  const auto g = gradient_for(rank_in() + 30, 9, layout);
   sparse_vector<float> sent;
-  if (rank_of() == size_of() - 1) {
+  if (rank_in() == size_of() - 1) {
     try {
       comm::sparse_exchange<float> doomed(MPI_COMM_WORLD, layout, delta, doomed_options);
       first.compress<float>(g, delta, sent, ra);
@@ -406,19 +396,7 @@ TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer b
   comm::exchange_options plain_options;
   plain_options.tag = 9;
   fixed_and_exact plain(plain_options, 10, delta);
-  plain.run(rank_of() + 40, 2, [&](const fixed_and_exact::step_result& r) {
+  plain.run(rank_in() + 40, 2, [&](const fixed_and_exact::step_result& r) {
     CHECK(r.exact_report.bytes == 64 + (r.exact_sent.size() * 4 + 7) / 8 * 8 + r.exact_sent.size() * 4);
   });
-}
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  doctest::Context context(argc, argv);
-  context.setOption("no-colors", true);
-  if (rank_of() != 0) context.setOption("out", "/dev/null");  // one rank reports
-  const int failed = context.run();
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
 }

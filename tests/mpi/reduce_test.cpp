@@ -6,7 +6,6 @@
 // exchange is destroyed mid-step, after which the next steps work on every rank; an average
 // whose sum overflows is finite; a resumed exchange repeats an uninterrupted one, and a state
 // saved among other ranks is refused.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -25,20 +24,11 @@
 #include <sidco/comm/reduce_exchange.hpp>
 #include <sidco/sidco.hpp>
 
+#include "ranks.hpp"
+
 using namespace sidco;
 
 namespace {
-
-int rank_in(MPI_Comm comm) {
-  int r = 0;
-  MPI_Comm_rank(comm, &r);
-  return r;
-}
-int size_of(MPI_Comm comm) {
-  int p = 1;
-  MPI_Comm_size(comm, &p);
-  return p;
-}
 
 // Each rank its own values; 30% exact zeros; mass concentrated in [0, n/4) when skewed.
 std::vector<float> gradient_for(int rank, std::uint64_t step, std::size_t n, bool skewed = false) {
@@ -636,16 +626,4 @@ TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor
   std::copy(saved_residual.begin(), saved_residual.end(), residual.values().begin());
   run(3, 6, exchange, compressor, residual, resumed);
   CHECK(bits_equal(whole, resumed));
-}
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  doctest::Context context(argc, argv);
-  context.setOption("no-colors", true);
-  if (rank_in(MPI_COMM_WORLD) != 0) context.setOption("out", "/dev/null");  // one rank reports
-  const int failed = context.run();
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
 }
