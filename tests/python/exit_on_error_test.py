@@ -8,12 +8,12 @@ raising the same message: none aborts (a gloo thread's std::terminate when a pee
 group down mid-collective) and none hangs. Each rank is a fresh interpreter, as under
 torchrun. 2 ranks with the all-gather, 3 with the reduce-scatter exchange."""
 import os
-import socket
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from ranks import free_port
+
 RUNS = 2
 TIMEOUT = 90
 
@@ -48,12 +48,6 @@ def rank_main(rank, world, port, exchange, ending):
         raise
     print("NO ERROR", flush=True)
     sys.exit(3)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_once(world, exchange, ending):
@@ -101,7 +95,6 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
-        sys.path.insert(0, HERE)
         rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
     else:
         sys.exit(main())

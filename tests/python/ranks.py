@@ -21,13 +21,18 @@ def rank_context():
     return ctx
 
 
-def run_ranks(target, *args, world=2, timeout=120):
-    """target(rank, port, queue, *args) on world processes of rank_context() (port: a free one on
-    127.0.0.1 for init_process_group); each puts one result on queue. Returns the results
-    sorted, after every process exited with 0."""
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago, for init_process_group."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def run_ranks(target, *args, world=2, timeout=120):
+    """target(rank, port, queue, *args) on world processes of rank_context() (port: free_port());
+    each puts one result on queue. Returns the results sorted, after every process exited
+    with 0."""
+    port = free_port()
     ctx = rank_context()
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(target, rank, port, out, *args)) for rank in range(world)]
