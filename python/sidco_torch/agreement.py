@@ -1,7 +1,6 @@
 """What every rank must agree on before a collective's sizes depend on it: the State's
 configuration (once), and each bucket's wire format (whenever it changes). A difference is
 the same ExchangeError on every rank, raised before the collective it would have broken."""
-import importlib
 import pickle
 import warnings
 import zlib
@@ -9,22 +8,10 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .ops import methods
+from .extension import _source_digest
+from .ops import _method_origin, methods
 from .arguments import (_DTYPE_CODES, _DTYPE_NAMES, _EXCHANGES, _NONFINITE, _PATHS, _REDUCE_SCHEDULES, _STATE_FORMAT, _WIRES, ExchangeError,
                         _bits, _float_of_bits)
-
-
-def _source_digest():
-    """The digest of the sources this package and its ops were built from (source_digest.py,
-    which meson writes with scripts/source_digest.py), or "" where it is absent (the package
-    imported from the source tree itself, as the GPU check does, or unreadable: this rank then
-    shows "unknown" in the gather, and every rank raises alike, where an exception here would
-    leave the others waiting in it)."""
-    try:
-        digest = str(importlib.import_module(".source_digest", __package__).DIGEST)
-    except Exception:  # noqa: BLE001 (any failure is told to every rank through the gather)
-        return ""
-    return digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) else ""
 
 
 def _digest_field(digest):
@@ -49,11 +36,14 @@ class _Agreement:
         """Every rank's configuration, compared once (the first hook call of this State in this
         process): a difference would make the payloads' sizes differ."""
         verified = self._verified if self._verified is not None else self._step_density
-        # A method an extension added is known here by its name and description only: ranks
-        # that added different compressors under one name differ in the description.
+        # A method an extension added is known here by its name, its description and its
+        # compressor's type (the extension's own code is not compared; its build matches this
+        # package's sources: ops._check_method).
         description = methods().get(self.method, "")
+        composition = _method_origin(self.method)[0]
         self._agree_sources(group, world, device)
         fields = [("format", _STATE_FORMAT), ("method", zlib.crc32(self.method.encode())),
+                  ("method's composition", zlib.crc32(composition.encode())),
                   ("method's description", zlib.crc32(description.encode())),
                   ("density", _bits(self._step_density)), ("agreed density", _bits(verified)),
                   ("capacity_slack", _bits(self.capacity_slack)),
@@ -92,12 +82,13 @@ class _Agreement:
                     "(torch.save(state.state_dict(), f'sidco-{rank}.pt'))"))
             for j, (name, _) in enumerate(fields[:loaded_at]):
                 if theirs[j] != everyone[0][j]:
-                    if name in ("method", "method's description", "options", "exchange", "owner", "nonfinite", "wire",
-                                "reduce_schedule"):
+                    if name in ("method", "method's composition", "method's description", "options", "exchange",
+                                "owner", "nonfinite", "wire", "reduce_schedule"):
                         # Hashes and indices on the wire: the values themselves, from every rank
                         # (each one found this same difference, so each joins this gather).
                         readable = self._gather_objects({
-                            "method": self.method, "method's description": description,
+                            "method": self.method, "method's composition": composition,
+                            "method's description": description,
                             "options": dict(sorted(self.options.items())), "exchange": self.exchange,
                             "owner": self.owner, "nonfinite": self.nonfinite, "wire": self.wire,
                             "reduce_schedule": self.reduce_schedule}, group, world, device)

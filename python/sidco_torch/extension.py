@@ -6,9 +6,10 @@
                        **sidco_torch.extension_args())
 
 compiles my_ops.cpp against the headers this package's ops were built from, with their flags
-(C++20, OpenMP, Highway's SIMD kernels chosen at run time), and links it with the ops library,
-so that a compressor composed there from sidco's policies gives the same bits as the package's
-op of the same preset, and can be added as a method the hook takes
+(C++20, OpenMP, Highway's SIMD kernels chosen at run time, and this build's source digest, so
+that a method it adds is refused by a sidco_torch built from other sources), and links it with
+the ops library, so that a compressor composed there from sidco's policies gives the same bits
+as the package's op of the same preset, and can be added as a method the hook takes
 (sidco_torch/csrc/added_methods.hpp).
 """
 import importlib
@@ -26,6 +27,19 @@ def _build_config():
         return importlib.import_module(".build_config", __package__)
     except ImportError:
         return None
+
+
+def _source_digest():
+    """The digest of the sources this package and its ops were built from (source_digest.py,
+    which meson writes with scripts/source_digest.py), or "" where it is absent (the package
+    imported from the source tree itself, as the GPU check does, or unreadable: this rank then
+    shows "unknown" in the gather, and every rank raises alike, where an exception here would
+    leave the others waiting in it)."""
+    try:
+        digest = str(importlib.import_module(".source_digest", __package__).DIGEST)
+    except Exception:  # noqa: BLE001 (any failure is told to every rank through the gather)
+        return ""
+    return digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) else ""
 
 
 def _config():
@@ -69,7 +83,10 @@ def extension_args(highway=None):
     """Keyword arguments for torch.utils.cpp_extension.load and load_inline: the include
     directories, the compile flags and the link flags (the ops library, found at run time where
     it is now). highway: None (as this package was built), True, or False (the portable loops,
-    with no libhwy to link; not the package's bits)."""
+    with no libhwy to link; not the package's bits). The flags define SIDCO_TORCH_SOURCE_DIGEST
+    as 0x and this build's source digest (where it has one): a method the extension adds
+    carries it, and Compressor and State refuse that method under a sidco_torch built from
+    other sources, whose ops the extension's compressor was not compiled to run with."""
     if highway is not None and not isinstance(highway, bool):
         raise TypeError(f"extension_args: highway = {highway!r} is not None, True or False")
     config = _config()
@@ -77,11 +94,13 @@ def extension_args(highway=None):
         raise ValueError("extension_args: highway = True, but this sidco_torch was built without Highway "
                          "(its build found no libhwy-dev)")
     use_highway = config.HIGHWAY if highway is None else highway
+    digest = _source_digest()
     library = os.path.realpath(_library_path)
     directory, name = os.path.split(library)
     return {
         "extra_include_paths": _include_paths(),
-        "extra_cflags": list(config.CXX_FLAGS) + (list(config.HIGHWAY_CFLAGS) if use_highway else []),
+        "extra_cflags": list(config.CXX_FLAGS) + (list(config.HIGHWAY_CFLAGS) if use_highway else [])
+        + ([f"-DSIDCO_TORCH_SOURCE_DIGEST=0x{digest}"] if digest else []),
         "extra_ldflags": list(config.LD_FLAGS) + (list(config.HIGHWAY_LIBS) if use_highway else [])
         + [f"-L{directory}", f"-l:{name}", f"-Wl,-rpath,{directory}"],
     }

@@ -4,6 +4,8 @@ import numbers
 
 import torch
 
+from .extension import _source_digest
+
 #: Every built-in method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
 
@@ -22,15 +24,34 @@ def cpu_kernels():
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
+def _method_origin(method):
+    """(composition, built against) of a method an extension added: its compressor's type, and
+    the source digest of the sidco_torch it was compiled against ("" when its flags did not say:
+    not built with extension_args()); ("", "") for a built-in method or an unknown name."""
+    return tuple(torch.ops.sidco.method_origin(method))
+
+
 def _check_method(method, where):
-    """A method name from methods(); argument errors raised here, before TorchScript sees them."""
+    """A method name from methods(); argument errors raised here, before TorchScript sees them.
+    A method an extension compiled against another sidco_torch's sources added is refused: its
+    compressor was compiled for other headers than the ops that would run it."""
     known = methods()
     if not isinstance(method, str):
         raise TypeError(f"{where}: method must be a str, one of {', '.join(known)}; got "
                         f"{type(method).__name__} {method!r}")
     if method not in known:
         raise ValueError(f"{where}: method {method!r} is not one of {', '.join(known)}")
+    _check_built_against(method, _method_origin(method)[1], _source_digest(), where)
     return method
+
+
+def _check_built_against(method, built_against, digest, where):
+    """Refuses method when the extension that added it was compiled against other sidco_torch
+    sources (built_against) than this package's (digest); either unknown ("") passes."""
+    if built_against and digest and built_against != digest:
+        raise ValueError(f"{where}: method {method!r} was added by an extension compiled against other sidco_torch "
+                         f"sources (source digest {built_against[:15]}...) than this sidco_torch's "
+                         f"({digest[:15]}...): rebuild the extension with sidco_torch.extension_args()")
 
 
 def _options_dict(options, where="sidco_torch", arguments=()):

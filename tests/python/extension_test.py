@@ -3,8 +3,9 @@ torch.utils.cpp_extension and sidco_torch.extension_args(): its SIDCo-E gives si
 "sidco-e" bits on every bundled real gradient, its own composition keeps error feedback exact
 and its threshold's cut, bad arguments raise errors that name them and change nothing, and the
 methods it adds run in sidco_torch's Compressor and DDP hook (2 gloo ranks, both exchanges)
-with the bits of the built-in method they equal; ranks that added different compressors under
-one name are refused alike."""
+with the bits of the built-in method they equal, carry their compressor's type and the sources
+they were compiled against (refused by a sidco_torch built from others); ranks that added
+different compressors under one name are refused alike."""
 import json
 import os
 import shutil
@@ -17,6 +18,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import sidco_torch
+import sidco_torch.ops
+import sidco_torch.source_digest
 from ranks import first_step_refused, run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,6 +40,9 @@ def check_arguments():
     include = args["extra_include_paths"][0]
     assert os.path.samefile(include, os.path.join(ROOT, "include")), include
     assert "-std=c++20" in args["extra_cflags"], args
+    # The sources the extension is compiled against, as the number a method it adds carries.
+    digest = sidco_torch.source_digest.DIGEST
+    assert f"-DSIDCO_TORCH_SOURCE_DIGEST=0x{digest}" in args["extra_cflags"], args
     portable = sidco_torch.extension_args(highway=False)
     assert not any("HWY" in f or "HIGHWAY" in f for f in portable["extra_cflags"]), portable
     assert "-lhwy" not in portable["extra_ldflags"], portable
@@ -123,6 +129,36 @@ def check_errors(classes):
     assert indices.numel() > 0 and torch.equal(values, (gradient + before)[indices])
 
 
+def check_origins():
+    """What each added method is: its compressor's type (the extension's two differ) and this
+    build's source digest, from the flag extension_args() gave the compiler. A sidco_torch built
+    from other sources (its digest patched here) refuses the methods, and only those."""
+    digest = sidco_torch.source_digest.DIGEST
+    sidco_e, sidco_e_digest = sidco_torch.ops._method_origin("my-sidco-e")
+    gamma_gp, gamma_gp_digest = sidco_torch.ops._method_origin("gamma-gp-two-stages")
+    assert sidco_e_digest == gamma_gp_digest == digest, (sidco_e_digest, gamma_gp_digest, digest)
+    assert sidco_e.startswith("sidco::compressor<") and "exponential" in sidco_e, sidco_e
+    assert gamma_gp.startswith("sidco::compressor<") and "gamma" in gamma_gp and "pareto" in gamma_gp, gamma_gp
+    assert sidco_torch.ops._method_origin("sidco-e") == ("", ""), "a built-in method has an origin"
+    other = "0" * 64 if digest != "0" * 64 else "1" * 64
+    original = sidco_torch.ops._source_digest
+    sidco_torch.ops._source_digest = lambda: other
+    try:
+        for make, where in ((lambda m: sidco_torch.Compressor(m), "sidco_torch.Compressor"),
+                            (lambda m: sidco_torch.State(method=m), "sidco_torch.State")):
+            try:
+                make("my-sidco-e")
+                raise AssertionError(f"{where}: a method built against other sources was accepted")
+            except ValueError as e:
+                expected = (f"{where}: method 'my-sidco-e' was added by an extension compiled against other "
+                            f"sidco_torch sources (source digest {digest[:15]}...) than this sidco_torch's "
+                            f"({other[:15]}...): rebuild the extension with sidco_torch.extension_args()")
+                assert expected in str(e), str(e)
+            make("sidco-e")  # a built-in method runs the package's own code
+    finally:
+        sidco_torch.ops._source_digest = original
+
+
 def check_added_methods(classes):
     """The methods the extension adds: refused before it adds them, then taken by
     sidco_torch.Compressor with the bits of the compressor they were made from (whole and per
@@ -146,6 +182,7 @@ def check_added_methods(classes):
     added = {name: description for name, description in sidco_torch.methods().items()
              if name not in sidco_torch.METHODS}
     assert list(added) == ["my-sidco-e", "gamma-gp-two-stages"], added
+    check_origins()
     try:
         torch.ops.my_sidco.add_methods()
         raise AssertionError("a method was added twice")
@@ -220,10 +257,11 @@ def check_hook():
         for rank, same, paths in run_ranks(hook_steps, exchange):
             assert same, f"{exchange}, rank {rank}: my-sidco-e's steps differ from sidco-e's"
             assert paths == [f"sparse ({exchange})"], (exchange, rank, paths)
-    # One name, different compressors: refused on every rank alike, before any payload.
+    # One name, different compressors: refused on every rank alike, before any payload, by
+    # their types (each rank's "mine" is the other's "theirs").
     results = run_ranks(swapped_methods)
-    expected = ("sidco_torch.State: rank 1 has method's description 'gamma fit, generalized-Pareto tails, two fixed "
-                "stages', rank 0 has \"SIDCo-E from an extension of one's own\"")
+    sidco_e, gamma_gp = (sidco_torch.ops._method_origin(name)[0] for name in ("my-sidco-e", "gamma-gp-two-stages"))
+    expected = f"sidco_torch.State: rank 1 has method's composition {gamma_gp!r}, rank 0 has {sidco_e!r}"
     for rank, error, exchange_error in results:
         assert exchange_error and expected in error, (rank, error)
     assert results[0][1] == results[1][1], results

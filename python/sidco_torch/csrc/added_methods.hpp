@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -25,9 +26,24 @@ template <class T>
 using engine_factory = std::function<std::unique_ptr<engine<T, std::uint32_t>>(
     const sidco::methods::options& options, std::vector<sidco::segment> layout, layer_budget budget)>;
 
-/// A method added by an extension: its description and its engines, one per element type.
+// The sources of the sidco_torch build an extension was compiled against:
+// sidco_torch.extension_args() defines SIDCO_TORCH_SOURCE_DIGEST as 0x<its digest> (a number, so
+// no shell or ninja quoting can change it); "" without that flag.
+#define SIDCO_TORCH_DETAIL_TEXT(x) #x
+#define SIDCO_TORCH_DETAIL_EXPANDED_TEXT(x) SIDCO_TORCH_DETAIL_TEXT(x)
+#ifdef SIDCO_TORCH_SOURCE_DIGEST
+#define SIDCO_TORCH_BUILT_AGAINST SIDCO_TORCH_DETAIL_EXPANDED_TEXT(SIDCO_TORCH_SOURCE_DIGEST)
+#else
+#define SIDCO_TORCH_BUILT_AGAINST ""
+#endif
+
+/// A method added by an extension: its description, what it is (the compressor's type, as
+/// typeid names it, and SIDCO_TORCH_BUILT_AGAINST), which the ops and every rank compare, and
+/// its engines, one per element type.
 struct added_method {
   std::string description;
+  std::string composition;
+  std::string built_against;
   engine_factory<float> float32;
   engine_factory<double> float64;
   engine_factory<sidco::float16> float16;
@@ -64,6 +80,8 @@ void add_method(const std::string& name, const std::string& description, Make ma
                 "with backend::cpu (or backend::serial)");
   added_method method;
   method.description = description;
+  method.composition = typeid(Compressor).name();
+  method.built_against = SIDCO_TORCH_BUILT_AGAINST;
   const auto set = [&]<class T>(engine_factory<T>& slot) {
     slot = [make](const sidco::methods::options& options, std::vector<sidco::segment> layout, layer_budget budget) {
       return engine_of<T, std::uint32_t>(Compressor(make(options)), std::move(layout), budget);
