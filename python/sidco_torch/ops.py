@@ -28,7 +28,8 @@ def _method_origin(method):
     """(composition, built against) of a method an extension added: its compressor's type, and
     the source digest of the sidco_torch it was compiled against ("" when its flags did not say:
     not built with extension_args()); ("", "") for a built-in method or an unknown name."""
-    return tuple(torch.ops.sidco.method_origin(method))
+    composition, flag = torch.ops.sidco.method_origin(method)
+    return composition, flag[2:] if flag.startswith("0x") else flag
 
 
 def _check_method(method, where):

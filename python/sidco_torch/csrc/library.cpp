@@ -57,14 +57,6 @@ method_registry& registry() {
   return *methods;
 }
 
-// SIDCO_TORCH_SOURCE_DIGEST as sidco_torch.extension_args() defines it: 0x and 64 lowercase hex digits.
-bool source_digest_flag(const std::string& flag) {
-  if (flag.size() != 66 || flag.compare(0, 2, "0x") != 0) return false;
-  for (std::size_t j = 2; j < flag.size(); ++j)
-    if (!((flag[j] >= '0' && flag[j] <= '9') || (flag[j] >= 'a' && flag[j] <= 'f'))) return false;
-  return true;
-}
-
 // A type as C++ spells it (the mangled name where it cannot be demangled).
 std::string demangled(const std::string& name) {
   int status = 0;
@@ -92,12 +84,6 @@ void add_method_factories(const std::string& name, added_method method) {
   if (sidco::methods::all::find(name)) sidco::throw_error("add_method: name '", name, "' is a built-in method's");
   if (!method.float32 || !method.float64 || !method.float16 || !method.bfloat16)
     sidco::throw_error("add_method: method '", name, "' lacks an engine for an element type");
-  if (!method.built_against.empty()) {
-    if (!source_digest_flag(method.built_against))
-      sidco::throw_error("add_method: method '", name, "' was compiled with SIDCO_TORCH_SOURCE_DIGEST = ",
-                         method.built_against, ", not 0x and the 64 hex digits sidco_torch.extension_args() gives");
-    method.built_against.erase(0, 2);
-  }
   method_registry& r = registry();
   const std::lock_guard<std::mutex> hold(r.mutex);
   for (const auto& [taken, added] : r.methods)
@@ -680,8 +666,9 @@ TORCH_LIBRARY(sidco, m) {
     }
     return table;
   });
-  // What an added method is: (its compressor's type, the digest of the sidco_torch sources its
-  // extension was compiled against, "" when that is not known); ("", "") for a built-in one.
+  // What an added method is: (its compressor's type, SIDCO_TORCH_SOURCE_DIGEST as its extension
+  // was compiled with: "0x" and the digest of the sidco_torch sources, "" without the flag);
+  // ("", "") for a built-in one.
   m.def("method_origin(str method) -> (str, str)", [](const std::string& method) {
     const added_method* added = find_added_method(method);
     if (!added) return std::make_tuple(std::string(), std::string());
