@@ -32,9 +32,9 @@ def _build_config():
 def _source_digest():
     """The digest of the sources this package and its ops were built from (source_digest.py,
     which meson writes with scripts/source_digest.py), or "" where it is absent (the package
-    imported from the source tree itself, as the GPU check does, or unreadable: this rank then
-    shows "unknown" in the gather, and every rank raises alike, where an exception here would
-    leave the others waiting in it)."""
+    imported from the source tree itself, as the GPU check does) or unreadable. Never raises:
+    the agreement shows "unknown" in its gather and every rank raises alike, where an exception
+    here would leave the others waiting in it."""
     try:
         digest = str(importlib.import_module(".source_digest", __package__).DIGEST)
     except Exception:  # noqa: BLE001 (any failure is told to every rank through the gather)

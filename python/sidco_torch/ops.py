@@ -42,17 +42,13 @@ def _check_method(method, where):
                         f"{type(method).__name__} {method!r}")
     if method not in known:
         raise ValueError(f"{where}: method {method!r} is not one of {', '.join(known)}")
-    _check_built_against(method, _method_origin(method)[1], _source_digest(), where)
-    return method
-
-
-def _check_built_against(method, built_against, digest, where):
-    """Refuses method when the extension that added it was compiled against other sidco_torch
-    sources (built_against) than this package's (digest); either unknown ("") passes."""
+    # Either digest unknown (""): nothing to compare.
+    built_against, digest = _method_origin(method)[1], _source_digest()
     if built_against and digest and built_against != digest:
         raise ValueError(f"{where}: method {method!r} was added by an extension compiled against other sidco_torch "
                          f"sources (source digest {built_against[:15]}...) than this sidco_torch's "
                          f"({digest[:15]}...): rebuild the extension with sidco_torch.extension_args()")
+    return method
 
 
 def _options_dict(options, where="sidco_torch", arguments=()):
