@@ -5,6 +5,7 @@ code under the same names, which the hook's agreement refuses (python/sidco_torc
 
   source_digest.py --list ROOT                  the files, one a line (meson reads them at setup)
   source_digest.py --root ROOT --output F FILE...  writes F, the module sidco_torch.source_digest
+  source_digest.py --root ROOT --output F --cpp C FILE...  and C, the ops library's copy (C++)
   source_digest.py --root ROOT                  prints the digest of the files --list names
 
 Each file counts by its path relative to ROOT and its bytes, so a development build, a pip
@@ -57,6 +58,7 @@ def main():
     ap.add_argument("--list", metavar="ROOT", help="print the files the digest covers")
     ap.add_argument("--root", help="the project root the paths are relative to")
     ap.add_argument("--output", help="the module to write")
+    ap.add_argument("--cpp", help="the C++ source to write beside it: the digest the ops library was built from")
     ap.add_argument("files", nargs="*")
     a = ap.parse_args()
     if a.list:
@@ -72,6 +74,14 @@ def main():
         f.write('"""The digest of the sources this sidco_torch was built from (written by meson with\n'
                 'scripts/source_digest.py): the hook\'s agreement compares it across ranks."""\n'
                 f"DIGEST = \"{value}\"\nFILES = {count}\n")
+    if a.cpp:
+        # The form SIDCO_TORCH_SOURCE_DIGEST takes in an extension (0x and the digest), which
+        # add_method_factories compares before it reads anything an extension hands it.
+        with open(a.cpp, "w") as f:
+            f.write("// Written by meson with scripts/source_digest.py: the sources this ops library was built from.\n"
+                    "namespace sidco_torch {\n"
+                    f"extern const char ops_source_digest[] = \"0x{value}\";\n"
+                    "}  // namespace sidco_torch\n")
     return 0
 
 

@@ -35,7 +35,9 @@ def _method_origin(method):
 def _check_method(method, where):
     """A method name from methods(); argument errors raised here, before TorchScript sees them.
     A method an extension compiled against another sidco_torch's sources added is refused: its
-    compressor was compiled for other headers than the ops that would run it."""
+    compressor was compiled for other headers than the ops that would run it. (The ops refuse it
+    as it is added, by their own digest; this is for a package whose Python files and ops come
+    from different builds.)"""
     known = methods()
     if not isinstance(method, str):
         raise TypeError(f"{where}: method must be a str, one of {', '.join(known)}; got "

@@ -4,8 +4,10 @@ torch.utils.cpp_extension and sidco_torch.extension_args(): its SIDCo-E gives si
 and its threshold's cut, bad arguments raise errors that name them and change nothing, and the
 methods it adds run in sidco_torch's Compressor and DDP hook (2 gloo ranks, both exchanges)
 with the bits of the built-in method they equal, carry their compressor's type and the sources
-they were compiled against (refused by a sidco_torch built from others); ranks that added
-different compressors under one name are refused alike."""
+they were compiled against (refused as they are added by ops built from others, and by a
+package whose digest differs); ranks that added different compressors under one name are
+refused alike."""
+import ctypes
 import json
 import os
 import shutil
@@ -16,6 +18,7 @@ import numpy
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils import cpp_extension
 
 import sidco_torch
 import sidco_torch.ops
@@ -159,6 +162,78 @@ def check_origins():
         sidco_torch.ops._source_digest = original
 
 
+# A small extension that adds SIDCo-E on the serial backend under the name it is given.
+SMALL_EXTENSION = r"""
+#include <string>
+
+#include <sidco/presets.hpp>
+#include <sidco_torch/csrc/added_methods.hpp>
+
+// What add_method raised ("" when it added the method).
+extern "C" const char* add_serial_sidco_e(const char* name) {
+  static std::string raised;
+  try {
+    sidco_torch::add_method<sidco::presets::sidco_e<sidco::backend::serial>>(name, "SIDCo-E, serial");
+    raised.clear();
+  } catch (const sidco::error& e) {
+    raised = e.what();
+  }
+  return raised.c_str();
+}
+"""
+DIGEST_FLAG = "-DSIDCO_TORCH_SOURCE_DIGEST=0x"
+
+
+def add_from_small_extension(scratch, build, name, digest_flag):
+    """Builds SMALL_EXTENSION as `build`, with extension_args()' flags and digest_flag in place
+    of their digest flag (None: left out), and adds `name` from it; gives what add_method raised."""
+    args = sidco_torch.extension_args(highway=False)
+    flags = [f for f in args["extra_cflags"] if not f.startswith(DIGEST_FLAG)]
+    assert len(flags) == len(args["extra_cflags"]) - 1, args
+    args["extra_cflags"] = flags + ([digest_flag] if digest_flag else [])
+    source = os.path.join(scratch, "small_extension.cpp")
+    with open(source, "w") as f:
+        f.write(SMALL_EXTENSION)
+    cpp_extension.load(name=build, sources=[source], is_python_module=False, **args)
+    small = ctypes.CDLL(os.path.join(scratch, build, f"{build}.so"))
+    small.add_serial_sidco_e.restype = ctypes.c_char_p
+    return small.add_serial_sidco_e(name.encode()).decode()
+
+
+def check_stale_extension(scratch):
+    """A method from an extension compiled against another digest (as a setup.py build left
+    from before an upgrade would be) is refused as it is added, before the ops read what it
+    hands over (its layout is the other headers'), and nothing is added."""
+    digest = sidco_torch.source_digest.DIGEST
+    other = "0" * 64 if digest != "0" * 64 else "1" * 64
+    raised = add_from_small_extension(scratch, "stale_sidco", "stale-sidco-e", DIGEST_FLAG + other)
+    expected = (f"sidco: add_method: method 'stale-sidco-e' comes from an extension compiled against other "
+                f"sidco_torch sources (source digest 0x{other[:15]}...) than these ops' (0x{digest[:15]}...): "
+                "rebuild the extension with sidco_torch.extension_args()")
+    assert raised == expected, f"a method compiled against other sources: {raised or 'added'}"
+    assert "stale-sidco-e" not in sidco_torch.methods(), "a refused method was added"
+
+
+def check_unflagged_extension(scratch):
+    """An extension compiled without the digest flag: nothing to compare, so its method is
+    added, carries no digest, and is taken even by a package whose digest is patched to another."""
+    raised = add_from_small_extension(scratch, "unflagged_sidco", "unflagged-sidco-e", None)
+    assert raised == "", f"a method compiled without the digest flag was refused: {raised}"
+    composition, built_against = sidco_torch.ops._method_origin("unflagged-sidco-e")
+    assert "sidco::backend::basic_serial" in composition and built_against == "", (composition, built_against)
+    gradient = dict(gradients())["lstm_it10.npy"]
+    original = sidco_torch.ops._source_digest
+    sidco_torch.ops._source_digest = lambda: "0" * 64
+    try:
+        indices, values = sidco_torch.Compressor("unflagged-sidco-e").compress(gradient, 0.01)
+    finally:
+        sidco_torch.ops._source_digest = original
+    kept = torch.ones_like(gradient, dtype=torch.bool)
+    kept[indices] = False
+    assert indices.numel() > 0 and torch.equal(values, gradient[indices]), "the values sent are not the gradient's"
+    assert values.abs().min() >= gradient[kept].abs().max(), "a value kept back is larger than one sent"
+
+
 def check_added_methods(classes):
     """The methods the extension adds: refused before it adds them, then taken by
     sidco_torch.Compressor with the bits of the compressor they were made from (whole and per
@@ -274,10 +349,12 @@ def main():
         # A fresh directory: torch's cache keys on the sources and flags, not on the headers.
         os.environ["TORCH_EXTENSIONS_DIR"] = scratch
         classes = torch_extension.build()
+        check_stale_extension(scratch)
         same = check_same_bits(classes)
         composed = check_composition(classes)
         check_errors(classes)
         added = check_added_methods(classes)
+        check_unflagged_extension(scratch)
         check_hook()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -63,10 +63,12 @@ struct added_method {
 };
 
 /// The registry (defined in libsidco_torch_ops.so). add_method_factories refuses (sidco::error)
-/// a name that is not a method name or is taken, by a built-in method or an added one;
-/// find_added_method gives nullptr for a name never added; added_methods lists (name,
-/// description) in the order they were added.
-void add_method_factories(const std::string& name, added_method method);
+/// a method whose built_against (SIDCO_TORCH_BUILT_AGAINST, passed first and apart, since
+/// `method`'s layout is the extension's headers') names other sources than the library's,
+/// before it reads `method`, then a name that is not a method name or is taken, by a built-in
+/// method or an added one; find_added_method gives nullptr for a name never added;
+/// added_methods lists (name, description) in the order they were added.
+void add_method_factories(const char* built_against, const std::string& name, added_method method);
 const added_method* find_added_method(const std::string& name);
 std::vector<std::pair<std::string, std::string>> added_methods();
 
@@ -91,7 +93,7 @@ void add_method(const std::string& name, const std::string& description, Make ma
   set(method.float64);
   set(method.float16);
   set(method.bfloat16);
-  add_method_factories(name, std::move(method));
+  add_method_factories(SIDCO_TORCH_BUILT_AGAINST, name, std::move(method));
 }
 
 /// The same with every prototype default-constructed (the options are not read).

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -78,7 +79,18 @@ bool method_name(const std::string& name) {
 
 }  // namespace
 
-void add_method_factories(const std::string& name, added_method method) {
+// The sources this library was built from, as SIDCO_TORCH_BUILT_AGAINST spells them
+// (source_digest.cpp, which meson writes).
+extern const char ops_source_digest[];
+
+void add_method_factories(const char* built_against, const std::string& name, added_method method) {
+  // An extension compiled against other headers hands over an added_method of another layout:
+  // refused before any of it is read. Without the flag ("") nothing is known to compare.
+  if (*built_against != '\0' && std::strcmp(built_against, ops_source_digest) != 0)
+    sidco::throw_error("add_method: method '", name, "' comes from an extension compiled against other sidco_torch ",
+                       "sources (source digest ", std::string_view(built_against).substr(0, 17),
+                       "...) than these ops' (", std::string_view(ops_source_digest).substr(0, 17),
+                       "...): rebuild the extension with sidco_torch.extension_args()");
   if (!method_name(name))
     sidco::throw_error("add_method: name '", name, "' is not 1 to 64 letters, digits, '-' and '_'");
   if (sidco::methods::all::find(name)) sidco::throw_error("add_method: name '", name, "' is a built-in method's");
