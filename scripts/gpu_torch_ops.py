@@ -5,6 +5,7 @@ torch users have. Usage: gpu_torch_ops.py BOOST_INCLUDE BUILD_DIR [--cpu]; --cpu
 CUDA ops out (a CPU-only torch). Prints the library's path on its last line."""
 import glob
 import os
+import subprocess
 import sys
 
 from torch.utils import cpp_extension
@@ -15,9 +16,14 @@ CSRC = os.path.join(ROOT, "python", "sidco_torch", "csrc")
 
 def main(boost_include, build_dir, cpu_only=False):
     os.makedirs(build_dir, exist_ok=True)
+    # The digest the ops compare an extension's against (source_digest.cpp), as meson writes it.
+    digest_cpp = os.path.join(build_dir, "source_digest.cpp")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "source_digest.py"), "--root", ROOT,
+                    "--output", os.path.join(build_dir, "source_digest.py"), "--cpp", digest_cpp], check=True)
     # Sorted: library.cpp links last, as it did when the load-order bug showed (kept as a check).
-    sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp")) +
-                     ([] if cpu_only else glob.glob(os.path.join(CSRC, "cuda", "*.cu"))))
+    ops = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp")) +
+                 ([] if cpu_only else glob.glob(os.path.join(CSRC, "cuda", "*.cu"))))
+    sources = [digest_cpp] + ops
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
     # A compiler that links its C++ runtime statically (the H100 machine's /opt/gcc) puts a
     # second libstdc++ into the library; exported, its symbols mix with the one the process
