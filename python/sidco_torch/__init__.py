@@ -32,6 +32,29 @@ def _load():
 
 library_path = _load()
 
+
+def _check_library_sources():
+    """Refuses an ops library built from other sources than these Python files (a library from
+    another build through SIDCO_TORCH_LIBRARY, an install that mixed two versions): the Python
+    side would call ops whose schemas and behaviour it was not written for. Nothing to compare
+    where this package has no digest (imported from the source tree)."""
+    from .extension import _source_digest
+    package = _source_digest()
+    if not package:
+        return
+    try:
+        library = str(_torch.ops.sidco.source_digest())
+        named = f"source digest {library[:17]}..."
+    except (AttributeError, RuntimeError):  # a library older than the op
+        library, named = "", "no source digest: an older build"
+    if library != "0x" + package:
+        raise ImportError(f"sidco_torch: the ops library {library_path} was built from other sources ({named}) than "
+                          f"this package's Python files (0x{package[:15]}...): rebuild or reinstall sidco_torch, or "
+                          "point SIDCO_TORCH_LIBRARY at the library built with these files")
+
+
+_check_library_sources()
+
 from .ops import METHODS, Compressor, cpu_kernels, compress, decompress, methods, scatter_add_  # noqa: E402
 from .arguments import ExchangeError  # noqa: E402
 from .hook import State, hook, register  # noqa: E402

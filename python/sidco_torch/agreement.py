@@ -37,8 +37,8 @@ class _Agreement:
         process): a difference would make the payloads' sizes differ."""
         verified = self._verified if self._verified is not None else self._step_density
         # A method an extension added is known here by its name, its description and its
-        # compressor's type (the extension's own code is not compared; its build matches this
-        # package's sources: ops._check_method).
+        # compressor's type (the extension's own code is not compared; the ops refused it as it
+        # was added unless it was compiled against these sources or without the digest flag).
         description = methods().get(self.method, "")
         composition = _method_origin(self.method)[0]
         self._agree_sources(group, world, device)

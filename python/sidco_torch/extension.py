@@ -85,8 +85,8 @@ def extension_args(highway=None):
     it is now). highway: None (as this package was built), True, or False (the portable loops,
     with no libhwy to link; not the package's bits). The flags define SIDCO_TORCH_SOURCE_DIGEST
     as 0x and this build's source digest (where it has one): a method the extension adds
-    carries it, and Compressor and State refuse that method under a sidco_torch built from
-    other sources, whose ops the extension's compressor was not compiled to run with."""
+    carries it, and ops built from other sources, which the extension's compressor was not
+    compiled to run with, refuse the method as it is added."""
     if highway is not None and not isinstance(highway, bool):
         raise TypeError(f"extension_args: highway = {highway!r} is not None, True or False")
     config = _config()

@@ -4,8 +4,6 @@ import numbers
 
 import torch
 
-from .extension import _source_digest
-
 #: Every built-in method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
 
@@ -34,22 +32,14 @@ def _method_origin(method):
 
 def _check_method(method, where):
     """A method name from methods(); argument errors raised here, before TorchScript sees them.
-    A method an extension compiled against another sidco_torch's sources added is refused: its
-    compressor was compiled for other headers than the ops that would run it. (The ops refuse it
-    as it is added, by their own digest; this is for a package whose Python files and ops come
-    from different builds.)"""
+    A method from an extension compiled against other sidco_torch sources is not among them: the
+    ops refused it as it was added (and the package, at import, ops built from other sources)."""
     known = methods()
     if not isinstance(method, str):
         raise TypeError(f"{where}: method must be a str, one of {', '.join(known)}; got "
                         f"{type(method).__name__} {method!r}")
     if method not in known:
         raise ValueError(f"{where}: method {method!r} is not one of {', '.join(known)}")
-    # Either digest unknown (""): nothing to compare.
-    built_against, digest = _method_origin(method)[1], _source_digest()
-    if built_against and digest and built_against != digest:
-        raise ValueError(f"{where}: method {method!r} was added by an extension compiled against other sidco_torch "
-                         f"sources (source digest {built_against[:15]}...) than this sidco_torch's "
-                         f"({digest[:15]}...): rebuild the extension with sidco_torch.extension_args()")
     return method
 
 

@@ -27,7 +27,9 @@ import math
 import os
 import pickle
 import queue
+import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -1618,6 +1620,28 @@ def _entry(scenario, rank, world, port, args, results):
         results.put((rank, False, traceback.format_exc()))
 
 
+def check_library_sources(digest):
+    """The package refuses at import an ops library built from other sources than its Python
+    files: a copy of the package whose digest says other sources, with this build's library."""
+    other = "0" * 64 if digest != "0" * 64 else "1" * 64
+    expected = (f"sidco_torch: the ops library {sidco_torch.library_path} was built from other sources (source "
+                f"digest 0x{digest[:15]}...) than this package's Python files (0x{other[:15]}...): rebuild or "
+                "reinstall sidco_torch, or point SIDCO_TORCH_LIBRARY at the library built with these files")
+    with tempfile.TemporaryDirectory() as scratch:
+        package = os.path.join(scratch, "sidco_torch")
+        shutil.copytree(os.path.dirname(sidco_torch.__file__), package,
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        env = dict(os.environ, PYTHONPATH=scratch, SIDCO_TORCH_LIBRARY=sidco_torch.library_path)
+        for written, refused in ((digest, False), (other, True)):
+            with open(os.path.join(package, "source_digest.py"), "w") as f:
+                f.write(f'DIGEST = "{written}"\nFILES = 1\n')
+            run = subprocess.run([sys.executable, "-c", "import sidco_torch"], env=env, capture_output=True, text=True)
+            if refused:
+                assert run.returncode != 0 and f"ImportError: {expected}" in run.stderr, run.stderr
+            else:
+                assert run.returncode == 0, run.stderr
+
+
 def check_local():
     """What needs no process group: pickling, arguments, the digest of the sources."""
     # The digest the build wrote is the one of the sources as they are now (an edit the build
@@ -1630,6 +1654,7 @@ def check_local():
     listed = source_digest.listed(root)
     assert any(p.endswith("include/sidco/sidco.hpp") for p in listed) and any(
         p.endswith("csrc/cpu/reduce.cpp") for p in listed) and any(p.endswith("sidco_torch/hook.py") for p in listed)
+    check_library_sources(DIGEST)
     state = sidco_torch.State(method="dgc", density=0.02, start_iter=3, seed=7, reduce_schedule="two-hop",
                               dense_parameters=["last.bias"], wire="compact", reduce_steps_factor=1.1)
     for clone in (pickle.loads(pickle.dumps(state)), copy.deepcopy(state)):

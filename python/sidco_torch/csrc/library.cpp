@@ -665,6 +665,9 @@ TORCH_LIBRARY(sidco, m) {
       return std::make_tuple(std::int64_t(info.version), std::int64_t(info.ranks), std::int64_t(info.size), info.owner);
     });
   });
+  // The sources this library was built from ("0x" and their digest), which the package
+  // compares with its own Python files' at import.
+  m.def("source_digest() -> str", [] { return std::string(sidco_torch::ops_source_digest); });
   // Which CPU kernels run here: a Highway target chosen at load time, or "portable".
   m.def("cpu_kernels() -> str", [] { return std::string(sidco::backend::cpu::kernels()); });
   // The method table (sidco/methods.hpp): [name, description] per method; with added=True,
