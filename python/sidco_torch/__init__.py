@@ -11,7 +11,8 @@
 
 Importable with PYTHONPATH pointing at the directory that holds this package next to the
 built ops library (libsidco_torch_ops.so): `build/python` after `meson compile -C build`,
-or the installed site directory. SIDCO_TORCH_LIBRARY overrides where the library is.
+or the installed site directory. SIDCO_TORCH_LIBRARY overrides where the library is (one
+built from the same sources: import refuses a library built from others).
 """
 import os as _os
 
