@@ -60,6 +60,8 @@ for want in ("sidco_torch/__init__.py", "sidco_torch/hook.py", "sidco_torch/ops.
              "sidco_torch/include/sidco/sidco.hpp",
              "sidco_torch/include/sidco_torch/csrc/added_methods.hpp"):
     assert want in names, (want, names)
+# The ops library's copy of the digest is compiled in, not shipped.
+assert "sidco_torch/source_digest.cpp" not in names, names
 stray = [n for n in names if not n.startswith(("sidco_torch/", "sidco_torch-", "sidco_torch.", "sidco-torch"))]
 assert not stray, f"the wheel holds files outside the package: {stray}"
 name = sys.argv[1].rsplit("/", 1)[1]
