@@ -76,7 +76,8 @@ def main():
                 f"DIGEST = \"{value}\"\nFILES = {count}\n")
     if a.cpp:
         # The form SIDCO_TORCH_SOURCE_DIGEST takes in an extension (0x and the digest), which
-        # add_method_factories compares before it reads anything an extension hands it.
+        # add_method_factories compares before it reads anything an extension hands it; the
+        # package compares it with DIGEST at import (torch.ops.sidco.source_digest).
         with open(a.cpp, "w") as f:
             f.write("// Written by meson with scripts/source_digest.py: the sources this ops library was built from.\n"
                     "namespace sidco_torch {\n"
