@@ -38,8 +38,9 @@ using engine_factory = std::function<std::unique_ptr<engine<T, std::uint32_t>>(
 #endif
 
 /// A method added by an extension: its description, what it is (the compressor's type, as
-/// typeid names it, and SIDCO_TORCH_BUILT_AGAINST), which the ops and every rank compare, and
-/// its engines, one per element type.
+/// typeid names it, and SIDCO_TORCH_BUILT_AGAINST, which the registry records from
+/// add_method_factories' first argument), which the ops and every rank compare, and its
+/// engines, one per element type.
 struct added_method {
   std::string description;
   std::string composition;
@@ -83,7 +84,6 @@ void add_method(const std::string& name, const std::string& description, Make ma
   added_method method;
   method.description = description;
   method.composition = typeid(Compressor).name();
-  method.built_against = SIDCO_TORCH_BUILT_AGAINST;
   const auto set = [&]<class T>(engine_factory<T>& slot) {
     slot = [make](const sidco::methods::options& options, std::vector<sidco::segment> layout, layer_budget budget) {
       return engine_of<T, std::uint32_t>(Compressor(make(options)), std::move(layout), budget);

@@ -100,6 +100,7 @@ void add_method_factories(const char* built_against, const std::string& name, ad
   const std::lock_guard<std::mutex> hold(r.mutex);
   for (const auto& [taken, added] : r.methods)
     if (taken == name) sidco::throw_error("add_method: name '", name, "' was added before (", added->description, ")");
+  method.built_against = built_against;
   r.methods.emplace_back(name, std::make_unique<added_method>(std::move(method)));
 }
 
