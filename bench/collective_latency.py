@@ -3,12 +3,12 @@ int64, what agrees the reduce exchange's block head), between gloo ranks on 127.
 mean over 500 calls after 50 warm-up calls, printed per world size.
     /usr/bin/python3 bench/collective_latency.py [--ranks 2,4,8]"""
 import argparse
-import socket
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from loopback import free_port
 
 
 def run(rank, world, port, calls):
@@ -22,12 +22,6 @@ def run(rank, world, port, calls):
     if rank == 0:
         print(f"{world} ranks: all_reduce of one int64 takes {(time.perf_counter() - start) / calls * 1e3:.3f} ms")
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import time
@@ -53,6 +52,7 @@ import torch.multiprocessing as mp
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import wikitext  # noqa: E402
+from loopback import free_port  # noqa: E402
 
 HEADER = 64
 ENTRY = 8
@@ -83,9 +83,7 @@ def _ping_pong(rank, port, rounds, out):
 
 def measure_alpha(rounds=2000):
     """Half the median round trip of a 4-byte gloo send/recv on the loopback, in seconds."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     context = mp.get_context("spawn")
     out = context.Queue()
     procs = [context.Process(target=_ping_pong, args=(r, port, rounds, out)) for r in range(2)]

@@ -21,7 +21,6 @@ all-gather's by --extra lets a run that needs more steps get there).
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 
@@ -30,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from loopback import free_port
 
 
 class LM(nn.Module):
@@ -108,12 +108,6 @@ def worker(rank, a, exchange, seed, port, out):
             json.dump({"used": used, "losses": losses, "times": times, "spread": spread}, f)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

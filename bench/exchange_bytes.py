@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import queue
-import socket
 import sys
 import time
 import traceback
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from loopback import free_port
 
 
 def link_bytes():
@@ -88,9 +88,7 @@ def worker(rank, world, port, a, mode, results):
 
 
 def run(a, world, mode):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, world, port, a, mode, results)) for r in range(world)]

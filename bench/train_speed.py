@@ -33,7 +33,6 @@ import math
 import os
 import queue
 import re
-import socket
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ import torch.nn as nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import wikitext  # noqa: E402
+from loopback import free_port  # noqa: E402
 
 MODELS = {
     "lstm": dict(kind="lstm", dim=342, layers=2, batch=20, bptt=35, lr=1.0, clip=0.25),  # 11.3M parameters
@@ -244,12 +244,6 @@ def worker(rank, a, method, port, package, results):
         dist.destroy_process_group()
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_method(a, method):
