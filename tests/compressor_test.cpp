@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <sidco/comm/reduce/core.hpp>
 #include <sidco/sidco.hpp>
 
 #include "support.hpp"
@@ -533,6 +534,63 @@ TEST_CASE("a state written under the old underscore policy names loads, another 
   state_reader wrong(other);
   CHECK_THROWS_WITH_AS(refused.load_state(wrong), doctest::Contains("'bbove-threshold' where 'above-threshold'"),
                        sidco::error);
+}
+
+TEST_CASE("a damaged state's names are refused with a message that is valid UTF-8, at most 64 bytes of them") {
+  // A checkpoint is a file: a name may hold any bytes. Python makes an exception whose
+  // message is not UTF-8 into an empty one, so the message shows them as U+FFFD.
+  const auto g = synthetic_gradient<float>(1 << 12, 0.3, 11);
+  presets::sidco_e<backend::serial> original;
+  const std::vector<std::byte> bytes = state_after(original, g, 0.01, 2);
+  const auto refusal = [](const std::vector<std::byte>& state) {
+    presets::sidco_e<backend::serial> target;
+    state_reader in(state);
+    try {
+      target.load_state(in);
+    } catch (const sidco::error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  std::vector<std::byte> garbled = bytes;
+  REQUIRE(std::string(reinterpret_cast<const char*>(garbled.data()) + 8, 16) == "sidco.compressor");
+  garbled[8 + 2] = std::byte{0xFF};  // not UTF-8
+  garbled[8 + 5] = std::byte{0x01};  // a control character
+  const std::string message = refusal(garbled);
+  CHECK(detail::valid_utf8(message) == message);
+  CHECK_MESSAGE(message.find("holds 'si\xEF\xBF\xBD" "co\xEF\xBF\xBD" "compressor' where 'sidco.compressor' was expected") !=
+                    std::string::npos,
+                message);
+  // A name's length damaged to run over the rest of the state: 64 bytes of it, then "...".
+  std::vector<std::byte> long_name = bytes;
+  const std::uint64_t length = bytes.size() - 8;
+  for (int b = 0; b < 8; ++b) long_name[std::size_t(b)] = std::byte(length >> (8 * b));
+  const std::string cut = refusal(long_name);
+  CHECK(detail::valid_utf8(cut) == cut);
+  const auto quoted = cut.find("holds '");
+  REQUIRE(quoted != std::string::npos);
+  const auto end = cut.find("...' where 'sidco.compressor'", quoted);
+  REQUIRE_MESSAGE(end != std::string::npos, cut);
+  // Each byte shown is one character (U+FFFD where it is not text): at most 64 of them.
+  const std::string shown = cut.substr(quoted + 7, end - (quoted + 7));
+  CHECK(std::count_if(shown.begin(), shown.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }) <=
+        64);
+
+  // The reduce exchange's state: its format's name and its owner's.
+  const std::vector<segment> layout{{0, g.size()}};
+  comm::reduce_core<float, std::uint32_t, comm::owner_top_k> core(layout, 0.01, 2, 0);
+  state_writer out;
+  core.save_state(out);
+  std::vector<std::byte> exchange = out.take();
+  exchange[8] = std::byte{0xC3};  // a two-byte sequence cut short
+  try {
+    comm::read_reduce_state_info(exchange);
+    FAIL("a damaged exchange state was read");
+  } catch (const sidco::error& e) {
+    const std::string text = e.what();
+    CHECK(detail::valid_utf8(text) == text);
+    CHECK_MESSAGE(text.find("where a reduce exchange's state was expected") != std::string::npos, text);
+  }
 }
 
 TEST_CASE("a state saved before the estimator kept the last call's mean loads and resumes") {

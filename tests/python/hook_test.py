@@ -1808,7 +1808,13 @@ def check_loaded_states():
     good = dict(state.state_dict(), keys="names", layers=layers)
     bad = copy.deepcopy(good)
     bad["layers"]["middle.bias"]["residual"][7] = float("nan")
-    for attempt, expected in [(bad, "layer middle.bias: residual holds 1 non-finite value(s)")]:
+    # A byte of a policy's name damaged to one that is not UTF-8: the message still says what
+    # (Python made such a message an empty one).
+    garbled = copy.deepcopy(good)
+    assert bytes(garbled["layers"]["middle.bias"]["compressor"][8:24].tolist()) == b"sidco.compressor"
+    garbled["layers"]["middle.bias"]["compressor"][10] = 0xFF
+    for attempt, expected in [(bad, "layer middle.bias: residual holds 1 non-finite value(s)"),
+                              (garbled, "state: holds 'si\ufffdco.compressor' where 'sidco.compressor' was expected")]:
         try:
             sidco_torch.State(method="sidco-e", density=0.05).load_state_dict(attempt)
         except ValueError as e:

@@ -8,13 +8,29 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "sidco/core/bit.hpp"
 #include "sidco/core/error.hpp"
+#include "sidco/core/utf8.hpp"
 
 namespace sidco {
+
+namespace detail {
+
+/// A name read from a state, for an error message: at most 64 bytes of it, as valid UTF-8. A
+/// damaged checkpoint holds any bytes there, and Python makes an exception whose message is
+/// not UTF-8 into an empty one.
+inline std::string printable_name(std::string_view name) {
+  constexpr std::size_t longest = 64;
+  std::string text = valid_utf8(utf8_prefix(name, longest));
+  if (name.size() > longest) text += "...";
+  return text;
+}
+
+}  // namespace detail
 
 /// Appends 64-bit little-endian words: integers as they are, doubles by their bits, and
 /// names that the reader checks, so that a state cannot be loaded into another policy.
@@ -66,7 +82,8 @@ class state_reader {
   void expect(std::string_view expected) {
     const std::string_view found = read_name();
     if (!same_name(found, expected))
-      detail::fail("state: holds '", found, "' where '", expected, "' was expected (a state of another method?)");
+      detail::fail("state: holds '", detail::printable_name(found), "' where '", expected,
+                   "' was expected (a state of another method?)");
   }
 
   /// The next name, whatever it is (for a reader that accepts several).

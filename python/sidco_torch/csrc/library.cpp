@@ -659,11 +659,13 @@ TORCH_LIBRARY(sidco, m) {
     });
   });
   // What a saved reduce exchange state says of itself: (format version, ranks, dense size,
-  // owner name; version 1 states may not say the last two: 0 and "").
+  // owner name, as valid UTF-8 for Python's str; version 1 states may not say the last two: 0
+  // and "").
   m.def("exchange_state_info(Tensor state) -> (int, int, int, str)", [](const at::Tensor& state) {
     return translated([&] {
       const auto info = sidco::comm::read_reduce_state_info(state_bytes(state));
-      return std::make_tuple(std::int64_t(info.version), std::int64_t(info.ranks), std::int64_t(info.size), info.owner);
+      return std::make_tuple(std::int64_t(info.version), std::int64_t(info.ranks), std::int64_t(info.size),
+                             sidco::detail::printable_name(info.owner));
     });
   });
   // The sources this library was built from ("0x" and their digest), which the package

@@ -73,7 +73,8 @@ inline reduce_state_info read_reduce_state_head(state_reader& in) {
     if (count < 2) sidco::detail::fail("reduce exchange state: ", count, " region bounds");
     info.ranks = count - 1;
   } else {
-    sidco::detail::fail("state: holds '", tag, "' where a reduce exchange's state was expected");
+    sidco::detail::fail("state: holds '", sidco::detail::printable_name(tag),
+                        "' where a reduce exchange's state was expected");
   }
   if (info.ranks > (std::uint64_t(1) << 32)) sidco::detail::fail("reduce exchange state: ", info.ranks, " ranks");
   if (info.version < 3) {
@@ -112,8 +113,8 @@ void load_reduce_state(state_reader& in, const reduce_plan& plan, Policy& policy
                                    : info.tag == "reduce_codec"       ? std::string_view(Policy::name) == "sidco-e-exact"
                                                                       : true;
   if (info.version != 1 && !owner_state_follows)
-    sidco::detail::fail("reduce exchange state: saved by owner '", info.owner, "'; this exchange's owner is '",
-                        Policy::name, "'");
+    sidco::detail::fail("reduce exchange state: saved by owner '", sidco::detail::printable_name(info.owner),
+                        "'; this exchange's owner is '", Policy::name, "'");
   if constexpr (stateful<Policy>) {
     if (owner_state_follows) loaded_policy.load_state(in);
   }
