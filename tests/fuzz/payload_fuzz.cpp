@@ -7,8 +7,6 @@
 // ASan. Anything else (another exception, a crash) aborts.
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -17,28 +15,17 @@
 #include <sidco/comm/allgather/core.hpp>
 #include <sidco/sidco.hpp>
 
+#include "fuzz_input.hpp"
+
 namespace {
 
-[[noreturn]] void violated(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
-
-struct reader {
-  const std::uint8_t* data;
-  std::size_t size, at = 0;
-  std::uint64_t take(std::size_t bytes) {
-    std::uint64_t v = 0;
-    for (std::size_t b = 0; b < bytes && at < size; ++b) v |= std::uint64_t(data[at++]) << (8 * b);
-    return v;
-  }
-};
+using fuzz::violated;
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace sidco;
-  reader in{data, size};
+  fuzz::input_reader in{data, size};
   const std::size_t dense = 1 + in.take(3) % (1 << 18);
   const double delta = 0.001 + double(in.take(1) % 200) / 1000;  // 0.001 .. 0.2
   const auto coding = comm::entry_coding(in.take(1) % 3);  // plain, compact or compact8

@@ -8,7 +8,8 @@
 // intermediate (bits flipped, cut short, lengthened), or, flat, an owner's round-2 selection
 // (the same bytes to every rank, as an all-gather delivers them). Invariants, else abort:
 // - no crash, no read past a message (ASan), nothing thrown by select (a transport would leave
-//   the other ranks waiting), nothing from apply but sidco::runtime_error;
+//   the other ranks waiting), nothing from apply but sidco::runtime_error, its message UTF-8
+//   text (Python shows any other as an empty one);
 // - every rank ends the step alike: every one applies the same selection and update, bit for
 //   bit, or every one raises the same message;
 // - nothing is lost: each rank gives each index back at most once a step, only indices it
@@ -20,8 +21,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -35,26 +34,14 @@
 #include <sidco/owners.hpp>
 #include <sidco/sidco.hpp>
 
+#include "fuzz_input.hpp"
+
 namespace {
 
 using Index = std::uint32_t;
 using core_type = sidco::comm::reduce_core<float, Index, sidco::comm::owner_sidco_e>;
 
-[[noreturn]] void violated(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
-
-struct reader {
-  const std::uint8_t* data;
-  std::size_t size, at = 0;
-  std::uint64_t take(std::size_t bytes) {
-    std::uint64_t v = 0;
-    for (std::size_t b = 0; b < bytes && at < size; ++b) v |= std::uint64_t(data[at++]) << (8 * b);
-    return v;
-  }
-  bool more(std::size_t bytes) const { return at + bytes <= size; }
-};
+using fuzz::violated;
 
 // SplitMix64: the selections' gaps and values from a seed the input gives.
 std::uint64_t next(std::uint64_t& state) {
@@ -113,7 +100,7 @@ void check_conserved(const sidco::sparse_vector<float>& selected, const outcome&
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace sidco;
-  reader in{data, size};
+  fuzz::input_reader in{data, size};
   const std::size_t ranks = 2 + in.take(1) % 8;
   const std::uint64_t schedule = in.take(1) % 3;  // flat messages; two hops, exact lengths or zero-padded
   const bool two_hop = schedule != 0, exact_lengths = schedule == 1;
@@ -307,7 +294,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         for (const float u : core.updates()) out.updates.push_back(bits_of(u));
       } catch (const sidco::runtime_error& e) {
         out.error = e.what();
-        if (out.error.empty()) violated("apply raised an empty message");
+        if (out.error.empty() || sidco::detail::valid_utf8(out.error) != out.error)
+          violated("apply raised a message that is empty or not UTF-8 text (Python would show it empty)");
       } catch (...) {
         violated("apply threw something other than sidco::runtime_error");
       }

@@ -1,0 +1,205 @@
+// libFuzzer target for checkpoints: what a compressor of any method of sidco::methods::table,
+// or a reduce-scatter exchange (SIDCo-E's owner, compact8's carry), loads with load_state.
+// A checkpoint is a file a user hands back, so it is hostile input. From the input: the
+// target, then either the bytes to load whole, or (offset, xor) changes to a valid state the
+// same target saved after three calls (so that most inputs get past the names). Invariants,
+// else abort (a hang is libFuzzer's timeout):
+// - load_state throws nothing but sidco::error, whose message is UTF-8 text (Python shows
+//   any other as an empty one), and a refused state changes nothing (what the target saves
+//   after equals what it saved before);
+// - a loaded state saves to bytes that load back to the same bytes;
+// - a compressor that loaded it compresses the next gradient into a valid selection
+//   (ascending indices in range, values those of gradient + residual, sent + new residual =
+//   gradient + old residual) or refuses with sidco::error; an exchange runs its next step.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sidco/comm/reduce/core.hpp>
+#include <sidco/methods.hpp>
+#include <sidco/owners.hpp>
+#include <sidco/sidco.hpp>
+
+#include "fuzz_input.hpp"
+
+namespace {
+
+using fuzz::violated;
+
+// A gradient with the spread of real ones: Laplace values, a few zeros, fixed seed.
+const std::vector<float>& gradient() {
+  static const std::vector<float> g = [] {
+    std::vector<float> v(4096);
+    std::mt19937_64 rng(11);
+    std::exponential_distribution<float> magnitude(400.f);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = i % 97 == 0 ? 0.f : (rng() & 1 ? 1.f : -1.f) * magnitude(rng);
+    return v;
+  }();
+  return g;
+}
+constexpr double delta = 0.01;
+
+template <class Target>
+std::vector<std::byte> saved(const Target& target) {
+  sidco::state_writer out;
+  target.save_state(out);
+  return out.take();
+}
+
+// The state to load: the input's bytes whole, or the valid state with the input's changes.
+std::vector<std::byte> state_to_load(std::vector<std::byte> valid, const std::uint8_t* data, std::size_t size,
+                                     bool whole) {
+  if (whole) {
+    std::vector<std::byte> raw(size);
+    if (size > 0) std::memcpy(raw.data(), data, size);
+    return raw;
+  }
+  for (std::size_t at = 0; at + 3 <= size && !valid.empty(); at += 3) {
+    const std::size_t offset = (std::size_t(data[at]) | std::size_t(data[at + 1]) << 8) % (valid.size() + 1);
+    if (offset == valid.size()) {
+      valid.resize(valid.size() - data[at + 2] % std::min<std::size_t>(valid.size(), 16));  // cut short
+    } else {
+      valid[offset] ^= std::byte(data[at + 2]);
+    }
+  }
+  return valid;
+}
+
+// Loads state into target; false (target unchanged) when refused.
+template <class Target>
+bool load(Target& target, const std::vector<std::byte>& state) {
+  const std::vector<std::byte> before = saved(target);
+  try {
+    sidco::state_reader in{std::span<const std::byte>(state)};
+    target.load_state(in);
+    return true;
+  } catch (const sidco::error& e) {
+    if (saved(target) != before) violated("a refused state changed what the target saves");
+    const std::string message = e.what();
+    if (message.empty() || sidco::detail::valid_utf8(message) != message)
+      violated("a refusal's message is empty or not UTF-8 text (Python would show it empty)");
+    return false;
+  } catch (...) {
+    violated("load_state threw something other than sidco::error");
+  }
+}
+
+template <class Target>
+void check_round_trip(const Target& loaded, Target& fresh) {
+  const std::vector<std::byte> bytes = saved(loaded);
+  if (!load(fresh, bytes)) violated("a loaded state saves to bytes its own kind refuses");
+  if (saved(fresh) != bytes) violated("a loaded state does not save to the same bytes after a round trip");
+}
+
+template <class Compressor>
+void compress_once(Compressor& c, std::vector<float>& residual) {
+  const std::vector<float>& g = gradient();
+  sidco::sparse_vector<float> out;
+  sidco::feedback::residual<float> state{std::span<float>(residual)};
+  c.compress(std::span<const float>(g), delta, out, state);
+}
+
+template <class Compressor>
+void run_compressor(const Compressor& prototype, const std::uint8_t* data, std::size_t size, bool whole) {
+  const std::vector<float>& g = gradient();
+  Compressor source = prototype;
+  std::vector<float> residual(g.size(), 0.f);
+  for (int call = 0; call < 3; ++call) compress_once(source, residual);
+  Compressor target = prototype;
+  std::vector<float> other(g.size(), 0.f);
+  compress_once(target, other);
+  if (!load(target, state_to_load(saved(source), data, size, whole))) return;
+  Compressor fresh = prototype;
+  check_round_trip(target, fresh);
+  // The next call: a valid selection that keeps every bit of mass, or a refusal.
+  const std::vector<float> old = residual;
+  sidco::sparse_vector<float> out;
+  sidco::feedback::residual<float> state{std::span<float>(residual)};
+  try {
+    target.compress(std::span<const float>(g), delta, out, state);
+  } catch (const sidco::error&) {
+    return;
+  } catch (...) {
+    violated("compress after a loaded state threw something other than sidco::error");
+  }
+  std::vector<float> sent(g.size(), 0.f);
+  for (std::size_t j = 0; j < out.size(); ++j) {
+    const std::size_t i = out.indices()[j];
+    if (i >= g.size() || (j > 0 && out.indices()[j - 1] >= i)) violated("indices out of range or not ascending");
+    if (out.values()[j] != g[i] + old[i]) violated("a selected value is not gradient + residual");
+    sent[i] = out.values()[j];
+  }
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (sent[i] + residual[i] != g[i] + old[i]) violated("the residual lost mass after a loaded state");
+}
+
+// A reduce-scatter exchange among 3 ranks (rank 0's core; the others simulated), compact8 so
+// that the owner's carry is saved too.
+using exchange = sidco::comm::reduce_core<float, std::uint32_t, sidco::comm::owner_sidco_e>;
+
+void step(std::vector<exchange>& cores, std::uint64_t number) {
+  using namespace sidco;
+  const std::vector<float>& g = gradient();
+  const std::size_t ranks = cores.size(), bytes = cores[0].block_bytes();
+  std::vector<std::vector<std::byte>> blocks(ranks, std::vector<std::byte>(ranks * bytes)),
+      selections(ranks, std::vector<std::byte>(bytes));
+  std::vector<std::vector<float>> residuals(ranks, std::vector<float>(g.size(), 0.f));
+  for (std::size_t r = 0; r < ranks; ++r) {
+    sparse_vector<float> sent(g.size());
+    for (std::size_t i = r; i < g.size(); i += 7) sent.push_back(std::uint32_t(i), g[i] * float(r + 1));
+    comm::host_residual<float> sink{std::span<float>(residuals[r])};
+    cores[r].pack(sent, sink, cores[r].fields(number), blocks[r]);
+  }
+  for (std::size_t o = 0; o < ranks; ++o) {
+    std::vector<std::span<const std::byte>> received;
+    for (std::size_t r = 0; r < ranks; ++r) received.push_back(std::span<const std::byte>(blocks[r]).subspan(o * bytes, bytes));
+    cores[o].select(received, selections[o]);
+  }
+  const std::vector<std::span<const std::byte>> all(selections.begin(), selections.end());
+  for (std::size_t r = 0; r < ranks; ++r) {
+    comm::host_residual<float> sink{std::span<float>(residuals[r])};
+    try {
+      cores[r].apply(all, sink);
+    } catch (const sidco::runtime_error&) {
+      // Refused alike on every rank (what the exchange's own tests check); nothing to add here.
+    } catch (...) {
+      violated("an exchange step after a loaded state threw something other than sidco::runtime_error");
+    }
+  }
+}
+
+void run_exchange(const std::uint8_t* data, std::size_t size, bool whole) {
+  using namespace sidco;
+  const std::vector<segment> layout{{0, gradient().size()}};
+  const comm::exchange_options options{1.25, comm::reduction::average, 3, true, comm::entry_coding::compact8};
+  const auto ranks = [&] {
+    std::vector<exchange> cores;
+    for (std::size_t r = 0; r < 3; ++r) cores.emplace_back(layout, delta, 3, r, options);
+    return cores;
+  };
+  std::vector<exchange> source = ranks(), target = ranks(), fresh = ranks();
+  for (std::uint64_t s = 0; s < 3; ++s) step(source, s);
+  if (!load(target[0], state_to_load(saved(source[0]), data, size, whole))) return;
+  check_round_trip(target[0], fresh[0]);
+  step(target, 3);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 1) return 0;
+  const auto& table = sidco::methods::table;
+  const std::size_t choice = data[0] % (2 * (table.size() + 1));  // a method or the exchange; whole or changed
+  const bool whole = choice % 2 == 1;
+  const std::size_t target = choice / 2;
+  if (target == table.size()) {
+    run_exchange(data + 1, size - 1, whole);
+  } else {
+    sidco::methods::visit(table[target].name, {}, [&](auto prototype) { run_compressor(prototype, data + 1, size - 1, whole); });
+  }
+  return 0;
+}
