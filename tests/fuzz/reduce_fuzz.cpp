@@ -31,6 +31,7 @@
 #include <sidco/comm/reduce/core.hpp>
 #include <sidco/comm/reduce/frames.hpp>
 #include <sidco/comm/reduce/hops.hpp>
+#include <sidco/core/splitmix.hpp>
 #include <sidco/owners.hpp>
 #include <sidco/sidco.hpp>
 
@@ -42,14 +43,6 @@ using Index = std::uint32_t;
 using core_type = sidco::comm::reduce_core<float, Index, sidco::comm::owner_sidco_e>;
 
 using fuzz::violated;
-
-// SplitMix64: the selections' gaps and values from a seed the input gives.
-std::uint64_t next(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 std::uint32_t bits_of(float v) { return std::bit_cast<std::uint32_t>(v); }
 
@@ -127,19 +120,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t s = 0; s < steps; ++s)
     for (std::size_t r = 0; r < ranks; ++r) {
       const std::size_t count = std::size_t(in.take(2)) % (most + 1);
-      std::uint64_t seed = in.take(2) * 0x9e3779b97f4a7c15ull + r;
+      splitmix64 next{in.take(2) * splitmix_gamma + r};  // the gaps and values
       const std::uint64_t special = in.take(1);
       sparse_vector<float> sel(dense);
-      std::uint64_t index = next(seed) % spread;
+      std::uint64_t index = next() % spread;
       while (index < dense && sel.size() < count) {
-        float value = float(std::int16_t(next(seed))) / 64 + float(r + 1) * 0.25f;
+        float value = float(std::int16_t(next())) / 64 + float(r + 1) * 0.25f;
         if (special % 8 == 7 && sel.size() == special / 8 % count) {  // one selection in eight
           const float kinds[] = {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
                                  1e-30f /* below the narrow codes' ranges */, -0.0f, 3e38f};
           value = kinds[special / 8 % 5];
         }
         sel.push_back(Index(index), value);
-        index += 1 + next(seed) % spread;
+        index += 1 + next() % spread;
       }
       selected[s].push_back(std::move(sel));
     }
