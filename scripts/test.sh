@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds sidco with g++ (warnings are errors, Highway kernels) and runs the whole test suite;
 # builds it again with clang++ (portable loops) under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails) with
-# the libFuzzer target, runs the suite and a 60 s fuzzing run there; ends with one line:
+# the libFuzzer target, runs the suite and a 60 s fuzzing run there; then under ThreadSanitizer
+# (Highway kernels) the tests of the CPU backend's threads; ends with one line:
 # N passed, N failed[, N skipped].
 #
 # The sanitizer half runs beside the g++ half at the lowest CPU priority. Its compile takes
@@ -56,13 +57,21 @@ sanitized() {
     -Dfuzz=true -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" "-Dcpp_args=-fno-sanitize-recover=all -gline-tables-only" &&
     test_suite build-asan --timeout-multiplier 3  # beside other work: slower, not hung
 }
+# The OpenMP regions under ThreadSanitizer, with LLVM's OpenMP and its Archer tool (see
+# tests/meson.build, which sets their options): only the test program of threads is built there.
+thread_sanitized() {
+  CXX=clang++ build_suite build-tsan -Db_sanitize=thread -Db_lundef=false \
+    -Ddebug=true -Doptimization=1 -Dbenchmarks=false -Dexamples=false -Dtools=false -Dcuda=disabled -Dmpi=disabled \
+    -Dtorch=disabled -Dhighway=enabled "-Dcpp_args=-gline-tables-only" &&
+    test_suite build-tsan --timeout-multiplier 3
+}
 # In a session of its own, ended with this script however it ends. Where the kernel groups
 # processes for scheduling by session (autogroup), groups share the CPU evenly whatever their
 # processes' nice, so the new session's group is niced too, from inside it. Two compiles at a
 # time: more would only hold memory while the g++ half has the cores.
-rm -f build-asan/meson-logs/testlog.json
-SIDCO_JOBS=2 setsid --wait nice -n 19 bash -c "set -euo pipefail; { echo 19 > /proc/self/autogroup; } 2> /dev/null || true; $(declare -f sidco_configure build_suite test_suite sanitized); sanitized" \
-  > build-asan.out 2>&1 &
+rm -f build-asan/meson-logs/testlog.json build-tsan/meson-logs/testlog.json
+SIDCO_JOBS=2 setsid --wait nice -n 19 bash -c "set -euo pipefail; { echo 19 > /proc/self/autogroup; } 2> /dev/null || true; $(declare -f sidco_configure build_suite test_suite sanitized thread_sanitized); status=0; sanitized || status=\$?; thread_sanitized || status=\$?; exit \$status" \
+  > build-sanitized.out 2>&1 &
 sanitized_pid=$!
 trap 'kill -- "-$sanitized_pid" 2> /dev/null || true' EXIT
 
@@ -70,15 +79,17 @@ CXX=g++ build_suite build -Dhighway=enabled "${gpu_options[@]}"
 test_suite build
 sanitized_status=0
 wait "$sanitized_pid" || sanitized_status=$?
-cat build-asan.out
+cat build-sanitized.out
 
 read -r passed failed skipped <<< "$(count build)"
-if [ -f build-asan/meson-logs/testlog.json ]; then
-  read -r p f s <<< "$(count build-asan)"
-  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
-fi
+for sanitizer_build in build-asan build-tsan; do
+  if [ -f "$sanitizer_build/meson-logs/testlog.json" ]; then
+    read -r p f s <<< "$(count "$sanitizer_build")"
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  fi
+done
 if [ "$sanitized_status" -ne 0 ]; then
-  echo "the sanitizer build failed (exit $sanitized_status)"
+  echo "a sanitizer build failed (exit $sanitized_status)"
   failed=$((failed + 1))
 fi
 if [ "$skipped" -gt 0 ]; then

@@ -224,21 +224,34 @@ TEST_CASE("every method's per-layer estimates, spread over threads, give one thr
 }
 
 TEST_CASE("an estimate that throws on worker threads is rethrown, the lowest layer's, residual unchanged") {
-  // Layers 2 and 3 are refused (both short, so both on worker threads); layer 4 is long.
-  const std::vector<segment> layout = {{0, 2000}, {2000, 1500}, {3500, 999}, {4499, 998}, {5497, 70000}, {75497, 3000}};
-  const std::size_t n = 78497;
+  // Short layers (one thread's each) are handed out a few at a time (items_per_grab).
+  // First layers 2 and 3 are refused, both in the first hand-out; layer 4 is long. Then one
+  // layer in each of the first two hand-outs: two threads refuse at once (a race between
+  // them in recording the lowest shows under ThreadSanitizer).
+  std::vector<segment> few = {{0, 2000}, {2000, 1500}, {3500, 999}, {4499, 998}, {5497, 70000}, {75497, 3000}};
+  constexpr std::size_t grab = backend::cpu_detail::tuning::items_per_grab;
+  std::vector<segment> many;
+  for (std::size_t s = 0, offset = 0; s < 3 * grab; offset += many.back().size, ++s)
+    many.push_back({offset, s == 3 ? 997u : s == grab + 3 ? 996u : 30000u});
   const auto g = test::load_gradient("cnn_it200.npy");
-  const std::span<const float> x(g.data(), n);
   using refusing = compressor<refuses_short, select::above_threshold, backend::cpu>;
-  for (int threads : {1, 2, 3}) {
-    INFO(threads, " threads");
-    segmented<refusing> c(layout, refusing{}, {}, backend::cpu(threads));
-    feedback::residual<float> residual(n);
-    for (std::size_t i = 0; i < n; ++i) residual.data()[i] = float(i % 5) * 1e-4f;
-    const std::vector<float> before(residual.data(), residual.data() + n);
-    sparse_vector<float> out;
-    CHECK_THROWS_WITH_AS(c.compress<float>(x, 0.01, out, residual), "sidco: refuses-short: 999 values", sidco::error);
-    CHECK(std::vector<float>(residual.data(), residual.data() + n) == before);
+  for (const auto& [layers, lowest_refused] : {std::pair{few, "999"}, std::pair{many, "997"}}) {
+    const std::vector<segment>& layout = layers;  // INFO's capture cannot name a binding (C++20)
+    const std::string refused = lowest_refused;
+    const std::size_t n = layout.back().end();
+    REQUIRE(n <= g.size());
+    const std::span<const float> x(g.data(), n);
+    for (int threads : {1, 2, 3}) {
+      INFO(layout.size(), " layers, ", threads, " threads");
+      segmented<refusing> c(layout, refusing{}, {}, backend::cpu(threads));
+      feedback::residual<float> residual(n);
+      for (std::size_t i = 0; i < n; ++i) residual.data()[i] = float(i % 5) * 1e-4f;
+      const std::vector<float> before(residual.data(), residual.data() + n);
+      sparse_vector<float> out;
+      CHECK_THROWS_WITH_AS(c.compress<float>(x, 0.01, out, residual),
+                           ("sidco: refuses-short: " + refused + " values").c_str(), sidco::error);
+      CHECK(std::vector<float>(residual.data(), residual.data() + n) == before);
+    }
   }
 }
 

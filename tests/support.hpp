@@ -22,14 +22,15 @@ inline const std::vector<std::string>& gradient_files() {
   return files;
 }
 
-/// Built under AddressSanitizer (scripts/test.sh's clang build, with UBSan beside it): those
-/// check memory and undefined behaviour, which every path shows on the smaller inputs too.
-/// The tests whose cost is their size (statistics over many calls, the largest gradient at
-/// several thread counts) run a smaller sweep there; the g++ build runs the whole of it.
-#if defined(__SANITIZE_ADDRESS__)
+/// Built under a sanitizer (scripts/test.sh's clang builds: AddressSanitizer with UBSan beside
+/// it, ThreadSanitizer): they check memory, undefined behaviour and races, which every path
+/// shows on the smaller inputs too. The tests whose cost is their size (statistics over many
+/// calls, the largest gradient at several thread counts) run a smaller sweep there; the g++
+/// build runs the whole of it.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 inline constexpr bool sanitized = true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 inline constexpr bool sanitized = true;
 #else
 inline constexpr bool sanitized = false;
