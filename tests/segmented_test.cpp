@@ -228,7 +228,7 @@ TEST_CASE("an estimate that throws on worker threads is rethrown, the lowest lay
   // First layers 2 and 3 are refused, both in the first hand-out; layer 4 is long. Then one
   // layer in each of the first two hand-outs: two threads refuse at once (a race between
   // them in recording the lowest shows under ThreadSanitizer).
-  std::vector<segment> few = {{0, 2000}, {2000, 1500}, {3500, 999}, {4499, 998}, {5497, 70000}, {75497, 3000}};
+  const std::vector<segment> few = {{0, 2000}, {2000, 1500}, {3500, 999}, {4499, 998}, {5497, 70000}, {75497, 3000}};
   constexpr std::size_t grab = backend::cpu_detail::tuning::items_per_grab;
   std::vector<segment> many;
   for (std::size_t s = 0, offset = 0; s < 3 * grab; offset += many.back().size, ++s)
