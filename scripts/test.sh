@@ -21,7 +21,7 @@ build_suite() {  # DIR [meson options]: configure and compile, the log shown onl
   local dir=$1
   shift
   echo "== $dir: configure and build"
-  sidco_configure "$dir" -Dwerror=true "$@"
+  sidco_configure "$dir" -Dwerror=true "$@" || return  # called in an || list, where set -e is off
   meson compile -C "$dir" ${SIDCO_JOBS:+-j "$SIDCO_JOBS"} > "$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
 }
 
