@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
@@ -44,6 +45,40 @@ double drifting_mean(const std::vector<float>& g0, double delta, const std::vect
                .density_ratio();
   }
   return sum / 50;
+}
+
+// The reports of `calls` calls of c on the same values without feedback; before each,
+// before_call(call) reads what the call finds in c.
+template <class Compressor>
+std::vector<compress_report> same_values_calls(Compressor& c, std::span<const float> values, double delta, int calls,
+                                               const std::function<void(int)>& before_call = {}) {
+  sparse_vector<float> out;
+  std::vector<compress_report> reports;
+  for (int call = 0; call < calls; ++call) {
+    if (before_call) before_call(call);
+    reports.push_back(c.template compress<float>(values, delta, out));
+  }
+  return reports;
+}
+
+// Achieved/target and passes over the calls of reports from `from` on.
+struct calls_window {
+  double mean = 0, lowest = 2, mean_miss = 0, worst_miss = 0;  // miss: |achieved/target - 1|
+  int passes = 0;
+};
+
+calls_window window_from(const std::vector<compress_report>& reports, std::size_t from) {
+  calls_window w;
+  const double calls = double(reports.size() - from);
+  for (std::size_t call = from; call < reports.size(); ++call) {
+    const double ratio = reports[call].density_ratio(), miss = std::fabs(ratio - 1);
+    w.mean += ratio / calls;
+    w.lowest = std::min(w.lowest, ratio);
+    w.mean_miss += miss / calls;
+    w.worst_miss = std::max(w.worst_miss, miss);
+    w.passes += reports[call].passes;
+  }
+  return w;
 }
 
 }  // namespace
@@ -100,14 +135,11 @@ TEST_CASE("adaptive stages: a correction that carries the aim past stage 1's fra
   const auto g = test::load_gradient("lm_head/gpt_it200_head_rows.npy");
   for (double delta : {0.23, 0.24}) {
     presets::sidco_e<> c;
-    sparse_vector<float> out;
-    double settled = 0, highest_aim = 0, lowest_after_first = 2;
-    for (int call = 0; call < 50; ++call) {
+    double highest_aim = 0;
+    const auto reports = same_values_calls(c, g, delta, 50, [&](int) {
       highest_aim = std::max(highest_aim, c.estimator().stage_policy_state().aim(delta));
-      const double ratio = c.compress<float>(g, delta, out).density_ratio();
-      if (call >= 1) lowest_after_first = std::min(lowest_after_first, ratio);
-      if (call >= 30) settled += ratio / 20;
-    }
+    });
+    const double lowest_after_first = window_from(reports, 1).lowest, settled = window_from(reports, 30).mean;
     INFO("delta ", delta, ": mean of the last 20 calls ", settled, ", highest aim ", highest_aim,
          ", lowest ratio after the first call ", lowest_after_first);
     CHECK(highest_aim > c.estimator().settings().first_fraction);
@@ -130,30 +162,6 @@ TEST_CASE_TEMPLATE("a bell-shaped bulk under a cliff: the first call from the in
   INFO("first call ", first);
   CHECK(first >= 0.8);
   CHECK(first <= 1.25);
-}
-
-// Achieved/target over 30 calls on the same values without feedback: the first call, the
-// lowest call, the mean of the last 20 and their passes.
-struct repeated_calls {
-  double first = 0, lowest = 2, settled = 0;
-  int settled_passes = 0;
-};
-
-template <class Compressor>
-repeated_calls repeat_calls(Compressor& c, std::span<const float> values, double delta) {
-  sparse_vector<float> out;
-  repeated_calls r;
-  for (int call = 0; call < 30; ++call) {
-    const auto report = c.template compress<float>(values, delta, out);
-    const double ratio = report.density_ratio();
-    if (call == 0) r.first = ratio;
-    r.lowest = std::min(r.lowest, ratio);
-    if (call >= 10) {
-      r.settled += ratio / 20;
-      r.settled_passes += report.passes;
-    }
-  }
-  return r;
 }
 
 // A compressor loaded from c's checkpoint compresses the next call as c does: same threshold,
@@ -185,12 +193,14 @@ TEST_CASE_TEMPLATE("a spike of near-equal values under a cluster: the cut from t
   const segment bias = layouts().at("lstm_it10.npy").back();
   REQUIRE(bias.size == 7596);
   Compressor c;
-  const auto r = repeat_calls(c, std::span<const float>(g).subspan(bias.offset, bias.size), 0.1);
-  INFO("first call ", r.first, ", lowest ", r.lowest, ", mean of the last 20 calls ", r.settled);
-  CHECK(r.first >= 0.8);
-  CHECK(r.first <= 1.25);
-  CHECK(r.lowest >= 0.8);
-  CHECK(std::fabs(r.settled - 1) <= 0.02);
+  const auto reports = same_values_calls(c, std::span<const float>(g).subspan(bias.offset, bias.size), 0.1, 30);
+  const double first = reports[0].density_ratio(), lowest = window_from(reports, 0).lowest;
+  const calls_window settled = window_from(reports, 10);
+  INFO("first call ", first, ", lowest ", lowest, ", mean of the last 20 calls ", settled.mean);
+  CHECK(first >= 0.8);
+  CHECK(first <= 1.25);
+  CHECK(lowest >= 0.8);
+  CHECK(std::fabs(settled.mean - 1) <= 0.02);
 }
 
 TEST_CASE_TEMPLATE("a tail fit that the call's own upper bracket contradicts: the next calls probe that bracket",
@@ -203,12 +213,14 @@ TEST_CASE_TEMPLATE("a tail fit that the call's own upper bracket contradicts: th
   // interpolate to it as the first one did.
   const auto g = test::load_gradient("lm_head/gpt_it20_head_bias.npy");
   Compressor c;
-  const auto r = repeat_calls(c, g, 0.05);
-  INFO("first call ", r.first, ", lowest ", r.lowest, ", mean of the last 20 calls ", r.settled, " with ",
-       r.settled_passes, " passes");
-  CHECK(r.lowest >= 0.8);
-  CHECK(std::fabs(r.settled - 1) <= 0.02);
-  CHECK(r.settled_passes == 0);
+  const auto reports = same_values_calls(c, g, 0.05, 30);
+  const double first = reports[0].density_ratio(), lowest = window_from(reports, 0).lowest;
+  const calls_window settled = window_from(reports, 10);
+  INFO("first call ", first, ", lowest ", lowest, ", mean of the last 20 calls ", settled.mean, " with ",
+       settled.passes, " passes");
+  CHECK(lowest >= 0.8);
+  CHECK(std::fabs(settled.mean - 1) <= 0.02);
+  CHECK(settled.passes == 0);
   check_resumes_without_a_pass(c, g, 0.05);
 }
 
@@ -219,18 +231,10 @@ TEST_CASE("over the same values without feedback the loop settles instead of cyc
   // Without feedback the base now follows the values' own mean, which does not move here.
   const auto g = test::load_gradient("cnn_it10.npy");
   presets::sidco_e<> c;
-  sparse_vector<float> out;
-  double settled = 0, worst = 0;
-  for (int call = 0; call < 50; ++call) {
-    const double ratio = c.compress<float>(g, 0.001, out).density_ratio();
-    if (call >= 30) {
-      settled += std::fabs(ratio - 1) / 20;
-      worst = std::max(worst, std::fabs(ratio - 1));
-    }
-  }
-  INFO("mean |ratio - 1| over calls 30-49 ", settled, ", worst ", worst);
-  CHECK(settled <= 0.02);
-  CHECK(worst <= 0.05);
+  const calls_window settled = window_from(same_values_calls(c, g, 0.001, 50), 30);
+  INFO("mean |ratio - 1| over calls 30-49 ", settled.mean_miss, ", worst ", settled.worst_miss);
+  CHECK(settled.mean_miss <= 0.02);
+  CHECK(settled.worst_miss <= 0.05);
 }
 
 TEST_CASE_TEMPLATE("a tail that only upper brackets settle is measured by the moments pass, not by passes", Compressor,
@@ -243,22 +247,13 @@ TEST_CASE_TEMPLATE("a tail that only upper brackets settle is measured by the mo
   const auto g = test::load_gradient("lm_head/gpt_it200_head_rows.npy");
   for (double delta : {0.1, 0.134, 0.2}) {
     Compressor c;
-    sparse_vector<float> out;
-    double worst = 0;
-    int first_passes = 0, settled_passes = 0;
-    for (int call = 0; call < 50; ++call) {
-      const auto report = c.template compress<float>(g, delta, out);
-      if (call == 0) first_passes = report.passes;
-      if (call >= 30) {
-        settled_passes += report.passes;
-        worst = std::max(worst, std::fabs(report.density_ratio() - 1));
-      }
-    }
-    INFO("delta ", delta, ": first call's passes ", first_passes, ", passes in calls 30-49 ", settled_passes,
-         ", worst density miss ", worst);
-    CHECK(first_passes > 0);
-    CHECK(settled_passes == 0);
-    CHECK(worst <= 0.01);
+    const auto reports = same_values_calls(c, g, delta, 50);
+    const calls_window settled = window_from(reports, 30);
+    INFO("delta ", delta, ": first call's passes ", reports[0].passes, ", passes in calls 30-49 ", settled.passes,
+         ", worst density miss ", settled.worst_miss);
+    CHECK(reports[0].passes > 0);
+    CHECK(settled.passes == 0);
+    CHECK(settled.worst_miss <= 0.01);
     check_resumes_without_a_pass(c, g, delta);
   }
 }
