@@ -10,11 +10,14 @@
 // - a loaded state saves to bytes that load back to the same bytes;
 // - a compressor that loaded it compresses the next gradient into a valid selection
 //   (ascending indices in range, values those of gradient + residual, sent + new residual =
-//   gradient + old residual) or refuses with sidco::error; an exchange runs its next step.
+//   gradient + old residual) or refuses with sidco::error; an exchange runs its next step;
+// - the PyTorch hook's engines, whole and per layer, take a layer's state exactly when the
+//   compressor takes it with no byte left over, and leave every layer as it was otherwise.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -25,6 +28,7 @@
 #include <sidco/owners.hpp>
 #include <sidco/sidco.hpp>
 
+#include "../../python/sidco_torch/csrc/engine.hpp"
 #include "fuzz_input.hpp"
 #include "selection_promises.hpp"
 
@@ -105,6 +109,84 @@ void compress_once(Compressor& c, std::vector<float>& residual) {
   c.compress(std::span<const float>(g), delta, out, state);
 }
 
+// Loads bytes into layer i of engine; false (nothing changed, checked by the caller) when refused.
+template <class Engine>
+bool engine_load(Engine& engine, std::size_t i, const std::vector<std::byte>& bytes) {
+  try {
+    engine.load(i, std::span<const std::byte>(bytes));
+    return true;
+  } catch (const sidco::error&) {
+    return false;
+  } catch (...) {
+    violated("an engine's load threw something other than sidco::error");
+  }
+}
+
+// What a compressor keeps of state when every byte must be read: its saved bytes; none:
+// refused.
+template <class Compressor>
+std::optional<std::vector<std::byte>> kept_whole(const Compressor& prototype, const std::vector<std::byte>& state) {
+  try {
+    Compressor direct = prototype;
+    sidco::state_reader in{std::span<const std::byte>(state)};
+    direct.load_state(in);
+    in.finish();
+    return saved(direct);
+  } catch (const sidco::error&) {
+    return std::nullopt;
+  }
+}
+
+// The hook's engines (python/sidco_torch/csrc/engine.hpp, whole and per layer; no torch in
+// it; the input's last byte picks one) load a layer's state into a copy and keep it only when no byte follows it
+// (state_reader::finish). So they take exactly the states a compressor takes with every byte
+// read, keep what it keeps, and a refusal leaves every layer as it was. Tried with the state
+// and with one byte more (mostly a state with a byte left over). After a kept state, the
+// engine's next call is a valid selection or a refusal.
+template <class Compressor>
+void check_engines(const Compressor& prototype, const Compressor& target, const std::vector<std::byte>& state,
+                   std::byte extra) {
+  const std::vector<float>& g = gradient();
+  const std::size_t n = g.size();
+  std::vector<std::byte> longer = state;
+  longer.push_back(extra);
+  const std::optional<std::vector<std::byte>> expected[] = {kept_whole(prototype, longer), kept_whole(prototype, state)};
+  const std::vector<std::byte> start = saved(target);
+  {
+    const bool per_layer = (std::to_integer<unsigned>(extra) & 1) != 0;  // one engine an input: half the cost
+    const std::vector<sidco::segment> layout =
+        per_layer ? std::vector<sidco::segment>{{0, n / 2}, {n / 2, n - n / 2}} : std::vector<sidco::segment>{};
+    auto engine = sidco_torch::engine_of<float, std::uint32_t>(prototype, layout, sidco_torch::layer_budget::shared);
+    const std::size_t layers = engine->layers(), layer = layers - 1;
+    for (std::size_t i = 0; i < layers; ++i)
+      if (!engine_load(*engine, i, start)) violated("an engine refused a state its compressor saved");
+    bool any_kept = false;
+    for (int tried = 0; tried < 2; ++tried) {
+      std::vector<std::vector<std::byte>> before;
+      for (std::size_t i = 0; i < layers; ++i) before.push_back(engine->save(i));
+      const bool kept = engine_load(*engine, layer, tried == 0 ? longer : state);
+      if (kept != expected[tried].has_value()) violated("an engine and its compressor disagree on a state");
+      for (std::size_t i = 0; i < layers; ++i)
+        if ((!kept || i != layer) && engine->save(i) != before[i])
+          violated("an engine's load changed a layer it did not keep a state for");
+      if (kept && engine->save(layer) != *expected[tried]) violated("an engine keeps another state than its compressor");
+      any_kept |= kept;
+    }
+    if (!any_kept) return;  // the engine as it was: its next call is the start state's
+    std::vector<float> residual(n, 0.f);
+    const std::vector<float> old = residual;
+    sidco::sparse_vector<float> out;
+    try {
+      engine->compress(std::span<const float>(g), delta, std::span<float>(residual), out);
+    } catch (const sidco::error&) {
+      return;
+    } catch (...) {
+      violated("an engine's compress after a load threw something other than sidco::error");
+    }
+    if (const char* broken = fuzz::broken_selection_promise(out, g, old, residual)) violated(broken);
+  }
+}
+
 template <class Compressor>
 void run_compressor(std::size_t method, const Compressor& prototype, const std::uint8_t* data, std::size_t size,
                     bool whole) {
@@ -131,7 +213,9 @@ void run_compressor(std::size_t method, const Compressor& prototype, const std::
   const start& made = found->second;
   std::vector<float> residual = made.residual;
   Compressor target = made.target;
-  if (!load(target, state_to_load(made.valid, data, size, whole))) return;
+  const std::vector<std::byte> bytes = state_to_load(made.valid, data, size, whole);
+  check_engines(prototype, made.target, bytes, std::byte(size > 0 ? data[size - 1] : 0));
+  if (!load(target, bytes)) return;
   Compressor fresh = prototype;
   check_round_trip(target, fresh);
   // The next call: a valid selection that keeps every bit of mass, or a refusal.
