@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/sidco.hpp>
 
 #include "reference.hpp"

@@ -2,7 +2,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/comm/reduce_scatter.hpp>
 #include <sidco/sidco.hpp>
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/backend/concept.hpp>
 #include <sidco/backend/serial.hpp>
 #include <sidco/backend/source.hpp>

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/backend/cpu.hpp>
 #include <sidco/backend/serial.hpp>
 #include <sidco/core/fast_log.hpp>

@@ -3,7 +3,7 @@
 // stream that finishes returns; a stuck stream with an asynchronous error (a peer that
 // died) throws that error instead of waiting; a stuck stream with none throws at the
 // timeout; no timeout keeps polling while the work progresses.
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 
 #include <chrono>
 #include <string>

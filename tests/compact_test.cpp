@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/comm/allgather/core.hpp>
 #include <sidco/comm/compact.hpp>
 #include <sidco/comm/reduce/carry.hpp>

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/comm/reduce/core.hpp>
 #include <sidco/sidco.hpp>
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/sidco.hpp>
 
 #include <sidco/io/manifest.hpp>
@@ -292,7 +292,7 @@ TEST_CASE("with error feedback over a fresh gradient every call, each call lands
     const std::vector<segment> layout = c.per_layer ? layouts().at(c.file) : std::vector<segment>{{0, g.size()}};
     const auto e = fresh_gradient_ratios<presets::sidco_e<>>(g, 0.001, layout);
     const auto gp = fresh_gradient_ratios<presets::sidco_gp<>>(g, 0.001, layout);
-    INFO(std::string(c.file), std::string(c.per_layer ? " per layer" : " whole"), ": SIDCo-E ", e[1], "-", e[e.size() - 2], ", SIDCo-GP ",
+    INFO(c.file, c.per_layer ? " per layer" : " whole", ": SIDCo-E ", e[1], "-", e[e.size() - 2], ", SIDCo-GP ",
          gp[1], "-", gp[gp.size() - 2]);
     CHECK(e[1] >= 0.85);
     CHECK(e[e.size() - 2] <= 1.25);

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/backend/cuda/elementwise.hpp>
 #include <sidco/backend/cuda/pieces.hpp>
 #include <sidco/backend/cuda/runs.hpp>

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/sidco.hpp>
 
 #include "reference.hpp"

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/models/exponential.hpp>
 #include <sidco/models/gamma.hpp>
 #include <sidco/models/generalized_pareto.hpp>

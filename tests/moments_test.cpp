@@ -3,7 +3,7 @@
 #include <random>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/core/moments.hpp>
 
 // Named after the file: the test programs compile several test files as one unit.

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/io/npy.hpp>
 
 #include "support.hpp"

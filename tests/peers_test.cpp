@@ -8,7 +8,7 @@
 #include <vector>
 
 #include <boost/math/special_functions/erf.hpp>
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/sidco.hpp>
 
 #include "reference.hpp"

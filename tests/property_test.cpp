@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/sidco.hpp>
 
 #include "reference.hpp"

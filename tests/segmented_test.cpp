@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #if defined(_OPENMP)
 #include <omp.h>
 #endif

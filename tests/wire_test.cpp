@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <doctest/doctest.h>
+#include "doctest.hpp"
 #include <sidco/comm/allgather/core.hpp>
 #include <sidco/comm/capacity.hpp>
 #include <sidco/comm/reduce/frames.hpp>
@@ -330,7 +330,7 @@ TEST_CASE("every single-field corruption of a header is refused alike on every r
           }
         } else {
           ++equal;
-          INFO(std::string(f.name), " of rank ", damaged, " changed by ", change);
+          INFO(f.name, " of rank ", damaged, " changed by ", change);
           CHECK(v == reference);
         }
       }
@@ -1247,7 +1247,7 @@ TEST_CASE("two-hop router: every rank's frame reaches every rank, in exact-lengt
         {"another digest", false, [](auto& m) { m[0] ^= std::byte{1}; }, "another tensor, step"},
     };
     for (const auto& c : cases) {
-      INFO("P = ", ranks, ": ", std::string(c.what), ", s = 1, via ", via);
+      INFO("P = ", ranks, ": ", c.what, ", s = 1, via ", via);
       const auto out = route_by_hand(ranks, frames, true, c.exact, format,
                                      [&](int phase, std::size_t from, std::size_t to, std::vector<std::byte>& m) {
                                        if (phase == 1 && from == 1 && to == via) c.change(m);

@@ -3,7 +3,7 @@
 // __nv_bfloat16 gradients, error feedback, no allocation per warm call, and an installed
 // device_allocator serving every stream-ordered buffer. Exits 77 (skipped) without a GPU.
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "../doctest.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,7 +1,7 @@
 // Run under mpirun with 2 and 3 ranks: the sparse all-reduce equals the dense sum of what
 // each rank selected, for unequal counts, empty selections and the dense fallback, blocking
 // and not; mismatched inputs are an error on every rank.
-#include <doctest/doctest.h>
+#include "../doctest.hpp"
 
 #include <cstdint>
 #include <limits>

@@ -2,7 +2,7 @@
 // every rank the rank-order average of what each sent, bit for bit, with the next tensor
 // compressed while it is in flight; trimming to capacity loses nothing; a rank that fails
 // or disagrees makes every rank throw the same error naming it, and nothing sent is lost.
-#include <doctest/doctest.h>
+#include "../doctest.hpp"
 
 #include <cmath>
 #include <cstdint>

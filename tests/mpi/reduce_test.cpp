@@ -6,7 +6,7 @@
 // exchange is destroyed mid-step, after which the next steps work on every rank; an average
 // whose sum overflows is finite; a resumed exchange repeats an uninterrupted one, and a state
 // saved among other ranks is refused.
-#include <doctest/doctest.h>
+#include "../doctest.hpp"
 
 #include <algorithm>
 #include <bit>
