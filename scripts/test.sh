@@ -45,24 +45,29 @@ count() {  # DIR: "passed failed skipped" from meson's test log
 gpu_options=(-Dgpu_compile_only=false)
 nvidia-smi -L > /dev/null 2>&1 || gpu_options=(-Dgpu_arch=sm_80 -Dgpu_compile_only=true)
 
-# Highway's kernels in the g++ build, the portable loops under the sanitizers: the oracle
-# tests cover both. Line tables are all the sanitizers' reports need (full -g compiles slower);
-# -O1, as AddressSanitizer's and libFuzzer's documentation suggest, compiles in 0.75x clang's
-# time at -O2, to the same results (clang fuses a * b + c only within one expression, at -O1
-# as at -O2).
+# What the sanitizer builds share: clang; line tables, which are all the sanitizers' reports
+# need (full -g compiles slower); -O1, as AddressSanitizer's and libFuzzer's documentation
+# suggest, which compiles in 0.75x clang's time at -O2 to the same results (clang fuses a * b
+# + c only within one expression, at -O1 as at -O2); no benchmarks, CUDA, MPI or torch.
+sanitizer_build() {  # DIR [meson options]
+  local dir=$1
+  shift
+  CXX=clang++ build_suite "$dir" -Db_lundef=false -Ddebug=true -Doptimization=1 -Dbenchmarks=false -Dcuda=disabled \
+    -Dmpi=disabled -Dtorch=disabled "$@"
+}
+# Highway's kernels in the g++ build, the portable loops under ASan + UBSan: the oracle tests
+# cover both.
 sanitized() {
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-  CXX=clang++ build_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-    -Ddebug=true -Doptimization=1 -Dbenchmarks=false -Dcuda=disabled -Dmpi=disabled -Dtorch=disabled -Dhighway=disabled \
-    -Dfuzz=true -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" "-Dcpp_args=-fno-sanitize-recover=all -gline-tables-only" &&
+  sanitizer_build build-asan -Db_sanitize=address,undefined -Dhighway=disabled -Dfuzz=true \
+    -Dfuzz_seconds="${SIDCO_FUZZ_SECONDS:-60}" "-Dcpp_args=-fno-sanitize-recover=all -gline-tables-only" &&
     test_suite build-asan --timeout-multiplier 3  # beside other work: slower, not hung
 }
 # The OpenMP regions under ThreadSanitizer, with LLVM's OpenMP and its Archer tool (see
 # tests/meson.build, which sets their options): only the test program of threads is built there.
 thread_sanitized() {
-  CXX=clang++ build_suite build-tsan -Db_sanitize=thread -Db_lundef=false \
-    -Ddebug=true -Doptimization=1 -Dbenchmarks=false -Dexamples=false -Dtools=false -Dcuda=disabled -Dmpi=disabled \
-    -Dtorch=disabled -Dhighway=enabled "-Dcpp_args=-gline-tables-only" &&
+  sanitizer_build build-tsan -Db_sanitize=thread -Dexamples=false -Dtools=false -Dhighway=enabled \
+    "-Dcpp_args=-gline-tables-only" &&
     test_suite build-tsan --timeout-multiplier 3
 }
 # In a session of its own, ended with this script however it ends. Where the kernel groups
@@ -70,7 +75,7 @@ thread_sanitized() {
 # processes' nice, so the new session's group is niced too, from inside it. Two compiles at a
 # time: more would only hold memory while the g++ half has the cores.
 rm -f build-asan/meson-logs/testlog.json build-tsan/meson-logs/testlog.json
-SIDCO_JOBS=2 setsid --wait nice -n 19 bash -c "set -euo pipefail; { echo 19 > /proc/self/autogroup; } 2> /dev/null || true; $(declare -f sidco_configure build_suite test_suite sanitized thread_sanitized); status=0; sanitized || status=\$?; thread_sanitized || status=\$?; exit \$status" \
+SIDCO_JOBS=2 setsid --wait nice -n 19 bash -c "set -euo pipefail; { echo 19 > /proc/self/autogroup; } 2> /dev/null || true; $(declare -f sidco_configure build_suite test_suite sanitizer_build sanitized thread_sanitized); status=0; sanitized || status=\$?; thread_sanitized || status=\$?; exit \$status" \
   > build-sanitized.out 2>&1 &
 sanitized_pid=$!
 trap 'kill -- "-$sanitized_pid" 2> /dev/null || true' EXIT
