@@ -1286,6 +1286,41 @@ def scenario_reduce_local_error(rank, world):
     return "one step refused everywhere, three applied"
 
 
+def scenario_reduce_state_left_over(rank, world):
+    """A reduce exchange's state (compact8: its owner's carry, which the steps change) with a
+    byte after it is refused and leaves the codec's as it was (it is read into a copy); without
+    the byte it is kept as saved."""
+    from sidco_torch.ops import _reduce_codec
+    n = 6000
+
+    def make():
+        return _reduce_codec("sidco-e", {}, [2500, 3500], torch.float32, 0.1, 1.25, world, rank, "sidco-e-exact",
+                             wire="compact8")
+    codec, residual = make(), torch.zeros(n)
+    received = torch.empty(world * codec.block_bytes(), dtype=torch.uint8)
+    for t in range(4):
+        bucket = torch.randn(n, generator=torch.Generator().manual_seed(100 * t + rank))
+        dist.all_to_all_single(received, torch.ops.sidco.reduce_encode(bucket, residual, codec, 0, t))
+        out = torch.empty(n)
+        selection = torch.ops.sidco.reduce_select(received, out, residual, codec)
+        inbox = [torch.empty_like(selection) for _ in range(world)]
+        dist.all_gather(inbox, selection)
+        torch.ops.sidco.reduce_decode(inbox, out, residual, codec)
+    saved, fresh = codec.exchange_state(), make()
+    before = fresh.exchange_state()
+    assert not torch.equal(saved, before), "the steps left the exchange's state as a new codec's: the test tests nothing"
+    try:
+        fresh.load_exchange_state(torch.cat([saved, torch.zeros(1, dtype=saved.dtype)]))
+    except ValueError as e:
+        assert "1 bytes left over" in str(e), e
+    else:
+        raise AssertionError("an exchange state with a byte after it was loaded")
+    assert torch.equal(fresh.exchange_state(), before), "a refused exchange state changed the codec's"
+    fresh.load_exchange_state(saved)
+    assert torch.equal(fresh.exchange_state(), saved), "a loaded exchange state saves otherwise"
+    return f"{saved.numel()} bytes with one more refused, nothing changed; loaded without it"
+
+
 def scenario_save_for_world(rank, world, path):
     """A reduce exchange state saved among world ranks, as format 1 wrote it (no rank or
     world of its own): to path."""
@@ -2045,6 +2080,7 @@ def main():
               run(scenario_reduce_sixteen_bit_average, world)[0])
         print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
               run(scenario_reduce_local_error, world)[0])
+    print("a reduce exchange state with a byte left over:", run(scenario_reduce_state_left_over, 2)[0])
     print("state_dict() mid-step:", run(scenario_state_dict_mid_step, 2)[0])
     for exchange in ("allgather", "reduce"):
         for accumulate in (True, False):
