@@ -890,6 +890,22 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
   state_reader odd_in(odd_bytes);
   CHECK_THROWS_WITH_AS(whole[1].load_state(odd_in), doctest::Contains("the carry's layout is 7, neither 1 nor 2"),
                        sidco::error);
+  // load_whole_state: a state (version 3: no carry) with a byte after it is refused and the
+  // core keeps its carry; a core does not copy, so what it held is put back. Without the byte
+  // it loads.
+  REQUIRE(std::any_of(whole[1].carry().begin(), whole[1].carry().end(), [](float v) { return v != 0.0f; }));
+  const auto state_of = [&] {
+    state_writer out;
+    whole[1].save_state(out);
+    return out.take();
+  };
+  const std::vector<std::byte> held = state_of(), no_carry = head(3).take();
+  std::vector<std::byte> longer = no_carry;
+  longer.push_back(std::byte{0});
+  CHECK_THROWS_WITH_AS(load_whole_state(whole[1], longer), doctest::Contains("1 bytes left over"), sidco::error);
+  CHECK(state_of() == held);
+  load_whole_state(whole[1], no_carry);
+  CHECK(whole[1].carry().empty());
 }
 
 TEST_CASE("compact: an owner's update that bfloat16 cannot hold travels as it is, its carry then 0") {

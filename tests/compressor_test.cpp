@@ -593,6 +593,29 @@ TEST_CASE("a damaged state's names are refused with a message that is valid UTF-
   }
 }
 
+TEST_CASE("load_whole_state: a state with bytes after it is refused, and the compressor keeps its own") {
+  // load_state and then state_reader::finish() would refuse it too, but only after the state
+  // had been loaded; the compressor copies, so load_whole_state loads into a copy.
+  const auto g = synthetic_gradient<float>(1 << 12, 0.3, 11);
+  presets::sidco_e<backend::serial> source, target;
+  const std::vector<std::byte> saved = state_after(source, g, 0.01, 3), own = state_after(target, g, 0.1, 1);
+  REQUIRE(saved != own);
+  const auto state_of = [&] {
+    state_writer out;
+    target.save_state(out);
+    return out.take();
+  };
+  std::vector<std::byte> longer = saved;
+  longer.push_back(std::byte{0});
+  CHECK_THROWS_WITH_AS(load_whole_state(target, longer), doctest::Contains("1 bytes left over"), sidco::error);
+  CHECK(state_of() == own);
+  std::vector<std::byte> cut(saved.begin(), saved.end() - 1);
+  CHECK_THROWS_WITH_AS(load_whole_state(target, cut), doctest::Contains("ends before"), sidco::error);
+  CHECK(state_of() == own);
+  load_whole_state(target, saved);
+  CHECK(state_of() == saved);
+}
+
 TEST_CASE("a state saved before the estimator kept the last call's mean loads and resumes") {
   // The statistical estimator saves the last call's mean |x| after its last threshold (the
   // base's drift over values that move only with the gradient); states saved before that

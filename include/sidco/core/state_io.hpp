@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "sidco/core/bit.hpp"
@@ -140,6 +141,34 @@ concept stateful = requires(const P& p, P& q, state_writer& w, state_reader& r) 
   p.save_state(w);
   q.load_state(r);
 };
+
+/// Loads target's state from bytes, all of which it must read: a state with anything after it
+/// (a longer file's rest, a second state) is refused like a damaged one, with a sidco::error,
+/// and either way a refusal leaves target as it was. load_state alone cannot promise that,
+/// since state_reader::finish() only finds the extra bytes after it. A target that copies
+/// loads into a copy; one that does not (a reduce exchange's core, with its scratch) saves
+/// what it holds first and has it put back.
+template <stateful Target>
+void load_whole_state(Target& target, std::span<const std::byte> bytes) {
+  state_reader in(bytes);
+  if constexpr (std::is_copy_constructible_v<Target> && std::is_move_assignable_v<Target>) {
+    Target loaded = target;
+    loaded.load_state(in);
+    in.finish();
+    target = std::move(loaded);
+  } else {
+    state_writer held;
+    target.save_state(held);
+    target.load_state(in);
+    try {
+      in.finish();
+    } catch (...) {
+      state_reader back(held.bytes());
+      target.load_state(back);
+      throw;
+    }
+  }
+}
 
 namespace detail {
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <sidco/core/error.hpp>
+#include <sidco/core/state_io.hpp>
 #include <sidco/methods.hpp>
 #include <sidco/segmented.hpp>
 
@@ -67,13 +68,7 @@ class whole final : public engine<T, Index, typename Compressor::memory_space> {
     compressor_.save_state(out);
     return out.take();
   }
-  void load(std::size_t, std::span<const std::byte> bytes) override {
-    sidco::state_reader in(bytes);
-    Compressor loaded = compressor_;
-    loaded.load_state(in);
-    in.finish();
-    compressor_ = std::move(loaded);
-  }
+  void load(std::size_t, std::span<const std::byte> bytes) override { sidco::load_whole_state(compressor_, bytes); }
 
  private:
   Compressor compressor_;
@@ -106,12 +101,7 @@ class layered final : public engine<T, Index, typename Compressor::memory_space>
     return out.take();
   }
   void load(std::size_t i, std::span<const std::byte> bytes) override {
-    sidco::state_reader in(bytes);
-    // Read into a copy: a damaged state leaves the layer as it was.
-    auto copy = compressor_.segment_state(i);
-    copy.load_state(in);
-    in.finish();
-    compressor_.segment_state(i) = std::move(copy);
+    sidco::load_whole_state(compressor_.segment_state(i), bytes);
   }
 
  private:

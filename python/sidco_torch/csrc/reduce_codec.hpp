@@ -119,22 +119,7 @@ class reduce_codec_base : public reduce_codec_impl {
     return out.take();
   }
   void load_exchange(std::span<const std::byte> bytes) override {
-    // A core loads all of a state or nothing, but a state refused for the bytes after it must
-    // leave the exchange as it was too: what it held is put back (a core is not copyable).
-    const std::vector<std::byte> before = save_exchange();
-    std::visit(
-        [&](auto& core) {
-          sidco::state_reader in(bytes);
-          core.load_state(in);
-          try {
-            in.finish();
-          } catch (...) {
-            sidco::state_reader held(before);
-            core.load_state(held);
-            throw;
-          }
-        },
-        core_);
+    std::visit([&](auto& core) { sidco::load_whole_state(core, bytes); }, core_);
   }
   const sidco::comm::reduce_report& report() const override {
     return std::visit([](const auto& core) -> const auto& { return core.report(); }, core_);
