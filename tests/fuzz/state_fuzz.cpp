@@ -123,7 +123,8 @@ bool engine_load(Engine& engine, std::size_t i, const std::vector<std::byte>& by
 }
 
 // What a compressor keeps of state when every byte must be read: its saved bytes; none:
-// refused.
+// refused. Written out here rather than through load_whole_state, which the engines use: it
+// is the oracle they are checked against.
 template <class Compressor>
 std::optional<std::vector<std::byte>> kept_whole(const Compressor& prototype, const std::vector<std::byte>& state) {
   try {
@@ -137,12 +138,12 @@ std::optional<std::vector<std::byte>> kept_whole(const Compressor& prototype, co
   }
 }
 
-// The hook's engines (python/sidco_torch/csrc/engine.hpp, whole and per layer; no torch in
-// it; the input's last byte picks one) load a layer's state into a copy and keep it only when no byte follows it
-// (state_reader::finish). So they take exactly the states a compressor takes with every byte
-// read, keep what it keeps, and a refusal leaves every layer as it was. Tried with the state
-// and with one byte more (mostly a state with a byte left over). After a kept state, the
-// engine's next call is a valid selection or a refusal.
+// The hook's engines (python/sidco_torch/csrc/engine.hpp, no torch in it; whole or per layer,
+// the input's last byte picks one, for half the cost) load a layer's state with
+// load_whole_state: into a copy, kept only when no byte follows it. So they take exactly the
+// states a compressor takes with every byte read, keep what it keeps, and a refusal leaves
+// every layer as it was. Tried with the state and with one byte more (mostly a state with a
+// byte left over). After a kept state, the engine's next call is a valid selection or a refusal.
 template <class Compressor>
 void check_engines(const Compressor& prototype, const Compressor& target, const std::vector<std::byte>& state,
                    std::byte extra) {
@@ -152,39 +153,37 @@ void check_engines(const Compressor& prototype, const Compressor& target, const 
   longer.push_back(extra);
   const std::optional<std::vector<std::byte>> expected[] = {kept_whole(prototype, longer), kept_whole(prototype, state)};
   const std::vector<std::byte> start = saved(target);
-  {
-    const bool per_layer = (std::to_integer<unsigned>(extra) & 1) != 0;  // one engine an input: half the cost
-    const std::vector<sidco::segment> layout =
-        per_layer ? std::vector<sidco::segment>{{0, n / 2}, {n / 2, n - n / 2}} : std::vector<sidco::segment>{};
-    auto engine = sidco_torch::engine_of<float, std::uint32_t>(prototype, layout, sidco_torch::layer_budget::shared);
-    const std::size_t layers = engine->layers(), layer = layers - 1;
+  const bool per_layer = (std::to_integer<unsigned>(extra) & 1) != 0;
+  const std::vector<sidco::segment> layout =
+      per_layer ? std::vector<sidco::segment>{{0, n / 2}, {n / 2, n - n / 2}} : std::vector<sidco::segment>{};
+  auto engine = sidco_torch::engine_of<float, std::uint32_t>(prototype, layout, sidco_torch::layer_budget::shared);
+  const std::size_t layers = engine->layers(), layer = layers - 1;
+  for (std::size_t i = 0; i < layers; ++i)
+    if (!engine_load(*engine, i, start)) violated("an engine refused a state its compressor saved");
+  bool any_kept = false;
+  for (int tried = 0; tried < 2; ++tried) {
+    std::vector<std::vector<std::byte>> before;
+    for (std::size_t i = 0; i < layers; ++i) before.push_back(engine->save(i));
+    const bool kept = engine_load(*engine, layer, tried == 0 ? longer : state);
+    if (kept != expected[tried].has_value()) violated("an engine and its compressor disagree on a state");
     for (std::size_t i = 0; i < layers; ++i)
-      if (!engine_load(*engine, i, start)) violated("an engine refused a state its compressor saved");
-    bool any_kept = false;
-    for (int tried = 0; tried < 2; ++tried) {
-      std::vector<std::vector<std::byte>> before;
-      for (std::size_t i = 0; i < layers; ++i) before.push_back(engine->save(i));
-      const bool kept = engine_load(*engine, layer, tried == 0 ? longer : state);
-      if (kept != expected[tried].has_value()) violated("an engine and its compressor disagree on a state");
-      for (std::size_t i = 0; i < layers; ++i)
-        if ((!kept || i != layer) && engine->save(i) != before[i])
-          violated("an engine's load changed a layer it did not keep a state for");
-      if (kept && engine->save(layer) != *expected[tried]) violated("an engine keeps another state than its compressor");
-      any_kept |= kept;
-    }
-    if (!any_kept) return;  // the engine as it was: its next call is the start state's
-    std::vector<float> residual(n, 0.f);
-    const std::vector<float> old = residual;
-    sidco::sparse_vector<float> out;
-    try {
-      engine->compress(std::span<const float>(g), delta, std::span<float>(residual), out);
-    } catch (const sidco::error&) {
-      return;
-    } catch (...) {
-      violated("an engine's compress after a load threw something other than sidco::error");
-    }
-    if (const char* broken = fuzz::broken_selection_promise(out, g, old, residual)) violated(broken);
+      if ((!kept || i != layer) && engine->save(i) != before[i])
+        violated("an engine's load changed a layer it did not keep a state for");
+    if (kept && engine->save(layer) != *expected[tried]) violated("an engine keeps another state than its compressor");
+    any_kept |= kept;
   }
+  if (!any_kept) return;  // the engine as it was: its next call is the start state's
+  std::vector<float> residual(n, 0.f);
+  const std::vector<float> old = residual;
+  sidco::sparse_vector<float> out;
+  try {
+    engine->compress(std::span<const float>(g), delta, std::span<float>(residual), out);
+  } catch (const sidco::error&) {
+    return;
+  } catch (...) {
+    violated("an engine's compress after a load threw something other than sidco::error");
+  }
+  if (const char* broken = fuzz::broken_selection_promise(out, g, old, residual)) violated(broken);
 }
 
 template <class Compressor>
@@ -231,7 +230,6 @@ void run_compressor(std::size_t method, const Compressor& prototype, const std::
   }
   if (const char* broken = fuzz::broken_selection_promise(out, g, old, residual)) violated(broken);
 }
-
 
 // A reduce-scatter exchange among 3 ranks (rank 0's core; the others simulated), compact8 so
 // that the owner's carry is saved too.

@@ -1288,8 +1288,8 @@ def scenario_reduce_local_error(rank, world):
 
 def scenario_reduce_state_left_over(rank, world):
     """A reduce exchange's state (compact8: its owner's carry, which the steps change) with a
-    byte after it is refused and leaves the codec's as it was (it is read into a copy); without
-    the byte it is kept as saved."""
+    byte after it is refused and leaves the codec's as it was (the core does not copy: what it
+    held is put back); without the byte it is kept as saved."""
     from sidco_torch.ops import _reduce_codec
     n = 6000
 
