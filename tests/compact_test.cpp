@@ -818,9 +818,7 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
   auto switched = reduce_cores(n, ranks, comm::entry_coding::plain),
        unswitched = reduce_cores(n, ranks, comm::entry_coding::plain);
   for (std::size_t r = 0; r < ranks; ++r) {
-    state_writer out;
-    resumed[r].save_state(out);
-    const auto bytes = out.take();
+    const auto bytes = saved_state(resumed[r]);
     CHECK(comm::read_reduce_state_info(bytes).version == 4);
     for (auto* core : {&loaded[r], &switched[r]}) {
       state_reader in(bytes);
@@ -894,16 +892,11 @@ TEST_CASE("compact: an owner's carry is saved with the exchange's state and resu
   // core keeps its carry; a core does not copy, so what it held is put back. Without the byte
   // it loads.
   REQUIRE(std::any_of(whole[1].carry().begin(), whole[1].carry().end(), [](float v) { return v != 0.0f; }));
-  const auto state_of = [&] {
-    state_writer out;
-    whole[1].save_state(out);
-    return out.take();
-  };
-  const std::vector<std::byte> held = state_of(), no_carry = head(3).take();
+  const std::vector<std::byte> held = saved_state(whole[1]), no_carry = head(3).take();
   std::vector<std::byte> longer = no_carry;
   longer.push_back(std::byte{0});
   CHECK_THROWS_WITH_AS(load_whole_state(whole[1], longer), doctest::Contains("1 bytes left over"), sidco::error);
-  CHECK(state_of() == held);
+  CHECK(saved_state(whole[1]) == held);
   load_whole_state(whole[1], no_carry);
   CHECK(whole[1].carry().empty());
 }
@@ -1093,9 +1086,7 @@ TEST_CASE_TEMPLATE("compact8: the reduce exchange sends a byte a value; per rank
   }
   // The carries resume bit for bit (16-bit values carry too in compact8).
   for (std::size_t r = 0; r < ranks; ++r) {
-    state_writer out;
-    cores[r].save_state(out);
-    const auto bytes = out.take();
+    const auto bytes = saved_state(cores[r]);
     comm::reduce_core<T, std::uint32_t, comm::owner_top_k> resumed(std::vector<segment>{{0, size}}, 0.01, ranks, r,
                                                                     options);
     state_reader in(bytes);

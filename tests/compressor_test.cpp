@@ -485,9 +485,7 @@ template <class Compressor>
 std::vector<std::byte> state_after(Compressor& compressor, const std::vector<float>& g, double density, int steps) {
   sparse_vector<float> out;
   for (int step = 0; step < steps; ++step) compressor.template compress<float>(g, density, out);
-  state_writer writer;
-  compressor.save_state(writer);
-  return writer.take();
+  return saved_state(compressor);
 }
 
 // original and resumed give the same indices and values for `steps` more calls on g.
@@ -579,9 +577,7 @@ TEST_CASE("a damaged state's names are refused with a message that is valid UTF-
   // The reduce exchange's state: its format's name and its owner's.
   const std::vector<segment> layout{{0, g.size()}};
   comm::reduce_core<float, std::uint32_t, comm::owner_top_k> core(layout, 0.01, 2, 0);
-  state_writer out;
-  core.save_state(out);
-  std::vector<std::byte> exchange = out.take();
+  std::vector<std::byte> exchange = saved_state(core);
   exchange[8] = std::byte{0xC3};  // a two-byte sequence cut short
   try {
     comm::read_reduce_state_info(exchange);
@@ -600,20 +596,15 @@ TEST_CASE("load_whole_state: a state with bytes after it is refused, and the com
   presets::sidco_e<backend::serial> source, target;
   const std::vector<std::byte> saved = state_after(source, g, 0.01, 3), own = state_after(target, g, 0.1, 1);
   REQUIRE(saved != own);
-  const auto state_of = [&] {
-    state_writer out;
-    target.save_state(out);
-    return out.take();
-  };
   std::vector<std::byte> longer = saved;
   longer.push_back(std::byte{0});
   CHECK_THROWS_WITH_AS(load_whole_state(target, longer), doctest::Contains("1 bytes left over"), sidco::error);
-  CHECK(state_of() == own);
+  CHECK(saved_state(target) == own);
   std::vector<std::byte> cut(saved.begin(), saved.end() - 1);
   CHECK_THROWS_WITH_AS(load_whole_state(target, cut), doctest::Contains("ends before"), sidco::error);
-  CHECK(state_of() == own);
+  CHECK(saved_state(target) == own);
   load_whole_state(target, saved);
-  CHECK(state_of() == saved);
+  CHECK(saved_state(target) == saved);
 }
 
 TEST_CASE("a state saved before the estimator kept the last call's mean loads and resumes") {

@@ -126,14 +126,6 @@ struct simulated_reduce {
   std::vector<std::span<const std::byte>> selection_views() const { return {selections.begin(), selections.end()}; }
 };
 
-// Every byte of a core's state (its owner policy's), for "as before the step" checks.
-template <class Core>
-std::vector<std::byte> state_of(const Core& core) {
-  state_writer out;
-  core.save_state(out);
-  return out.take();
-}
-
 }  // namespace
 
 TEST_CASE("utf8_prefix never cuts a sequence; valid_utf8 replaces what is not text") {
@@ -409,7 +401,7 @@ TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed; every 
     feedback::residual<float> state(std::span<float>(s.residual));
     presets::sidco_e<> compressor;
     compressor.compress(s.gradient, delta, s.sent, state);
-    before.push_back(state_of(sim.cores[r]));
+    before.push_back(saved_state(sim.cores[r]));
     comm::host_residual<float> sink{std::span<float>(s.residual)};
     REQUIRE(sim.cores[r].pack(s.sent, sink, fields, sim.blocks[r]));
   }
@@ -437,7 +429,7 @@ TEST_CASE("reduce-scatter: a block only one owner sees as bad is relayed; every 
       messages.insert(e.what());
     }
     for (std::size_t i = 0; i < n; ++i) REQUIRE(s.residual[i] == s.gradient[i] + s.old[i]);
-    CHECK(state_of(sim.cores[r]) == before[r]);  // the owner's adaptive state
+    CHECK(saved_state(sim.cores[r]) == before[r]);  // the owner's adaptive state
     CHECK_FALSE(sim.cores[r].in_step());
   }
   REQUIRE(messages.size() == 1);
@@ -489,13 +481,13 @@ TEST_CASE("reduce-scatter: a rank's own problem after round 1 fails the step on 
   };
   CHECK(step(0, nullptr).empty());
   std::vector<std::vector<std::byte>> after_first;
-  for (const auto& core : sim.cores) after_first.push_back(state_of(core));
+  for (const auto& core : sim.cores) after_first.push_back(saved_state(core));
   const sidco::error wrong_dense("sidco: dense: size 7 is not the exchange's 33000");
   const auto errors = step(1, &wrong_dense);
   REQUIRE(errors.size() == 1);
   CHECK_MESSAGE(errors.begin()->find("exchange (tag 5, step 1): rank 2 failed: dense: size 7") != std::string::npos,
                 *errors.begin());
-  for (std::size_t r = 0; r < ranks; ++r) CHECK(state_of(sim.cores[r]) == after_first[r]);
+  for (std::size_t r = 0; r < ranks; ++r) CHECK(saved_state(sim.cores[r]) == after_first[r]);
   for (std::uint64_t t = 2; t < 5; ++t) CHECK(step(t, nullptr).empty());
   for (std::size_t r = 1; r < ranks; ++r) {
     REQUIRE(std::ranges::equal(sim.cores[r].global_selection(), sim.cores[0].global_selection()));
@@ -985,9 +977,7 @@ TEST_CASE("reduce-scatter checkpoints: one versioned format; the older ones load
     state_reader in(bytes);
     core.load_state(in);
     in.finish();
-    state_writer loaded_owner;
-    core.policy().save_state(loaded_owner);
-    CHECK(loaded_owner.bytes() == owner_bytes.bytes());
+    CHECK(saved_state(core.policy()) == owner_bytes.bytes());
     // The hook's older state always held SIDCo-E's owner state: a Top-k owner skips it.
     comm::reduce_core<float, std::uint32_t, comm::owner_top_k> top_k(layout, 0.01, 3, 0);
     state_reader again(bytes);
@@ -997,7 +987,7 @@ TEST_CASE("reduce-scatter checkpoints: one versioned format; the older ones load
     }
   }
   // Today's format round-trips, says what it is, and is refused where it cannot apply.
-  const auto saved = state_of(core);
+  const auto saved = saved_state(core);
   const auto info = comm::read_reduce_state_info(saved);
   CHECK(info.version == comm::reduce_state_version);
   CHECK(info.ranks == 3);
@@ -1007,9 +997,9 @@ TEST_CASE("reduce-scatter checkpoints: one versioned format; the older ones load
   state_reader in(saved);
   fresh.load_state(in);
   in.finish();
-  CHECK(state_of(fresh) == saved);
+  CHECK(saved_state(fresh) == saved);
   auto refused = [&](auto& other, const char* sentence) {
-    const auto before = state_of(other);
+    const auto before = saved_state(other);
     state_reader reader(saved);
     std::string message;
     try {
@@ -1018,7 +1008,7 @@ TEST_CASE("reduce-scatter checkpoints: one versioned format; the older ones load
       message = e.what();
     }
     CHECK_MESSAGE(message.find(sentence) != std::string::npos, message);
-    CHECK(state_of(other) == before);
+    CHECK(saved_state(other) == before);
   };
   comm::reduce_core<float, std::uint32_t, comm::owner_sidco_e> two_ranks(layout, 0.01, 2, 0);
   refused(two_ranks, "saved for 3 ranks and 5000 values; this exchange has 2 ranks and 5000 values");

@@ -161,14 +161,11 @@ int main() {
       const auto r2 = sidco_exchange.exchange(sent, residual.view(), dense.view(), step);
       expect(r2.selected > 0 && r2.selected <= std::size_t(ranks) * plan.capacity, who + "SIDCo owner selects");
       if (step == 0) {
-        state_writer out;
-        sidco_exchange.save_state(out);
+        const std::vector<std::byte> saved = saved_state(sidco_exchange);
         comm::nccl_reduce_exchange<float> resumed(comms[std::size_t(r)], n, delta);
-        state_reader reader(out.bytes());
+        state_reader reader(saved);
         resumed.load_state(reader);
-        state_writer again;
-        resumed.save_state(again);
-        expect(again.bytes() == out.bytes(), who + "the owner's state resumes");
+        expect(saved_state(resumed) == saved, who + "the owner's state resumes");
       }
     }
   });

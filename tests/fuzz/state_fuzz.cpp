@@ -49,13 +49,6 @@ const std::vector<float>& gradient() {
 }
 constexpr double delta = 0.01;
 
-template <class Target>
-std::vector<std::byte> saved(const Target& target) {
-  sidco::state_writer out;
-  target.save_state(out);
-  return out.take();
-}
-
 // The state to load: the input's bytes whole, or the valid state with the input's changes.
 std::vector<std::byte> state_to_load(std::vector<std::byte> valid, const std::uint8_t* data, std::size_t size,
                                      bool whole) {
@@ -78,13 +71,13 @@ std::vector<std::byte> state_to_load(std::vector<std::byte> valid, const std::ui
 // Loads state into target; false (target unchanged) when refused.
 template <class Target>
 bool load(Target& target, const std::vector<std::byte>& state) {
-  const std::vector<std::byte> before = saved(target);
+  const std::vector<std::byte> before = sidco::saved_state(target);
   try {
     sidco::state_reader in{std::span<const std::byte>(state)};
     target.load_state(in);
     return true;
   } catch (const sidco::error& e) {
-    if (saved(target) != before) violated("a refused state changed what the target saves");
+    if (sidco::saved_state(target) != before) violated("a refused state changed what the target saves");
     const std::string message = e.what();
     if (message.empty() || sidco::detail::valid_utf8(message) != message)
       violated("a refusal's message is empty or not UTF-8 text (Python would show it empty)");
@@ -96,9 +89,9 @@ bool load(Target& target, const std::vector<std::byte>& state) {
 
 template <class Target>
 void check_round_trip(const Target& loaded, Target& fresh) {
-  const std::vector<std::byte> bytes = saved(loaded);
+  const std::vector<std::byte> bytes = sidco::saved_state(loaded);
   if (!load(fresh, bytes)) violated("a loaded state saves to bytes its own kind refuses");
-  if (saved(fresh) != bytes) violated("a loaded state does not save to the same bytes after a round trip");
+  if (sidco::saved_state(fresh) != bytes) violated("a loaded state does not save to the same bytes after a round trip");
 }
 
 template <class Compressor>
@@ -132,7 +125,7 @@ std::optional<std::vector<std::byte>> kept_whole(const Compressor& prototype, co
     sidco::state_reader in{std::span<const std::byte>(state)};
     direct.load_state(in);
     in.finish();
-    return saved(direct);
+    return sidco::saved_state(direct);
   } catch (const sidco::error&) {
     return std::nullopt;
   }
@@ -152,7 +145,7 @@ void check_engines(const Compressor& prototype, const Compressor& target, const 
   std::vector<std::byte> longer = state;
   longer.push_back(extra);
   const std::optional<std::vector<std::byte>> expected[] = {kept_whole(prototype, longer), kept_whole(prototype, state)};
-  const std::vector<std::byte> start = saved(target);
+  const std::vector<std::byte> start = sidco::saved_state(target);
   const bool per_layer = (std::to_integer<unsigned>(extra) & 1) != 0;
   const std::vector<sidco::segment> layout =
       per_layer ? std::vector<sidco::segment>{{0, n / 2}, {n / 2, n - n / 2}} : std::vector<sidco::segment>{};
@@ -204,7 +197,7 @@ void run_compressor(std::size_t method, const Compressor& prototype, const std::
     start s{{}, std::vector<float>(g.size(), 0.f), prototype};
     Compressor source = prototype;
     for (int call = 0; call < 3; ++call) compress_once(source, s.residual);
-    s.valid = saved(source);
+    s.valid = sidco::saved_state(source);
     std::vector<float> other(g.size(), 0.f);
     compress_once(s.target, other);
     found = made_for.emplace(method, std::move(s)).first;
@@ -278,7 +271,7 @@ void run_exchange(const std::uint8_t* data, std::size_t size, bool whole) {
   static const std::vector<std::byte> valid = [&] {  // the same for every input: made once
     std::vector<exchange> source = ranks();
     for (std::uint64_t s = 0; s < 3; ++s) step(source, s);
-    return saved(source[0]);
+    return sidco::saved_state(source[0]);
   }();
   std::vector<exchange> target = ranks(), fresh = ranks();
   if (!load(target[0], state_to_load(valid, data, size, whole))) return;

@@ -54,9 +54,6 @@ std::vector<float> gather_all(const std::vector<float>& v, MPI_Comm comm) {
   return all;
 }
 
-// Runs steps of SIDCo-E + error feedback + the exchange on comm and checks every promise.
-// skewed: the mass in a quarter of the tensor, and every rank compressing at 3 delta, so
-// that blocks overflow. Returns the densities the global selection achieved.
 // Whether every rank of MPI_COMM_WORLD holds this text (its first 511 bytes).
 bool same_on_every_rank(const std::string& message) {
   const int ranks = size_of(MPI_COMM_WORLD);
@@ -123,6 +120,9 @@ std::size_t two_hop_bytes(std::size_t me, const std::vector<std::vector<std::vec
   return bytes;
 }
 
+// Runs steps of SIDCo-E + error feedback + the exchange on comm and checks every promise.
+// skewed: the mass in a quarter of the tensor, and every rank compressing at 3 delta, so
+// that blocks overflow. Returns the densities the global selection achieved.
 template <class Policy>
 std::vector<double> run_and_check(MPI_Comm comm, std::size_t n, double delta, int steps, bool skewed,
                                   transfer how = transfer::fixed, Policy policy = {}) {
@@ -357,8 +357,7 @@ TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank r
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, delta, options_for(How::value));
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
-  state_writer before;
-  exchange.save_state(before);
+  const std::vector<std::byte> before = saved_state(exchange);
   const auto g = gradient_for(rank, 0, n);
   const std::vector<float> old(residual.values().begin(), residual.values().end());
   sparse_vector<float> sent;
@@ -378,9 +377,7 @@ TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank r
   CHECK(same_on_every_rank(message));
   CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 5.0f; }));
   for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i] + old[i]);
-  state_writer after;
-  exchange.save_state(after);
-  CHECK(after.bytes() == before.bytes());
+  CHECK(saved_state(exchange) == before);
   // Three more steps: every rank applies the same update.
   dense.assign(n, 0.0f);
   for (std::uint64_t step = 1; step <= 3; ++step) {
@@ -478,10 +475,9 @@ TEST_CASE("an average whose sum overflows float is finite, the same on every ran
 TEST_CASE("a state saved among these ranks is refused by an exchange among others, with a sentence") {
   const int ranks = size_of(MPI_COMM_WORLD);
   comm::sparse_reduce_exchange<float> everyone(MPI_COMM_WORLD, 10000, 0.01);
-  state_writer saved;
-  everyone.save_state(saved);
+  const std::vector<std::byte> saved = saved_state(everyone);
   comm::sparse_reduce_exchange<float> alone(MPI_COMM_SELF, 10000, 0.01);
-  state_reader in(saved.bytes());
+  state_reader in(saved);
   std::string message;
   try {
     alone.load_state(in);

@@ -142,6 +142,14 @@ concept stateful = requires(const P& p, P& q, state_writer& w, state_reader& r) 
   q.load_state(r);
 };
 
+/// Every byte of target's state: what a checkpoint stores, and what load_whole_state takes back.
+template <stateful Target>
+std::vector<std::byte> saved_state(const Target& target) {
+  state_writer out;
+  target.save_state(out);
+  return out.take();
+}
+
 /// Loads target's state from bytes, all of which it must read: a state with anything after it
 /// (a longer file's rest, a second state) is refused like a damaged one, with a sidco::error,
 /// and either way a refusal leaves target as it was. load_state alone cannot promise that,
@@ -157,13 +165,12 @@ void load_whole_state(Target& target, std::span<const std::byte> bytes) {
     in.finish();
     target = std::move(loaded);
   } else {
-    state_writer held;
-    target.save_state(held);
+    const std::vector<std::byte> held = saved_state(target);
     target.load_state(in);
     try {
       in.finish();
     } catch (...) {
-      state_reader back(held.bytes());
+      state_reader back(held);
       target.load_state(back);
       throw;
     }

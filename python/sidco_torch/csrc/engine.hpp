@@ -63,11 +63,7 @@ class whole final : public engine<T, Index, typename Compressor::memory_space> {
   }
   std::size_t layers() const override { return 1; }
   const sidco::compress_report& layer_report(std::size_t) const override { return last_; }
-  std::vector<std::byte> save(std::size_t) const override {
-    sidco::state_writer out;
-    compressor_.save_state(out);
-    return out.take();
-  }
+  std::vector<std::byte> save(std::size_t) const override { return sidco::saved_state(compressor_); }
   void load(std::size_t, std::span<const std::byte> bytes) override { sidco::load_whole_state(compressor_, bytes); }
 
  private:

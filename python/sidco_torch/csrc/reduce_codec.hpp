@@ -114,9 +114,7 @@ class reduce_codec_base : public reduce_codec_impl {
   std::vector<std::byte> save_layer(std::size_t i) const override { return engine_->save(i); }
   void load_layer(std::size_t i, std::span<const std::byte> bytes) override { engine_->load(i, bytes); }
   std::vector<std::byte> save_exchange() const override {
-    sidco::state_writer out;
-    std::visit([&](const auto& core) { core.save_state(out); }, core_);
-    return out.take();
+    return std::visit([](const auto& core) { return sidco::saved_state(core); }, core_);
   }
   void load_exchange(std::span<const std::byte> bytes) override {
     std::visit([&](auto& core) { sidco::load_whole_state(core, bytes); }, core_);
