@@ -134,11 +134,11 @@ class Shuffled(nn.Module):
     """Parameters registered in another order than backward produces their gradients, so
     that DDP's rebuilt buckets differ from its first ones."""
 
-    def __init__(self):
+    def __init__(self, inputs=32, hidden=512, middle=256):
         super().__init__()
-        self.last = nn.Linear(256, 10)
-        self.first = nn.Linear(32, 512)
-        self.middle = nn.Linear(512, 256)
+        self.last = nn.Linear(middle, 10)
+        self.first = nn.Linear(inputs, hidden)
+        self.middle = nn.Linear(hidden, middle)
 
     def forward(self, x):
         return self.last(torch.relu(self.middle(torch.relu(self.first(x)))))
@@ -1151,19 +1151,10 @@ def scenario_reduce_resume(rank, world):
     return "bit-identical"
 
 
-class Tiny(nn.Module):
-    """Small enough for one bucket (under the tests' 64 KB first bucket), its parameters
-    registered in another order than backward produces their gradients: DDP's first bucket
-    and its rebuilt one hold the same parameters in different orders."""
-
-    def __init__(self):
-        super().__init__()
-        self.last = nn.Linear(24, 10)
-        self.first = nn.Linear(16, 40)
-        self.middle = nn.Linear(40, 24)
-
-    def forward(self, x):
-        return self.last(torch.relu(self.middle(torch.relu(self.first(x)))))
+def tiny():
+    """A Shuffled small enough for one bucket (under the tests' 64 KB first bucket): DDP's
+    first bucket and its rebuilt one hold the same parameters in different orders."""
+    return Shuffled(inputs=16, hidden=40, middle=24)
 
 
 def scenario_reduce_resume_reordered(rank, world):
@@ -1175,7 +1166,7 @@ def scenario_reduce_resume_reordered(rank, world):
 
     def build(state, run, model=None):
         torch.manual_seed(0)
-        model = model or Tiny()
+        model = model or tiny()
         ddp = DDP(model, bucket_cap_mb=25)  # one bucket; rebuilt after the first step in backward's order
         sidco_torch.register(ddp, state, layouts(seen.setdefault(run, {})))
         return model, ddp, torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
@@ -1207,7 +1198,7 @@ def scenario_reduce_resume_reordered(rank, world):
     state = fresh()
     state.load_state_dict(checkpoint["sidco"])
     torch.manual_seed(0)
-    model = Tiny()
+    model = tiny()
     model.load_state_dict(checkpoint["model"])
     model, ddp, optimizer = build(state, "resumed", model)
     optimizer.load_state_dict(checkpoint["optimizer"])
