@@ -55,7 +55,8 @@ expect_refusal "--density: 'abc' is not a number" --density abc
 expect_refusal "not expected: --bogus" --bogus
 expect_refusal "--repeat: 2.5 is not a whole number" --repeat 2.5
 expect_refusal "--repeat: 1e7 is not a whole number" --repeat 1e7
-expect_refusal "is a directory, not a manifest file" --layers "$tmp" --input "$data/ffn_it10.npy"
+expect_refusal "sidco-eval: sidco: manifest '$tmp': is a directory, not a manifest file" --layers "$tmp" \
+  --input "$data/ffn_it10.npy"
 printf '{"ffn_it10.npy": {"layers": [{"offset": 0, "size": 10}]}, "ffn_it10.npy": {"layers": []}}' > "$tmp/twice.json"
 expect_refusal "'ffn_it10.npy' is listed twice" --layers "$tmp/twice.json" --input "$data/ffn_it10.npy"
 # Numbers as the help writes them (1e0 is 1), and a density far below one entry of the file:

@@ -256,14 +256,7 @@ int run(int argc, char** argv) {
     run.push_back(&*std::find_if(methods.begin(), methods.end(), [&](auto& m) { return m.name == name; }));
 
   std::map<std::string, std::vector<sidco::segment>> layouts;
-  if (!layers_path.empty()) {
-    try {
-      layouts = sidco::io::load_manifest(layers_path);
-    } catch (const sidco::error& e) {
-      std::cerr << e.what() << "\n";
-      return 1;
-    }
-  }
+  if (!layers_path.empty()) layouts = sidco::io::load_manifest(layers_path);  // a bad one: main reports it, exit 1
 
   // Every input read and checked before any work.
   struct loaded {
