@@ -96,6 +96,34 @@ TEST_CASE("every preset survives adversarial inputs") {
   survive<redsync_trimmed<>>("redsync-trimmed", false, false);
 }
 
+TEST_CASE("a small layer called again and again under error feedback: SIDCo's stages stay defined") {
+  // 8 values at delta 0.2 (k = 1): once the adaptive aim is corrected up to stage 1's
+  // fraction, the last stage starts at k and counting the stages left divided by log(1); the
+  // int conversion of that infinity was undefined (the compress fuzzer found it per layer).
+  // UBSan, in the sanitizer build, aborted on the sixth call; every call must still be well
+  // formed and lose nothing.
+  const std::vector<float> g = {0.9f, -0.5f, 0.3f, -0.2f, 0.15f, -0.1f, 0.07f, -0.05f};
+  auto calls = [&](auto compressor, const char* method) {
+    for (double delta : {0.2, 0.229, 0.25}) {
+      auto c = compressor;
+      feedback::residual<float> residual(g.size());
+      sparse_vector<float> out;
+      for (int call = 0; call < 8; ++call) {
+        INFO(method, " at delta ", delta, ", call ", call);
+        const std::vector<float> before(residual.values().begin(), residual.values().end());
+        const auto report = c.template compress<float>(g, delta, out, residual);
+        REQUIRE(report.selected == out.size());
+        std::vector<float> rebuilt(residual.values().begin(), residual.values().end());
+        for (std::size_t j = 0; j < out.size(); ++j) rebuilt[out.indices()[j]] += out.values()[j];
+        for (std::size_t i = 0; i < g.size(); ++i) REQUIRE(rebuilt[i] == g[i] + before[i]);
+      }
+    }
+  };
+  calls(presets::sidco_e<>{}, "sidco-e");
+  calls(presets::sidco_gp<>{}, "sidco-gp");
+  calls(presets::sidco_gamma_gp<>{}, "sidco-gamma-gp");
+}
+
 TEST_CASE("threshold methods keep an outlier and never select exact zeros") {
   std::vector<float> outlier(5000, 1e-3f);
   outlier[1234] = 3e38f;

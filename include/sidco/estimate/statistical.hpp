@@ -252,10 +252,12 @@ class statistical {
 
   // The stage a measured point of n >= k values starts: as many stages follow as its distance
   // from k needs at the schedule's last-stage ratio (one, within 2x of where the last stage
-  // starts).
+  // starts). A ratio of 1 (the last stage starts at k: the corrected aim reached stage 1's
+  // fraction) needs endless stages, so stage 1; counted in double, as int(inf) is undefined.
   static int stage_from(double n, double k, double wanted, int stage_count) {
-    const int remaining = n <= 2 * wanted ? 1 : int(std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9));
-    return std::max(1, stage_count - remaining);
+    const double remaining = n <= 2 * wanted ? 1.0 : std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9);
+    if (!(remaining < double(stage_count))) return 1;
+    return std::max(1, stage_count - int(remaining));
   }
 
   // The last stage's extrapolation ratio in an M-stage schedule: stage 1 keeps `first`
