@@ -1,7 +1,10 @@
 // What every selection a compressor returns promises, checked by the fuzz targets that
-// compress (compress_fuzz after arbitrary input, state_fuzz after a loaded checkpoint).
+// compress (compress_fuzz after arbitrary input, state_fuzz after a loaded checkpoint), and
+// what a top-k method promises besides.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -32,6 +35,22 @@ inline const char* broken_selection_promise(const sidco::sparse_vector<float>& o
     for (std::size_t i = 0; i < gradient.size(); ++i)
       if (sent[i] + new_residual[i] != gradient[i] + old_residual[i]) return "the residual lost mass";
   return nullptr;
+}
+
+/// For a method that promises the top k: nullptr when out's entries in [begin, end) are the k
+/// largest |input| there (k: how many it holds), ties to the lower index; else what is wrong.
+inline const char* broken_top_k(const sidco::sparse_vector<float>& out, std::span<const float> input, std::size_t begin,
+                                std::size_t end) {
+  std::vector<std::size_t> order(end - begin);
+  for (std::size_t i = begin; i < end; ++i) order[i - begin] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return std::fabs(input[a]) > std::fabs(input[b]); });
+  std::vector<std::size_t> kept;
+  for (std::size_t j = 0; j < out.size(); ++j)
+    if (out.indices()[j] >= begin && out.indices()[j] < end) kept.push_back(out.indices()[j]);
+  order.resize(kept.size());
+  std::sort(order.begin(), order.end());
+  return order == kept ? nullptr : "not the k largest magnitudes, ties to the lower index";
 }
 
 }  // namespace fuzz
