@@ -10,7 +10,8 @@
 // - a loaded state saves to bytes that load back to the same bytes;
 // - a compressor that loaded it compresses the next gradient into a valid selection
 //   (ascending indices in range, values those of gradient + residual, sent + new residual =
-//   gradient + old residual) or refuses with sidco::error; an exchange runs its next step;
+//   gradient + old residual; exactly k, and the top k, where the method promises that) or
+//   refuses with sidco::error; an exchange runs its next step;
 // - the PyTorch hook's engines, whole and per layer, take a layer's state exactly when the
 //   compressor takes it with no byte left over, and leave every layer as it was otherwise.
 #include <cmath>
@@ -222,6 +223,15 @@ void run_compressor(std::size_t method, const Compressor& prototype, const std::
     violated("compress after a loaded state threw something other than sidco::error");
   }
   if (const char* broken = fuzz::broken_selection_promise(out, g, old, residual)) violated(broken);
+  // No state makes a method break its count: exactly k, and the top k where it promises that.
+  const sidco::methods::count_promise promise = sidco::methods::table[method].count;
+  if (promise != sidco::methods::count_promise::about_k && out.size() != sidco::target_count(delta, g.size()))
+    violated("after a loaded state, a method that promises exactly k kept another count");
+  if (promise == sidco::methods::count_promise::top_k) {
+    std::vector<float> input(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) input[i] = g[i] + old[i];
+    if (const char* broken = fuzz::broken_top_k(out, input, 0, g.size())) violated(broken);
+  }
 }
 
 // A reduce-scatter exchange among 3 ranks (rank 0's core; the others simulated), compact8 so
