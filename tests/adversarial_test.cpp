@@ -98,9 +98,9 @@ TEST_CASE("every preset survives adversarial inputs") {
 
 TEST_CASE("a small layer called again and again under error feedback: SIDCo's stages stay defined") {
   // 8 values at delta 0.2 (k = 1): once the adaptive aim is corrected up to stage 1's
-  // fraction, the last stage starts at k and counting the stages left divided by log(1); the
-  // int conversion of that infinity was undefined (the compress fuzzer found it per layer).
-  // UBSan, in the sanitizer build, aborted on the sixth call; every call must still be well
+  // fraction, the last stage starts at k, so the count of stages left divides by log(1), and
+  // converting that infinity to int was undefined (found by the compress fuzzer, per layer).
+  // UBSan, in the sanitizer build, aborted on the sixth call. Every call must stay well
   // formed and lose nothing.
   const std::vector<float> g = {0.9f, -0.5f, 0.3f, -0.2f, 0.15f, -0.1f, 0.07f, -0.05f};
   auto calls = [&](auto compressor, const char* method) {
