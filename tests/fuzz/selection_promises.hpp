@@ -3,14 +3,14 @@
 // what a top-k method promises besides.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <span>
 #include <vector>
 
 #include <sidco/core/sparse_vector.hpp>
+
+#include "../reference.hpp"
 
 namespace fuzz {
 
@@ -38,19 +38,17 @@ inline const char* broken_selection_promise(const sidco::sparse_vector<float>& o
 }
 
 /// For a method that promises the top k: nullptr when out's entries in [begin, end) are the k
-/// largest |input| there (k: how many it holds), ties to the lower index; else what is wrong.
+/// largest |input| there (k: how many it holds), ties to the lower index (the tests' brute-force
+/// reference_top_k); else what is wrong.
 inline const char* broken_top_k(const sidco::sparse_vector<float>& out, std::span<const float> input, std::size_t begin,
                                 std::size_t end) {
-  std::vector<std::size_t> order(end - begin);
-  for (std::size_t i = begin; i < end; ++i) order[i - begin] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return std::fabs(input[a]) > std::fabs(input[b]); });
   std::vector<std::size_t> kept;
   for (std::size_t j = 0; j < out.size(); ++j)
-    if (out.indices()[j] >= begin && out.indices()[j] < end) kept.push_back(out.indices()[j]);
-  order.resize(kept.size());
-  std::sort(order.begin(), order.end());
-  return order == kept ? nullptr : "not the k largest magnitudes, ties to the lower index";
+    if (out.indices()[j] >= begin && out.indices()[j] < end) kept.push_back(out.indices()[j] - begin);
+  const auto expected = sidco::test::reference_top_k<float>(input.subspan(begin, end - begin), kept.size());
+  for (std::size_t j = 0; j < kept.size(); ++j)
+    if (expected[j].first != kept[j]) return "not the k largest magnitudes, ties to the lower index";
+  return nullptr;
 }
 
 }  // namespace fuzz
