@@ -37,13 +37,18 @@ namespace {
 
 using fuzz::violated;
 
-// A gradient with the spread of real ones: Laplace values, a few zeros, fixed seed.
+// A gradient with the spread of real ones: Laplace values, a few zeros, fixed seed. The
+// magnitudes sit on a grid of 2^-12 (sums of a few stay exact), so several equal the k-th
+// largest of gradient + residual and Top-k's rule for ties is checked too.
 const std::vector<float>& gradient() {
   static const std::vector<float> g = [] {
     std::vector<float> v(4096);
     std::mt19937_64 rng(11);
     std::exponential_distribution<float> magnitude(400.f);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = i % 97 == 0 ? 0.f : (rng() & 1 ? 1.f : -1.f) * magnitude(rng);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const float on_grid = std::round(magnitude(rng) * 4096.f) / 4096.f;
+      v[i] = i % 97 == 0 ? 0.f : (rng() & 1 ? 1.f : -1.f) * on_grid;
+    }
     return v;
   }();
   return g;
