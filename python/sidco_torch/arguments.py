@@ -28,6 +28,21 @@ def _shortest(value, dtype):
     return value
 
 
+def _whole_number(value, what):
+    """A Python, numpy or 0-d integer tensor's value, at least 0, as an int (a count or an
+    iteration read from a config often arrives as numpy.int64)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"sidco_torch.State: {what} must be an integer, got a tensor of shape "
+                            f"{tuple(value.shape)} and dtype {value.dtype}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"sidco_torch.State: {what} must be an integer, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"sidco_torch.State: {what} = {int(value)} is negative")
+    return int(value)
+
+
 def _real_scalar(value, what):
     """A Python, numpy or 0-d tensor real as a float; a 16- or 32-bit float as the shortest
     decimal that names it (numpy.float32(0.01) is 0.01, not 0.009999999776)."""

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from .agreement import _Agreement
-from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _REDUCE_SCHEDULES, _WIRES, _checked_density, _owner_name, _real_scalar)
+from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _REDUCE_SCHEDULES, _WIRES, _checked_density, _owner_name, _real_scalar,
+                        _whole_number)
 from .callbacks import _StepCallbacks
 from .checkpoint import _Checkpoints
 from .codecs import _Bucket, _Layer
@@ -200,12 +201,8 @@ class State(_Checkpoints, _Agreement):
         capacity_slack = _real_scalar(capacity_slack, "capacity_slack")
         if not 1 <= capacity_slack <= 1000:
             raise ValueError(f"sidco_torch.State: capacity_slack = {capacity_slack!r} is outside [1, 1000]")
-        if not (isinstance(start_iter, int) and not isinstance(start_iter, bool) and start_iter >= 0):
-            raise ValueError(f"sidco_torch.State: start_iter = {start_iter!r} is not a non-negative integer")
-        if not (isinstance(min_bucket_elements, int) and not isinstance(min_bucket_elements, bool)
-                and min_bucket_elements >= 0):
-            raise ValueError(f"sidco_torch.State: min_bucket_elements = {min_bucket_elements!r} is not a "
-                             "non-negative integer")
+        start_iter = _whole_number(start_iter, "start_iter")
+        min_bucket_elements = _whole_number(min_bucket_elements, "min_bucket_elements")
         if exchange not in _EXCHANGES:
             raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
         if wire not in _WIRES:

@@ -1695,12 +1695,21 @@ def check_local():
     for given in (numpy.float32(0.01), torch.tensor(0.01), torch.tensor(0.01, dtype=torch.float64),
                   numpy.float64(0.01), 0.01):
         assert sidco_torch.State(density=given).density == 0.01, given
+    for given in (numpy.int64(3), numpy.uint8(3), torch.tensor(3), 3):
+        state = sidco_torch.State(start_iter=given, min_bucket_elements=given)
+        assert type(state.start_iter) is int and state.start_iter == 3 and state.min_bucket_elements == 3, given
     for bad, kind, message in [(dict(density=0), ValueError, "density = 0.0 is outside (0, 1]"),
                                (dict(density=1.5), ValueError, "density = 1.5 is outside (0, 1]"),
                                (dict(density="0.1"), TypeError, "density must be a real number"),
                                (dict(density=True), TypeError, "density must be a real number"),
                                (dict(density=torch.tensor([0.1, 0.2])), TypeError, "real scalar"),
-                               (dict(start_iter=-1), ValueError, "start_iter = -1"),
+                               (dict(start_iter=-1), ValueError, "start_iter = -1 is negative"),
+                               (dict(start_iter=numpy.int64(-2)), ValueError, "start_iter = -2 is negative"),
+                               (dict(start_iter=1.5), TypeError, "start_iter must be an integer, got float 1.5"),
+                               (dict(start_iter=True), TypeError, "start_iter must be an integer, got bool True"),
+                               (dict(min_bucket_elements=torch.tensor(2.0)), TypeError,
+                                "min_bucket_elements must be an integer, got a tensor of shape () and dtype "
+                                "torch.float32"),
                                (dict(capacity_slack=0.5), ValueError, "capacity_slack = 0.5 is outside [1, 1000]"),
                                (dict(method="nope"), ValueError, "method 'nope' is not one of"),
                                (dict(bogus=1), ValueError, "option 'bogus' is not known"),
