@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# sidco-eval: CSV shape, method names, a missing file and a malformed file, the README's
-# method list against the one sidco-eval prints from sidco::methods::table, and --list.
+# sidco-eval: CSV shape, method names, a missing file and a malformed file, a file named
+# without --input, the README's method list against the one sidco-eval prints from
+# sidco::methods::table, and --list.
 # Arguments: SIDCO_EVAL GRADIENTS_DIR README
 set -euo pipefail
 eval_bin=$1
@@ -53,6 +54,7 @@ done
 expect_refusal "--repeat: 0 is not a whole number" --repeat 0
 expect_refusal "--density: 'abc' is not a number" --density abc
 expect_refusal "not expected: --bogus" --bogus
+expect_refusal "not expected: $data/ffn_it10.npy (a gradient file is named with --input FILE.npy)" "$data/ffn_it10.npy"
 expect_refusal "--repeat: 2.5 is not a whole number" --repeat 2.5
 expect_refusal "--repeat: 1e7 is not a whole number" --repeat 1e7
 expect_refusal "sidco-eval: sidco: manifest '$tmp': is a directory, not a manifest file" --layers "$tmp" \

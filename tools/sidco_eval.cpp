@@ -229,12 +229,23 @@ int run(int argc, char** argv) {
                "print every method, one a line: its name and what it promises about the count (about-k, "
                "exactly-k, top-k; baseline for std::nth_element), for scripts");
   app.footer(methods_text(methods));
+  app.allow_extras();  // reported below, with a hint where a file was named without --input
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {
     return app.exit(help);
   } catch (const CLI::ParseError& e) {
     usage_error(e.what());
+  }
+  if (const std::vector<std::string> extras = app.remaining(); !extras.empty()) {
+    std::string message = "not expected:";
+    bool bare = false;
+    for (const auto& extra : extras) {
+      message += " " + extra;
+      bare = bare || !extra.starts_with('-');
+    }
+    if (bare) message += " (a gradient file is named with --input FILE.npy)";
+    usage_error(message);
   }
   if (list) {
     for (const auto& m : methods) std::cout << m.name << ' ' << m.count << '\n';
