@@ -28,28 +28,51 @@ def _shortest(value, dtype):
     return value
 
 
-def _whole_number(value, what):
+def _whole_number(value, what, where="sidco_torch.State"):
     """A Python, numpy or 0-d integer tensor's value, at least 0, as an int (a count or an
     iteration read from a config often arrives as numpy.int64)."""
+    value = _integer(value, what, where)
+    if value < 0:
+        raise ValueError(f"{where}: {what} = {value} is negative")
+    return value
+
+
+def _integer(value, what, where):
+    """A Python, numpy or 0-d integer tensor's value as an int; anything else (a float, a bool)
+    a TypeError naming it."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-            raise TypeError(f"sidco_torch.State: {what} must be an integer, got a tensor of shape "
-                            f"{tuple(value.shape)} and dtype {value.dtype}")
+            raise TypeError(f"{where}: {what} must be an integer, got a tensor of shape {tuple(value.shape)} and "
+                            f"dtype {value.dtype}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"sidco_torch.State: {what} must be an integer, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"sidco_torch.State: {what} = {int(value)} is negative")
+        raise TypeError(f"{where}: {what} must be an integer, got {type(value).__name__} {value!r}")
     return int(value)
 
 
-def _real_scalar(value, what):
+def _integers(values, what, where):
+    """A list, tuple, 1-d integer tensor or numpy array of integers as a list of int (their
+    range is the caller's to check); anything else a TypeError naming it."""
+    if isinstance(values, torch.Tensor) or type(values).__module__ == "numpy":
+        dtype, shape = values.dtype, tuple(values.shape)
+        integral = (not values.is_floating_point() and not values.is_complex() and dtype != torch.bool
+                    if isinstance(values, torch.Tensor) else getattr(dtype, "kind", "") in "iu")
+        if len(shape) != 1 or not integral:
+            raise TypeError(f"{where}: {what} must be integers, got {type(values).__name__} of shape {shape} and "
+                            f"dtype {dtype}")
+        return [int(v) for v in values.tolist()]
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{where}: {what} must be a sequence of integers, got {type(values).__name__} {values!r}")
+    return [_integer(v, f"{what}[{i}]", where) for i, v in enumerate(values)]
+
+
+def _real_scalar(value, what, where="sidco_torch.State"):
     """A Python, numpy or 0-d tensor real as a float; a 16- or 32-bit float as the shortest
     decimal that names it (numpy.float32(0.01) is 0.01, not 0.009999999776)."""
     narrow = None
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
-            raise TypeError(f"sidco_torch.State: {what} must be a real scalar, got a tensor of shape "
+            raise TypeError(f"{where}: {what} must be a real scalar, got a tensor of shape "
                             f"{tuple(value.shape)} and dtype {value.dtype}")
         if value.dtype in (torch.float16, torch.bfloat16, torch.float32):
             narrow = value.dtype
@@ -60,7 +83,7 @@ def _real_scalar(value, what):
         if getattr(dtype, "kind", "") == "f" and itemsize < 8:
             narrow = torch.float32 if itemsize == 4 else torch.float16
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"sidco_torch.State: {what} must be a real number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{where}: {what} must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
     return _shortest(value, narrow) if narrow is not None and math.isfinite(value) else value
 

@@ -4,6 +4,8 @@ import numbers
 
 import torch
 
+from .arguments import _integers, _real_scalar, _whole_number
+
 #: Every built-in method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
 
@@ -99,8 +101,9 @@ class Compressor:
     def compress(self, gradient, density, layer_sizes=None, residual=None):
         """(indices int64, values) of gradient (+ residual, which keeps what is not sent) at
         density; estimated per layer when layer_sizes is given."""
-        return torch.ops.sidco.compress(gradient, float(density), [int(n) for n in layer_sizes or []], residual,
-                                        self._impl)
+        where = "sidco_torch.compress"
+        sizes = [] if layer_sizes is None else _integers(layer_sizes, "layer_sizes", where)
+        return torch.ops.sidco.compress(gradient, _real_scalar(density, "density", where), sizes, residual, self._impl)
 
     def report(self):
         """What the last compress did: threshold, selected, density, stages, ..."""
@@ -113,8 +116,8 @@ def compress(gradient, density, method="sidco-e", layer_sizes=None, residual=Non
 
 
 def decompress(indices, values, size):
-    return torch.ops.sidco.decompress(indices, values, int(size))
+    return torch.ops.sidco.decompress(indices, values, _whole_number(size, "size", "sidco_torch.decompress"))
 
 
 def scatter_add_(dense, indices, values, scale=1.0):
-    return torch.ops.sidco.scatter_add_(dense, indices, values, float(scale))
+    return torch.ops.sidco.scatter_add_(dense, indices, values, _real_scalar(scale, "scale", "sidco_torch.scatter_add_"))

@@ -4,6 +4,7 @@ ValueError naming the argument and the value, before TorchScript sees it (no Tor
 declaration, no error deferred to the first backward). One process, no ranks."""
 import sys
 
+import numpy
 import torch
 
 import sidco_torch
@@ -42,6 +43,33 @@ def main():
            "DistributedDataParallel", "Linear")
     expect(lambda: sidco_torch.Compressor(method=None), TypeError, "method", "NoneType None")
     expect(lambda: sidco_torch.compress(torch.randn(100), 0.1, method="random-k", seed=-1), ValueError, "seed = -1")
+    # The one-shot ops: layer sizes, density, size and scale by type, named with their value.
+    g = torch.randn(1000)
+    expect(lambda: sidco_torch.compress(g, 0.01, layer_sizes=[500.7, 499.3]), TypeError, "sidco_torch.compress",
+           "layer_sizes[0]", "float 500.7")
+    expect(lambda: sidco_torch.compress(g, 0.01, layer_sizes=[True, 999]), TypeError, "layer_sizes[0]", "bool True")
+    expect(lambda: sidco_torch.compress(g, 0.01, layer_sizes=1000), TypeError, "layer_sizes", "sequence", "int 1000")
+    expect(lambda: sidco_torch.compress(g, 0.01, layer_sizes=numpy.array([500.0, 500.0])), TypeError, "layer_sizes",
+           "shape (2,)", "float64")
+    expect(lambda: sidco_torch.compress(g, 0.01, layer_sizes=torch.ones(2, 2, dtype=torch.int64)), TypeError,
+           "layer_sizes", "shape (2, 2)")
+    expect(lambda: sidco_torch.compress(g, 0.01, layer_sizes=[500, -5, 505]), ValueError, "size -5 of layer 1")
+    expect(lambda: sidco_torch.compress(g, "0.01"), TypeError, "density", "str '0.01'")
+    expect(lambda: sidco_torch.compress(g, True), TypeError, "density", "bool True")
+    indices, values = sidco_torch.compress(g, 0.01)
+    expect(lambda: sidco_torch.decompress(indices, values, 1000.0), TypeError, "sidco_torch.decompress", "size",
+           "float 1000.0")
+    expect(lambda: sidco_torch.decompress(indices, values, -1), ValueError, "size = -1")
+    expect(lambda: sidco_torch.scatter_add_(torch.zeros(1000), indices, values, "2"), TypeError, "scale", "str '2'")
+    # Layer sizes as numpy or torch integers give the list's selection.
+    listed = sidco_torch.compress(g, 0.01, layer_sizes=[500, 500])
+    for sizes in (numpy.array([500, 500]), torch.tensor([500, 500]), [numpy.int64(500), torch.tensor(500)]):
+        got = sidco_torch.compress(g, 0.01, layer_sizes=sizes)
+        if not (torch.equal(got[0], listed[0]) and torch.equal(got[1], listed[1])):
+            failures.append(f"layer_sizes={sizes!r} selected otherwise than [500, 500]")
+    if not torch.equal(sidco_torch.decompress(indices, values, numpy.int64(1000)),
+                       sidco_torch.decompress(indices, values, 1000)):
+        failures.append("decompress with a numpy size differs")
     # What is right still works: a seed the double holds exactly, and Random-k gives the same
     # selection for the same seed.
     a = sidco_torch.compress(torch.arange(100.0), 0.1, method="random-k", seed=2**53 - 1)[0]
