@@ -1,5 +1,5 @@
-"""What the hook's State takes and raises: argument checks that name the argument and its
-value, the names of its choices, and the one error every rank raises alike."""
+"""What sidco_torch's entry points take and raise: argument checks that name the argument and
+its value, the names of the State's choices, and the one error every rank raises alike."""
 import math
 import numbers
 import struct

@@ -1,10 +1,9 @@
 """Python names over the custom ops (torch.ops.sidco.*) and classes (torch.classes.sidco.*)."""
 import difflib
-import numbers
 
 import torch
 
-from .arguments import _integers, _real_scalar, _whole_number
+from .arguments import _integer, _integers, _real_scalar, _whole_number
 
 #: Every built-in method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
@@ -55,12 +54,10 @@ def _options_dict(options, where="sidco_torch", arguments=()):
             close = difflib.get_close_matches(name, ["seed", *arguments], n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"{where}: option {name!r} is not known (known: seed){hint}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{where}: seed must be an integer, got {type(value).__name__} {value!r}")
-        if not 0 <= int(value) < 2**53:
-            raise ValueError(f"{where}: seed = {int(value)} is outside [0, 2^53) (the ops carry it exactly "
-                             "only there)")
-        parsed[name] = float(int(value))
+        seed = _integer(value, "seed", where)
+        if not 0 <= seed < 2**53:
+            raise ValueError(f"{where}: seed = {seed} is outside [0, 2^53) (the ops carry it exactly only there)")
+        parsed[name] = float(seed)
     return parsed
 
 
