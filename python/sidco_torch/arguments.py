@@ -50,6 +50,16 @@ def _integer(value, what, where):
     return int(value)
 
 
+def _flag(value, what, where="sidco_torch.State"):
+    """True or False, from a Python or numpy bool or a one-value bool tensor; anything else (1,
+    "no") a TypeError naming it."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype == torch.bool:
+        return bool(value.item())
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ == "bool_"):
+        return bool(value)
+    raise TypeError(f"{where}: {what} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def _integers(values, what, where):
     """A list, tuple, 1-d integer tensor or numpy array of integers as a list of int (their
     range is the caller's to check); anything else a TypeError naming it."""

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from .agreement import _Agreement
-from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _REDUCE_SCHEDULES, _WIRES, _checked_density, _owner_name, _real_scalar,
-                        _whole_number)
+from .arguments import (_COMPRESSED, _EXCHANGES, _NONFINITE, _REDUCE_SCHEDULES, _WIRES, _checked_density, _flag, _owner_name,
+                        _real_scalar, _whole_number)
 from .callbacks import _StepCallbacks
 from .checkpoint import _Checkpoints
 from .codecs import _Bucket, _Layer
@@ -218,18 +218,19 @@ class State(_Checkpoints, _Agreement):
         if nonfinite not in _NONFINITE:
             raise ValueError(f"sidco_torch.State: nonfinite = {nonfinite!r} is not 'raise' or 'skip'")
         owner = _owner_name(owner)
-        if not isinstance(feedback, bool):
-            raise TypeError(f"sidco_torch.State: feedback must be True or False, got {type(feedback).__name__} "
-                            f"{feedback!r}")
+        feedback = _flag(feedback, "feedback")
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError("sidco_torch.State: process_group must be a torch.distributed ProcessGroup (from "
                             f"dist.new_group) or None for the default group, got {type(process_group).__name__} "
                             f"{process_group!r}")
         if dense_parameters is not None and not callable(dense_parameters):
-            if isinstance(dense_parameters, str) or not all(isinstance(n, str) for n in dense_parameters):
+            # Listed once: a generator checked and then read again would give no names at all.
+            names = (None if isinstance(dense_parameters, (str, bytes)) or not hasattr(dense_parameters, "__iter__")
+                     else list(dense_parameters))
+            if names is None or not all(isinstance(n, str) for n in names):
                 raise TypeError("sidco_torch.State: dense_parameters must be parameter names (a list of str) or a "
                                 f"function (name, parameter) -> bool, got {dense_parameters!r}")
-            dense_parameters = frozenset(dense_parameters)
+            dense_parameters = frozenset(names)
         _check_method(method, "sidco_torch.State")
         _options_dict(options, "sidco_torch.State", _ARGUMENTS)
         # What only the ops know ("auto" may choose either coding).

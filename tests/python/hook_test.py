@@ -1698,6 +1698,11 @@ def check_local():
     for given in (numpy.int64(3), numpy.uint8(3), torch.tensor(3), 3):
         state = sidco_torch.State(start_iter=given, min_bucket_elements=given)
         assert type(state.start_iter) is int and state.start_iter == 3 and state.min_bucket_elements == 3, given
+    # Names from a generator are all kept (checked and then read again, it once gave none).
+    state = sidco_torch.State(dense_parameters=(name for name in ["last.bias", "first.weight"]))
+    assert state.dense_parameters == {"last.bias", "first.weight"}, state.dense_parameters
+    for given in (numpy.bool_(False), torch.tensor(False), False):
+        assert sidco_torch.State(feedback=given).feedback is False, given
     for bad, kind, message in [(dict(density=0), ValueError, "density = 0.0 is outside (0, 1]"),
                                (dict(density=1.5), ValueError, "density = 1.5 is outside (0, 1]"),
                                (dict(density="0.1"), TypeError, "density must be a real number"),
@@ -1711,6 +1716,10 @@ def check_local():
                                 "min_bucket_elements must be an integer, got a tensor of shape () and dtype "
                                 "torch.float32"),
                                (dict(capacity_slack=0.5), ValueError, "capacity_slack = 0.5 is outside [1, 1000]"),
+                               (dict(dense_parameters=5), TypeError, "dense_parameters must be parameter names"),
+                               (dict(dense_parameters="last.bias"), TypeError,
+                                "dense_parameters must be parameter names (a list of str)"),
+                               (dict(feedback=1), TypeError, "feedback must be True or False, got int 1"),
                                (dict(method="nope"), ValueError, "method 'nope' is not one of"),
                                (dict(bogus=1), ValueError, "option 'bogus' is not known"),
                                (dict(dnsity=0.1), ValueError, "option 'dnsity' is not known (known: seed); did you mean "
