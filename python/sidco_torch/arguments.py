@@ -60,6 +60,15 @@ def _flag(value, what, where="sidco_torch.State"):
     raise TypeError(f"{where}: {what} must be True or False, got {type(value).__name__} {value!r}")
 
 
+def _tensor(value, what, where):
+    """value, when it is a torch.Tensor; otherwise a TypeError naming it (before TorchScript's
+    "Expected a value of type 'Tensor'")."""
+    if isinstance(value, torch.Tensor):
+        return value
+    hint = "; torch.from_numpy(array) wraps a numpy array without a copy" if type(value).__module__ == "numpy" else ""
+    raise TypeError(f"{where}: {what} must be a torch.Tensor, got {type(value).__name__}{hint}")
+
+
 def _integers(values, what, where):
     """A list, tuple, 1-d integer tensor or numpy array of integers as a list of int (their
     range is the caller's to check); anything else a TypeError naming it."""

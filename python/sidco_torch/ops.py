@@ -3,7 +3,7 @@ import difflib
 
 import torch
 
-from .arguments import _integer, _integers, _real_scalar, _whole_number
+from .arguments import _integer, _integers, _real_scalar, _tensor, _whole_number
 
 #: Every built-in method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
@@ -99,6 +99,8 @@ class Compressor:
         """(indices int64, values) of gradient (+ residual, which keeps what is not sent) at
         density; estimated per layer when layer_sizes is given."""
         where = "sidco_torch.compress"
+        gradient = _tensor(gradient, "gradient", where)
+        residual = None if residual is None else _tensor(residual, "residual", where)
         sizes = [] if layer_sizes is None else _integers(layer_sizes, "layer_sizes", where)
         return torch.ops.sidco.compress(gradient, _real_scalar(density, "density", where), sizes, residual, self._impl)
 
@@ -113,8 +115,12 @@ def compress(gradient, density, method="sidco-e", layer_sizes=None, residual=Non
 
 
 def decompress(indices, values, size):
-    return torch.ops.sidco.decompress(indices, values, _whole_number(size, "size", "sidco_torch.decompress"))
+    where = "sidco_torch.decompress"
+    return torch.ops.sidco.decompress(_tensor(indices, "indices", where), _tensor(values, "values", where),
+                                      _whole_number(size, "size", where))
 
 
 def scatter_add_(dense, indices, values, scale=1.0):
-    return torch.ops.sidco.scatter_add_(dense, indices, values, _real_scalar(scale, "scale", "sidco_torch.scatter_add_"))
+    where = "sidco_torch.scatter_add_"
+    return torch.ops.sidco.scatter_add_(_tensor(dense, "dense", where), _tensor(indices, "indices", where),
+                                        _tensor(values, "values", where), _real_scalar(scale, "scale", where))

@@ -61,6 +61,15 @@ def main():
            "float 1000.0")
     expect(lambda: sidco_torch.decompress(indices, values, -1), ValueError, "size = -1")
     expect(lambda: sidco_torch.scatter_add_(torch.zeros(1000), indices, values, "2"), TypeError, "scale", "str '2'")
+    # Tensors where tensors go, said in Python (not TorchScript's "Expected a value of type").
+    expect(lambda: sidco_torch.compress([1.0, 2.0], 0.5), TypeError, "sidco_torch.compress", "gradient",
+           "torch.Tensor", "got list")
+    expect(lambda: sidco_torch.compress(numpy.ones(4, dtype=numpy.float32), 0.5), TypeError, "gradient", "ndarray",
+           "torch.from_numpy")
+    expect(lambda: sidco_torch.compress(g, 0.01, residual=[0.0] * 1000), TypeError, "residual", "got list")
+    expect(lambda: sidco_torch.decompress([1], values, 3), TypeError, "sidco_torch.decompress", "indices", "list")
+    expect(lambda: sidco_torch.scatter_add_(numpy.zeros(1000), indices, values), TypeError,
+           "sidco_torch.scatter_add_", "dense", "ndarray")
     # Layer sizes as numpy or torch integers give the list's selection.
     listed = sidco_torch.compress(g, 0.01, layer_sizes=[500, 500])
     for sizes in (numpy.array([500, 500]), torch.tensor([500, 500]), [numpy.int64(500), torch.tensor(500)]):
