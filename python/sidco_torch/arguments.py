@@ -37,11 +37,21 @@ def _whole_number(value, what, where="sidco_torch.State"):
     return value
 
 
+def _numpy(value):
+    """Whether value is a numpy array or scalar (numpy itself not imported for it)."""
+    return type(value).__module__ == "numpy"
+
+
+def _integral(tensor):
+    """Whether a tensor holds integers (not floats, complex numbers or bools)."""
+    return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
+
+
 def _integer(value, what, where):
     """A Python, numpy or 0-d integer tensor's value as an int; anything else (a float, a bool)
     a TypeError naming it."""
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        if value.numel() != 1 or not _integral(value):
             raise TypeError(f"{where}: {what} must be an integer, got a tensor of shape {tuple(value.shape)} and "
                             f"dtype {value.dtype}")
         value = value.item()
@@ -55,7 +65,7 @@ def _flag(value, what, where="sidco_torch.State"):
     "no") a TypeError naming it."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype == torch.bool:
         return bool(value.item())
-    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ == "bool_"):
+    if isinstance(value, bool) or (_numpy(value) and type(value).__name__ == "bool_"):
         return bool(value)
     raise TypeError(f"{where}: {what} must be True or False, got {type(value).__name__} {value!r}")
 
@@ -65,21 +75,20 @@ def _tensor(value, what, where):
     "Expected a value of type 'Tensor'")."""
     if isinstance(value, torch.Tensor):
         return value
-    hint = "; torch.from_numpy(array) wraps a numpy array without a copy" if type(value).__module__ == "numpy" else ""
+    hint = "; torch.from_numpy(array) wraps a numpy array without a copy" if _numpy(value) else ""
     raise TypeError(f"{where}: {what} must be a torch.Tensor, got {type(value).__name__}{hint}")
 
 
 def _integers(values, what, where):
     """A list, tuple, 1-d integer tensor or numpy array of integers as a list of int (their
     range is the caller's to check); anything else a TypeError naming it."""
-    if isinstance(values, torch.Tensor) or type(values).__module__ == "numpy":
+    if isinstance(values, torch.Tensor) or _numpy(values):
         dtype, shape = values.dtype, tuple(values.shape)
-        integral = (not values.is_floating_point() and not values.is_complex() and dtype != torch.bool
-                    if isinstance(values, torch.Tensor) else getattr(dtype, "kind", "") in "iu")
+        integral = _integral(values) if isinstance(values, torch.Tensor) else getattr(dtype, "kind", "") in "iu"
         if len(shape) != 1 or not integral:
             raise TypeError(f"{where}: {what} must be integers, got {type(values).__name__} of shape {shape} and "
                             f"dtype {dtype}")
-        return [int(v) for v in values.tolist()]
+        return values.tolist()  # Python ints
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{where}: {what} must be a sequence of integers, got {type(values).__name__} {values!r}")
     return [_integer(v, f"{what}[{i}]", where) for i, v in enumerate(values)]
