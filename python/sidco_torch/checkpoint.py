@@ -72,6 +72,14 @@ class _Checkpoints:
                              f"{saved_by[1]}, this process is rank {rank} of {world}; the state holds that rank's "
                              "residuals: each rank saves and loads its own (torch.save(state.state_dict(), "
                              "f'sidco-{rank}.pt'))")
+        # A damaged or hand-made state lacks a field: a sentence, not a KeyError from deep inside.
+        for field in ("method", "capacity_slack", "feedback", "options", "keys", "iteration", "layers"):
+            if field not in d:
+                raise ValueError(f"sidco_torch.State.load_state_dict: the state has no {field!r}; pass what "
+                                 "State.state_dict() returned")
+        if not isinstance(d["layers"], dict) or not all(isinstance(key, str) for key in d["layers"]):
+            raise ValueError("sidco_torch.State.load_state_dict: layers is not a dict of parameter keys (str) to "
+                             f"their state: {d['layers']!r:.80}")
         # States saved before the exchange and owner options had their defaults.
         defaults = {"exchange": "auto", "owner": "sidco-e-exact"}
         # The density may differ (a schedule, set_density): residuals and adaptive state do not depend on it.
@@ -87,7 +95,7 @@ class _Checkpoints:
                              f"this State by {self._keying}: register both alike (sidco_torch.register names "
                              "them)")
         iteration = d["iteration"]
-        if not (isinstance(iteration, int) and iteration >= 0):
+        if not (isinstance(iteration, int) and not isinstance(iteration, bool) and iteration >= 0):
             raise ValueError(f"sidco_torch.State.load_state_dict: iteration {iteration!r}")
         agreed = d.get("agreed_density")
         if agreed is not None:
@@ -100,8 +108,10 @@ class _Checkpoints:
             self._check_names(layers, (name for name, _ in module.named_parameters()))
         exchanges = d.get("exchanges", {})
         if not isinstance(exchanges, dict) or not all(
-                isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1 for v in exchanges.values()):
-            raise ValueError("sidco_torch.State.load_state_dict: exchanges is not a dict of uint8 tensors")
+                isinstance(k, str) and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1
+                for k, v in exchanges.items()):
+            raise ValueError("sidco_torch.State.load_state_dict: exchanges is not a dict of parameter keys to uint8 "
+                             "tensors")
         exchanges = {_exchange_key(key.split("|")): state for key, state in exchanges.items()}
         for key, state in exchanges.items():
             self._check_exchange_state(key, state, layers, world)
@@ -184,8 +194,12 @@ class _Checkpoints:
 
     def _checked_layer(self, key, entry):
         where = f"sidco_torch.State.load_state_dict: layer {key}"
-        size, dtype, residual, compressor = entry["size"], entry["dtype"], entry["residual"], entry["compressor"]
-        if not (isinstance(size, int) and size > 0):
+        fields = ("size", "dtype", "residual", "compressor")
+        if not isinstance(entry, dict) or not all(field in entry for field in fields):
+            has = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise ValueError(f"{where} is not a dict with {', '.join(fields)} (it has {has})")
+        size, dtype, residual, compressor = (entry[field] for field in fields)
+        if not (isinstance(size, int) and not isinstance(size, bool) and size > 0):
             raise ValueError(f"{where}: size {size!r}")
         if dtype not in _COMPRESSED:
             raise ValueError(f"{where}: dtype {dtype!r}")

@@ -1865,6 +1865,29 @@ def check_loaded_states():
             assert expected in str(e), str(e)
         else:
             raise AssertionError(f"accepted: {expected}")
+    # A damaged or hand-made state missing a field, or of the wrong shape: a sentence naming
+    # it, not a KeyError or AttributeError from inside load_state_dict.
+    damaged = []
+    for field in ("method", "capacity_slack", "feedback", "options", "keys", "iteration", "layers"):
+        damaged.append((dict((k, v) for k, v in good.items() if k != field), f"the state has no {field!r}"))
+    partial = copy.deepcopy(good)
+    del partial["layers"]["middle.bias"]["dtype"]
+    damaged += [(dict(good, layers=[1, 2]), "layers is not a dict of parameter keys (str)"),
+                (dict(good, layers={0: good["layers"]["middle.bias"]}), "layers is not a dict of parameter keys"),
+                (partial, "layer middle.bias is not a dict with size, dtype, residual, compressor (it has "
+                          "['compressor', 'residual', 'size'])"),
+                (dict(good, layers=dict(good["layers"], **{"middle.bias": 3})), "layer middle.bias is not a dict"),
+                (dict(good, iteration=True), "iteration True"),
+                (dict(good, exchanges={3: torch.zeros(4, dtype=torch.uint8)}), "exchanges is not a dict of")]
+    for attempt, expected in damaged:
+        fresh = sidco_torch.State(method="sidco-e", density=0.05)
+        try:
+            fresh.load_state_dict(attempt)
+        except ValueError as e:
+            assert expected in str(e), (expected, str(e))
+        else:
+            raise AssertionError(f"accepted: {expected}")
+        assert fresh.iteration == 0 and fresh._pending == {}, "a refused state changed the State"
     # Another model's names: refused when the State serves a model (at load, or at attach).
     renamed = copy.deepcopy(good)
     renamed["layers"] = {"encoder." + k: v for k, v in good["layers"].items()}
