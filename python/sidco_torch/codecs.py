@@ -101,9 +101,11 @@ def _nonfinite_only(payloads):
 def _fold_residuals(state, bucket):
     """Adds each of the bucket's parameters' residuals into the bucket and clears it: a
     parameter all-reduced densely sends its residual too, instead of keeping it unsent."""
-    if not state.feedback:
-        return
     buffer = bucket.buffer()
+    if not state.feedback or buffer.is_sparse:
+        # A sparse gradient's parameter was never compressed in this run; a residual a
+        # checkpoint gave it (saved while its gradient was dense) stays in the state.
+        return
     offset = 0
     for p in bucket.parameters():
         key, size = state._key(p), p.numel()
@@ -126,14 +128,18 @@ def _fold_residuals(state, bucket):
 def _all_reduce_dense(state, bucket, group, world, reason):
     buffer = bucket.buffer()
     _fold_residuals(state, bucket)
-    if reason not in state._warned and not reason.startswith("iteration"):
+    if reason not in state._warned and not reason.startswith("iteration") and not buffer.is_sparse:
         state._warned.add(reason)
         warnings.warn(f"sidco_torch: bucket {bucket.index()} is all-reduced densely: {reason}", stacklevel=3)
-    stats = {"path": "dense", "reason": reason, "size": buffer.numel(), "selected": buffer.numel(),
-             "candidates": buffer.numel(), "trimmed": 0, "capacity": buffer.numel(), "density": 1.0,
-             "target_density": state._step_density, "threshold": 0.0, "stages": 0, "fallback": False,
-             "compress_seconds": 0.0, "decode_seconds": 0.0, "bytes_sent": buffer.numel() * buffer.element_size(),
-             "element_size": buffer.element_size(), "failed": False}
+    sent_values, sent_bytes = buffer.numel(), buffer.numel() * buffer.element_size()
+    if buffer.is_sparse:  # its rows' indices (int64) and values, as the process group gathers them
+        sent_values = buffer._values().numel()
+        sent_bytes = buffer._indices().numel() * 8 + sent_values * buffer.element_size()
+    stats = {"path": "dense", "reason": reason, "size": buffer.numel(), "selected": sent_values,
+             "candidates": sent_values, "trimmed": 0, "capacity": sent_values,
+             "density": sent_values / max(buffer.numel(), 1), "target_density": state._step_density,
+             "threshold": 0.0, "stages": 0, "fallback": False, "compress_seconds": 0.0, "decode_seconds": 0.0,
+             "bytes_sent": sent_bytes, "element_size": buffer.element_size(), "failed": False}
     state._stats[bucket.index()] = stats
     sent = time.perf_counter()
     buffer.div_(world)  # first: the sum of averages cannot overflow where the sum could
@@ -142,7 +148,8 @@ def _all_reduce_dense(state, bucket, group, world, reason):
     def done(future):
         stats["exchange_seconds"] = time.perf_counter() - sent
         reduced = future.value()[0]
-        if state.nonfinite == "skip" and not bool(torch.isfinite(reduced).all()):
+        values = reduced.coalesce().values() if reduced.is_sparse else reduced
+        if state.nonfinite == "skip" and not bool(torch.isfinite(values).all()):
             state._skip = state._step_iteration  # the same sum on every rank: every rank skips
             stats["skipped"] = True
         return reduced

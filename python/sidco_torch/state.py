@@ -793,6 +793,8 @@ class State(_Checkpoints, _Agreement):
         the agreed one may be a dense step's, never re-agreed while every step goes dense).
         Ranks whose densities differ choose differently: _agree_wire_format names them."""
         density = self._step_density
+        if buffer.is_sparse:  # nn.Embedding(sparse=True): DDP gives such a parameter a bucket of its own
+            return "a sparse gradient: all-reduced as DDP does (it holds only the rows the batch touched)"
         if iteration < self.start_iter:
             return f"iteration {iteration} < start_iter {self.start_iter}"
         if buffer.numel() < self.min_bucket_elements:

@@ -18,6 +18,7 @@ a hang fails it. Checked:
 - DDP's options around the hook: no_sync() accumulation, gradient_as_bucket_view and
   static_graph give the default's parameters (a static graph under the reduce exchange: the
   same parameters on every rank);
+- nn.Embedding(sparse=True)'s sparse gradient gets DDP's own average, the rest goes sparse;
 - ranks with different configurations, and one State for two models, are refused;
 - State pickles, deep-copies and torch.save()s; densities as numpy or tensor scalars;
   bad arguments raise with their message; the dense switch is reported once."""
@@ -849,6 +850,61 @@ def scenario_dense_parameters(rank, world, exchange):
     else:
         raise AssertionError("a misspelt dense parameter was accepted")
     return "the dense average beside the sparse exchange"
+
+
+class SparseEmbedding(nn.Module):
+    """A bag of tokens through nn.Embedding(sparse=True): DDP gives its sparse gradient a
+    bucket of its own."""
+
+    def __init__(self, vocabulary=500, width=64):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width, sparse=True)
+        self.hidden = nn.Linear(width, 256)
+        self.out = nn.Linear(256, 10)
+
+    def forward(self, tokens):
+        return self.out(torch.relu(self.hidden(self.embed(tokens).mean(dim=1))))
+
+
+def scenario_sparse_gradient(rank, world, exchange):
+    """nn.Embedding(sparse=True): its sparse gradient is all-reduced as DDP's own hook does
+    (the same bits as DDP without a hook, from the same weights), uncompressed and without a
+    warning, while the model's dense buckets go sparse; the statistics count its rows."""
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+    torch.manual_seed(0)
+    model = SparseEmbedding()
+    ddp = DDP(model, bucket_cap_mb=0.05)
+    sidco_torch.register(ddp, state)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    reference = SparseEmbedding()
+    reference_ddp = DDP(reference, bucket_cap_mb=0.05)  # DDP's own all-reduce
+    for step in range(3):
+        reference.load_state_dict(model.state_dict())
+        g = torch.Generator().manual_seed(100 * step + rank)
+        tokens, labels = torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
+        reference.zero_grad()
+        nn.functional.cross_entropy(reference_ddp(tokens), labels).backward()
+        optimizer.zero_grad()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            nn.functional.cross_entropy(ddp(tokens), labels).backward()
+        assert not [w for w in caught if "sparse gradient" in str(w.message)], [str(w.message) for w in caught]
+        got, expected = model.embed.weight.grad, reference.embed.weight.grad
+        assert got.is_sparse and torch.equal(got.to_dense(), expected.to_dense()), f"step {step}: not DDP's average"
+        stats = list(state.stats().values())
+        sparse_gradient = [s for s in stats if "sparse gradient" in s.get("reason", "")]
+        assert len(sparse_gradient) == 1 and sparse_gradient[0]["path"] == "dense", stats
+        rows = 16 * 6  # one row a token, before they are coalesced
+        assert sparse_gradient[0]["selected"] == rows * 64, sparse_gradient
+        assert sparse_gradient[0]["bytes_sent"] == rows * 8 + rows * 64 * 4, sparse_gradient
+        assert [s["path"] for s in stats if s is not sparse_gradient[0]] and all(
+            s["path"] == "sparse" for s in stats if s is not sparse_gradient[0]), stats
+        optimizer.step()
+    saved = state.state_dict()
+    assert "embed.weight" not in saved["layers"] and "hidden.weight" in saved["layers"], sorted(saved["layers"])
+    resumed = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+    resumed.load_state_dict(saved)
+    return "DDP's own average for the sparse gradient, the rest sparse"
 
 
 def scenario_dense_parameters_differ(rank, world):
@@ -2082,6 +2138,8 @@ def main():
     for exchange, world in (("allgather", 2), ("reduce", 3)):
         print(f"dense parameters ({exchange}, {world} ranks):", run(scenario_dense_parameters, world, exchange)[0])
     print("dense parameters that differ:", run(scenario_dense_parameters_differ, 2)[0])
+    for exchange, world in (("allgather", 2), ("reduce", 3)):
+        print(f"nn.Embedding(sparse=True) ({exchange}, {world} ranks):", run(scenario_sparse_gradient, world, exchange)[0])
     print("a schedule from dense to sparse:", run(scenario_dense_then_sparse, 2)[0])
     print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])
     print("exchanges that differ (all-gather on rank 1 of 3):", run(scenario_path_mismatch, 3)[0])
