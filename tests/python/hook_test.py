@@ -19,6 +19,7 @@ a hang fails it. Checked:
   static_graph give the default's parameters (a static graph under the reduce exchange: the
   same parameters on every rank);
 - nn.Embedding(sparse=True)'s sparse gradient gets DDP's own average, the rest goes sparse;
+- DDP's join() for uneven inputs: a joined rank's shadowed steps are zero gradients' steps;
 - ranks with different configurations, and one State for two models, are refused;
 - State pickles, deep-copies and torch.save()s; densities as numpy or tensor scalars;
   bad arguments raise with their message; the dense switch is reported once."""
@@ -905,6 +906,33 @@ def scenario_sparse_gradient(rank, world, exchange):
     resumed = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
     resumed.load_state_dict(saved)
     return "DDP's own average for the sparse gradient, the rest sparse"
+
+
+def scenario_join(rank, world, exchange):
+    """Uneven inputs under DDP's join(): the last rank runs out of data after 2 of 4 steps and
+    shadows the other ranks' last 2 with DDP's zero buckets through the hook. The parameters
+    (and every State's iteration) equal, bit for bit, those of a run where that rank takes
+    those steps with a zero loss: a shadowed step is a zero gradient's step, its residual
+    sent as error feedback sends it."""
+    results = []
+    for joined in (True, False):
+        state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+        model, ddp, optimizer = make(state, rank)
+        steps = 2 if joined and rank == world - 1 else 4
+        with ddp.join(enable=joined):
+            for step in range(steps):
+                x, y = batch(rank, step)
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(ddp(x), y)
+                (loss * 0.0 if rank == world - 1 and step >= 2 else loss).backward()
+                optimizer.step()
+        assert state.iteration == 4, (joined, state.iteration)
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(results[0], results[1]), f"rank {rank}: join() differs from zero gradients"
+    everyone = [torch.empty_like(results[0]) for _ in range(world)]
+    dist.all_gather(everyone, results[0])
+    assert all(torch.equal(e, results[0]) for e in everyone), "ranks' parameters differ after join()"
+    return "the shadowed steps are zero gradients' steps, bit for bit"
 
 
 def scenario_dense_parameters_differ(rank, world):
@@ -2140,6 +2168,7 @@ def main():
     print("dense parameters that differ:", run(scenario_dense_parameters_differ, 2)[0])
     for exchange, world in (("allgather", 2), ("reduce", 3)):
         print(f"nn.Embedding(sparse=True) ({exchange}, {world} ranks):", run(scenario_sparse_gradient, world, exchange)[0])
+        print(f"DDP join() with uneven inputs ({exchange}, {world} ranks):", run(scenario_join, world, exchange)[0])
     print("a schedule from dense to sparse:", run(scenario_dense_then_sparse, 2)[0])
     print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])
     print("exchanges that differ (all-gather on rank 1 of 3):", run(scenario_path_mismatch, 3)[0])
