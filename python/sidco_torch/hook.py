@@ -44,7 +44,10 @@ def register(ddp_model, state, comm_hook=None):
                         "first: DistributedDataParallel(model)")
     if not isinstance(state, State):
         raise TypeError(f"sidco_torch.register: state must be a sidco_torch.State, got {type(state).__name__}")
+    group = getattr(ddp_model, "process_group", None)
+    state._check_group(group)
     state.attach(ddp_model.module)
+    state._serve_group(group)
     ddp_model.register_comm_hook(state, comm_hook or hook)
 
 

@@ -114,7 +114,8 @@ class State(_Checkpoints, _Agreement):
     With exchange "allgather" every rank applies the union of the ranks' selections (up to P k
     entries); with "reduce" every rank applies the global selection of about k entries.
 
-    process_group: the group the hook exchanges in; None for the default group.
+    process_group: the group the hook exchanges in; None for the default group, or the DDP
+        model's when sidco_torch.register() gives it one (DDP(model, process_group=...)).
 
     start_iter: the first iterations are all-reduced densely (their residual is folded in).
 
@@ -270,6 +271,25 @@ class State(_Checkpoints, _Agreement):
             raise RuntimeError("sidco_torch.State: its process_group is gone (destroyed, and no DDP model holds it "
                                "any more): build a new State for the new group")
         return group
+
+    def _check_group(self, group):
+        """register(): the hook must exchange in the DDP model's process group (a data-parallel
+        group of a hybrid-parallel job): a State made for another group is refused, and so is
+        one that has already exchanged in the default group."""
+        if group is None or group is dist.group.WORLD or self.process_group is group:
+            return
+        if self.process_group is not None:
+            raise ValueError("sidco_torch.register: the State's process_group is not the DDP model's (DDP(model, "
+                             "process_group=...)); the hook would exchange among other ranks than DDP's: give the "
+                             "State the same group, or none (register then takes DDP's)")
+        if self._buckets or self._agreed:
+            raise ValueError("sidco_torch.register: this State has exchanged in the default group; the DDP model "
+                             "uses another process group: build a new State for it")
+
+    def _serve_group(self, group):
+        """register(): a State without a process_group takes the DDP model's."""
+        if group is not None and group is not dist.group.WORLD and self._process_group is None:
+            self._process_group = weakref.ref(group)
 
     def _reset(self):
         self._buckets = {}      # parameter keys -> _Bucket

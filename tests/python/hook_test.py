@@ -20,6 +20,7 @@ a hang fails it. Checked:
   same parameters on every rank);
 - nn.Embedding(sparse=True)'s sparse gradient gets DDP's own average, the rest goes sparse;
 - DDP's join() for uneven inputs: a joined rank's shadowed steps are zero gradients' steps;
+- a DDP model in a process group of its own: register() gives the State that group;
 - ranks with different configurations, and one State for two models, are refused;
 - State pickles, deep-copies and torch.save()s; densities as numpy or tensor scalars;
   bad arguments raise with their message; the dense switch is reported once."""
@@ -933,6 +934,39 @@ def scenario_join(rank, world, exchange):
     dist.all_gather(everyone, results[0])
     assert all(torch.equal(e, results[0]) for e in everyone), "ranks' parameters differ after join()"
     return "the shadowed steps are zero gradients' steps, bit for bit"
+
+
+def scenario_subgroup(rank, world, exchange):
+    """Two data-parallel groups of 2 (a hybrid-parallel job's layout), each DDP model in its own
+    process group, the State given none: register() gives it DDP's, so each group averages
+    only its own ranks. Checked by changing the other group's data: this group's parameters
+    stay the same bits. A State made for another group is refused at register()."""
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    everyone = dist.new_group(list(range(world)))  # the same ranks as the default group, another object
+    mine = groups[rank // 2]
+    results = []
+    for other_data in (0, 10):
+        state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+        torch.manual_seed(0)
+        model = Shuffled()
+        ddp = DDP(model, process_group=mine, bucket_cap_mb=0.1)
+        sidco_torch.register(ddp, state)
+        assert state.process_group is mine and state._rank_and_world() == (rank % 2, 2), state._rank_and_world()
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(3):
+            train_step(ddp, optimizer, rank + (other_data if rank >= 2 else 0), step)
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    if rank < 2:
+        assert torch.equal(results[0], results[1]), "the other group's data changed this group's parameters"
+    else:
+        assert not torch.equal(results[0], results[1]), "this group's own data changed nothing: the test tests nothing"
+    try:
+        sidco_torch.register(DDP(Shuffled(), process_group=mine), sidco_torch.State(process_group=everyone))
+    except ValueError as e:
+        assert "the State's process_group is not the DDP model's" in str(e), str(e)
+    else:
+        raise AssertionError("a State of another group was accepted")
+    return "each group averages its own ranks"
 
 
 def scenario_dense_parameters_differ(rank, world):
@@ -2169,6 +2203,9 @@ def main():
     for exchange, world in (("allgather", 2), ("reduce", 3)):
         print(f"nn.Embedding(sparse=True) ({exchange}, {world} ranks):", run(scenario_sparse_gradient, world, exchange)[0])
         print(f"DDP join() with uneven inputs ({exchange}, {world} ranks):", run(scenario_join, world, exchange)[0])
+    for exchange in ("allgather", "reduce"):
+        print(f"two data-parallel groups of 2 in their DDP's process groups ({exchange}):",
+              run(scenario_subgroup, 4, exchange)[0])
     print("a schedule from dense to sparse:", run(scenario_dense_then_sparse, 2)[0])
     print("bucket dtypes that differ (fp16 wrapper on rank 1):", run(scenario_dtype_mismatch, 2)[0])
     print("exchanges that differ (all-gather on rank 1 of 3):", run(scenario_path_mismatch, 3)[0])
