@@ -79,6 +79,20 @@ def main():
     if not torch.equal(sidco_torch.decompress(indices, values, numpy.int64(1000)),
                        sidco_torch.decompress(indices, values, 1000)):
         failures.append("decompress with a numpy size differs")
+    # A negative index is named as given, not as 2^64 - 1.
+    expect(lambda: sidco_torch.decompress(torch.tensor([3, -1]), torch.ones(2), 10), ValueError,
+           "index -1 at position 1", "dense size 10")
+    expect(lambda: sidco_torch.scatter_add_(torch.zeros(10), torch.tensor([-7]), torch.ones(1)), ValueError,
+           "index -7 at position 0")
+    # A view is compressed in its flattened order (a transposed weight's gradient); the residual,
+    # written in place, must be contiguous.
+    weight = torch.randn(300, 200)
+    for view in (weight.t(), weight[:, ::2]):
+        got, flat = sidco_torch.compress(view, 0.01), sidco_torch.compress(view.contiguous(), 0.01)
+        if not (torch.equal(got[0], flat[0]) and torch.equal(got[1], flat[1])):
+            failures.append(f"a view of strides {view.stride()} selected otherwise than its contiguous copy")
+    expect(lambda: sidco_torch.compress(weight, 0.01, residual=torch.zeros(200, 300).t()), ValueError, "residual",
+           "not contiguous")
     # What is right still works: a seed the double holds exactly, and Random-k gives the same
     # selection for the same seed.
     a = sidco_torch.compress(torch.arange(100.0), 0.1, method="random-k", seed=2**53 - 1)[0]

@@ -18,9 +18,10 @@ void check_scatter(const char* what, std::size_t sparse_dense_size, const Index*
   if (sparse_dense_size != dense_size)
     detail::fail("dense: size ", dense_size, " does not match the ", what, "'s dense size ",
                  sparse_dense_size);
+  // A negative index of a signed type is out of range too, and named as given (-1, not 2^64 - 1).
   for (std::size_t i = 0; i < count; ++i)
     if (std::size_t(indices[i]) >= dense_size)
-      detail::fail(what, ": index ", std::size_t(indices[i]), " at position ", i,
+      detail::fail(what, ": index ", +indices[i], " at position ", i,
                    " is out of range for dense size ", dense_size);
 }
 

@@ -26,11 +26,13 @@
 namespace sidco_torch {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
+std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& given, double density,
                                             std::vector<std::int64_t> layer_sizes,
                                             const c10::optional<at::Tensor>& residual,
                                             const c10::intrusive_ptr<Compressor>& compressor) {
   return translated([&] {
+    // Read only: a view (a transposed weight's gradient) is compressed in its flattened order.
+    const at::Tensor gradient = given.contiguous();
     check_cpu_tensor("gradient", gradient);
     if (residual) {
       check_cpu_tensor("residual", *residual);
@@ -54,7 +56,7 @@ at::Tensor scatter_add_(at::Tensor dense, const at::Tensor& indices, const at::T
       sidco::throw_error("indices: ", indices.numel(), " entries, values: ", values.numel());
     const auto idx = indices.contiguous();
     const auto val = values.contiguous();
-    const auto* i = reinterpret_cast<const std::uint64_t*>(idx.data_ptr<std::int64_t>());
+    const std::int64_t* i = idx.data_ptr<std::int64_t>();
     const std::size_t n = std::size_t(idx.numel());
     with_value_type(dense.scalar_type(), "dense", [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -33,11 +33,13 @@
 namespace sidco_torch {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& gradient, double density,
+std::tuple<at::Tensor, at::Tensor> compress(const at::Tensor& given, double density,
                                             std::vector<std::int64_t> layer_sizes,
                                             const c10::optional<at::Tensor>& residual,
                                             const c10::intrusive_ptr<Compressor>& compressor) {
   return translated([&] {
+    // Read only: a view (a transposed weight's gradient) is compressed in its flattened order.
+    const at::Tensor gradient = given.contiguous();
     check_cuda_tensor("gradient", gradient, gradient.device());
     if (residual) {
       check_cuda_tensor("residual", *residual, gradient.device());
