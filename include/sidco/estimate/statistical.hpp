@@ -254,9 +254,11 @@ class statistical {
   // from k needs at the schedule's last-stage ratio (one, within 2x of where the last stage
   // starts). A ratio of 1 (the last stage starts at k: the corrected aim reached stage 1's
   // fraction) needs endless stages, so stage 1; counted in double, as int(inf) is undefined.
+  // So is int(-7e15): the ratio rounded to just below 1 (wanted a rounding under k) gives a
+  // huge negative count, the same endless case.
   static int stage_from(double n, double k, double wanted, int stage_count) {
     const double remaining = n <= 2 * wanted ? 1.0 : std::ceil(std::log(n / k) / std::log(wanted / k) - 1e-9);
-    if (!(remaining < double(stage_count))) return 1;
+    if (!(remaining > 0 && remaining < double(stage_count))) return 1;
     return std::max(1, stage_count - int(remaining));
   }
 
