@@ -276,9 +276,10 @@ class State(_Checkpoints, _Agreement):
         """register(): the hook must exchange in the DDP model's process group (a data-parallel
         group of a hybrid-parallel job): a State made for another group is refused, and so is
         one that has already exchanged in the default group."""
-        if group is None or group is dist.group.WORLD or self.process_group is group:
+        mine = self.process_group
+        if group is None or mine is group or (mine is None and group is dist.group.WORLD):
             return
-        if self.process_group is not None:
+        if mine is not None:
             raise ValueError("sidco_torch.register: the State's process_group is not the DDP model's (DDP(model, "
                              "process_group=...)); the hook would exchange among other ranks than DDP's: give the "
                              "State the same group, or none (register then takes DDP's)")

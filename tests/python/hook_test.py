@@ -960,12 +960,13 @@ def scenario_subgroup(rank, world, exchange):
         assert torch.equal(results[0], results[1]), "the other group's data changed this group's parameters"
     else:
         assert not torch.equal(results[0], results[1]), "this group's own data changed nothing: the test tests nothing"
-    try:
-        sidco_torch.register(DDP(Shuffled(), process_group=mine), sidco_torch.State(process_group=everyone))
-    except ValueError as e:
-        assert "the State's process_group is not the DDP model's" in str(e), str(e)
-    else:
-        raise AssertionError("a State of another group was accepted")
+    for ddp_group, state_group in ((mine, everyone), (None, mine)):  # None: the default group
+        try:
+            sidco_torch.register(DDP(Shuffled(), process_group=ddp_group), sidco_torch.State(process_group=state_group))
+        except ValueError as e:
+            assert "the State's process_group is not the DDP model's" in str(e), str(e)
+        else:
+            raise AssertionError("a State of another group was accepted")
     return "each group averages its own ranks"
 
 
