@@ -83,7 +83,7 @@ def _summed(stats):
     for s in stats:
         dense = s["path"] == "dense"
         out["values"] += s["size"]
-        out["sent"] += s["size"] if dense else s["selected"] + s.get("dense_values", 0)
+        out["sent"] += s["selected"] + s.get("dense_values", 0)  # a dense bucket's selected: every value
         out["bytes_sent"] += s["bytes_sent"]
         out["dense_bytes"] += s["size"] * s.get("element_size", 4)
         out["compress_ms"] += 1e3 * s.get("compress_seconds", 0.0)
@@ -623,7 +623,7 @@ class State(_Checkpoints, _Agreement):
         """What to log each step: {"step": the last step's totals over its buckets, "total": the
         same summed over every step this State ran (since it was made; a loaded state_dict
         does not carry them)}. Each holds density (entries sent over the values, dense
-        buckets counting every value), bytes_sent (what this rank handed the collectives),
+        buckets counting every value, a sparse gradient its rows' values), bytes_sent (what this rank handed the collectives),
         dense_bytes (what DDP's all-reduce would have been handed: every bucket whole),
         bytes_ratio (their ratio), compress_ms, exchange_ms, decode_ms, hook_ms (the time inside
         the hook's calls, which the backward pass waits for), sparse_buckets, dense_buckets;

@@ -901,6 +901,8 @@ def scenario_sparse_gradient(rank, world, exchange):
         assert sparse_gradient[0]["bytes_sent"] == rows * 8 + rows * 64 * 4, sparse_gradient
         assert [s["path"] for s in stats if s is not sparse_gradient[0]] and all(
             s["path"] == "sparse" for s in stats if s is not sparse_gradient[0]), stats
+        compressed = sum(s["selected"] for s in stats if s is not sparse_gradient[0])
+        assert state.summary()["step"]["sent"] == rows * 64 + compressed, state.summary()
         optimizer.step()
     saved = state.state_dict()
     assert "embed.weight" not in saved["layers"] and "hidden.weight" in saved["layers"], sorted(saved["layers"])
