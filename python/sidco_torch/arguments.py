@@ -123,10 +123,10 @@ class ExchangeError(RuntimeError):
     exception type through its reducer); the object itself is state.error."""
 
 
-def _checked_density(value, what):
-    value = _real_scalar(value, what)
+def _checked_density(value, what, where="sidco_torch.State"):
+    value = _real_scalar(value, what, where)
     if not 0 < value <= 1:
-        raise ValueError(f"sidco_torch.State: {what} = {value!r} is outside (0, 1]")
+        raise ValueError(f"{where}: {what} = {value!r} is outside (0, 1]")
     return value
 
 

@@ -3,7 +3,7 @@ import difflib
 
 import torch
 
-from .arguments import _integer, _integers, _real_scalar, _tensor, _whole_number
+from .arguments import _checked_density, _integer, _integers, _real_scalar, _tensor, _whole_number
 
 #: Every built-in method, name -> one-line description, from the C++ method table (sidco/methods.hpp).
 METHODS = dict(torch.ops.sidco.methods())
@@ -102,7 +102,8 @@ class Compressor:
         gradient = _tensor(gradient, "gradient", where)
         residual = None if residual is None else _tensor(residual, "residual", where)
         sizes = [] if layer_sizes is None else _integers(layer_sizes, "layer_sizes", where)
-        return torch.ops.sidco.compress(gradient, _real_scalar(density, "density", where), sizes, residual, self._impl)
+        return torch.ops.sidco.compress(gradient, _checked_density(density, "density", where), sizes, residual,
+                                        self._impl)
 
     def report(self):
         """What the last compress did: threshold, selected, density, stages, ..."""

@@ -56,6 +56,9 @@ def main():
     expect(lambda: sidco_torch.compress(g, 0.01, layer_sizes=[500, -5, 505]), ValueError, "size -5 of layer 1")
     expect(lambda: sidco_torch.compress(g, "0.01"), TypeError, "density", "str '0.01'")
     expect(lambda: sidco_torch.compress(g, True), TypeError, "density", "bool True")
+    # The argument by the name the caller gave it (the C++ says delta).
+    expect(lambda: sidco_torch.compress(g, 1.5), ValueError, "sidco_torch.compress: density = 1.5 is outside (0, 1]")
+    expect(lambda: sidco_torch.Compressor().compress(g, float("nan")), ValueError, "density = nan")
     indices, values = sidco_torch.compress(g, 0.01)
     expect(lambda: sidco_torch.decompress(indices, values, 1000.0), TypeError, "sidco_torch.decompress", "size",
            "float 1000.0")
