@@ -109,6 +109,13 @@ class Compressor:
         """What the last compress did: threshold, selected, density, stages, ..."""
         return dict(self._impl.report())
 
+    def __reduce_ex__(self, protocol):
+        # Its adaptive state lives in the C++ object, which has no saved form: a copy made
+        # from the method alone would restart it silently.
+        raise TypeError(f"sidco_torch.Compressor({self.method!r}) cannot be pickled or copied: its adaptive "
+                        "state has no saved form; make a new Compressor (it adapts again within a few calls), "
+                        "or use sidco_torch.State, whose state_dict() carries every compressor's state")
+
 
 def compress(gradient, density, method="sidco-e", layer_sizes=None, residual=None, **options):
     """One-shot compress with a fresh compressor (no adaptive state kept)."""
