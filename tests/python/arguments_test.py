@@ -2,6 +2,8 @@
 """Argument errors of sidco_torch's Python entry points: each raised in Python as TypeError or
 ValueError naming the argument and the value, before TorchScript sees it (no TorchScript
 declaration, no error deferred to the first backward). One process, no ranks."""
+import copy
+import pickle
 import sys
 
 import numpy
@@ -25,6 +27,11 @@ def expect(call, error, *words):
         failures.append(f"{words}: {type(e).__name__} ({e}), not {error.__name__}")
         return
     failures.append(f"{words}: nothing raised")
+
+
+def same_selection(a, b):
+    """Whether two compress results, (indices, values), are the same bits."""
+    return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def main():
@@ -76,8 +83,7 @@ def main():
     # Layer sizes as numpy or torch integers give the list's selection.
     listed = sidco_torch.compress(g, 0.01, layer_sizes=[500, 500])
     for sizes in (numpy.array([500, 500]), torch.tensor([500, 500]), [numpy.int64(500), torch.tensor(500)]):
-        got = sidco_torch.compress(g, 0.01, layer_sizes=sizes)
-        if not (torch.equal(got[0], listed[0]) and torch.equal(got[1], listed[1])):
+        if not same_selection(sidco_torch.compress(g, 0.01, layer_sizes=sizes), listed):
             failures.append(f"layer_sizes={sizes!r} selected otherwise than [500, 500]")
     if not torch.equal(sidco_torch.decompress(indices, values, numpy.int64(1000)),
                        sidco_torch.decompress(indices, values, 1000)):
@@ -91,14 +97,11 @@ def main():
     # written in place, must be contiguous.
     weight = torch.randn(300, 200)
     for view in (weight.t(), weight[:, ::2]):
-        got, flat = sidco_torch.compress(view, 0.01), sidco_torch.compress(view.contiguous(), 0.01)
-        if not (torch.equal(got[0], flat[0]) and torch.equal(got[1], flat[1])):
+        if not same_selection(sidco_torch.compress(view, 0.01), sidco_torch.compress(view.contiguous(), 0.01)):
             failures.append(f"a view of strides {view.stride()} selected otherwise than its contiguous copy")
     expect(lambda: sidco_torch.compress(weight, 0.01, residual=torch.zeros(200, 300).t()), ValueError, "residual",
            "not contiguous")
     # A Compressor refuses to be copied with a sentence (not TorchScript's "define def_pickle()").
-    import copy
-    import pickle
     compressor = sidco_torch.Compressor("sidco-e")
     expect(lambda: copy.deepcopy(compressor), TypeError, "sidco_torch.Compressor('sidco-e') cannot be pickled",
            "sidco_torch.State")
