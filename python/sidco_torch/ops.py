@@ -88,11 +88,17 @@ def _reduce_codec(method, options, layer_sizes, dtype, density, slack, ranks, ra
 
 class Compressor:
     """One tensor's compressor (its adaptive state and per-layer layout persist across
-    calls). method: one of sidco_torch.methods(); options: seed (random-k)."""
+    calls, and follow the tensor to another device). method: one of sidco_torch.methods();
+    options: seed (random-k). state_dict() / load_state_dict() save and restore the state;
+    pickle and copy.deepcopy carry it too."""
+
+    _STATE_FORMAT = 1
 
     def __init__(self, method="sidco-e", **options):
         _check_method(method, "sidco_torch.Compressor")
-        self._impl = torch.classes.sidco.Compressor(method, _options_dict(options, "sidco_torch.Compressor"))
+        self._options = _options_dict(options, "sidco_torch.Compressor")
+        self._given = {name: int(value) for name, value in self._options.items()}  # as the caller wrote them
+        self._impl = torch.classes.sidco.Compressor(method, self._options)
         self.method = method
 
     def compress(self, gradient, density, layer_sizes=None, residual=None):
@@ -109,12 +115,63 @@ class Compressor:
         """What the last compress did: threshold, selected, density, stages, ..."""
         return dict(self._impl.report())
 
+    def state_dict(self):
+        """The adaptive state, for torch.save: per element type compressed so far, the
+        whole-tensor engine and the last per-layer one (its layer sizes and each layer's bytes).
+        A Compressor of the same method and options continues from it bit for bit; the
+        residual is the caller's and is not in it."""
+        engines = [{"dtype": dtype, "layer_sizes": list(sizes), "layers": list(layers)}
+                   for dtype, sizes, layers in self._impl.state()]
+        return {"format": self._STATE_FORMAT, "method": self.method,
+                "options": dict(self._given), "engines": engines}
+
+    def load_state_dict(self, state):
+        """Restores what state_dict() saved: all of it, or a ValueError naming what is wrong
+        having changed nothing."""
+        where = "sidco_torch.Compressor.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}: state must be the dict state_dict() returns, got {type(state).__name__}")
+        for field in ("format", "method", "options", "engines"):
+            if field not in state:
+                raise ValueError(f"{where}: the state has no {field!r} (not one state_dict() returned?)")
+        if state["format"] != self._STATE_FORMAT:
+            raise ValueError(f"{where}: format {state['format']!r} is not {self._STATE_FORMAT}, the one this "
+                             "sidco_torch reads")
+        if state["method"] != self.method:
+            raise ValueError(f"{where}: the state is of method {state['method']!r}, this Compressor's is "
+                             f"{self.method!r}")
+        options = _options_dict(state["options"], where) if isinstance(state["options"], dict) else None
+        if options != self._options:
+            raise ValueError(f"{where}: the state's options {state['options']!r} are not this Compressor's "
+                             f"{self._given!r}")
+        if not isinstance(state["engines"], (list, tuple)):
+            raise ValueError(f"{where}: engines must be a list, got {type(state['engines']).__name__}")
+        engines = []
+        for i, engine in enumerate(state["engines"]):
+            if not isinstance(engine, dict) or not {"dtype", "layer_sizes", "layers"} <= engine.keys():
+                raise ValueError(f"{where}: engines[{i}] is not a dict of dtype, layer_sizes and layers")
+            if not isinstance(engine["dtype"], str):
+                raise ValueError(f"{where}: engines[{i}]['dtype'] must be a str, got {engine['dtype']!r}")
+            layers = engine["layers"]
+            if not isinstance(layers, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in layers):
+                raise ValueError(f"{where}: engines[{i}]['layers'] must be a list of uint8 tensors")
+            engines.append((engine["dtype"], _integers(engine["layer_sizes"], f"engines[{i}]['layer_sizes']", where),
+                            list(layers)))
+        try:
+            self._impl.load_state(engines)
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"{where}: {str(e).removeprefix('sidco: ')}") from None
+
     def __reduce_ex__(self, protocol):
-        # Its adaptive state lives in the C++ object, which has no saved form: a copy made
-        # from the method alone would restart it silently.
-        raise TypeError(f"sidco_torch.Compressor({self.method!r}) cannot be pickled or copied: its adaptive "
-                        "state has no saved form; make a new Compressor (it adapts again within a few calls), "
-                        "or use sidco_torch.State, whose state_dict() carries every compressor's state")
+        # The C++ object has no pickled form of its own: a copy is a new Compressor given this
+        # one's state.
+        return _restored_compressor, (self.method, dict(self._given), self.state_dict())
+
+
+def _restored_compressor(method, options, state):
+    compressor = Compressor(method, **options)
+    compressor.load_state_dict(state)
+    return compressor
 
 
 def compress(gradient, density, method="sidco-e", layer_sizes=None, residual=None, **options):

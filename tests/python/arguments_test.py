@@ -2,8 +2,6 @@
 """Argument errors of sidco_torch's Python entry points: each raised in Python as TypeError or
 ValueError naming the argument and the value, before TorchScript sees it (no TorchScript
 declaration, no error deferred to the first backward). One process, no ranks."""
-import copy
-import pickle
 import sys
 
 import numpy
@@ -101,11 +99,6 @@ def main():
             failures.append(f"a view of strides {view.stride()} selected otherwise than its contiguous copy")
     expect(lambda: sidco_torch.compress(weight, 0.01, residual=torch.zeros(200, 300).t()), ValueError, "residual",
            "not contiguous")
-    # A Compressor refuses to be copied with a sentence (not TorchScript's "define def_pickle()").
-    compressor = sidco_torch.Compressor("sidco-e")
-    expect(lambda: copy.deepcopy(compressor), TypeError, "sidco_torch.Compressor('sidco-e') cannot be pickled",
-           "sidco_torch.State")
-    expect(lambda: pickle.dumps(compressor), TypeError, "cannot be pickled or copied")
     # What is right still works: a seed the double holds exactly, and Random-k gives the same
     # selection for the same seed.
     a = sidco_torch.compress(torch.arange(100.0), 0.1, method="random-k", seed=2**53 - 1)[0]

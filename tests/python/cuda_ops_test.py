@@ -5,7 +5,9 @@
 - error feedback: sent + new residual = gradient + old residual exactly, for float32 and
   float64, with the gradient written on a side stream just before compress;
 - SIDCo-E's threshold selection keeps exactly the |x| above its reported threshold;
-- scatter_add_/decompress on the device equal the CPU ops; a bad index raises, changing nothing."""
+- scatter_add_/decompress on the device equal the CPU ops; a bad index raises, changing nothing;
+- a Compressor's state, moved from the CPU to the device and copied there, continues bit for bit."""
+import copy
 import os
 import sys
 
@@ -22,6 +24,27 @@ GRADIENTS = os.environ.get("SIDCO_GRADIENTS_DIR", os.path.join(os.path.dirname(_
 
 def load(name, dtype=torch.float32):
     return torch.from_numpy(np.load(os.path.join(GRADIENTS, name)).astype(np.float32)).to(dtype)
+
+
+def check_saved_state(gradient):
+    """A Compressor's state saved on the device (deepcopy, which goes through state_dict()) and
+    one moved there from the CPU: the copy continues as the original, bit for bit, on the
+    device, whole and per layer."""
+    n = gradient.numel()
+    for method, options in (("sidco-e", {}), ("random-k", {"seed": 3})):
+        for layers in (None, [n // 3, n - n // 3]):
+            original = sidco_torch.Compressor(method, **options)
+            original.compress(gradient.cpu(), 0.01, layer_sizes=layers)  # its state then follows to the device
+            residual = torch.zeros_like(gradient)
+            for step in range(3):
+                original.compress(gradient * (1 + step), 0.01, layer_sizes=layers, residual=residual)
+            copied, copied_residual = copy.deepcopy(original), residual.clone()
+            for step in range(3, 6):
+                a = original.compress(gradient * (1 + step), 0.01, layer_sizes=layers, residual=residual)
+                b = copied.compress(gradient * (1 + step), 0.01, layer_sizes=layers, residual=copied_residual)
+                assert all(torch.equal(x, y) for x, y in zip(a, b)) and torch.equal(residual, copied_residual), \
+                    f"{method} layers {layers} step {step}: a copy of a device Compressor continued otherwise"
+                assert original.report() == copied.report()
 
 
 def main():
@@ -64,6 +87,7 @@ def main():
     except ValueError as e:
         assert "out of range" in str(e), e
     assert torch.equal(target, torch.ones_like(target)), "a refused scatter_add_ changed the tensor"
+    check_saved_state(load("ffn_it200.npy").cuda())
     print("CUDA ops equal the CPU ops")
     return 0
 

@@ -43,6 +43,11 @@ inline std::size_t type_index(at::ScalarType dtype) {
     default: return value_types;
   }
 }
+/// The dtype of a slot (type_index's inverse).
+inline at::ScalarType dtype_at(std::size_t slot) {
+  constexpr at::ScalarType dtypes[value_types] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+  return dtypes[slot];
+}
 
 /// f(type_tag<T>{}) for the C++ type of a floating-point tensor dtype sidco compresses
 /// (c10::Half and c10::BFloat16 share sidco::float16's and sidco::bfloat16's layout).

@@ -130,6 +130,35 @@ at::Tensor codec_encode_failure(const at::Tensor& gradient, const c10::intrusive
 at::Tensor codec_decode(const std::vector<at::Tensor>& payloads, const at::Tensor& out,
                         const c10::optional<at::Tensor>& residual, const c10::intrusive_ptr<Codec>& codec);
 
+/// One engine of a sidco_torch.Compressor as saved: its element type, its layer sizes (none:
+/// the whole-tensor engine) and each layer's compressor state (one entry when whole).
+struct saved_engine {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<std::int64_t> layer_sizes;
+  std::vector<std::vector<std::byte>> layers;
+};
+
+/// Appends engine e's state, saved as the engine of layer_sizes (its dtype is set by
+/// compressors_by_type, which knows the slot).
+template <class Engine>
+void save_engine(const Engine& e, const std::vector<std::int64_t>& layer_sizes, std::vector<saved_engine>& into) {
+  saved_engine saved{at::kFloat, layer_sizes, {}};
+  for (std::size_t i = 0; i < e.layers(); ++i) saved.layers.push_back(e.save(i));
+  into.push_back(std::move(saved));
+}
+
+/// Loads saved's layers into e, which has as many; e is new or whole (one layer, which
+/// load_whole_state loads or leaves), so a refusal leaves no engine in use half loaded.
+template <class Engine>
+void load_engine(Engine& e, const saved_engine& saved) {
+  if (saved.layers.size() != e.layers())
+    sidco::throw_error("state: ", saved.layers.size(), " layer states for an engine of ", e.layers(), " layers");
+  for (std::size_t i = 0; i < e.layers(); ++i) e.load(i, saved.layers[i]);
+}
+
+/// The sum of a saved engine's layer sizes (each positive, the sum within 32-bit indices).
+std::size_t saved_size(const saved_engine& saved);
+
 /// sidco_torch.Compressor's state: per element type, a whole-tensor engine and the last
 /// per-layer one (rebuilt when the layer sizes change).
 class compressor_impl {
@@ -139,6 +168,9 @@ class compressor_impl {
                                                       const std::vector<std::int64_t>& layers,
                                                       const c10::optional<at::Tensor>& residual) = 0;
   virtual const sidco::compress_report& report() const = 0;
+  /// Appends every engine's state; load takes one of them back (its element type's engine).
+  virtual void save(std::vector<saved_engine>& into) const = 0;
+  virtual void load(const saved_engine& saved) = 0;
 };
 
 /// Every element type behind one compressor_impl, each made by make(dtype) on its first call
@@ -159,6 +191,20 @@ class compressors_by_type final : public compressor_impl {
     return last_->compress(gradient, density, layers, residual);
   }
   const sidco::compress_report& report() const override { return last_ ? last_->report() : none_; }
+  void save(std::vector<saved_engine>& into) const override {
+    for (std::size_t slot = 0; slot < value_types; ++slot) {
+      if (!by_type_[slot]) continue;
+      const std::size_t first = into.size();
+      by_type_[slot]->save(into);
+      for (std::size_t i = first; i < into.size(); ++i) into[i].dtype = dtype_at(slot);
+    }
+  }
+  void load(const saved_engine& saved) override {
+    const std::size_t slot = type_index(saved.dtype);
+    if (slot == value_types) sidco::throw_error("state: dtype ", saved.dtype, " is not float32, float64, float16 or bfloat16");
+    if (!by_type_[slot]) by_type_[slot] = make_(saved.dtype);
+    by_type_[slot]->load(saved);
+  }
 
  private:
   factory make_;
@@ -190,15 +236,21 @@ class Compressor : public torch::CustomClassHolder {
   c10::Dict<std::string, double> report() const;
   std::string method() const { return method_; }
 
+  /// Every engine's state as (dtype, layer sizes, one uint8 tensor per layer), and its
+  /// restoration: all of it, or a sidco::error having changed nothing.
+  using saved_form = std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::vector<at::Tensor>>>;
+  saved_form state() const;
+  void load_state(const saved_form& state);
+
  private:
   std::string method_;
   sidco::methods::options options_;
-  std::unique_ptr<compressor_impl> cpu_;
-  std::vector<std::unique_ptr<compressor_impl>> cuda_;  // per device index
-  compressor_impl* last_ = nullptr;
+  std::unique_ptr<compressor_impl> impl_;  // on device_: the state follows the gradient's device
+  at::Device device_ = at::kCPU;
   mutable std::mutex mutex_;
 
   compressor_impl& on(const at::Device& device);
+  std::unique_ptr<compressor_impl> made_for(const at::Device& device) const;
 };
 
 /// The options dictionary a method takes (known: seed).

@@ -16,6 +16,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -355,19 +357,99 @@ std::tuple<at::Tensor, at::Tensor> Compressor::compress(const at::Tensor& gradie
   return on(gradient.device()).compress(gradient, density, layers, residual);
 }
 
-compressor_impl& Compressor::on(const at::Device& device) {
+std::unique_ptr<compressor_impl> Compressor::made_for(const at::Device& device) const {
   check_device_for(method_, device);
-  last_ = per_device(
-              device, "gradient", cuda_factory != nullptr, cpu_, cuda_,
-              [&] { return make_cpu_compressor(method_, options_); },
-              [&](const at::Device& on) { return cuda_factory(method_, options_, on); })
-              .get();
-  return *last_;
+  std::unique_ptr<compressor_impl> cpu;
+  std::vector<std::unique_ptr<compressor_impl>> cuda;
+  return std::move(per_device(
+      device, "gradient", cuda_factory != nullptr, cpu, cuda, [&] { return make_cpu_compressor(method_, options_); },
+      [&](const at::Device& on) { return cuda_factory(method_, options_, on); }));
+}
+
+// One compressor at a time, on the device of the last gradient: a gradient on another device
+// gets one made there, which takes the state over (as a tensor moved to another device keeps
+// its compressor's adaptation).
+compressor_impl& Compressor::on(const at::Device& device) {
+  const at::Device where = device.is_cuda() && !device.has_index() ? at::Device(at::kCUDA, 0) : device;
+  if (impl_ && device_ == where) return *impl_;
+  auto made = made_for(where);
+  if (impl_) {
+    std::vector<saved_engine> held;
+    impl_->save(held);
+    for (const saved_engine& saved : held) made->load(saved);
+  }
+  impl_ = std::move(made);
+  device_ = where;
+  return *impl_;
+}
+
+std::size_t saved_size(const saved_engine& saved) {
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < saved.layer_sizes.size(); ++i) {
+    const std::int64_t size = saved.layer_sizes[i];
+    if (size <= 0) sidco::throw_error("state: layer_sizes: size ", size, " of layer ", i, " is not positive");
+    total += std::uint64_t(size);
+    if (total > std::uint64_t(std::numeric_limits<std::uint32_t>::max()) + 1)
+      sidco::throw_error("state: layer_sizes: layers 0..", i, " hold more than 2^32 values (32-bit indices)");
+  }
+  return std::size_t(total);
+}
+
+namespace {
+std::string dtype_name(at::ScalarType dtype) {
+  return with_value_type(dtype, "state", []<class T>(type_tag<T>) -> std::string {
+    if constexpr (std::is_same_v<T, float>) return "float32";
+    else if constexpr (std::is_same_v<T, double>) return "float64";
+    else if constexpr (std::is_same_v<T, sidco::float16>) return "float16";
+    else return "bfloat16";
+  });
+}
+}  // namespace
+
+Compressor::saved_form Compressor::state() const {
+  return translated([&] {
+    const std::lock_guard<std::mutex> hold(mutex_);
+    std::vector<saved_engine> engines;
+    if (impl_) impl_->save(engines);
+    saved_form form;
+    for (const saved_engine& e : engines) {
+      std::vector<at::Tensor> layers;
+      for (const auto& bytes : e.layers) layers.push_back(state_tensor(bytes));
+      form.emplace_back(dtype_name(e.dtype), e.layer_sizes, std::move(layers));
+    }
+    return form;
+  });
+}
+
+void Compressor::load_state(const saved_form& state) {
+  translated([&] {
+    const std::lock_guard<std::mutex> hold(mutex_);
+    // Loaded into a new compressor on the current device, which replaces the old one only
+    // once every engine has loaded: a refusal changes nothing.
+    auto loaded = made_for(device_);
+    for (std::size_t i = 0; i < state.size(); ++i) {
+      const auto& [dtype, layer_sizes, layers] = state[i];
+      try {
+        saved_engine saved{parse_dtype(dtype), layer_sizes, {}};
+        for (const at::Tensor& layer : layers) {
+          const auto bytes = state_bytes(layer);
+          saved.layers.emplace_back(bytes.begin(), bytes.end());
+        }
+        loaded->load(saved);
+      } catch (const sidco::error& e) {
+        std::string_view why = e.what();
+        if (why.starts_with("sidco: ")) why.remove_prefix(7);
+        sidco::throw_error("engine ", i, " (", dtype, layer_sizes.empty() ? ", whole" : ", per layer", "): ", why);
+      }
+    }
+    impl_ = std::move(loaded);
+    return 0;
+  });
 }
 
 c10::Dict<std::string, double> Compressor::report() const {
   const std::lock_guard<std::mutex> hold(mutex_);
-  const sidco::compress_report r = last_ ? last_->report() : sidco::compress_report{};
+  const sidco::compress_report r = impl_ ? impl_->report() : sidco::compress_report{};
   c10::Dict<std::string, double> d;
   d.insert("threshold", r.threshold);
   d.insert("selected", double(r.selected));
@@ -558,7 +640,9 @@ TORCH_LIBRARY(sidco, m) {
   m.class_<Compressor>("Compressor")
       .def(torch::init<std::string, c10::Dict<std::string, double>>())
       .def("report", &Compressor::report)
-      .def("method", &Compressor::method);
+      .def("method", &Compressor::method)
+      .def("state", &Compressor::state)
+      .def("load_state", &Compressor::load_state);
   m.class_<Codec>("Codec")
       .def(torch::init<std::string, c10::Dict<std::string, double>, std::vector<std::int64_t>, std::string, double,
                        double, double, std::string>())

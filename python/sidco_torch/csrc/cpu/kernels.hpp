@@ -136,6 +136,18 @@ class cpu_compressor final : public compressor_impl {
   }
 
   const sidco::compress_report& report() const override { return last_; }
+  void save(std::vector<saved_engine>& into) const override {
+    save_engine(*whole_, {}, into);
+    if (layered_) save_engine(*layered_, layer_sizes_, into);
+  }
+  void load(const saved_engine& saved) override {
+    if (saved.layer_sizes.empty()) return load_engine(*whole_, saved);
+    auto layered = make_cpu_engine<T>(method_, options_, layout_of(saved.layer_sizes, saved_size(saved)),
+                                      layer_budget::shared);
+    load_engine(*layered, saved);
+    layered_ = std::move(layered);
+    layer_sizes_ = saved.layer_sizes;
+  }
 
  private:
   std::string method_;

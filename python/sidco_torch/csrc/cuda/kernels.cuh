@@ -108,6 +108,22 @@ class cuda_compressor final : public compressor_impl {
   }
 
   const sidco::compress_report& report() const override { return last_; }
+  // The compressors' state lives on the host; the stream is waited for so that no call in
+  // flight still changes it.
+  void save(std::vector<saved_engine>& into) const override {
+    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    save_engine(*whole_, {}, into);
+    if (layered_) save_engine(*layered_, layer_sizes_, into);
+  }
+  void load(const saved_engine& saved) override {
+    const c10::cuda::CUDAGuard guard(device_);
+    SIDCO_CUDA(cudaStreamSynchronize(stream_));
+    if (saved.layer_sizes.empty()) return load_engine(*whole_, saved);
+    auto layered = make_on_stream(layout_of(saved.layer_sizes, saved_size(saved)));
+    load_engine(*layered, saved);
+    layered_ = std::move(layered);
+    layer_sizes_ = saved.layer_sizes;
+  }
 
  private:
   std::unique_ptr<engine<T, index32, memory>> make_on_stream(std::vector<sidco::segment> layout) {
