@@ -6,16 +6,18 @@ exchange: skip the optimizer step) skips it on every rank; afterwards every rank
 exactly as a run that never took that step does (parameters, residuals, adaptive state and
 the iteration count, bit for bit). Checked for the all-gather exchange (2 ranks, overflow in
 the sparse buckets and in a small dense bucket, and during the dense warm-up) and the
-reduce-scatter exchange (3 ranks, flat and in two hops). torch 1.13's GradScaler is CUDA-only (on CPU it disables
+reduce-scatter exchange (3 ranks, flat and in two hops), and for an overflow in an
+nn.Embedding(sparse=True) gradient, all-reduced as DDP does (2 and 3 ranks). torch 1.13's GradScaler is CUDA-only (on CPU it disables
 itself), so the rule is written out here; the GPU check runs a real one."""
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sidco_torch
-from hook_test import batch, make, run
+from hook_test import SparseEmbedding, batch, make, run
 
 STEPS = 6
 
@@ -81,6 +83,54 @@ def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bu
             + ", ".join(f"{size} values {path}" for size, path in sorted(paths.items())) + ")")
 
 
+def scenario_skip_sparse_gradient(rank, world, exchange, skipped_step):
+    """An overflow in one rank's nn.Embedding(sparse=True) gradient, which the hook all-reduces
+    as DDP does (a bucket of its own): every rank skips that step, and the model's compressed
+    buckets then continue as a run without that step, bit for bit."""
+
+    def run_once(overflow_step):
+        state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange,
+                                  nonfinite="skip")
+        torch.manual_seed(0)
+        model = SparseEmbedding()
+        ddp = DDP(model, bucket_cap_mb=0.05)
+        sidco_torch.register(ddp, state)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        skipped = []
+        for step in range(STEPS):
+            if overflow_step is None and step == skipped_step:
+                continue  # run B: that step never taken
+            g = torch.Generator().manual_seed(100 * step + rank)
+            tokens, labels = torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(ddp(tokens), labels)
+            handle = None
+            if rank == 1 and step == overflow_step:
+                handle = model.embed.weight.register_hook(lambda grad: grad * float("inf"))
+            loss.backward()
+            if handle is not None:
+                handle.remove()
+            finite = all(bool(torch.isfinite(p.grad.coalesce().values() if p.grad.is_sparse else p.grad).all())
+                         for p in ddp.parameters() if p.grad is not None)
+            if finite:
+                optimizer.step()
+            skipped.append(not finite)
+        return model, state, skipped
+
+    model_a, state_a, skipped = run_once(skipped_step)
+    assert skipped == [step == skipped_step for step in range(STEPS)], f"rank {rank} skipped {skipped}"
+    assert state_a.skipped_steps == 1, state_a.skipped_steps
+    model_b, state_b, _ = run_once(None)
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.equal(a, b), f"rank {rank}: {name} differs by {(a - b).abs().max().item()}"
+    sa, sb = state_a.state_dict(), state_b.state_dict()
+    assert sa["iteration"] == sb["iteration"] == STEPS - 1, (sa["iteration"], sb["iteration"])
+    for key, layer in sa["layers"].items():
+        assert torch.equal(layer["compressor"], sb["layers"][key]["compressor"]), f"{key}'s compressor state differs"
+        assert torch.equal(layer["residual"], sb["layers"][key]["residual"]), f"{key}'s residual differs"
+    return f"step {skipped_step} skipped on every rank, then bit-identical to a run without it"
+
+
 def scenario_raise(rank, world):
     """The default: the same overflow raises on every rank, naming the rank."""
     state = sidco_torch.State(method="sidco-e", density=0.05, start_iter=1)
@@ -125,6 +175,9 @@ def main():
               f"min_bucket_elements {smallest}):", out[0])
     out = run(scenario_skip, 2, "allgather", 2, "first", 1, 3000, 2, timeout=240)
     print("skip with last.bias going dense at that step (its residual put back):", out[0])
+    for exchange, world in (("allgather", 2), ("reduce", 3)):
+        out = run(scenario_skip_sparse_gradient, world, exchange, 2, timeout=240)
+        print(f"skip, overflow in a sparse embedding gradient ({exchange}, {world} ranks):", out[0])
     return 0
 
 
