@@ -98,36 +98,58 @@ def _nonfinite_only(payloads):
     return bool(torch.ops.sidco.nonfinite_only([p.cpu() for p in payloads]))
 
 
+def _held_residual(state, p):
+    """The residual the state holds for parameter p (its bucket's slice, or what a checkpoint
+    gave it before a bucket took it), or None."""
+    key = state._key(p)
+    owner, pending = state._owner.get(key), state._pending.get(key)
+    if owner is not None and owner[0].residual is not None:
+        b, i = owner
+        return b.residual[b.offsets[i]: b.offsets[i] + b.sizes[i]]
+    if pending is not None and pending.residual is not None:
+        return pending.residual
+    return None
+
+
 def _fold_residuals(state, bucket):
-    """Adds each of the bucket's parameters' residuals into the bucket and clears it: a
-    parameter all-reduced densely sends its residual too, instead of keeping it unsent."""
+    """The bucket's buffer with each of its parameters' residuals added, each residual then
+    cleared: a parameter all-reduced densely sends its residual too, instead of keeping it
+    unsent."""
     buffer = bucket.buffer()
-    if not state.feedback or buffer.is_sparse:
-        # A sparse gradient's parameter was never compressed in this run; a residual a
-        # checkpoint gave it (saved while its gradient was dense) stays in the state.
-        return
+    if not state.feedback:
+        return buffer
+    if buffer.is_sparse:
+        return _fold_into_sparse(state, bucket, buffer)
     offset = 0
     for p in bucket.parameters():
-        key, size = state._key(p), p.numel()
-        owner, pending = state._owner.get(key), state._pending.get(key)
-        if owner is not None and owner[0].residual is not None:
-            b, i = owner
-            residual = b.residual[b.offsets[i]: b.offsets[i] + b.sizes[i]]
-        elif pending is not None and pending.residual is not None:
-            residual = pending.residual
-        else:
-            residual = None
+        size, residual = p.numel(), _held_residual(state, p)
         if residual is not None and residual.numel() == size:
             buffer[offset: offset + size].add_(residual.to(device=buffer.device, dtype=buffer.dtype))
             if state.nonfinite == "skip":
                 state._undo.append(lambda r=residual, saved=residual.clone(): r.copy_(saved))
             residual.zero_()
         offset += size
+    return buffer
+
+
+def _fold_into_sparse(state, bucket, buffer):
+    """A sparse gradient (nn.Embedding(sparse=True), a bucket of its own) is never compressed,
+    so its parameter has a residual only from a checkpoint saved while its gradient was dense:
+    that residual is sent once, as rows added to a new sparse gradient, and the state holds
+    none for it after."""
+    (p,) = bucket.parameters()
+    layer = state._pending.get(state._key(p))
+    if layer is None or layer.residual is None or layer.residual.numel() != p.numel():
+        return buffer
+    held, layer.residual = layer.residual, None
+    if state.nonfinite == "skip":
+        state._undo.append(lambda kept=layer, r=held: setattr(kept, "residual", r))
+    rows = held.to(device=buffer.device, dtype=buffer.dtype).view(buffer.shape).to_sparse(buffer.sparse_dim())
+    return (buffer + rows).coalesce()
 
 
 def _all_reduce_dense(state, bucket, group, world, reason):
-    buffer = bucket.buffer()
-    _fold_residuals(state, bucket)
+    buffer = _fold_residuals(state, bucket)
     if reason not in state._warned and not reason.startswith("iteration") and not buffer.is_sparse:
         state._warned.add(reason)
         warnings.warn(f"sidco_torch: bucket {bucket.index()} is all-reduced densely: {reason}", stacklevel=3)

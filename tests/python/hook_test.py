@@ -858,9 +858,9 @@ class SparseEmbedding(nn.Module):
     """A bag of tokens through nn.Embedding(sparse=True): DDP gives its sparse gradient a
     bucket of its own."""
 
-    def __init__(self, vocabulary=500, width=64):
+    def __init__(self, vocabulary=500, width=64, sparse=True):
         super().__init__()
-        self.embed = nn.Embedding(vocabulary, width, sparse=True)
+        self.embed = nn.Embedding(vocabulary, width, sparse=sparse)
         self.hidden = nn.Linear(width, 256)
         self.out = nn.Linear(256, 10)
 
@@ -908,7 +908,56 @@ def scenario_sparse_gradient(rank, world, exchange):
     assert "embed.weight" not in saved["layers"] and "hidden.weight" in saved["layers"], sorted(saved["layers"])
     resumed = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
     resumed.load_state_dict(saved)
-    return "DDP's own average for the sparse gradient, the rest sparse"
+    check_residual_to_sparse(rank, world, exchange)
+    return "DDP's own average for the sparse gradient, the rest sparse; a checkpoint's residual sent once"
+
+
+def check_residual_to_sparse(rank, world, exchange):
+    """A checkpoint saved while the embedding's gradient was dense holds a residual for it;
+    resumed with nn.Embedding(sparse=True), the first step sends that residual with the sparse
+    gradient's rows (the average of gradient + residual over the ranks), and the state holds
+    none for it after: the next step is DDP's own average again."""
+    def tokens_of(step):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        return torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
+
+    def fresh_state():
+        return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+    torch.manual_seed(0)
+    dense_model, dense_state = SparseEmbedding(sparse=False), fresh_state()
+    dense_ddp = DDP(dense_model, bucket_cap_mb=0.05)
+    sidco_torch.register(dense_ddp, dense_state)
+    optimizer = torch.optim.SGD(dense_ddp.parameters(), lr=0.1)
+    for step in range(2):
+        tokens, labels = tokens_of(step)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(dense_ddp(tokens), labels).backward()
+        optimizer.step()
+    checkpoint = dense_state.state_dict()
+    residual = checkpoint["layers"]["embed.weight"]["residual"]
+    assert residual is not None and bool(residual.any()), "the dense run left the embedding no residual"
+    resumed = fresh_state()
+    resumed.load_state_dict(checkpoint)
+    model, reference = SparseEmbedding(), SparseEmbedding()
+    ddp, reference_ddp = DDP(model, bucket_cap_mb=0.05), DDP(reference, bucket_cap_mb=0.05)
+    sidco_torch.register(ddp, resumed)
+    averaged = residual.view(500, 64) / world
+    dist.all_reduce(averaged)
+    for step in (2, 3):
+        model.load_state_dict(dense_model.state_dict())
+        reference.load_state_dict(dense_model.state_dict())
+        tokens, labels = tokens_of(step)
+        for m, d in ((model, ddp), (reference, reference_ddp)):
+            m.zero_grad()
+            nn.functional.cross_entropy(d(tokens), labels).backward()
+        got, expected = model.embed.weight.grad.to_dense(), reference.embed.weight.grad.to_dense()
+        if step == 2:  # sums in another order (sparse rows): equal within float rounding
+            assert torch.allclose(got, expected + averaged, rtol=1e-5, atol=1e-7), \
+                f"the residual was not sent: off by {(got - expected - averaged).abs().max().item()}"
+            layer = resumed.state_dict()["layers"]["embed.weight"]
+            assert layer["residual"] is None, "the state still holds the sent residual"
+        else:
+            assert torch.equal(got, expected), "after the residual was sent, not DDP's own average"
 
 
 def scenario_join(rank, world, exchange):
