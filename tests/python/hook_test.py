@@ -991,7 +991,8 @@ def scenario_subgroup(rank, world, exchange):
     """Two data-parallel groups of 2 (a hybrid-parallel job's layout), each DDP model in its own
     process group, the State given none: register() gives it DDP's, so each group averages
     only its own ranks. Checked by changing the other group's data: this group's parameters
-    stay the same bits. A State made for another group is refused at register()."""
+    stay the same bits. A State made for another group, or one that has exchanged in the
+    default group, is refused at register()."""
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     everyone = dist.new_group(list(range(world)))  # the same ranks as the default group, another object
     mine = groups[rank // 2]
@@ -1018,6 +1019,18 @@ def scenario_subgroup(rank, world, exchange):
             assert "the State's process_group is not the DDP model's" in str(e), str(e)
         else:
             raise AssertionError("a State of another group was accepted")
+    # A State that has exchanged in the default group is refused for a subgroup's DDP model.
+    used = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+    torch.manual_seed(0)
+    default_ddp = DDP(Shuffled(), bucket_cap_mb=0.1)
+    sidco_torch.register(default_ddp, used)
+    train_step(default_ddp, torch.optim.SGD(default_ddp.parameters(), lr=0.1), rank, 0)
+    try:
+        sidco_torch.register(DDP(Shuffled(), process_group=mine), used)
+    except ValueError as e:
+        assert "this State has exchanged in the default group" in str(e), str(e)
+    else:
+        raise AssertionError("a State that exchanged in the default group was accepted for a subgroup")
     return "each group averages its own ranks"
 
 
