@@ -135,16 +135,17 @@ def _fold_residuals(state, bucket):
 def _fold_into_sparse(state, bucket, buffer):
     """A sparse gradient (nn.Embedding(sparse=True), a bucket of its own) is never compressed,
     so its parameter has a residual only from a checkpoint saved while its gradient was dense:
-    that residual is sent once, as rows added to a new sparse gradient, and the state holds
-    none for it after."""
+    that residual is sent once, as rows added to a new sparse gradient, and the parameter's
+    entry leaves the state (as if the run had been sparse from the start)."""
     (p,) = bucket.parameters()
-    layer = state._pending.get(state._key(p))
+    key = state._key(p)
+    layer = state._pending.get(key)
     if layer is None or layer.residual is None or layer.residual.numel() != p.numel():
         return buffer
-    held, layer.residual = layer.residual, None
+    del state._pending[key]
     if state.nonfinite == "skip":
-        state._undo.append(lambda kept=layer, r=held: setattr(kept, "residual", r))
-    rows = held.to(device=buffer.device, dtype=buffer.dtype).view(buffer.shape).to_sparse(buffer.sparse_dim())
+        state._undo.append(lambda: state._pending.__setitem__(key, layer))
+    rows = layer.residual.to(device=buffer.device, dtype=buffer.dtype).view(buffer.shape).to_sparse(buffer.sparse_dim())
     return (buffer + rows).coalesce()
 
 

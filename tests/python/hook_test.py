@@ -915,8 +915,8 @@ def scenario_sparse_gradient(rank, world, exchange):
 def check_residual_to_sparse(rank, world, exchange):
     """A checkpoint saved while the embedding's gradient was dense holds a residual for it;
     resumed with nn.Embedding(sparse=True), the first step sends that residual with the sparse
-    gradient's rows (the average of gradient + residual over the ranks), and the state holds
-    none for it after: the next step is DDP's own average again."""
+    gradient's rows (the average of gradient + residual over the ranks), and the parameter
+    leaves the state (which saves and loads): the next step is DDP's own average again."""
     def tokens_of(step):
         g = torch.Generator().manual_seed(100 * step + rank)
         return torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
@@ -954,8 +954,9 @@ def check_residual_to_sparse(rank, world, exchange):
         if step == 2:  # sums in another order (sparse rows): equal within float rounding
             assert torch.allclose(got, expected + averaged, rtol=1e-5, atol=1e-7), \
                 f"the residual was not sent: off by {(got - expected - averaged).abs().max().item()}"
-            layer = resumed.state_dict()["layers"]["embed.weight"]
-            assert layer["residual"] is None, "the state still holds the sent residual"
+            after = resumed.state_dict()
+            assert "embed.weight" not in after["layers"], "the state still holds the sent residual"
+            fresh_state().load_state_dict(after)  # and what it saves now loads
         else:
             assert torch.equal(got, expected), "after the residual was sent, not DDP's own average"
 
