@@ -8,23 +8,7 @@ import numpy
 import torch
 
 import sidco_torch
-
-failures = []
-
-
-def expect(call, error, *words):
-    try:
-        call()
-    except error as e:
-        message = str(e)
-        missing = [w for w in words if w not in message]
-        if missing or "TorchScript" in message or "Declaration" in message:
-            failures.append(f"{words}: message {message!r} lacks {missing}")
-        return
-    except Exception as e:  # noqa: BLE001 - the wrong kind is the failure reported
-        failures.append(f"{words}: {type(e).__name__} ({e}), not {error.__name__}")
-        return
-    failures.append(f"{words}: nothing raised")
+from checks import expect, failures, report
 
 
 def same_selection(a, b):
@@ -106,10 +90,7 @@ def main():
     if not torch.equal(a, b):
         failures.append("random-k with one seed gave two selections")
     sidco_torch.State(method="top-k", feedback=False, seed=7)
-    for f in failures:
-        print("FAIL", f)
-    print("argument checks:", "FAILED" if failures else "passed")
-    return 1 if failures else 0
+    return report("argument checks")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,10 @@ import numpy as np
 import torch
 
 import sidco_torch
+from checks import expect, failures, report
 
 GRADIENTS = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "data", "gradients")
 DENSITY = 0.01
-
-failures = []
 
 
 def gradients(dtype):
@@ -90,20 +89,6 @@ def check_continuation():
                     if fresh_same:
                         failures.append(f"{case}: a fresh Compressor continued as the original too (the test "
                                         "cannot tell a restored state from none)")
-
-
-def expect(call, error, *words):
-    try:
-        call()
-    except error as e:
-        missing = [w for w in words if w not in str(e)]
-        if missing:
-            failures.append(f"{words}: message {str(e)!r} lacks {missing}")
-        return
-    except Exception as e:  # noqa: BLE001 - the wrong kind is the failure reported
-        failures.append(f"{words}: {type(e).__name__} ({e}), not {error.__name__}")
-        return
-    failures.append(f"{words}: nothing raised")
 
 
 def check_refusals():
@@ -177,10 +162,7 @@ def main():
     check_continuation()
     check_refusals()
     check_empty_state()
-    for f in failures:
-        print("FAIL", f)
-    print("compressor state:", "FAILED" if failures else "passed")
-    return 1 if failures else 0
+    return report("compressor state")
 
 
 if __name__ == "__main__":
