@@ -916,13 +916,16 @@ def check_residual_to_sparse(rank, world, exchange):
     """A checkpoint saved while the embedding's gradient was dense holds a residual for it;
     resumed with nn.Embedding(sparse=True), the first step sends that residual with the sparse
     gradient's rows (the average of gradient + residual over the ranks), and the parameter
-    leaves the state (which saves and loads): the next step is DDP's own average again."""
+    leaves the state (which saves and loads): the next step is DDP's own average again. With
+    nonfinite="skip", a step skipped for an overflow in that gradient first puts the residual
+    back, and the step after sends it."""
     def tokens_of(step):
         g = torch.Generator().manual_seed(100 * step + rank)
         return torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
 
-    def fresh_state():
-        return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange)
+    def fresh_state(nonfinite="raise"):
+        return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange,
+                                 nonfinite=nonfinite)
     torch.manual_seed(0)
     dense_model, dense_state = SparseEmbedding(sparse=False), fresh_state()
     dense_ddp = DDP(dense_model, bucket_cap_mb=0.05)
@@ -936,22 +939,29 @@ def check_residual_to_sparse(rank, world, exchange):
     checkpoint = dense_state.state_dict()
     residual = checkpoint["layers"]["embed.weight"]["residual"]
     assert residual is not None and bool(residual.any()), "the dense run left the embedding no residual"
-    resumed = fresh_state()
+    resumed = fresh_state(nonfinite="skip")
     resumed.load_state_dict(checkpoint)
     model, reference = SparseEmbedding(), SparseEmbedding()
     ddp, reference_ddp = DDP(model, bucket_cap_mb=0.05), DDP(reference, bucket_cap_mb=0.05)
     sidco_torch.register(ddp, resumed)
     averaged = residual.view(500, 64) / world
     dist.all_reduce(averaged)
-    for step in (2, 3):
+    for step in ("overflow", 2, 3):
         model.load_state_dict(dense_model.state_dict())
         reference.load_state_dict(dense_model.state_dict())
-        tokens, labels = tokens_of(step)
+        tokens, labels = tokens_of(1 if step == "overflow" else step)
         for m, d in ((model, ddp), (reference, reference_ddp)):
             m.zero_grad()
+            handle = None
+            if m is model and step == "overflow" and rank == world - 1:
+                handle = m.embed.weight.register_hook(lambda grad: grad * float("inf"))
             nn.functional.cross_entropy(d(tokens), labels).backward()
+            if handle is not None:
+                handle.remove()
         got, expected = model.embed.weight.grad.to_dense(), reference.embed.weight.grad.to_dense()
-        if step == 2:  # sums in another order (sparse rows): equal within float rounding
+        if step == "overflow":
+            assert not bool(torch.isfinite(got).all()), "the overflow did not reach every rank"
+        elif step == 2:  # sums in another order (sparse rows): equal within float rounding
             assert torch.allclose(got, expected + averaged, rtol=1e-5, atol=1e-7), \
                 f"the residual was not sent: off by {(got - expected - averaged).abs().max().item()}"
             after = resumed.state_dict()
@@ -959,6 +969,7 @@ def check_residual_to_sparse(rank, world, exchange):
             fresh_state().load_state_dict(after)  # and what it saves now loads
         else:
             assert torch.equal(got, expected), "after the residual was sent, not DDP's own average"
+    assert resumed.skipped_steps == 1, resumed.skipped_steps
 
 
 def scenario_join(rank, world, exchange):
