@@ -6,6 +6,7 @@ methods it adds run in sidco_torch's Compressor and DDP hook (2 gloo ranks, both
 with the bits of the built-in method they equal, carry their compressor's type and the sources
 they were compiled against (refused as they are added by ops built from others); ranks that
 added different compressors under one name are refused alike."""
+import copy
 import ctypes
 import json
 import os
@@ -257,6 +258,12 @@ def check_added_methods(classes):
                 assert torch.equal(my_residual, their_residual), where
                 assert mine.report() == theirs.report(), where
                 calls += 1
+            # An added method's state saves and loads like a built-in one's: a copy continues alike.
+            copied, copied_residual = copy.deepcopy(mine), my_residual.clone()
+            got, again = mine.compress(g, 0.01, sizes, my_residual), copied.compress(g, 0.01, sizes, copied_residual)
+            where = f"{dtype}, {len(sizes) or 'no'} layers, a copy"
+            assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), where
+            assert torch.equal(my_residual, copied_residual) and mine.report() == copied.report(), where
     # The added name runs the extension's own composition.
     added, direct = sidco_torch.Compressor("gamma-gp-two-stages"), classes.GammaGPTwoStages()
     for call in range(3):
