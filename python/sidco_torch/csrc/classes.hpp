@@ -156,8 +156,8 @@ void load_engine(Engine& e, const saved_engine& saved) {
   for (std::size_t i = 0; i < e.layers(); ++i) e.load(i, saved.layers[i]);
 }
 
-/// The sum of a saved engine's layer sizes (each positive, the sum within 32-bit indices).
-std::size_t saved_size(const saved_engine& saved);
+/// A saved per-layer engine's layout (parse_layout's checks, and 32-bit indices).
+std::vector<sidco::segment> saved_layout(const saved_engine& saved);
 
 /// sidco_torch.Compressor's state: per element type, a whole-tensor engine and the last
 /// per-layer one (rebuilt when the layer sizes change).

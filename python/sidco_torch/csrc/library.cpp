@@ -17,7 +17,6 @@
 #include <string>
 #include <string_view>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -383,26 +382,23 @@ compressor_impl& Compressor::on(const at::Device& device) {
   return *impl_;
 }
 
-std::size_t saved_size(const saved_engine& saved) {
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < saved.layer_sizes.size(); ++i) {
-    const std::int64_t size = saved.layer_sizes[i];
-    if (size <= 0) sidco::throw_error("state: layer_sizes: size ", size, " of layer ", i, " is not positive");
-    total += std::uint64_t(size);
-    if (total > std::uint64_t(std::numeric_limits<std::uint32_t>::max()) + 1)
-      sidco::throw_error("state: layer_sizes: layers 0..", i, " hold more than 2^32 values (32-bit indices)");
-  }
-  return std::size_t(total);
+std::vector<sidco::segment> saved_layout(const saved_engine& saved) {
+  std::vector<sidco::segment> layout = parse_layout(saved.layer_sizes);
+  if (layout.back().end() > std::size_t(std::numeric_limits<std::uint32_t>::max()) + 1)
+    sidco::throw_error("layer_sizes: the layers hold ", layout.back().end(), " values; sidco_torch addresses 2^32 ",
+                       "(32-bit indices)");
+  return layout;
 }
 
 namespace {
 std::string dtype_name(at::ScalarType dtype) {
-  return with_value_type(dtype, "state", []<class T>(type_tag<T>) -> std::string {
-    if constexpr (std::is_same_v<T, float>) return "float32";
-    else if constexpr (std::is_same_v<T, double>) return "float64";
-    else if constexpr (std::is_same_v<T, sidco::float16>) return "float16";
-    else return "bfloat16";
-  });
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    default: sidco::throw_error("state: dtype ", dtype, " is not float32, float64, float16 or bfloat16");
+  }
 }
 }  // namespace
 

@@ -142,8 +142,7 @@ class cpu_compressor final : public compressor_impl {
   }
   void load(const saved_engine& saved) override {
     if (saved.layer_sizes.empty()) return load_engine(*whole_, saved);
-    auto layered = make_cpu_engine<T>(method_, options_, layout_of(saved.layer_sizes, saved_size(saved)),
-                                      layer_budget::shared);
+    auto layered = make_cpu_engine<T>(method_, options_, saved_layout(saved), layer_budget::shared);
     load_engine(*layered, saved);
     layered_ = std::move(layered);
     layer_sizes_ = saved.layer_sizes;

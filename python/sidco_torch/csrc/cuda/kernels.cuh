@@ -119,7 +119,7 @@ class cuda_compressor final : public compressor_impl {
     const c10::cuda::CUDAGuard guard(device_);
     SIDCO_CUDA(cudaStreamSynchronize(stream_));
     if (saved.layer_sizes.empty()) return load_engine(*whole_, saved);
-    auto layered = make_on_stream(layout_of(saved.layer_sizes, saved_size(saved)));
+    auto layered = make_on_stream(saved_layout(saved));
     load_engine(*layered, saved);
     layered_ = std::move(layered);
     layer_sizes_ = saved.layer_sizes;
