@@ -868,6 +868,12 @@ class SparseEmbedding(nn.Module):
         return self.out(torch.relu(self.hidden(self.embed(tokens).mean(dim=1))))
 
 
+def token_batch(rank, step):
+    """SparseEmbedding's batch for a rank and step: 16 bags of 6 tokens, and their labels."""
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
+
+
 def scenario_sparse_gradient(rank, world, exchange):
     """nn.Embedding(sparse=True): its sparse gradient is all-reduced as DDP's own hook does
     (the same bits as DDP without a hook, from the same weights), uncompressed and without a
@@ -882,8 +888,7 @@ def scenario_sparse_gradient(rank, world, exchange):
     reference_ddp = DDP(reference, bucket_cap_mb=0.05)  # DDP's own all-reduce
     for step in range(3):
         reference.load_state_dict(model.state_dict())
-        g = torch.Generator().manual_seed(100 * step + rank)
-        tokens, labels = torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
+        tokens, labels = token_batch(rank, step)
         reference.zero_grad()
         nn.functional.cross_entropy(reference_ddp(tokens), labels).backward()
         optimizer.zero_grad()
@@ -919,10 +924,6 @@ def check_residual_to_sparse(rank, world, exchange):
     leaves the state (which saves and loads): the next step is DDP's own average again. With
     nonfinite="skip", a step skipped for an overflow in that gradient first puts the residual
     back, and the step after sends it."""
-    def tokens_of(step):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        return torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
-
     def fresh_state(nonfinite="raise"):
         return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange,
                                  nonfinite=nonfinite)
@@ -932,7 +933,7 @@ def check_residual_to_sparse(rank, world, exchange):
     sidco_torch.register(dense_ddp, dense_state)
     optimizer = torch.optim.SGD(dense_ddp.parameters(), lr=0.1)
     for step in range(2):
-        tokens, labels = tokens_of(step)
+        tokens, labels = token_batch(rank, step)
         optimizer.zero_grad()
         nn.functional.cross_entropy(dense_ddp(tokens), labels).backward()
         optimizer.step()
@@ -949,7 +950,7 @@ def check_residual_to_sparse(rank, world, exchange):
     for step in ("overflow", 2, 3):
         model.load_state_dict(dense_model.state_dict())
         reference.load_state_dict(dense_model.state_dict())
-        tokens, labels = tokens_of(1 if step == "overflow" else step)
+        tokens, labels = token_batch(rank, 1 if step == "overflow" else step)
         for m, d in ((model, ddp), (reference, reference_ddp)):
             m.zero_grad()
             handle = None

@@ -17,7 +17,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sidco_torch
-from hook_test import SparseEmbedding, batch, make, run
+from hook_test import SparseEmbedding, batch, make, run, token_batch
 
 STEPS = 6
 
@@ -34,10 +34,36 @@ def rule_step(ddp, optimizer, rank, step, overflow_rank=None, where="first"):
     loss.backward()
     if rank == overflow_rank:
         layer._done = True
-    finite = all(bool(torch.isfinite(p.grad).all()) for p in ddp.parameters() if p.grad is not None)
+    finite = finite_gradients(ddp)
     if finite:
         optimizer.step()
     return not finite
+
+
+def finite_gradients(ddp):
+    """GradScaler's test: every gradient finite (a sparse one's values)."""
+    return all(bool(torch.isfinite(p.grad.coalesce().values() if p.grad.is_sparse else p.grad).all())
+               for p in ddp.parameters() if p.grad is not None)
+
+
+def assert_same_as_without(rank, model_a, state_a, model_b, state_b):
+    """Run A (a step skipped) against run B (that step never taken): parameters, iteration,
+    every layer's compressor state and residual, and the exchanges' state, bit for bit."""
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.equal(a, b), f"rank {rank}: {name} differs by {(a - b).abs().max().item()}"
+    sa, sb = state_a.state_dict(), state_b.state_dict()
+    assert sa["iteration"] == sb["iteration"] == STEPS - 1, (sa["iteration"], sb["iteration"])
+    assert sa["layers"].keys() == sb["layers"].keys()
+    for key, layer in sa["layers"].items():
+        other = sb["layers"][key]
+        assert torch.equal(layer["compressor"], other["compressor"]), f"rank {rank}: {key}'s compressor state differs"
+        assert (layer["residual"] is None) == (other["residual"] is None), f"rank {rank}: {key}'s residual"
+        if layer["residual"] is not None:
+            assert torch.equal(layer["residual"], other["residual"]), f"rank {rank}: {key}'s residual differs"
+    assert sorted(sa["exchanges"]) == sorted(sb["exchanges"]), (sorted(sa["exchanges"]), sorted(sb["exchanges"]))
+    for key in sa["exchanges"]:
+        assert torch.equal(sa["exchanges"][key], sb["exchanges"][key]), f"rank {rank}: exchange state {key} differs"
+    assert state_a.skipped_steps == 1, state_a.skipped_steps
 
 
 def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements, dense_from=None):
@@ -65,20 +91,7 @@ def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bu
     for step in range(STEPS):
         if step != skipped_step:
             rule_step(ddp_b, opt_b, rank, step)
-    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
-        assert torch.equal(a, b), f"rank {rank}: {name} differs by {(a - b).abs().max().item()}"
-    sa, sb = state_a.state_dict(), state_b.state_dict()
-    assert sa["iteration"] == sb["iteration"] == STEPS - 1, (sa["iteration"], sb["iteration"])
-    assert sa["layers"].keys() == sb["layers"].keys()
-    for key, layer in sa["layers"].items():
-        other = sb["layers"][key]
-        assert torch.equal(layer["compressor"], other["compressor"]), f"rank {rank}: {key}'s compressor state differs"
-        if layer["residual"] is not None:
-            assert torch.equal(layer["residual"], other["residual"]), f"rank {rank}: {key}'s residual differs"
-    assert sorted(sa["exchanges"]) == sorted(sb["exchanges"]), (sorted(sa["exchanges"]), sorted(sb["exchanges"]))
-    for key in sa["exchanges"]:
-        assert torch.equal(sa["exchanges"][key], sb["exchanges"][key]), f"rank {rank}: exchange state {key} differs"
-    assert state_a.skipped_steps == 1, state_a.skipped_steps
+    assert_same_as_without(rank, model_a, state_a, model_b, state_b)
     return (f"step {skipped_step} skipped on every rank, then bit-identical to a run without it (buckets: "
             + ", ".join(f"{size} values {path}" for size, path in sorted(paths.items())) + ")")
 
@@ -100,8 +113,7 @@ def scenario_skip_sparse_gradient(rank, world, exchange, skipped_step):
         for step in range(STEPS):
             if overflow_step is None and step == skipped_step:
                 continue  # run B: that step never taken
-            g = torch.Generator().manual_seed(100 * step + rank)
-            tokens, labels = torch.randint(0, 500, (16, 6), generator=g), torch.randint(0, 10, (16,), generator=g)
+            tokens, labels = token_batch(rank, step)
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(ddp(tokens), labels)
             handle = None
@@ -110,8 +122,7 @@ def scenario_skip_sparse_gradient(rank, world, exchange, skipped_step):
             loss.backward()
             if handle is not None:
                 handle.remove()
-            finite = all(bool(torch.isfinite(p.grad.coalesce().values() if p.grad.is_sparse else p.grad).all())
-                         for p in ddp.parameters() if p.grad is not None)
+            finite = finite_gradients(ddp)
             if finite:
                 optimizer.step()
             skipped.append(not finite)
@@ -119,15 +130,8 @@ def scenario_skip_sparse_gradient(rank, world, exchange, skipped_step):
 
     model_a, state_a, skipped = run_once(skipped_step)
     assert skipped == [step == skipped_step for step in range(STEPS)], f"rank {rank} skipped {skipped}"
-    assert state_a.skipped_steps == 1, state_a.skipped_steps
     model_b, state_b, _ = run_once(None)
-    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
-        assert torch.equal(a, b), f"rank {rank}: {name} differs by {(a - b).abs().max().item()}"
-    sa, sb = state_a.state_dict(), state_b.state_dict()
-    assert sa["iteration"] == sb["iteration"] == STEPS - 1, (sa["iteration"], sb["iteration"])
-    for key, layer in sa["layers"].items():
-        assert torch.equal(layer["compressor"], sb["layers"][key]["compressor"]), f"{key}'s compressor state differs"
-        assert torch.equal(layer["residual"], sb["layers"][key]["residual"]), f"{key}'s residual differs"
+    assert_same_as_without(rank, model_a, state_a, model_b, state_b)
     return f"step {skipped_step} skipped on every rank, then bit-identical to a run without it"
 
 
