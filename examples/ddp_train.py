@@ -28,13 +28,9 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-try:
-    import sidco_torch
-except ModuleNotFoundError as missing:
-    if missing.name != "sidco_torch":
-        raise
-    sys.exit(f"{os.path.basename(__file__)}: sidco_torch is not importable: run it with PYTHONPATH=build/python after "
-             "meson compile -C build, or pip install the package (docs/PYTORCH.md#install)")
+from sidco_import import import_sidco_torch
+
+sidco_torch = import_sidco_torch(__file__)
 
 DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits", "digits.csv")
 

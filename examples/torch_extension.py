@@ -21,7 +21,9 @@ import numpy
 import torch
 from torch.utils import cpp_extension
 
-import sidco_torch
+from sidco_import import import_sidco_torch
+
+sidco_torch = import_sidco_torch(__file__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -147,6 +147,11 @@ def main():
     a = ap.parse_args()
     if not 0 < a.density <= 1:
         ap.error(f"--density {a.density} is outside (0, 1]")
+    if a.method not in ("none", "powersgd"):  # here, not in every rank after the data has loaded
+        from sidco_import import import_sidco_torch
+        methods = import_sidco_torch(__file__).methods()
+        if a.method not in methods:
+            ap.error(f"--method {a.method} is none, powersgd or one of sidco_torch's: {', '.join(methods)}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

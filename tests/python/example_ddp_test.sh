@@ -3,7 +3,8 @@
 # checkpoint, then 50 more resumed from it; the test accuracy must reach 0.85 (about 0.93
 # here), and the parameters after 50 saved + 50 resumed steps must equal those after 100
 # uninterrupted ones, bit for bit (the CRC-32 rank 0 prints), with either wire. Without
-# sidco_torch importable, it says how to get it.
+# sidco_torch importable, it and the other example scripts say how to get it; train_lm.py
+# refuses a method sidco_torch lacks before it starts its ranks.
 #   example_ddp_test.sh PYTHON SOURCE_ROOT
 set -euo pipefail
 python=$1 root=$2
@@ -12,13 +13,22 @@ trap 'rm -rf "$tmp"' EXIT
 crc() { sed -n 's/.*parameters crc32 \([0-9a-f]*\).*/\1/p' "$1"; }
 # Without sidco_torch on the path (unless it is installed): a sentence saying how to get it,
 # not a traceback.
+unknown_method="--method no-such-method is none, powersgd or one of sidco_torch's: "
+for script in "ddp_train.py --help" "torch_extension.py --help" "train_lm.py --method no-such-method"; do
+  status=0
+  # shellcheck disable=SC2086  # the script's name and its arguments
+  out=$(env -u PYTHONPATH "$python" "$root"/examples/$script 2>&1) || status=$?
+  if [ "$status" -ne 0 ] && { ! grep -q -e "sidco_torch is not importable: run it with PYTHONPATH" \
+                                 -e "$unknown_method" <<< "$out" || grep -q Traceback <<< "$out"; }; then
+    echo "$script without PYTHONPATH: exit $status, $out"
+    exit 1
+  fi
+done
+# With it, train_lm.py names the methods it takes, before any rank starts.
 status=0
-out=$(env -u PYTHONPATH "$python" "$root/examples/ddp_train.py" --help 2>&1) || status=$?
-if [ "$status" -ne 0 ] && { ! grep -q "sidco_torch is not importable: run it with PYTHONPATH" <<< "$out" ||
-                              grep -q Traceback <<< "$out"; }; then
-  echo "ddp_train.py --help without PYTHONPATH: exit $status, $out"
-  exit 1
-fi
+out=$("$python" "$root/examples/train_lm.py" --method no-such-method 2>&1) || status=$?
+[ "$status" -eq 2 ] && grep -q -e "$unknown_method.*sidco-e" <<< "$out" ||
+  { echo "train_lm.py --method no-such-method: exit $status, $out"; exit 1; }
 "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 100 --save "$tmp/run.pt"
 for rank in 0 1; do [ -s "$tmp/run.pt.$rank" ] || { echo "no checkpoint for rank $rank"; exit 1; }; done
 "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 50 --resume "$tmp/run.pt" --min-accuracy 0.85
