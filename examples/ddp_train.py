@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from sidco_import import import_sidco_torch
+from example_cli import count, import_sidco_torch
 
 sidco_torch = import_sidco_torch(__file__)
 
@@ -110,8 +110,8 @@ def train(rank, world, port, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--ranks", type=count, default=2)
+    parser.add_argument("--steps", type=count, default=100)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--save", help="checkpoint prefix (one file per rank: PREFIX.RANK)")
     parser.add_argument("--resume", help="checkpoint prefix to resume from")

@@ -21,7 +21,7 @@ import numpy
 import torch
 from torch.utils import cpp_extension
 
-from sidco_import import import_sidco_torch
+from example_cli import import_sidco_torch
 
 sidco_torch = import_sidco_torch(__file__)
 

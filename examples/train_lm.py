@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import wikitext  # noqa: E402  (the text, the model and the perplexity, shared with bench/train_speed.py)
+from example_cli import count, import_sidco_torch  # noqa: E402
 
 
 def powersgd_bytes(model, rank):
@@ -111,10 +112,10 @@ def worker(rank, a, port):
                              f"{perplexity:.3f}" if perplexity != "" else "", sent, f"{density:.6g}",
                              f"{step_seconds:.4f}", f"{compress:.4f}", f"{communicate:.4f}", exchange,
                              f"{global_density:.6g}" if global_density != "" else ""])
-            if perplexity != "":
-                print(f"{a.method} {a.density if a.method not in ('none', 'powersgd') else ''} step {step}: "
-                      f"train loss {losses.item() / a.ranks:.3f}, test perplexity {perplexity:.1f}, "
-                      f"{time.perf_counter() - started:.0f} s", flush=True)
+        if rank == 0 and perplexity != "":  # with or without --csv
+            print(f"{a.method} {a.density if a.method not in ('none', 'powersgd') else ''} step {step}: "
+                  f"train loss {losses.item() / a.ranks:.3f}, test perplexity {perplexity:.1f}, "
+                  f"{time.perf_counter() - started:.0f} s", flush=True)
     if writer:
         csv_file.close()
     dist.destroy_process_group()
@@ -129,26 +130,25 @@ def main():
                     help="sidco_torch's exchange (auto: the all-gather at 2 ranks; from 3, timed in the first sparse steps)")
     ap.add_argument("--wire", default="plain", choices=("plain", "compact", "compact8", "auto"),
                     help="sidco_torch's entry coding (compact: bfloat16 values; compact8: a byte a value; auto: timed)")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch", type=int, default=20)
-    ap.add_argument("--bptt", type=int, default=35)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--ranks", type=count, default=2)
+    ap.add_argument("--steps", type=count, default=600)
+    ap.add_argument("--batch", type=count, default=20)
+    ap.add_argument("--bptt", type=count, default=35)
+    ap.add_argument("--dim", type=count, default=128)
+    ap.add_argument("--layers", type=count, default=2)
     ap.add_argument("--dropout", type=float, default=0.2)
     ap.add_argument("--lr", type=float, default=1.0)
     ap.add_argument("--clip", type=float, default=0.25)
-    ap.add_argument("--powersgd-rank", type=int, default=2)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--eval-words", type=int, default=30000, help="test words the perplexity is measured on")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--powersgd-rank", type=count, default=2)
+    ap.add_argument("--eval-every", type=count, default=100)
+    ap.add_argument("--eval-words", type=count, default=30000, help="test words the perplexity is measured on")
+    ap.add_argument("--threads", type=count, default=1, help="torch threads per process")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--csv", default="")
     a = ap.parse_args()
     if not 0 < a.density <= 1:
         ap.error(f"--density {a.density} is outside (0, 1]")
     if a.method not in ("none", "powersgd"):  # here, not in every rank after the data has loaded
-        from sidco_import import import_sidco_torch
         methods = import_sidco_torch(__file__).methods()
         if a.method not in methods:
             ap.error(f"--method {a.method} is none, powersgd or one of sidco_torch's: {', '.join(methods)}")

@@ -4,7 +4,8 @@
 # here), and the parameters after 50 saved + 50 resumed steps must equal those after 100
 # uninterrupted ones, bit for bit (the CRC-32 rank 0 prints), with either wire. Without
 # sidco_torch importable, it and the other example scripts say how to get it; train_lm.py
-# refuses a method sidco_torch lacks before it starts its ranks.
+# refuses a method sidco_torch lacks before it starts its ranks; both refuse counts below 1;
+# train_lm.py reports its evaluations.
 #   example_ddp_test.sh PYTHON SOURCE_ROOT
 set -euo pipefail
 python=$1 root=$2
@@ -29,6 +30,16 @@ status=0
 out=$("$python" "$root/examples/train_lm.py" --method no-such-method 2>&1) || status=$?
 [ "$status" -eq 2 ] && grep -q -e "$unknown_method.*sidco-e" <<< "$out" ||
   { echo "train_lm.py --method no-such-method: exit $status, $out"; exit 1; }
+# A count below 1 is refused, naming it (it ran no rank, or divided by zero in each).
+for refused in "ddp_train.py --ranks" "ddp_train.py --steps" "train_lm.py --eval-every"; do
+  status=0
+  out=$("$python" "$root/examples/${refused% *}" "${refused#* }" 0 2>&1) || status=$?
+  [ "$status" -eq 2 ] && grep -q -e "argument ${refused#* }: 0 is below 1" <<< "$out" ||
+    { echo "$refused 0: exit $status, $out"; exit 1; }
+done
+# train_lm.py reports its evaluations without --csv too (it printed only with one).
+out=$("$python" "$root/examples/train_lm.py" --ranks 2 --steps 3 --eval-every 3 --eval-words 500)
+grep -q "^sidco-e 0.01 step 3: train loss" <<< "$out" || { echo "train_lm.py printed no evaluation: $out"; exit 1; }
 "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 100 --save "$tmp/run.pt"
 for rank in 0 1; do [ -s "$tmp/run.pt.$rank" ] || { echo "no checkpoint for rank $rank"; exit 1; }; done
 "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 50 --resume "$tmp/run.pt" --min-accuracy 0.85

@@ -1,5 +1,7 @@
-"""sidco_torch for the example scripts, or one sentence saying how to make it importable
-(instead of a ModuleNotFoundError traceback)."""
+"""What the example scripts share on the command line: sidco_torch, or one sentence saying how
+to make it importable (instead of a ModuleNotFoundError traceback), and counts argparse
+refuses below 1 (instead of ranks that never start or a division by zero in each)."""
+import argparse
 import os
 import sys
 
@@ -14,3 +16,11 @@ def import_sidco_torch(script):
         sys.exit(f"{os.path.basename(script)}: sidco_torch is not importable: run it with PYTHONPATH=build/python after "
                  "meson compile -C build, or pip install the package (docs/PYTORCH.md#install)")
     return sidco_torch
+
+
+def count(text):
+    """argparse's type for a count of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
