@@ -28,9 +28,9 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from example_cli import count, import_sidco_torch
+import example_cli
 
-sidco_torch = import_sidco_torch(__file__)
+sidco_torch = example_cli.import_sidco_torch(__file__)
 
 DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits", "digits.csv")
 
@@ -110,8 +110,8 @@ def train(rank, world, port, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=count, default=2)
-    parser.add_argument("--steps", type=count, default=100)
+    parser.add_argument("--ranks", type=example_cli.count, default=2)
+    parser.add_argument("--steps", type=example_cli.count, default=100)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--save", help="checkpoint prefix (one file per rank: PREFIX.RANK)")
     parser.add_argument("--resume", help="checkpoint prefix to resume from")

@@ -21,9 +21,9 @@ import numpy
 import torch
 from torch.utils import cpp_extension
 
-from example_cli import import_sidco_torch
+import example_cli
 
-sidco_torch = import_sidco_torch(__file__)
+sidco_torch = example_cli.import_sidco_torch(__file__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -38,8 +38,8 @@ def build(verbose=False):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gradient", default=os.path.join(HERE, "data", "gradients", "lstm_it10.npy"))
-    parser.add_argument("--density", type=float, default=0.01)
-    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--density", type=example_cli.density, default=0.01)
+    parser.add_argument("--calls", type=example_cli.count, default=5)
     parser.add_argument("--verbose", action="store_true", help="show the compiler's command lines")
     args = parser.parse_args()
 

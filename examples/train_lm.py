@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import wikitext  # noqa: E402  (the text, the model and the perplexity, shared with bench/train_speed.py)
-from example_cli import count, import_sidco_torch  # noqa: E402
+import example_cli  # noqa: E402
 
 
 def powersgd_bytes(model, rank):
@@ -125,31 +125,30 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default="sidco-e",
                     help="none, powersgd, or a sidco_torch method (sidco-e, sidco-gp, top-k, dgc, random-k, ...)")
-    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--density", type=example_cli.density, default=0.01)
     ap.add_argument("--exchange", default="auto", choices=("auto", "allgather", "reduce"),
                     help="sidco_torch's exchange (auto: the all-gather at 2 ranks; from 3, timed in the first sparse steps)")
     ap.add_argument("--wire", default="plain", choices=("plain", "compact", "compact8", "auto"),
                     help="sidco_torch's entry coding (compact: bfloat16 values; compact8: a byte a value; auto: timed)")
-    ap.add_argument("--ranks", type=count, default=2)
-    ap.add_argument("--steps", type=count, default=600)
-    ap.add_argument("--batch", type=count, default=20)
-    ap.add_argument("--bptt", type=count, default=35)
-    ap.add_argument("--dim", type=count, default=128)
-    ap.add_argument("--layers", type=count, default=2)
+    ap.add_argument("--ranks", type=example_cli.count, default=2)
+    ap.add_argument("--steps", type=example_cli.count, default=600)
+    ap.add_argument("--batch", type=example_cli.count, default=20)
+    ap.add_argument("--bptt", type=example_cli.count, default=35)
+    ap.add_argument("--dim", type=example_cli.count, default=128)
+    ap.add_argument("--layers", type=example_cli.count, default=2)
     ap.add_argument("--dropout", type=float, default=0.2)
     ap.add_argument("--lr", type=float, default=1.0)
     ap.add_argument("--clip", type=float, default=0.25)
-    ap.add_argument("--powersgd-rank", type=count, default=2)
-    ap.add_argument("--eval-every", type=count, default=100)
-    ap.add_argument("--eval-words", type=count, default=30000, help="test words the perplexity is measured on")
-    ap.add_argument("--threads", type=count, default=1, help="torch threads per process")
+    ap.add_argument("--powersgd-rank", type=example_cli.count, default=2)
+    ap.add_argument("--eval-every", type=example_cli.count, default=100)
+    ap.add_argument("--eval-words", type=example_cli.count, default=30000,
+                    help="test words the perplexity is measured on")
+    ap.add_argument("--threads", type=example_cli.count, default=1, help="torch threads per process")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--csv", default="")
     a = ap.parse_args()
-    if not 0 < a.density <= 1:
-        ap.error(f"--density {a.density} is outside (0, 1]")
     if a.method not in ("none", "powersgd"):  # here, not in every rank after the data has loaded
-        methods = import_sidco_torch(__file__).methods()
+        methods = example_cli.import_sidco_torch(__file__).methods()
         if a.method not in methods:
             ap.error(f"--method {a.method} is none, powersgd or one of sidco_torch's: {', '.join(methods)}")
     with socket.socket() as s:

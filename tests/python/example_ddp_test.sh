@@ -4,8 +4,8 @@
 # here), and the parameters after 50 saved + 50 resumed steps must equal those after 100
 # uninterrupted ones, bit for bit (the CRC-32 rank 0 prints), with either wire. Without
 # sidco_torch importable, it and the other example scripts say how to get it; train_lm.py
-# refuses a method sidco_torch lacks before it starts its ranks; both refuse counts below 1;
-# train_lm.py reports its evaluations.
+# refuses a method sidco_torch lacks before it starts its ranks; they refuse counts below 1
+# and densities outside (0, 1]; train_lm.py reports its evaluations.
 #   example_ddp_test.sh PYTHON SOURCE_ROOT
 set -euo pipefail
 python=$1 root=$2
@@ -30,13 +30,21 @@ status=0
 out=$("$python" "$root/examples/train_lm.py" --method no-such-method 2>&1) || status=$?
 [ "$status" -eq 2 ] && grep -q -e "$unknown_method.*sidco-e" <<< "$out" ||
   { echo "train_lm.py --method no-such-method: exit $status, $out"; exit 1; }
-# A count below 1 is refused, naming it (it ran no rank, or divided by zero in each).
-for refused in "ddp_train.py --ranks" "ddp_train.py --steps" "train_lm.py --eval-every"; do
+# A count below 1 or a density outside (0, 1] is refused, naming it (it ran no rank, divided by
+# zero in each, or did nothing and exited 0).
+while read -r script option value refusal; do
   status=0
-  out=$("$python" "$root/examples/${refused% *}" "${refused#* }" 0 2>&1) || status=$?
-  [ "$status" -eq 2 ] && grep -q -e "argument ${refused#* }: 0 is below 1" <<< "$out" ||
-    { echo "$refused 0: exit $status, $out"; exit 1; }
-done
+  out=$("$python" "$root/examples/$script" "$option" "$value" 2>&1) || status=$?
+  [ "$status" -eq 2 ] && grep -q -F -e "argument $option: $refusal" <<< "$out" ||
+    { echo "$script $option $value: exit $status, $out"; exit 1; }
+done <<'CASES'
+ddp_train.py --ranks 0 0 is below 1
+ddp_train.py --steps 0 0 is below 1
+train_lm.py --eval-every 0 0 is below 1
+train_lm.py --density 0 0.0 is outside (0, 1]
+torch_extension.py --calls 0 0 is below 1
+torch_extension.py --density 5 5.0 is outside (0, 1]
+CASES
 # train_lm.py reports its evaluations without --csv too (it printed only with one).
 out=$("$python" "$root/examples/train_lm.py" --ranks 2 --steps 3 --eval-every 3 --eval-words 500)
 grep -q "^sidco-e 0.01 step 3: train loss" <<< "$out" || { echo "train_lm.py printed no evaluation: $out"; exit 1; }
