@@ -121,6 +121,16 @@ def main():
     parser.add_argument("--seed", type=int, default=0, help="the initial model's seed")
     parser.add_argument("--exchange", choices=("auto", "allgather", "reduce"), default="auto")
     args = parser.parse_args()
+    # Here rather than in every rank, each with a traceback.
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    if args.resume:
+        missing = [f"{args.resume}.{rank}" for rank in range(args.ranks) if not os.path.isfile(f"{args.resume}.{rank}")]
+        if missing:
+            parser.error(f"--resume {args.resume}: no checkpoint {missing[0]} (one a rank, PREFIX.RANK, for "
+                         f"--ranks {args.ranks})")
+    if args.save:
+        os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

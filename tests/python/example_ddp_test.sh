@@ -5,7 +5,8 @@
 # uninterrupted ones, bit for bit (the CRC-32 rank 0 prints), with either wire. Without
 # sidco_torch importable, it and the other example scripts say how to get it; train_lm.py
 # refuses a method sidco_torch lacks before it starts its ranks; they refuse counts below 1
-# and densities outside (0, 1]; train_lm.py reports its evaluations.
+# and densities outside (0, 1]; train_lm.py reports its evaluations; ddp_train.py refuses a
+# missing checkpoint or GPU before it starts its ranks.
 #   example_ddp_test.sh PYTHON SOURCE_ROOT
 set -euo pipefail
 python=$1 root=$2
@@ -48,9 +49,27 @@ CASES
 # train_lm.py reports its evaluations without --csv too (it printed only with one).
 out=$("$python" "$root/examples/train_lm.py" --ranks 2 --steps 3 --eval-every 3 --eval-words 500)
 grep -q "^sidco-e 0.01 step 3: train loss" <<< "$out" || { echo "train_lm.py printed no evaluation: $out"; exit 1; }
-"$python" "$root/examples/ddp_train.py" --ranks 2 --steps 100 --save "$tmp/run.pt"
-for rank in 0 1; do [ -s "$tmp/run.pt.$rank" ] || { echo "no checkpoint for rank $rank"; exit 1; }; done
-"$python" "$root/examples/ddp_train.py" --ranks 2 --steps 50 --resume "$tmp/run.pt" --min-accuracy 0.85
+# ddp_train.py refuses, before it starts its ranks, a checkpoint missing for a rank and, where
+# torch sees no GPU, --device cuda (each rank raised a traceback).
+status=0
+out=$("$python" "$root/examples/ddp_train.py" --ranks 2 --resume "$tmp/none" 2>&1) || status=$?
+[ "$status" -eq 2 ] && grep -q -F "error: --resume $tmp/none: no checkpoint $tmp/none.0" <<< "$out" ||
+  { echo "ddp_train.py --resume of no file: exit $status, $out"; exit 1; }
+if [ "$("$python" -c 'import torch; print(torch.cuda.is_available())')" = False ]; then
+  status=0
+  out=$("$python" "$root/examples/ddp_train.py" --device cuda 2>&1) || status=$?
+  [ "$status" -eq 2 ] && grep -q -F "error: --device cuda: torch sees no CUDA device" <<< "$out" ||
+    { echo "ddp_train.py --device cuda without a GPU: exit $status, $out"; exit 1; }
+fi
+# --save makes the checkpoints' folder.
+"$python" "$root/examples/ddp_train.py" --ranks 2 --steps 100 --save "$tmp/saved/run.pt"
+for rank in 0 1; do [ -s "$tmp/saved/run.pt.$rank" ] || { echo "no checkpoint for rank $rank"; exit 1; }; done
+"$python" "$root/examples/ddp_train.py" --ranks 2 --steps 50 --resume "$tmp/saved/run.pt" --min-accuracy 0.85
+status=0
+out=$("$python" "$root/examples/ddp_train.py" --ranks 3 --resume "$tmp/saved/run.pt" 2>&1) || status=$?
+[ "$status" -eq 2 ] && grep -q -F "no checkpoint $tmp/saved/run.pt.2 (one a rank, PREFIX.RANK, for --ranks 3)" \
+  <<< "$out" ||
+  { echo "ddp_train.py --ranks 3 resuming 2 ranks' checkpoints: exit $status, $out"; exit 1; }
 for wire in plain compact; do
   "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 60 --wire $wire | tee "$tmp/straight"
   "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 30 --wire $wire --save "$tmp/half.pt" > /dev/null
