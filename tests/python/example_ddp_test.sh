@@ -13,6 +13,12 @@ python=$1 root=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 crc() { sed -n 's/.*parameters crc32 \([0-9a-f]*\).*/\1/p' "$1"; }
+refused() {  # TEXT SCRIPT ARGS...: the example exits 2 (argparse's error), saying TEXT
+  local text=$1 status=0 out
+  shift
+  out=$("$python" "$root/examples/$1" "${@:2}" 2>&1) || status=$?
+  [ "$status" -eq 2 ] && grep -q -F -e "$text" <<< "$out" || { echo "$*: exit $status, $out"; exit 1; }
+}
 # Without sidco_torch on the path (unless it is installed): a sentence saying how to get it,
 # not a traceback.
 unknown_method="--method no-such-method is none, powersgd or one of sidco_torch's: "
@@ -27,17 +33,11 @@ for script in "ddp_train.py --help" "torch_extension.py --help" "train_lm.py --m
   fi
 done
 # With it, train_lm.py names the methods it takes, before any rank starts.
-status=0
-out=$("$python" "$root/examples/train_lm.py" --method no-such-method 2>&1) || status=$?
-[ "$status" -eq 2 ] && grep -q -e "$unknown_method.*sidco-e" <<< "$out" ||
-  { echo "train_lm.py --method no-such-method: exit $status, $out"; exit 1; }
+refused "${unknown_method}sidco-e, " train_lm.py --method no-such-method
 # A count below 1 or a density outside (0, 1] is refused, naming it (it ran no rank, divided by
 # zero in each, or did nothing and exited 0).
 while read -r script option value refusal; do
-  status=0
-  out=$("$python" "$root/examples/$script" "$option" "$value" 2>&1) || status=$?
-  [ "$status" -eq 2 ] && grep -q -F -e "argument $option: $refusal" <<< "$out" ||
-    { echo "$script $option $value: exit $status, $out"; exit 1; }
+  refused "argument $option: $refusal" "$script" "$option" "$value"
 done <<'CASES'
 ddp_train.py --ranks 0 0 is below 1
 ddp_train.py --steps 0 0 is below 1
@@ -51,25 +51,16 @@ out=$("$python" "$root/examples/train_lm.py" --ranks 2 --steps 3 --eval-every 3 
 grep -q "^sidco-e 0.01 step 3: train loss" <<< "$out" || { echo "train_lm.py printed no evaluation: $out"; exit 1; }
 # ddp_train.py refuses, before it starts its ranks, a checkpoint missing for a rank and, where
 # torch sees no GPU, --device cuda (each rank raised a traceback).
-status=0
-out=$("$python" "$root/examples/ddp_train.py" --ranks 2 --resume "$tmp/none" 2>&1) || status=$?
-[ "$status" -eq 2 ] && grep -q -F "error: --resume $tmp/none: no checkpoint $tmp/none.0" <<< "$out" ||
-  { echo "ddp_train.py --resume of no file: exit $status, $out"; exit 1; }
+refused "error: --resume $tmp/none: no checkpoint $tmp/none.0" ddp_train.py --ranks 2 --resume "$tmp/none"
 if [ "$("$python" -c 'import torch; print(torch.cuda.is_available())')" = False ]; then
-  status=0
-  out=$("$python" "$root/examples/ddp_train.py" --device cuda 2>&1) || status=$?
-  [ "$status" -eq 2 ] && grep -q -F "error: --device cuda: torch sees no CUDA device" <<< "$out" ||
-    { echo "ddp_train.py --device cuda without a GPU: exit $status, $out"; exit 1; }
+  refused "error: --device cuda: torch sees no CUDA device" ddp_train.py --device cuda
 fi
 # --save makes the checkpoints' folder.
 "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 100 --save "$tmp/saved/run.pt"
 for rank in 0 1; do [ -s "$tmp/saved/run.pt.$rank" ] || { echo "no checkpoint for rank $rank"; exit 1; }; done
 "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 50 --resume "$tmp/saved/run.pt" --min-accuracy 0.85
-status=0
-out=$("$python" "$root/examples/ddp_train.py" --ranks 3 --resume "$tmp/saved/run.pt" 2>&1) || status=$?
-[ "$status" -eq 2 ] && grep -q -F "no checkpoint $tmp/saved/run.pt.2 (one a rank, PREFIX.RANK, for --ranks 3)" \
-  <<< "$out" ||
-  { echo "ddp_train.py --ranks 3 resuming 2 ranks' checkpoints: exit $status, $out"; exit 1; }
+refused "no checkpoint $tmp/saved/run.pt.2 (one a rank, PREFIX.RANK, for --ranks 3)" \
+  ddp_train.py --ranks 3 --resume "$tmp/saved/run.pt"
 for wire in plain compact; do
   "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 60 --wire $wire | tee "$tmp/straight"
   "$python" "$root/examples/ddp_train.py" --ranks 2 --steps 30 --wire $wire --save "$tmp/half.pt" > /dev/null
