@@ -125,9 +125,10 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
     if args.resume:
-        missing = [f"{args.resume}.{rank}" for rank in range(args.ranks) if not os.path.isfile(f"{args.resume}.{rank}")]
+        missing = next((path for path in (f"{args.resume}.{rank}" for rank in range(args.ranks))
+                        if not os.path.isfile(path)), None)
         if missing:
-            parser.error(f"--resume {args.resume}: no checkpoint {missing[0]} (one a rank, PREFIX.RANK, for "
+            parser.error(f"--resume {args.resume}: no checkpoint {missing} (one a rank, PREFIX.RANK, for "
                          f"--ranks {args.ranks})")
     if args.save:
         os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
