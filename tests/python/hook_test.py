@@ -922,8 +922,8 @@ def check_residual_to_sparse(rank, world, exchange):
     resumed with nn.Embedding(sparse=True), the first step sends that residual with the sparse
     gradient's rows (the average of gradient + residual over the ranks), and the parameter
     leaves the state (which saves and loads): the next step is DDP's own average again. With
-    nonfinite="skip", a step skipped for an overflow in that gradient first puts the residual
-    back, and the step after sends it."""
+    nonfinite="skip", a step skipped for an overflow, in that gradient or in another bucket's
+    (hidden.weight, compressed), first puts the residual back, and the step after sends it."""
     def fresh_state(nonfinite="raise"):
         return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=0, exchange=exchange,
                                  nonfinite=nonfinite)
@@ -940,37 +940,42 @@ def check_residual_to_sparse(rank, world, exchange):
     checkpoint = dense_state.state_dict()
     residual = checkpoint["layers"]["embed.weight"]["residual"]
     assert residual is not None and bool(residual.any()), "the dense run left the embedding no residual"
-    resumed = fresh_state(nonfinite="skip")
-    resumed.load_state_dict(checkpoint)
-    model, reference = SparseEmbedding(), SparseEmbedding()
-    ddp, reference_ddp = DDP(model, bucket_cap_mb=0.05), DDP(reference, bucket_cap_mb=0.05)
-    sidco_torch.register(ddp, resumed)
     averaged = residual.view(500, 64) / world
     dist.all_reduce(averaged)
-    for step in ("overflow", 2, 3):
-        model.load_state_dict(dense_model.state_dict())
-        reference.load_state_dict(dense_model.state_dict())
-        tokens, labels = token_batch(rank, 1 if step == "overflow" else step)
-        for m, d in ((model, ddp), (reference, reference_ddp)):
-            m.zero_grad()
-            handle = None
-            if m is model and step == "overflow" and rank == world - 1:
-                handle = m.embed.weight.register_hook(lambda grad: grad * float("inf"))
-            nn.functional.cross_entropy(d(tokens), labels).backward()
-            if handle is not None:
-                handle.remove()
-        got, expected = model.embed.weight.grad.to_dense(), reference.embed.weight.grad.to_dense()
-        if step == "overflow":
-            assert not bool(torch.isfinite(got).all()), "the overflow did not reach every rank"
-        elif step == 2:  # sums in another order (sparse rows): equal within float rounding
-            assert torch.allclose(got, expected + averaged, rtol=1e-5, atol=1e-7), \
-                f"the residual was not sent: off by {(got - expected - averaged).abs().max().item()}"
-            after = resumed.state_dict()
-            assert "embed.weight" not in after["layers"], "the state still holds the sent residual"
-            fresh_state().load_state_dict(after)  # and what it saves now loads
-        else:
-            assert torch.equal(got, expected), "after the residual was sent, not DDP's own average"
-    assert resumed.skipped_steps == 1, resumed.skipped_steps
+    for overflow_in in ("embed", "hidden"):
+        resumed = fresh_state(nonfinite="skip")
+        resumed.load_state_dict(checkpoint)
+        model, reference = SparseEmbedding(), SparseEmbedding()
+        ddp, reference_ddp = DDP(model, bucket_cap_mb=0.05), DDP(reference, bucket_cap_mb=0.05)
+        sidco_torch.register(ddp, resumed)
+        for step in ("overflow", 2, 3):
+            model.load_state_dict(dense_model.state_dict())
+            reference.load_state_dict(dense_model.state_dict())
+            tokens, labels = token_batch(rank, 1 if step == "overflow" else step)
+            for m, d in ((model, ddp), (reference, reference_ddp)):
+                m.zero_grad()
+                handle = None
+                if m is model and step == "overflow" and rank == world - 1:
+                    overflowing = getattr(m, overflow_in).weight
+                    handle = overflowing.register_hook(lambda grad: grad * float("inf"))
+                nn.functional.cross_entropy(d(tokens), labels).backward()
+                if handle is not None:
+                    handle.remove()
+            got, expected = model.embed.weight.grad.to_dense(), reference.embed.weight.grad.to_dense()
+            if step == "overflow":
+                reduced = getattr(model, overflow_in).weight.grad
+                reduced = reduced.to_dense() if reduced.is_sparse else reduced
+                assert not bool(torch.isfinite(reduced).all()), f"the overflow in {overflow_in} did not reach every rank"
+            elif step == 2:  # sums in another order (sparse rows): equal within float rounding
+                assert torch.allclose(got, expected + averaged, rtol=1e-5, atol=1e-7), \
+                    f"overflow in {overflow_in}: the residual was not sent after the skipped step: " \
+                    f"off by {(got - expected - averaged).abs().max().item()}"
+                after = resumed.state_dict()
+                assert "embed.weight" not in after["layers"], "the state still holds the sent residual"
+                fresh_state().load_state_dict(after)  # and what it saves now loads
+            else:
+                assert torch.equal(got, expected), "after the residual was sent, not DDP's own average"
+        assert resumed.skipped_steps == 1, (overflow_in, resumed.skipped_steps)
 
 
 def scenario_join(rank, world, exchange):
