@@ -46,6 +46,7 @@ import torch.nn as nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import wikitext  # noqa: E402
+from example_cli import count, density  # noqa: E402
 from loopback import free_port  # noqa: E402
 
 MODELS = {
@@ -327,23 +328,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["step", "converge"], help="or report FILES... [--png PATH]")
     ap.add_argument("--methods", default="none,powersgd,sidco-e,top-k")
-    ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--density", type=density, default=0.01)
+    ap.add_argument("--ranks", type=count, default=2)
     ap.add_argument("--model", choices=sorted(MODELS), default="lstm")
     ap.add_argument("--rate", default="1gbit", help="the link's rate, as given to tc (for the wire time)")
-    ap.add_argument("--rounds", type=int, default=2, help="step mode: the method list this many times, interleaved")
+    ap.add_argument("--rounds", type=count, default=2, help="step mode: the method list this many times, interleaved")
     ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--min-steps", type=int, default=4)
-    ap.add_argument("--interleave", type=int, default=4,
+    ap.add_argument("--steps", type=count, default=30)
+    ap.add_argument("--min-steps", type=count, default=4)
+    ap.add_argument("--interleave", type=count, default=4,
                     help="step mode: compute-only and method steps alternate in blocks of this many")
     ap.add_argument("--seconds", type=float, default=40, help="step mode: timed steps per method at most this long")
     ap.add_argument("--target", type=float, default=600.0, help="converge mode: test perplexity to reach")
-    ap.add_argument("--max-steps", type=int, default=600)
-    ap.add_argument("--eval-every", type=int, default=25)
-    ap.add_argument("--eval-words", type=int, default=10000)
-    ap.add_argument("--powersgd-rank", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-steps", type=count, default=600)
+    ap.add_argument("--eval-every", type=count, default=25)
+    ap.add_argument("--eval-words", type=count, default=10000)
+    ap.add_argument("--powersgd-rank", type=count, default=2)
+    ap.add_argument("--threads", type=count, default=1)
     ap.add_argument("--bucket-mb", type=float, default=25.0,
                     help="DDP's bucket_cap_mb (its default 25; PowerSGD keeps one bucket)")
     ap.add_argument("--seed", type=int, default=1)

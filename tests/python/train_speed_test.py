@@ -24,7 +24,18 @@ def rows(path):
         return {r["method"]: r for r in map(json.loads, f)}
 
 
+def refusals():
+    """Counts below 1 and densities outside (0, 1] end the run before any rank starts (exit 2,
+    naming the argument), instead of ranks that never start or a division by zero in each."""
+    for args, text in ((["--ranks", "0"], "argument --ranks: 0 is below 1"),
+                       (["--eval-every", "0"], "argument --eval-every: 0 is below 1"),
+                       (["--density", "0"], "argument --density: 0.0 is outside (0, 1]")):
+        run = subprocess.run(BENCH + ["step"] + args, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and text in run.stderr, (args, run.returncode, run.stderr)
+
+
 def unshaped(tmp):
+    refusals()
     step = os.path.join(tmp, "step.jsonl")
     subprocess.run(BENCH + ["step", "--methods", "none,powersgd,sidco-e,top-k", "--json", step] + QUICK, check=True)
     got = rows(step)
