@@ -5,7 +5,8 @@ non-finite at that step, so that a GradScaler's rule (a non-finite gradient afte
 exchange: skip the optimizer step) skips it on every rank; afterwards every rank continues
 exactly as a run that never took that step does (parameters, residuals, adaptive state and
 the iteration count, bit for bit). Checked for the all-gather exchange (2 ranks, overflow in
-the sparse buckets and in a small dense bucket, and during the dense warm-up) and the
+the sparse buckets and in a small dense bucket, during the dense warm-up, and at the step a
+density schedule sends every bucket densely, their residuals folded in) and the
 reduce-scatter exchange (3 ranks, flat and in two hops), and for an overflow in an
 nn.Embedding(sparse=True) gradient, all-reduced as DDP does (2 and 3 ranks). torch 1.13's GradScaler is CUDA-only (on CPU it disables
 itself), so the rule is written out here; the GPU check runs a real one."""
@@ -66,16 +67,20 @@ def assert_same_as_without(rank, model_a, state_a, model_b, state_b):
     assert state_a.skipped_steps == 1, state_a.skipped_steps
 
 
-def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements, dense_from=None):
+def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements, dense_from=None,
+                  all_dense_from=None):
     """dense_from: from that iteration on, last.bias is one of dense_parameters (its residual,
     held from the sparse steps before, goes with it; a skipped step must put it back).
+    all_dense_from: from that iteration on, a density schedule sends every bucket densely
+    (each bucket's residual folded into it; a skipped step must put them back).
     exchange "reduce:two-hop": the reduce exchange with reduce_schedule="two-hop"."""
     exchange, _, schedule = exchange.partition(":")
 
     def fresh():
         holder = []
         dense = None if dense_from is None else (lambda name, p: name == "last.bias" and holder[0].iteration >= dense_from)
-        state = sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=start_iter, exchange=exchange,
+        density = 0.05 if all_dense_from is None else (lambda iteration: 0.05 if iteration < all_dense_from else 0.9)
+        state = sidco_torch.State(wire="plain", method="sidco-e", density=density, start_iter=start_iter, exchange=exchange,
                                   nonfinite="skip", min_bucket_elements=min_bucket_elements, dense_parameters=dense,
                                   reduce_schedule=schedule or "auto")
         holder.append(state)
@@ -179,6 +184,9 @@ def main():
               f"min_bucket_elements {smallest}):", out[0])
     out = run(scenario_skip, 2, "allgather", 2, "first", 1, 3000, 2, timeout=240)
     print("skip with last.bias going dense at that step (its residual put back):", out[0])
+    out = run(scenario_skip, 2, "allgather", 3, "last", 1, 3000, None, 3, timeout=240)
+    print("skip with every bucket going dense at that step by the density schedule (their residuals put back):",
+          out[0])
     for exchange, world in (("allgather", 2), ("reduce", 3)):
         out = run(scenario_skip_sparse_gradient, world, exchange, 2, timeout=240)
         print(f"skip, overflow in a sparse embedding gradient ({exchange}, {world} ranks):", out[0])
