@@ -384,17 +384,24 @@ def layouts(seen):
     return hook
 
 
-def scenario_resume(rank, world, method):
+def scenario_resume(rank, world, method, dense_from_split=False):
+    """Interrupted at a step, saved, built anew and loaded: bit-identical to the run without
+    the interruption. dense_from_split: a density schedule sends every bucket densely from
+    that step on, so the loaded residuals (not yet in any bucket) are folded into the first
+    dense all-reduce, as the uninterrupted run folds its buckets' residuals."""
     steps, split = 8, 4
+    density = (lambda iteration: 0.05 if iteration < split else 0.9) if dense_from_split else 0.05
     # Uninterrupted.
-    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method=method, density=density, start_iter=1)
     whole = {}
     model, ddp, optimizer = make(state, rank, hook=layouts(whole))
-    for step in range(steps):
-        train_step(ddp, optimizer, rank, step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(steps):
+            train_step(ddp, optimizer, rank, step)
     uninterrupted = [p.detach().clone() for p in model.parameters()]
     # Interrupted at split: everything saved, then built anew and loaded.
-    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method=method, density=density, start_iter=1)
     model, ddp, optimizer = make(state, rank)
     for step in range(split):
         train_step(ddp, optimizer, rank, step)
@@ -403,19 +410,25 @@ def scenario_resume(rank, world, method):
     del model, ddp, optimizer, state
     saved.seek(0)
     checkpoint = torch.load(saved)
-    state = sidco_torch.State(wire="plain", method=method, density=0.05, start_iter=1)
+    state = sidco_torch.State(wire="plain", method=method, density=density, start_iter=1)
     state.load_state_dict(checkpoint["sidco"])
     model = Shuffled()
     model.load_state_dict(checkpoint["model"])
     again = {}
     model, ddp, optimizer = make(state, rank, model=model, hook=layouts(again))
     optimizer.load_state_dict(checkpoint["optimizer"])
-    for step in range(split, steps):
-        train_step(ddp, optimizer, rank, step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dense_from_split: "all-reduced densely"
+        for step in range(split, steps):
+            train_step(ddp, optimizer, rank, step)
     resumed = [p.detach() for p in model.parameters()]
     # The resumed DDP starts with its first layout, the uninterrupted one had rebuilt its
     # buckets: the state had to follow each parameter into another bucket.
     assert len(whole[split]) > 1 and whole[split] != again[split], (whole[split], again[split])
+    if dense_from_split:
+        assert {s["path"] for s in state.stats().values()} == {"dense"}, state.stats()
+        assert all(layer["residual"] is None or not bool(layer["residual"].any())
+                   for layer in state.state_dict()["layers"].values()), "a residual was kept, not sent"
     for a, b in zip(uninterrupted, resumed):
         assert torch.equal(a, b), f"{method}: resumed run differs by {(a - b).abs().max().item()}"
     return "bit-identical"
@@ -2262,6 +2275,7 @@ def main():
     print("failure (bad state on rank 1 of 2):", run(scenario_failure_state, 2)[0])
     for method in ("sidco-e", "dgc", "top-k"):
         print(f"resume ({method}):", run(scenario_resume, 2, method)[0])
+    print("resume into dense steps (the loaded residuals folded in):", run(scenario_resume, 2, "sidco-e", True)[0])
     print("new DDP wrapper:", run(scenario_new_wrapper, 2)[0])
     with tempfile.TemporaryDirectory() as tmp:
         print("future:", run(scenario_returns_early, 2, os.path.join(tmp, "recorded"))[0])
