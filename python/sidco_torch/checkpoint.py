@@ -178,7 +178,7 @@ class _Checkpoints:
         where = f"sidco_torch.State.load_state_dict: the reduce exchange state of parameters {key.replace('|', ', ')}"
         try:
             _, ranks, size, owner = torch.ops.sidco.exchange_state_info(state.contiguous())
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:  # a damaged state raises ValueError (std::invalid_argument)
             raise ValueError(f"{where} is damaged: {e}") from e
         if world is not None and ranks != world:
             raise ValueError(f"{where} was saved among {ranks} ranks; this process group has {world}. The reduce "

@@ -2092,7 +2092,27 @@ def check_loaded_states():
                           "['compressor', 'residual', 'size'])"),
                 (dict(good, layers=dict(good["layers"], **{"middle.bias": 3})), "layer middle.bias is not a dict"),
                 (dict(good, iteration=True), "iteration True"),
-                (dict(good, exchanges={3: torch.zeros(4, dtype=torch.uint8)}), "exchanges is not a dict of")]
+                (dict(good, exchanges={3: torch.zeros(4, dtype=torch.uint8)}), "exchanges is not a dict of"),
+                (5, "not a sidco_torch state (format int)"),
+                (dict(good, format=9), "not a sidco_torch state (format 9)"),
+                (dict(good, rank=-1), "rank -1, world None"),
+                (dict(good, method="top-k"), "the state has method 'top-k', this State 'sidco-e'"),
+                (dict(good, keys="ids"), "the state is keyed by parameter ids"),
+                (dict(good, exchanges={"middle.bias": torch.zeros(4, dtype=torch.uint8)}),
+                 "the reduce exchange state of parameters middle.bias is damaged"),
+                (dict(good, auto_exchange="x"), "auto_exchange is not a probe's state: 'x'"),
+                (dict(good, auto_exchange={"chosen": None, "start": -1, "times": {}}), "auto_exchange: start -1")]
+
+    def with_middle_bias(**fields):
+        changed = copy.deepcopy(good)
+        changed["layers"]["middle.bias"].update(fields)
+        return changed
+    damaged += [(with_middle_bias(size=0), "layer middle.bias: size 0"),
+                (with_middle_bias(dtype=torch.int32), "layer middle.bias: dtype torch.int32"),
+                (with_middle_bias(residual=None), "layer middle.bias: residual missing with feedback True"),
+                (with_middle_bias(residual=torch.zeros(255)),
+                 "layer middle.bias: residual is not a torch.float32 tensor of 256 values"),
+                (with_middle_bias(compressor=torch.zeros(8)), "layer middle.bias: compressor state is not a uint8")]
     for attempt, expected in damaged:
         fresh = sidco_torch.State(method="sidco-e", density=0.05)
         try:
