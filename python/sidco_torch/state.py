@@ -205,7 +205,8 @@ class State(_Checkpoints, _Agreement):
         start_iter = _whole_number(start_iter, "start_iter")
         min_bucket_elements = _whole_number(min_bucket_elements, "min_bucket_elements")
         if exchange not in _EXCHANGES:
-            raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of {', '.join(_EXCHANGES)}")
+            raise ValueError(f"sidco_torch.State: exchange = {exchange!r} is not one of "
+                             f"{', '.join(map(repr, _EXCHANGES))}")
         if wire not in _WIRES:
             raise ValueError(f"sidco_torch.State: wire = {wire!r} is not one of {', '.join(map(repr, _WIRES))}")
         if reduce_schedule not in _REDUCE_SCHEDULES:

@@ -762,18 +762,30 @@ def scenario_two_models(rank, world):
     raise AssertionError("one State served two models")
 
 
-def scenario_dense_switch(rank, world):
-    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.5, start_iter=0)
+def scenario_dense_switch(rank, world, exchange="allgather"):
+    """A density whose sparse exchange would move more than a dense all-reduce: every bucket
+    goes dense, reported once, for the all-gather (0.5 at 2 ranks: 2 x 0.5 x 1.25 x 8 bytes
+    against 2 x 4) and the reduce exchange (0.5 x 1.25 x 8 against 4 bytes at any P); the
+    parameters are those of DDP's own all-reduce."""
+    state = sidco_torch.State(wire="plain", method="sidco-e", density=0.5, start_iter=0, exchange=exchange)
     model, ddp, optimizer = make(state, rank)
+    torch.manual_seed(0)
+    reference = Shuffled()
+    reference_ddp = DDP(reference, bucket_cap_mb=0.1)  # DDP's own all-reduce
+    reference_optimizer = torch.optim.SGD(reference_ddp.parameters(), lr=0.1, momentum=0.9)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(3):
             train_step(ddp, optimizer, rank, step)
+            train_step(reference_ddp, reference_optimizer, rank, step)
     stats = state.stats()
-    assert all(s["path"] == "dense" and "outweigh" in s["reason"] for s in stats.values()), stats
+    entries = "exchanged entries" if exchange == "reduce" else "gathered entries"
+    assert all(s["path"] == "dense" and f"makes the {entries} outweigh" in s["reason"] for s in stats.values()), stats
     reports = [w for w in caught if "all-reduced densely" in str(w.message)]
     assert len(reports) == 1, [str(w.message) for w in reports]
-    return "reported once"
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"not DDP's average: off by {(a - b).abs().max().item()}"
+    return f"reported once ({stats[0]['reason']})"
 
 
 def scenario_summary(rank, world):
@@ -1943,6 +1955,8 @@ def check_local():
                                 "the density schedule, called as density(0) (a schedule takes the iteration, an int, "
                                 "and returns a density), raised TypeError"),
                                (dict(wire="bits"), ValueError, "wire = 'bits' is not one of 'plain', 'compact', 'auto'"),
+                               (dict(exchange="all-gather"), ValueError,
+                                "exchange = 'all-gather' is not one of 'auto', 'allgather', 'reduce'"),
                                (dict(reduce_schedule="two_hop"), ValueError,
                                 "reduce_schedule = 'two_hop' is not one of 'auto', 'flat', 'two-hop'"),
                                (dict(reduce_steps_factor=0.2), ValueError,
@@ -2313,6 +2327,7 @@ def main():
     print("a process group released right after each step:", run(scenario_group_released, 2, 40, timeout=60)[0])
     print("two models:", run(scenario_two_models, 1)[0])
     print("dense switch:", run(scenario_dense_switch, 2)[0])
+    print("dense switch (reduce exchange, 3 ranks):", run(scenario_dense_switch, 3, "reduce")[0])
     print("summary:", run(scenario_summary, 2)[0])
     for exchange, world in (("allgather", 2), ("reduce", 3)):
         print(f"dense parameters ({exchange}, {world} ranks):", run(scenario_dense_parameters, world, exchange)[0])
