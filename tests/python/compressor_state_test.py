@@ -130,6 +130,11 @@ def check_refusals():
     expect(lambda: load(damaged(layer_sizes=[n, -1])), ValueError, "engine 1", "size -1 of layer 1")
     expect(lambda: load(damaged(layers=[torch.zeros(8, dtype=torch.int32)] * 2)), ValueError, "engine 1", "uint8")
     expect(lambda: load(damaged(layers=["x"])), ValueError, "engines[1]['layers']")
+    expect(lambda: load({**good, "engines": "x"}), ValueError, "engines must be a list, got str")
+    expect(lambda: load({**good, "engines": [good["engines"][0], 3]}), ValueError,
+           "engines[1] is not a dict of dtype, layer_sizes and layers")
+    expect(lambda: load(damaged(engine=0, dtype=torch.float32)), ValueError,
+           "engines[0]['dtype'] must be a str, got torch.float32")
     # A state of another method's bytes in this method's entry: refused by the state's own names.
     other = sidco_torch.Compressor("sidco-gp")
     other.compress(series[0], DENSITY)
