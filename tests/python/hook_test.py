@@ -1972,6 +1972,7 @@ def check_local():
     check_exchange_devices()
     check_sixteen_bit()
     check_loaded_states()
+    check_attach_refusals()
     check_threads()
     check_decode_corruptions()
     # Layer sizes whose sum wraps past 2^64 are refused, not read past the tensor.
@@ -2156,6 +2157,28 @@ def check_loaded_states():
     else:
         raise AssertionError("another model's state was accepted at attach")
     attached.load_state_dict(good)  # the model's own names: accepted
+
+
+def check_attach_refusals():
+    """attach() (what register() calls) refuses, naming why, a State already keyed by DDP's
+    order (here: an order-keyed state loaded first) and a model with a trainable parameter of
+    a type sidco_torch does not compress (complex); a refused attach leaves the State
+    unattached."""
+    order_keyed = sidco_torch.State(method="sidco-e", density=0.05)
+    order_keyed.load_state_dict(dict(sidco_torch.State(method="sidco-e", density=0.05).state_dict(), keys="order"))
+    complex_model = nn.Linear(4, 2)
+    complex_model.rotation = nn.Parameter(torch.zeros(3, dtype=torch.complex64))
+    for state, model, kind, expected in [
+            (order_keyed, Shuffled(), ValueError, "this State keys its parameters by DDP's order"),
+            (sidco_torch.State(), complex_model, TypeError,
+             "parameter rotation is torch.complex64; sidco_torch compresses float32, float64, float16 and bfloat16")]:
+        try:
+            state.attach(model)
+        except kind as e:
+            assert expected in str(e), str(e)
+        else:
+            raise AssertionError(f"attached: {expected}")
+        assert state._module is None, "a refused attach attached"
 
 
 def check_threads():
