@@ -258,6 +258,36 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing
     REQUIRE(residual.values()[i] == (rank_in() == 1 ? before[i] : g[i] + before[i]));
 }
 
+TEST_CASE("a rank that hands start() a residual of another size: every rank throws naming it; the others keep what they sent") {
+  const std::size_t n = 1000;
+  comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
+  std::vector<float> g(n), residual(n, 0.0f), short_residual(n - 1, 0.0f);
+  for (std::size_t i = 0; i < n; ++i) g[i] = float(int(i * 37 % 1000) - 500) + 0.25f * float(rank_in());
+  sparse_vector<float> sent;
+  presets::top_k<>{}.compress(g, 0.01, sent);
+  const std::vector<std::uint32_t> indices(sent.indices().begin(), sent.indices().end());
+  const std::vector<float> values(sent.values().begin(), sent.values().end());
+  exchange.start(sent, rank_in() == 1 ? std::span<float>(short_residual) : std::span<float>(residual), 2);
+  std::vector<float> dense(n, 1.0f);
+  std::string message;
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(message.find("exchange (tag 0, step 2): rank 1 failed: sparse_exchange: residual: size 999 is not the "
+                             "exchange's 1000") != std::string::npos,
+                message);
+  CHECK(dense == std::vector<float>(n, 1.0f));  // nothing written
+  // The other ranks' sent entries wait in their residuals for the next step; rank 1's
+  // residual was not the exchange's, so it is left as it was.
+  std::vector<float> expected(n, 0.0f);
+  if (rank_in() != 1)
+    for (std::size_t e = 0; e < indices.size(); ++e) expected[indices[e]] = values[e];
+  CHECK(residual == expected);
+  CHECK(short_residual == std::vector<float>(n - 1, 0.0f));
+}
+
 TEST_CASE("ranks whose payloads would differ are refused by every rank's constructor, naming the first") {
   const std::size_t n = 100000;
   const auto refused = [](auto make) {
