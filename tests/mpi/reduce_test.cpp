@@ -316,6 +316,39 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
   CHECK(exchange.wait(dense).selected > 0);
 }
 
+TEST_CASE_TEMPLATE("a rank that hands start() a residual of another size: every rank throws naming it; the others' "
+                   "sent entries go back", How, fixed_size, two_hops) {
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD);
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
+  presets::sidco_e<> compressor;
+  feedback::residual<float> residual(n);
+  std::vector<float> short_residual(n - 1, 0.0f);
+  const auto g = gradient_for(rank, 0, n);
+  sparse_vector<float> sent;
+  compressor.compress(g, 0.01, sent, residual);
+  exchange.start(sent, rank == 1 ? std::span<float>(short_residual) : residual.values(), 3);
+  std::vector<float> dense(n, 5.0f);
+  std::string message;
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: sparse_reduce_exchange: residual: size 19999 "
+                             "is not the exchange's 20000") != std::string::npos,
+                message);
+  CHECK(same_on_every_rank(message));
+  CHECK(dense == std::vector<float>(n, 5.0f));
+  if (rank != 1)
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i]);  // every entry back
+  CHECK(short_residual == std::vector<float>(n - 1, 0.0f));                       // not the exchange's: untouched
+  // The exchange goes on.
+  compressor.compress(gradient_for(rank, 1, n), 0.01, sent, residual);
+  exchange.start(sent, residual.values(), 4);
+  CHECK(exchange.wait(dense).selected > 0);
+}
+
 TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the step on every rank, loudly") {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
