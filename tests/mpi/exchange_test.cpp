@@ -258,7 +258,8 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing
     REQUIRE(residual.values()[i] == (rank_in() == 1 ? before[i] : g[i] + before[i]));
 }
 
-TEST_CASE("a rank that hands start() a residual of another size: every rank throws naming it; the others keep what they sent") {
+TEST_CASE("a rank that hands start() a residual or a sparse vector of another size: every rank throws naming it; the "
+          "others keep what they sent") {
   const std::size_t n = 1000;
   comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01);
   std::vector<float> g(n), residual(n, 0.0f), short_residual(n - 1, 0.0f);
@@ -286,6 +287,20 @@ TEST_CASE("a rank that hands start() a residual of another size: every rank thro
     for (std::size_t e = 0; e < indices.size(); ++e) expected[indices[e]] = values[e];
   CHECK(residual == expected);
   CHECK(short_residual == std::vector<float>(n - 1, 0.0f));
+  // The next step: rank 1's sparse vector is of n + 1 values; refused alike, by name.
+  std::vector<float> longer(n + 1, 1.0f);
+  presets::top_k<>{}.compress(rank_in() == 1 ? std::span<const float>(longer) : std::span<const float>(g), 0.01, sent);
+  exchange.start(sent, {}, 3);
+  message.clear();
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: exchange: the sparse vector's dense size 1001 "
+                             "is not the exchange's 1000") != std::string::npos,
+                message);
+  CHECK(dense == std::vector<float>(n, 1.0f));
 }
 
 TEST_CASE("ranks whose payloads would differ are refused by every rank's constructor, naming the first") {
