@@ -629,20 +629,26 @@ TEST_CASE("reduce-scatter: the default owner keeps the exact Top-k of its reduce
   }
 }
 
-TEST_CASE("reduce-scatter: a sum beyond the type's range fails the step as non-finite on every rank") {
-  // Two ranks send 3e38 at the same index with reduction::sum: finite each, beyond float's
-  // range summed. The owner relays it as a non-finite failure (as a rank's own overflow),
-  // whichever policy, and every rank raises nonfinite_exchange with its entries given back.
+TEST_CASE_TEMPLATE("reduce-scatter: a sum beyond the type's range fails the step as non-finite on every rank", T,
+                   float, float16) {
+  // Two ranks send big at the same index with reduction::sum: finite each, beyond T's range
+  // summed (float: inf in its float accumulator; float16: 80000, finite in its float
+  // accumulator, beyond float16 once rounded). The owner relays it as a non-finite failure
+  // (as a rank's own overflow), whichever policy, and every rank raises nonfinite_exchange
+  // with its entries given back.
   constexpr std::size_t ranks = 2;
+  constexpr bool half = std::is_same_v<T, float16>;
+  const T big = T(half ? 40000.0f : 3e38f);
+  const std::string sum = half ? "add up to 80000, beyond float16's range" : "add up to inf, beyond float32's range";
   for (const bool top_k_owner : {true, false}) {
     auto run = [&](auto policy) {
-      simulated_reduce<float, decltype(policy)> sim(ranks, {{0, n}}, delta, 1.25, comm::reduction::sum);
-      std::vector<sparse_vector<float>> sent(ranks, sparse_vector<float>(n));
-      std::vector<std::vector<float>> residuals(ranks, std::vector<float>(n, 0.0f));
+      simulated_reduce<T, decltype(policy)> sim(ranks, {{0, n}}, delta, 1.25, comm::reduction::sum);
+      std::vector<sparse_vector<T>> sent(ranks, sparse_vector<T>(n));
+      std::vector<std::vector<T>> residuals(ranks, std::vector<T>(n, T(0.0f)));
       for (std::size_t r = 0; r < ranks; ++r) {
-        sent[r].push_back(std::uint32_t(3), 3e38f);
-        sent[r].push_back(std::uint32_t(7 + r), 1.0f);
-        comm::host_residual<float> sink{std::span<float>(residuals[r])};
+        sent[r].push_back(std::uint32_t(3), big);
+        sent[r].push_back(std::uint32_t(7 + r), T(1.0f));
+        comm::host_residual<T> sink{std::span<T>(residuals[r])};
         sim.cores[r].pack(sent[r], sink, sim.cores[r].fields(2), sim.blocks[r]);
       }
       sim.select_all();
@@ -651,18 +657,18 @@ TEST_CASE("reduce-scatter: a sum beyond the type's range fails the step as non-f
       CHECK(comm::header_of(sim.selections[1 - owner]).status == std::uint8_t(comm::wire_status::ok));
       std::set<std::string> messages;
       for (std::size_t r = 0; r < ranks; ++r) {
-        comm::host_residual<float> sink{std::span<float>(residuals[r])};
+        comm::host_residual<T> sink{std::span<T>(residuals[r])};
         try {
           sim.cores[r].apply(sim.selection_views(), sink);
           FAIL("no error on rank ", r);
         } catch (const comm::nonfinite_exchange& e) {
           messages.insert(e.what());
         }
-        CHECK(residuals[r][3] == 3e38f);
-        CHECK(residuals[r][7 + r] == 1.0f);
+        CHECK(to_accumulator(residuals[r][3]) == to_accumulator(big));
+        CHECK(to_accumulator(residuals[r][7 + r]) == 1.0f);
       }
       REQUIRE(messages.size() == 1);
-      CHECK_MESSAGE(messages.begin()->find("the ranks' values at index 3 add up to inf") != std::string::npos,
+      CHECK_MESSAGE(messages.begin()->find("the ranks' values at index 3 " + sum) != std::string::npos,
                     *messages.begin());
     };
     if (top_k_owner) run(comm::owner_top_k{});
