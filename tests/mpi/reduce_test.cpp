@@ -599,7 +599,7 @@ TEST_CASE("the compact codings: flat (values at full width) and two hops (narrow
     CHECK(message.empty());
 }
 
-TEST_CASE("ranks whose densities differ are refused by every rank's constructor") {
+TEST_CASE("ranks whose densities or options differ are refused by every rank's constructor") {
   const double delta = rank_in(MPI_COMM_WORLD) == size_of(MPI_COMM_WORLD) - 1 ? 0.02 : 0.01;
   std::string message;
   try {
@@ -608,6 +608,23 @@ TEST_CASE("ranks whose densities differ are refused by every rank's constructor"
     message = e.what();
   }
   CHECK_MESSAGE(message.find("has density 0.02, rank 0 has 0.01") != std::string::npos, message);
+  // Options that would move payloads otherwise: refused the same way, each by name.
+  const bool last = rank_in(MPI_COMM_WORLD) == size_of(MPI_COMM_WORLD) - 1;
+  const std::string rank = "rank " + std::to_string(size_of(MPI_COMM_WORLD) - 1);
+  const std::pair<comm::exchange_options, std::string> differing[] = {
+      {options_for(last ? transfer::exact : transfer::fixed),
+       rank + " sends payloads at their exact size, rank 0 does not (exchange_options::exact_sizes)"},
+      {options_for(last ? transfer::fixed : transfer::two_hop),
+       rank + " moves its payloads flat, rank 0 in two hops (exchange_options::schedule)"}};
+  for (const auto& [options, expected] : differing) {
+    message.clear();
+    try {
+      comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, 10000, 0.01, options);
+    } catch (const runtime_error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
+  }
 }
 
 TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor, residual): bit-identical", How,
