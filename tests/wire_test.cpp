@@ -629,7 +629,7 @@ TEST_CASE("reduce-scatter: the default owner keeps the exact Top-k of its reduce
   }
 }
 
-TEST_CASE_TEMPLATE("reduce-scatter: a sum beyond the type's range fails the step as non-finite on every rank", T,
+TEST_CASE_TEMPLATE("a sum beyond the type's range fails the step as non-finite on every rank, in both exchanges", T,
                    float, float16) {
   // Two ranks send big at the same index with reduction::sum: finite each, beyond T's range
   // summed (float: inf in its float accumulator; float16: 80000, finite in its float
@@ -674,6 +674,25 @@ TEST_CASE_TEMPLATE("reduce-scatter: a sum beyond the type's range fails the step
     if (top_k_owner) run(comm::owner_top_k{});
     else run(comm::owner_sidco_e{});
   }
+  // The all-gather's decode of the same entries: the same sentence, dense left zero.
+  comm::allgather_core<T> gather({{0, n}}, delta, 1.25);
+  std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(gather.format().bytes()));
+  for (std::size_t r = 0; r < ranks; ++r) {
+    sparse_vector<T> sent(n);
+    sent.push_back(std::uint32_t(3), big);
+    sent.push_back(std::uint32_t(7 + r), T(1.0f));
+    comm::host_residual<T> none;
+    gather.encode(sent, none, {0, 2, delta, comm::reduction::sum}, payloads[r]);
+  }
+  std::vector<T> dense(n, T(5.0f));
+  std::string message;
+  try {
+    comm::decode<T, std::uint32_t>(views_of(payloads), gather.format(), std::span<T>(dense));
+  } catch (const comm::nonfinite_exchange& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(message.find("the ranks' values at index 3 " + sum) != std::string::npos, message);
+  CHECK(std::all_of(dense.begin(), dense.end(), [](T v) { return to_accumulator(v) == 0.0f; }));
 }
 
 TEST_CASE_TEMPLATE("an average whose sum overflows is finite in both exchanges, by one rule, bit for bit", T, float,
