@@ -103,8 +103,9 @@ def main():
         print(f"exit_on_error_test: {failures} runs ended otherwise than every rank (every other rank, when "
               "one died) raising and exiting 1", file=sys.stderr)
         return 1
-    print(f"exit_on_error_test: {sum(1 if e.startswith('crash:') else RUNS for _, _, e in runs)} runs, every rank raised the same error and exited 1 (when rank 1 "
-          "died mid-step, every other rank raised gloo's lost connection and exited 1)")
+    total = sum(1 if ending.startswith("crash:") else RUNS for _, _, ending in runs)
+    print(f"exit_on_error_test: {total} runs, every rank raised the same error and exited 1 (when rank 1 died "
+          "mid-step, every other rank raised gloo's lost connection and exited 1)")
     return 0
 
 
