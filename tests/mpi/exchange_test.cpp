@@ -303,6 +303,35 @@ TEST_CASE("a rank that hands start() a residual or a sparse vector of another si
   CHECK(dense == std::vector<float>(n, 1.0f));
 }
 
+TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the step on every rank; every entry back") {
+  const std::size_t n = 20000;
+  for (const auto coding : {comm::entry_coding::plain, comm::entry_coding::compact}) {
+    comm::exchange_options options;
+    options.trim_limit = 0.1;
+    options.coding = coding;
+    comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options);
+    presets::sidco_e<> compressor;
+    feedback::residual<float> residual(n);
+    const auto g = gradient_for(rank_in(), 0, {{0, n}});
+    sparse_vector<float> sent;
+    compressor.compress(g, rank_in() == 1 ? 0.05 : 0.01, sent, residual);  // rank 1 at 5x the agreed density
+    exchange.start(sent, residual.values(), 0);
+    std::vector<float> dense(n, 5.0f);
+    std::string message;
+    try {
+      exchange.wait(dense);
+    } catch (const runtime_error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find("rank 1 failed: exchange: ") != std::string::npos, message);
+    CHECK_MESSAGE(message.find("exceed the capacity, over exchange_options::trim_limit 0.1: compress at the "
+                               "exchange's density 0.01, or raise exchange_options::slack") != std::string::npos,
+                  message);
+    CHECK(dense == std::vector<float>(n, 5.0f));
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i]);  // every entry back, every rank
+  }
+}
+
 TEST_CASE("ranks whose payloads would differ are refused by every rank's constructor, naming the first") {
   const std::size_t n = 100000;
   const auto refused = [](auto make) {
