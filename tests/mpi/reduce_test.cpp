@@ -316,8 +316,8 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
   CHECK(exchange.wait(dense).selected > 0);
 }
 
-TEST_CASE_TEMPLATE("a rank that hands start() a residual of another size: every rank throws naming it; the others' "
-                   "sent entries go back", How, fixed_size, two_hops) {
+TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of another size: every rank throws naming "
+                   "it; the others' sent entries go back", How, fixed_size, two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
@@ -343,9 +343,23 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual of another size: every 
   if (rank != 1)
     for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i]);  // every entry back
   CHECK(short_residual == std::vector<float>(n - 1, 0.0f));                       // not the exchange's: untouched
+  // The next step: rank 1's sparse vector is of n + 1 values; refused alike, by name.
+  const std::vector<float> longer(n + 1, 1.0f);
+  presets::top_k<>{}.compress(rank == 1 ? std::span<const float>(longer) : std::span<const float>(g), 0.01, sent);
+  exchange.start(sent, {}, 4);
+  message.clear();
+  try {
+    exchange.wait(dense);
+  } catch (const runtime_error& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(message.find("exchange (tag 0, step 4): rank 1 failed: reduce-scatter exchange: the sparse vector's "
+                             "dense size 20001 is not the exchange's 20000") != std::string::npos,
+                message);
+  CHECK(dense == std::vector<float>(n, 5.0f));
   // The exchange goes on.
   compressor.compress(gradient_for(rank, 1, n), 0.01, sent, residual);
-  exchange.start(sent, residual.values(), 4);
+  exchange.start(sent, residual.values(), 5);
   CHECK(exchange.wait(dense).selected > 0);
 }
 
