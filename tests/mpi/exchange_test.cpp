@@ -18,6 +18,7 @@
 #include <sidco/sidco.hpp>
 
 #include "ranks.hpp"
+#include "wait_error.hpp"
 
 using namespace sidco;
 
@@ -244,12 +245,7 @@ TEST_CASE("a rank whose compress fails: every rank throws naming it, and nothing
     exchange.start_failed(e, 7);
   }
   std::vector<float> dense(n, 1.0f);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(exchange, dense);
   CHECK(message.find("exchange (tag 0, step 7): rank 1 failed: gradient + residual contains 1 non-finite value(s)") !=
         std::string::npos);
   CHECK(dense == std::vector<float>(n, 1.0f));  // nothing written
@@ -270,12 +266,7 @@ TEST_CASE("a rank that hands start() a residual or a sparse vector of another si
   const std::vector<float> values(sent.values().begin(), sent.values().end());
   exchange.start(sent, rank_in() == 1 ? std::span<float>(short_residual) : std::span<float>(residual), 2);
   std::vector<float> dense(n, 1.0f);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 2): rank 1 failed: sparse_exchange: residual: size 999 is not the "
                              "exchange's 1000") != std::string::npos,
                 message);
@@ -291,12 +282,7 @@ TEST_CASE("a rank that hands start() a residual or a sparse vector of another si
   std::vector<float> longer(n + 1, 1.0f);
   presets::top_k<>{}.compress(rank_in() == 1 ? std::span<const float>(longer) : std::span<const float>(g), 0.01, sent);
   exchange.start(sent, {}, 3);
-  message.clear();
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: exchange: the sparse vector's dense size 1001 "
                              "is not the exchange's 1000") != std::string::npos,
                 message);
@@ -317,12 +303,7 @@ TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the st
     compressor.compress(g, rank_in() == 1 ? 0.05 : 0.01, sent, residual);  // rank 1 at 5x the agreed density
     exchange.start(sent, residual.values(), 0);
     std::vector<float> dense(n, 5.0f);
-    std::string message;
-    try {
-      exchange.wait(dense);
-    } catch (const runtime_error& e) {
-      message = e.what();
-    }
+    std::string message = wait_error(exchange, dense);
     CHECK_MESSAGE(message.find("rank 1 failed: exchange: ") != std::string::npos, message);
     CHECK_MESSAGE(message.find("exceed the capacity, over exchange_options::trim_limit 0.1: compress at the "
                                "exchange's density 0.01, or raise exchange_options::slack") != std::string::npos,
@@ -375,12 +356,7 @@ TEST_CASE("ranks at another step: every rank's wait() throws naming the first") 
   comm::sparse_exchange<float> other(MPI_COMM_WORLD, n, 0.01);
   presets::top_k<>{}.compress(g, 0.01, sent);
   other.start(sent, {}, rank_in() == 1 ? 4 : 3);
-  std::string message;
-  try {
-    other.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(other, dense);
   CHECK_MESSAGE(message.find("rank 1 is at step 4, rank 0 at step 3") != std::string::npos, message);
 }
 

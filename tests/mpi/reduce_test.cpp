@@ -25,6 +25,7 @@
 #include <sidco/sidco.hpp>
 
 #include "ranks.hpp"
+#include "wait_error.hpp"
 
 using namespace sidco;
 
@@ -298,12 +299,7 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
     exchange.start_failed(e, 3);
   }
   std::vector<float> dense(n, 5.0f);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: gradient + residual contains 1 non-finite") !=
                     std::string::npos,
                 message);
@@ -329,12 +325,7 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of a
   compressor.compress(g, 0.01, sent, residual);
   exchange.start(sent, rank == 1 ? std::span<float>(short_residual) : residual.values(), 3);
   std::vector<float> dense(n, 5.0f);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: sparse_reduce_exchange: residual: size 19999 "
                              "is not the exchange's 20000") != std::string::npos,
                 message);
@@ -347,12 +338,7 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of a
   const std::vector<float> longer(n + 1, 1.0f);
   presets::top_k<>{}.compress(rank == 1 ? std::span<const float>(longer) : std::span<const float>(g), 0.01, sent);
   exchange.start(sent, {}, 4);
-  message.clear();
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 4): rank 1 failed: reduce-scatter exchange: the sparse vector's "
                              "dense size 20001 is not the exchange's 20000") != std::string::npos,
                 message);
@@ -376,12 +362,7 @@ TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the st
   compressor.compress(g, rank == 1 ? 0.05 : 0.01, sent, residual);  // rank 1 at 5x the agreed density
   exchange.start(sent, residual.values(), 0);
   std::vector<float> dense(n, 5.0f);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("rank 1 failed: exchange: ") != std::string::npos, message);
   CHECK_MESSAGE(message.find("exceed the capacity, over exchange_options::trim_limit 0.1: compress at the exchange's "
                              "density 0.01, or raise exchange_options::slack") != std::string::npos,
@@ -411,12 +392,7 @@ TEST_CASE_TEMPLATE("a dense of the wrong size on one rank's wait(): every rank r
   compressor.compress(g, delta, sent, residual);
   exchange.start(sent, residual.values(), 0);
   std::vector<float> dense(rank == ranks - 1 ? n - 1 : n, 5.0f);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(exchange, dense);
   const std::string expected = "rank " + std::to_string(ranks - 1) + " failed: sparse_reduce_exchange: rank " +
                                std::to_string(ranks - 1) + "'s dense: size " + std::to_string(n - 1);
   CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
@@ -481,12 +457,7 @@ TEST_CASE("two hops: a rank at another step fails it on every rank with one mess
   compressor.compress(g, 0.01, sent, residual);
   exchange.start(sent, residual.values(), rank == ranks - 1 ? 8 : 7);
   std::vector<float> dense(n, 5.0f);
-  std::string message;
-  try {
-    exchange.wait(dense);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  std::string message = wait_error(exchange, dense);
   if (ranks > 1) {
     CHECK_MESSAGE(message.find("than this rank's (ranks out of step?)") != std::string::npos, message);
     CHECK(same_on_every_rank(message));
