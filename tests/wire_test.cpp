@@ -640,14 +640,19 @@ TEST_CASE_TEMPLATE("a sum beyond the type's range fails the step as non-finite o
   constexpr bool half = std::is_same_v<T, float16>;
   const T big = T(half ? 40000.0f : 3e38f);
   const std::string sum = half ? "add up to 80000, beyond float16's range" : "add up to inf, beyond float32's range";
+  const auto sent_by = [&](std::size_t r) {  // big at index 3, 1 at an index of the rank's own
+    sparse_vector<T> sent(n);
+    sent.push_back(std::uint32_t(3), big);
+    sent.push_back(std::uint32_t(7 + r), T(1.0f));
+    return sent;
+  };
   for (const bool top_k_owner : {true, false}) {
     auto run = [&](auto policy) {
       simulated_reduce<T, decltype(policy)> sim(ranks, {{0, n}}, delta, 1.25, comm::reduction::sum);
-      std::vector<sparse_vector<T>> sent(ranks, sparse_vector<T>(n));
+      std::vector<sparse_vector<T>> sent;
       std::vector<std::vector<T>> residuals(ranks, std::vector<T>(n, T(0.0f)));
       for (std::size_t r = 0; r < ranks; ++r) {
-        sent[r].push_back(std::uint32_t(3), big);
-        sent[r].push_back(std::uint32_t(7 + r), T(1.0f));
+        sent.push_back(sent_by(r));
         comm::host_residual<T> sink{std::span<T>(residuals[r])};
         sim.cores[r].pack(sent[r], sink, sim.cores[r].fields(2), sim.blocks[r]);
       }
@@ -678,9 +683,7 @@ TEST_CASE_TEMPLATE("a sum beyond the type's range fails the step as non-finite o
   comm::allgather_core<T> gather({{0, n}}, delta, 1.25);
   std::vector<std::vector<std::byte>> payloads(ranks, std::vector<std::byte>(gather.format().bytes()));
   for (std::size_t r = 0; r < ranks; ++r) {
-    sparse_vector<T> sent(n);
-    sent.push_back(std::uint32_t(3), big);
-    sent.push_back(std::uint32_t(7 + r), T(1.0f));
+    auto sent = sent_by(r);
     comm::host_residual<T> none;
     gather.encode(sent, none, {0, 2, delta, comm::reduction::sum}, payloads[r]);
   }

@@ -585,16 +585,18 @@ TEST_CASE("the compact codings: flat (values at full width) and two hops (narrow
 }
 
 TEST_CASE("ranks whose densities or options differ are refused by every rank's constructor") {
-  const double delta = rank_in(MPI_COMM_WORLD) == size_of(MPI_COMM_WORLD) - 1 ? 0.02 : 0.01;
-  std::string message;
-  try {
-    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, 10000, delta);
-  } catch (const runtime_error& e) {
-    message = e.what();
-  }
+  const auto refused = [](double delta, const comm::exchange_options& options) {
+    try {
+      comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, 10000, delta, options);
+    } catch (const runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const bool last = rank_in(MPI_COMM_WORLD) == size_of(MPI_COMM_WORLD) - 1;
+  std::string message = refused(last ? 0.02 : 0.01, {});
   CHECK_MESSAGE(message.find("has density 0.02, rank 0 has 0.01") != std::string::npos, message);
   // Options that would move payloads otherwise: refused the same way, each by name.
-  const bool last = rank_in(MPI_COMM_WORLD) == size_of(MPI_COMM_WORLD) - 1;
   const std::string rank = "rank " + std::to_string(size_of(MPI_COMM_WORLD) - 1);
   const std::pair<comm::exchange_options, std::string> differing[] = {
       {options_for(last ? transfer::exact : transfer::fixed),
@@ -602,12 +604,7 @@ TEST_CASE("ranks whose densities or options differ are refused by every rank's c
       {options_for(last ? transfer::fixed : transfer::two_hop),
        rank + " moves its payloads flat, rank 0 in two hops (exchange_options::schedule)"}};
   for (const auto& [options, expected] : differing) {
-    message.clear();
-    try {
-      comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, 10000, 0.01, options);
-    } catch (const runtime_error& e) {
-      message = e.what();
-    }
+    message = refused(0.01, options);
     CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
   }
 }
