@@ -289,22 +289,32 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
+  sparse_vector<float> sent;
+  std::vector<float> dense(n);
+  // Two steps first, so that the owners' compressors and carry hold a state to keep.
+  for (std::uint64_t step = 1; step <= 2; ++step) {
+    compressor.compress(gradient_for(rank, 10 + step, n), 0.01, sent, residual);
+    exchange.start(sent, residual.values(), step);
+    exchange.wait(dense);
+  }
+  const std::vector<std::byte> before = saved_state(exchange);
+  residual.reset();
   auto g = gradient_for(rank, 0, n);
   if (rank == 1) g[7] = std::numeric_limits<float>::infinity();
-  sparse_vector<float> sent;
   try {
     compressor.compress(g, 0.01, sent, residual);
     exchange.start(sent, residual.values(), 3);
   } catch (const std::exception& e) {
     exchange.start_failed(e, 3);
   }
-  std::vector<float> dense(n, 5.0f);
+  dense.assign(n, 5.0f);
   std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: gradient + residual contains 1 non-finite") !=
                     std::string::npos,
                 message);
   CHECK(dense == std::vector<float>(n, 5.0f));
   for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == (rank == 1 ? 0.0f : g[i]));
+  CHECK(saved_state(exchange) == before);  // the owners' state and carry as before the step
   // The exchange goes on.
   const auto fresh = gradient_for(rank, 1, n);
   compressor.compress(fresh, 0.01, sent, residual);
@@ -319,12 +329,21 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of a
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
+  sparse_vector<float> sent;
+  std::vector<float> dense(n);
+  // Two steps first, so that the owners' compressors and carry hold a state to keep.
+  for (std::uint64_t step = 1; step <= 2; ++step) {
+    compressor.compress(gradient_for(rank, 10 + step, n), 0.01, sent, residual);
+    exchange.start(sent, residual.values(), step);
+    exchange.wait(dense);
+  }
+  const std::vector<std::byte> before = saved_state(exchange);
+  residual.reset();
   std::vector<float> short_residual(n - 1, 0.0f);
   const auto g = gradient_for(rank, 0, n);
-  sparse_vector<float> sent;
   compressor.compress(g, 0.01, sent, residual);
   exchange.start(sent, rank == 1 ? std::span<float>(short_residual) : residual.values(), 3);
-  std::vector<float> dense(n, 5.0f);
+  dense.assign(n, 5.0f);
   std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: sparse_reduce_exchange: residual: size 19999 "
                              "is not the exchange's 20000") != std::string::npos,
@@ -334,6 +353,7 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of a
   if (rank != 1)
     for (std::size_t i = 0; i < n; ++i) REQUIRE(residual.values()[i] == g[i]);  // every entry back
   CHECK(short_residual == std::vector<float>(n - 1, 0.0f));                       // not the exchange's: untouched
+  CHECK(saved_state(exchange) == before);
   // The next step: rank 1's sparse vector is of n + 1 values; refused alike, by name.
   const std::vector<float> longer(n + 1, 1.0f);
   presets::top_k<>{}.compress(rank == 1 ? std::span<const float>(longer) : std::span<const float>(g), 0.01, sent);
@@ -343,6 +363,7 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of a
                              "dense size 20001 is not the exchange's 20000") != std::string::npos,
                 message);
   CHECK(dense == std::vector<float>(n, 5.0f));
+  CHECK(saved_state(exchange) == before);
   // The exchange goes on.
   compressor.compress(gradient_for(rank, 1, n), 0.01, sent, residual);
   exchange.start(sent, residual.values(), 5);
