@@ -3,7 +3,8 @@
 // rank sent for the indices the owners kept, divided by P; per rank, residual + applied
 // contribution = gradient + old residual, bitwise; a failing rank makes every rank throw the
 // same error with nothing lost, and so does a rank whose own wait() finds a problem or whose
-// exchange is destroyed mid-step, after which the next steps work on every rank; an average
+// exchange is destroyed mid-step, after which the next steps work on every rank (and owners
+// whose compressors fitted in a step that failed are put back as they were); an average
 // whose sum overflows is finite; a resumed exchange repeats an uninterrupted one, and a state
 // saved among other ranks is refused.
 #include "../doctest.hpp"
@@ -254,6 +255,55 @@ TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing l
   INFO("global density / target, steps 2-5: ", sorted.front() / 0.01, " ... ", sorted.back() / 0.01);
   CHECK(sorted.front() / 0.01 >= 0.8);
   CHECK(sorted.back() / 0.01 <= 1.25);
+}
+
+TEST_CASE("owners that fit SIDCo-E to every share (never the direct Top-k): every promise kept; a step failed in "
+          "round 3 puts their compressors' state back") {
+  // At these rank counts an owner's share is over direct_share (0.1) of what it receives,
+  // so the default owner runs the exact Top-k itself and its compressor never runs; at 2.0
+  // it always fits (a share is at most the whole).
+  comm::owner_sidco_e fitting;
+  fitting.direct_share = 2.0;
+  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 4, false, transfer::fixed, fitting);
+  run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 4, false, transfer::two_hop, fitting);
+  // Two exchanges over the same steps, one of them with a step between that fails in round 3
+  // (the last rank's dense is short: every owner has selected, and its compressor has fitted).
+  const std::size_t n = 20000;
+  const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
+  using exchange_type = comm::sparse_reduce_exchange<float, std::uint32_t, comm::owner_sidco_e>;
+  exchange_type failing(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop), fitting);
+  exchange_type plain(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop), fitting);
+  const std::vector<std::byte> fresh = saved_state(failing);
+  presets::top_k<> top_k;  // the same sent entries for both exchanges, whatever the step
+  sparse_vector<float> sent;
+  std::vector<float> dense(n), plain_dense(n);
+  const auto step = [&](exchange_type& exchange, std::uint64_t at, std::vector<float>& into) {
+    top_k.compress(gradient_for(rank, at, n), 0.01, sent);
+    exchange.start(sent, {}, at);
+    return exchange.wait(into);
+  };
+  for (std::uint64_t at = 1; at <= 2; ++at) {
+    step(failing, at, dense);
+    step(plain, at, plain_dense);
+  }
+  const std::vector<std::byte> before = saved_state(failing);
+  CHECK(before != fresh);  // the owners' compressors ran
+  CHECK(saved_state(plain) == before);
+  top_k.compress(gradient_for(rank, 3, n), 0.01, sent);
+  failing.start(sent, {}, 3);
+  std::vector<float> short_dense(rank == ranks - 1 ? n - 1 : n, 5.0f);
+  const std::string message = wait_error(failing, short_dense);
+  CHECK_MESSAGE(message.find("sparse_reduce_exchange: rank " + std::to_string(ranks - 1) + "'s dense: size " +
+                             std::to_string(n - 1)) != std::string::npos,
+                message);
+  CHECK(saved_state(failing) == before);
+  // The next steps: the same updates as the exchange that never met the failed step.
+  for (std::uint64_t at = 4; at <= 5; ++at) {
+    step(failing, at, dense);
+    step(plain, at, plain_dense);
+    CHECK(bits_equal(dense, plain_dense));
+  }
+  CHECK(saved_state(failing) == saved_state(plain));
 }
 
 TEST_CASE("exact Top-k owners; ranks selecting 3x the agreed density: blocks over capacity go back to the senders") {
