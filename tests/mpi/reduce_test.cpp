@@ -685,7 +685,8 @@ TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor
   const std::size_t n = 25000;
   const int rank = rank_in(MPI_COMM_WORLD);
   const comm::exchange_options options = options_for(How::value);
-  const auto run = [&](int from, int to, comm::sparse_reduce_exchange<float>& exchange, presets::sidco_e<>& compressor,
+  using exchange_type = comm::sparse_reduce_exchange<float, std::uint32_t, comm::owner_sidco_e>;
+  const auto run = [&](int from, int to, exchange_type& exchange, presets::sidco_e<>& compressor,
                        feedback::residual<float>& residual, std::vector<float>& last) {
     for (int step = from; step < to; ++step) {
       const auto g = gradient_for(rank, std::uint64_t(step), n);
@@ -696,33 +697,45 @@ TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor
       exchange.wait(last);
     }
   };
-  std::vector<float> whole, resumed;
-  {
-    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options);
+  // The default owners (at these rank counts the direct Top-k: their compressors never
+  // run), and owners that fit every share, whose compressors' adaptive state must resume.
+  for (const double direct_share : {0.1, 2.0}) {
+    INFO("direct_share ", direct_share);
+    comm::owner_sidco_e owner;
+    owner.direct_share = direct_share;
+    std::vector<float> whole, resumed;
+    std::vector<std::byte> whole_state;
+    {
+      exchange_type exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
+      presets::sidco_e<> compressor;
+      feedback::residual<float> residual(n);
+      run(0, 6, exchange, compressor, residual, whole);
+      whole_state = saved_state(exchange);
+    }
+    state_writer saved;
+    std::vector<float> saved_residual;
+    {
+      exchange_type exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
+      presets::sidco_e<> compressor;
+      feedback::residual<float> residual(n);
+      run(0, 3, exchange, compressor, residual, resumed);
+      exchange.save_state(saved);
+      compressor.save_state(saved);
+      saved_residual.assign(residual.values().begin(), residual.values().end());
+    }
+    exchange_type exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
     presets::sidco_e<> compressor;
     feedback::residual<float> residual(n);
-    run(0, 6, exchange, compressor, residual, whole);
+    const auto bytes = saved.take();
+    state_reader in(bytes);
+    exchange.load_state(in);
+    compressor.load_state(in);
+    in.finish();
+    std::copy(saved_residual.begin(), saved_residual.end(), residual.values().begin());
+    run(3, 6, exchange, compressor, residual, resumed);
+    CHECK(bits_equal(whole, resumed));
+    // The owners' selections are exact Top-k whatever their state: their state shows in what
+    // the exchange saves.
+    CHECK(saved_state(exchange) == whole_state);
   }
-  state_writer saved;
-  std::vector<float> saved_residual;
-  {
-    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options);
-    presets::sidco_e<> compressor;
-    feedback::residual<float> residual(n);
-    run(0, 3, exchange, compressor, residual, resumed);
-    exchange.save_state(saved);
-    compressor.save_state(saved);
-    saved_residual.assign(residual.values().begin(), residual.values().end());
-  }
-  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options);
-  presets::sidco_e<> compressor;
-  feedback::residual<float> residual(n);
-  const auto bytes = saved.take();
-  state_reader in(bytes);
-  exchange.load_state(in);
-  compressor.load_state(in);
-  in.finish();
-  std::copy(saved_residual.begin(), saved_residual.end(), residual.values().begin());
-  run(3, 6, exchange, compressor, residual, resumed);
-  CHECK(bits_equal(whole, resumed));
 }
