@@ -1,7 +1,8 @@
 // libFuzzer target for the reduce-scatter exchange as its framed transports carry it:
 // comm/reduce/frames.hpp's messages, one per block (NCCL, the DDP hook's flat schedule), or
 // the two-hop grid's (comm/reduce/hops.hpp: MPI's two hops at exact lengths, the hook's in
-// zeroed buffers). 2 to 9 ranks, plain, compact or compact8, two steps. From the input it
+// zeroed buffers). 2 to 9 ranks, plain, compact or compact8, owners that run the exact Top-k
+// where their share allows it or always fit SIDCo-E, two steps. From the input it
 // builds each rank's selection for each step (a count, a seed for its indices, clustered or
 // spread, and values; one selection in eight holds a value that is not finite or too small for
 // the narrow codes), then damages messages in transit: round 1's on their way to an owner or an
@@ -95,7 +96,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using namespace sidco;
   fuzz::input_reader in{data, size};
   const std::size_t ranks = 2 + in.take(1) % 8;
-  const std::uint64_t schedule = in.take(1) % 3;  // flat messages; two hops, exact lengths or zero-padded
+  const std::uint64_t shape = in.take(1);
+  const std::uint64_t schedule = shape % 3;  // flat messages; two hops, exact lengths or zero-padded
+  // Owners that fit SIDCo-E to every share, or the default's (mostly the exact Top-k itself
+  // at these rank counts: an owner's share is over direct_share of what it receives).
+  comm::owner_sidco_e owner;
+  if (shape / 3 % 2) owner.direct_share = 2.0;
   const bool two_hop = schedule != 0, exact_lengths = schedule == 1;
   const std::size_t dense = 1 + in.take(2) % (1 << 13);
   const double delta = 0.001 + double(in.take(1) % 200) / 1000;  // 0.001 .. 0.2
@@ -107,8 +113,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<core_type> framed, whole;  // each rank's core: through messages, and blocks handed over
   const std::vector<segment> layout{{0, dense}};
   for (std::size_t r = 0; r < ranks; ++r) {
-    framed.emplace_back(layout, delta, ranks, r, options);
-    whole.emplace_back(layout, delta, ranks, r, options);
+    framed.emplace_back(layout, delta, ranks, r, options, owner);
+    whole.emplace_back(layout, delta, ranks, r, options, owner);
   }
   const comm::wire_format& format = framed[0].plan().format;
   const std::size_t bytes = format.bytes();
