@@ -67,6 +67,15 @@ bool same_on_every_rank(const std::string& message) {
   return true;
 }
 
+// An owner that fits SIDCo-E to every share. At these rank counts an owner's share is over
+// direct_share (0.1) of what it receives, so the default owner runs the exact Top-k itself
+// and its compressor never runs; at 2.0 it always fits (a share is at most the whole).
+comm::owner_sidco_e fitting_owner() {
+  comm::owner_sidco_e owner;
+  owner.direct_share = 2.0;
+  return owner;
+}
+
 // How the blocks travel: flat at the fixed size, flat at the agreed head, in two hops, or in
 // two hops in the compact coding (values rounded to bfloat16, sent narrowed) or compact8
 // (values rounded to 8-bit codes, sent a byte each).
@@ -259,11 +268,7 @@ TEST_CASE("the same update on every rank, the owners' rank-order sums; nothing l
 
 TEST_CASE("owners that fit SIDCo-E to every share (never the direct Top-k): every promise kept; a step failed in "
           "round 3 puts their compressors' state back") {
-  // At these rank counts an owner's share is over direct_share (0.1) of what it receives,
-  // so the default owner runs the exact Top-k itself and its compressor never runs; at 2.0
-  // it always fits (a share is at most the whole).
-  comm::owner_sidco_e fitting;
-  fitting.direct_share = 2.0;
+  const comm::owner_sidco_e fitting = fitting_owner();
   run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 4, false, transfer::fixed, fitting);
   run_and_check<comm::owner_sidco_e>(MPI_COMM_WORLD, 40000, 0.01, 4, false, transfer::two_hop, fitting);
   // Two exchanges over the same steps, one of them with a step between that fails in round 3
@@ -336,12 +341,13 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
                    fixed_size, exact_size, two_hops, compact_two_hops, compact8_two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
-  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value), fitting_owner());
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
   sparse_vector<float> sent;
   std::vector<float> dense(n);
-  // Two steps first, so that the owners' compressors and carry hold a state to keep.
+  // Two steps first, so that the owners' compressors (and the compact codings' carry) hold a
+  // state to keep.
   for (std::uint64_t step = 1; step <= 2; ++step) {
     compressor.compress(gradient_for(rank, 10 + step, n), 0.01, sent, residual);
     exchange.start(sent, residual.values(), step);
@@ -376,12 +382,13 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of a
                    "it; the others' sent entries go back", How, fixed_size, two_hops) {
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD);
-  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value));
+  comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value), fitting_owner());
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
   sparse_vector<float> sent;
   std::vector<float> dense(n);
-  // Two steps first, so that the owners' compressors and carry hold a state to keep.
+  // Two steps first, so that the owners' compressors (and the compact codings' carry) hold a
+  // state to keep.
   for (std::uint64_t step = 1; step <= 2; ++step) {
     compressor.compress(gradient_for(rank, 10 + step, n), 0.01, sent, residual);
     exchange.start(sent, residual.values(), step);
