@@ -76,6 +76,23 @@ comm::owner_sidco_e fitting_owner() {
   return owner;
 }
 
+// Steps 1 and 2 at density 0.01, so that the owners' compressors (fitting_owner()) and the
+// compact codings' carry hold a state to keep; then the residual zeroed, and what the
+// exchange saves.
+template <class Exchange>
+std::vector<std::byte> warm_up(Exchange& exchange, presets::sidco_e<>& compressor, feedback::residual<float>& residual) {
+  const std::size_t n = residual.values().size();
+  sparse_vector<float> sent;
+  std::vector<float> dense(n);
+  for (std::uint64_t step = 1; step <= 2; ++step) {
+    compressor.compress(gradient_for(rank_in(MPI_COMM_WORLD), 10 + step, n), 0.01, sent, residual);
+    exchange.start(sent, residual.values(), step);
+    exchange.wait(dense);
+  }
+  residual.reset();
+  return saved_state(exchange);
+}
+
 // How the blocks travel: flat at the fixed size, flat at the agreed head, in two hops, or in
 // two hops in the compact coding (values rounded to bfloat16, sent narrowed) or compact8
 // (values rounded to 8-bit codes, sent a byte each).
@@ -344,17 +361,8 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value), fitting_owner());
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
+  const std::vector<std::byte> before = warm_up(exchange, compressor, residual);
   sparse_vector<float> sent;
-  std::vector<float> dense(n);
-  // Two steps first, so that the owners' compressors (and the compact codings' carry) hold a
-  // state to keep.
-  for (std::uint64_t step = 1; step <= 2; ++step) {
-    compressor.compress(gradient_for(rank, 10 + step, n), 0.01, sent, residual);
-    exchange.start(sent, residual.values(), step);
-    exchange.wait(dense);
-  }
-  const std::vector<std::byte> before = saved_state(exchange);
-  residual.reset();
   auto g = gradient_for(rank, 0, n);
   if (rank == 1) g[7] = std::numeric_limits<float>::infinity();
   try {
@@ -363,7 +371,7 @@ TEST_CASE_TEMPLATE("a rank whose compress fails: every rank throws naming it; ev
   } catch (const std::exception& e) {
     exchange.start_failed(e, 3);
   }
-  dense.assign(n, 5.0f);
+  std::vector<float> dense(n, 5.0f);
   std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: gradient + residual contains 1 non-finite") !=
                     std::string::npos,
@@ -385,22 +393,13 @@ TEST_CASE_TEMPLATE("a rank that hands start() a residual or a sparse vector of a
   comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options_for(How::value), fitting_owner());
   presets::sidco_e<> compressor;
   feedback::residual<float> residual(n);
+  const std::vector<std::byte> before = warm_up(exchange, compressor, residual);
   sparse_vector<float> sent;
-  std::vector<float> dense(n);
-  // Two steps first, so that the owners' compressors (and the compact codings' carry) hold a
-  // state to keep.
-  for (std::uint64_t step = 1; step <= 2; ++step) {
-    compressor.compress(gradient_for(rank, 10 + step, n), 0.01, sent, residual);
-    exchange.start(sent, residual.values(), step);
-    exchange.wait(dense);
-  }
-  const std::vector<std::byte> before = saved_state(exchange);
-  residual.reset();
   std::vector<float> short_residual(n - 1, 0.0f);
   const auto g = gradient_for(rank, 0, n);
   compressor.compress(g, 0.01, sent, residual);
   exchange.start(sent, rank == 1 ? std::span<float>(short_residual) : residual.values(), 3);
-  dense.assign(n, 5.0f);
+  std::vector<float> dense(n, 5.0f);
   std::string message = wait_error(exchange, dense);
   CHECK_MESSAGE(message.find("exchange (tag 0, step 3): rank 1 failed: sparse_reduce_exchange: residual: size 19999 "
                              "is not the exchange's 20000") != std::string::npos,
