@@ -1,7 +1,8 @@
 // Run under mpirun with 2 and 3 ranks: the one-round exchange (comm/exchange.hpp) gives
 // every rank the rank-order average of what each sent, bit for bit, with the next tensor
 // compressed while it is in flight; trimming to capacity loses nothing; a rank that fails
-// or disagrees makes every rank throw the same error naming it, and nothing sent is lost.
+// or disagrees makes every rank throw the same error naming it, and nothing sent is lost;
+// blocking collectives (overlap = false) apply the same bits.
 #include "../doctest.hpp"
 
 #include <cmath>
@@ -396,6 +397,33 @@ TEST_CASE("an exchange destroyed with its all-gather in flight completes it: no 
   comm::sparse_exchange<float> moved(std::move(first));
   std::vector<float> dense(n);
   CHECK(moved.wait(dense).entries == sent.size() * std::size_t(size_of()));
+}
+
+TEST_CASE("blocking collectives (overlap = false), at the fixed and at the exact size: the overlapped exchange's bits") {
+  // start() runs the blocking all-gather (of the payloads, or at exact sizes of their sizes)
+  // instead of posting it. The same gradients through both: the same updates and residuals.
+  const double delta = 0.01;
+  comm::exchange_options overlapped;
+  overlapped.tag = 11;
+  comm::exchange_options blocking = overlapped;
+  blocking.tag = 13;
+  blocking.overlap = false;
+  fixed_and_exact posted(overlapped, 12, delta), waited(blocking, 14, delta);
+  std::vector<std::vector<float>> updates, residuals;
+  posted.run(rank_in() + 50, 3, [&](const fixed_and_exact::step_result& r) {
+    updates.push_back(r.fixed_dense);
+    residuals.emplace_back(posted.fixed_residual.values().begin(), posted.fixed_residual.values().end());
+  });
+  std::size_t step = 0;
+  waited.run(rank_in() + 50, 3, [&](const fixed_and_exact::step_result& r) {
+    CHECK(bits_equal(r.fixed_dense, updates[step]));  // and run() checks the exact size's against it
+    CHECK(bits_equal(std::vector<float>(waited.fixed_residual.values().begin(), waited.fixed_residual.values().end()),
+                     residuals[step]));
+    CHECK(bits_equal(std::vector<float>(waited.exact_residual.values().begin(), waited.exact_residual.values().end()),
+                     residuals[step]));
+    ++step;
+  });
+  CHECK(step == 3);
 }
 
 TEST_CASE("payloads at their exact size (compact, plain): the same bits; fewer bytes; a rank destroyed mid-step fails the step alike") {
