@@ -98,8 +98,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t ranks = 2 + in.take(1) % 8;
   const std::uint64_t shape = in.take(1);
   const std::uint64_t schedule = shape % 3;  // flat messages; two hops, exact lengths or zero-padded
-  // Owners that fit SIDCo-E to every share, or the default's (mostly the exact Top-k itself
-  // at these rank counts: an owner's share is over direct_share of what it receives).
+  // Owners that fit SIDCo-E to every share, or default ones (at these rank counts mostly the
+  // exact Top-k itself: an owner's share is over direct_share of what it receives).
   comm::owner_sidco_e owner;
   if (shape / 3 % 2) owner.direct_share = 2.0;
   const bool two_hop = schedule != 0, exact_lengths = schedule == 1;
