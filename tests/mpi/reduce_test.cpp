@@ -292,14 +292,13 @@ TEST_CASE("owners that fit SIDCo-E to every share (never the direct Top-k): ever
   // (the last rank's dense is short: every owner has selected, and its compressor has fitted).
   const std::size_t n = 20000;
   const int rank = rank_in(MPI_COMM_WORLD), ranks = size_of(MPI_COMM_WORLD);
-  using exchange_type = comm::sparse_reduce_exchange<float, std::uint32_t, comm::owner_sidco_e>;
-  exchange_type failing(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop), fitting);
-  exchange_type plain(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop), fitting);
+  comm::sparse_reduce_exchange<float> failing(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop), fitting),
+      plain(MPI_COMM_WORLD, n, 0.01, options_for(transfer::two_hop), fitting);
   const std::vector<std::byte> fresh = saved_state(failing);
   presets::top_k<> top_k;  // the same sent entries for both exchanges, whatever the step
   sparse_vector<float> sent;
   std::vector<float> dense(n), plain_dense(n);
-  const auto step = [&](exchange_type& exchange, std::uint64_t at, std::vector<float>& into) {
+  const auto step = [&](comm::sparse_reduce_exchange<float>& exchange, std::uint64_t at, std::vector<float>& into) {
     top_k.compress(gradient_for(rank, at, n), 0.01, sent);
     exchange.start(sent, {}, at);
     return exchange.wait(into);
@@ -691,8 +690,7 @@ TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor
   const std::size_t n = 25000;
   const int rank = rank_in(MPI_COMM_WORLD);
   const comm::exchange_options options = options_for(How::value);
-  using exchange_type = comm::sparse_reduce_exchange<float, std::uint32_t, comm::owner_sidco_e>;
-  const auto run = [&](int from, int to, exchange_type& exchange, presets::sidco_e<>& compressor,
+  const auto run = [&](int from, int to, comm::sparse_reduce_exchange<float>& exchange, presets::sidco_e<>& compressor,
                        feedback::residual<float>& residual, std::vector<float>& last) {
     for (int step = from; step < to; ++step) {
       const auto g = gradient_for(rank, std::uint64_t(step), n);
@@ -705,14 +703,12 @@ TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor
   };
   // The default owners (at these rank counts the direct Top-k: their compressors never
   // run), and owners that fit every share, whose compressors' adaptive state must resume.
-  for (const double direct_share : {0.1, 2.0}) {
-    INFO("direct_share ", direct_share);
-    comm::owner_sidco_e owner;
-    owner.direct_share = direct_share;
+  for (const comm::owner_sidco_e& owner : {comm::owner_sidco_e{}, fitting_owner()}) {
+    INFO("direct_share ", owner.direct_share);
     std::vector<float> whole, resumed;
     std::vector<std::byte> whole_state;
     {
-      exchange_type exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
+      comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
       presets::sidco_e<> compressor;
       feedback::residual<float> residual(n);
       run(0, 6, exchange, compressor, residual, whole);
@@ -721,7 +717,7 @@ TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor
     state_writer saved;
     std::vector<float> saved_residual;
     {
-      exchange_type exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
+      comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
       presets::sidco_e<> compressor;
       feedback::residual<float> residual(n);
       run(0, 3, exchange, compressor, residual, resumed);
@@ -729,7 +725,7 @@ TEST_CASE_TEMPLATE("resumed from saved state (owner policy and carry, compressor
       compressor.save_state(saved);
       saved_residual.assign(residual.values().begin(), residual.values().end());
     }
-    exchange_type exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
+    comm::sparse_reduce_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options, owner);
     presets::sidco_e<> compressor;
     feedback::residual<float> residual(n);
     const auto bytes = saved.take();
