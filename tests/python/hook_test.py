@@ -1400,10 +1400,12 @@ def tiny():
     return Shuffled(inputs=16, hidden=40, middle=24)
 
 
-def scenario_reduce_resume_reordered(rank, world):
+def scenario_reduce_resume_reordered(rank, world, wire="plain"):
     """exchange="reduce" resumed from state_dict() where the resumed DDP's first bucket lists
     the same parameters in another order than the saved run's (its rebuilt one): the
-    exchange orders them by key, so its saved owner state applies, bit-identical."""
+    exchange orders them by key, so its saved owner state applies, bit-identical, and saves
+    at the end what the uninterrupted run saves (wire="compact": the owners' carry, indexed
+    in that order)."""
     steps, split = 7, 3
     seen = {}
 
@@ -1422,13 +1424,14 @@ def scenario_reduce_resume_reordered(rank, world):
         optimizer.step()
 
     def fresh():
-        return sidco_torch.State(wire="plain", method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=64,
+        return sidco_torch.State(wire=wire, method="sidco-e", density=0.05, start_iter=1, min_bucket_elements=64,
                                  exchange="reduce")
     state = fresh()
     model, ddp, optimizer = build(state, "whole")
     for t in range(steps):
         step(ddp, optimizer, t)
     uninterrupted = [p.detach().clone() for p in model.parameters()]
+    exchanges = state.state_dict()["exchanges"]
     state = fresh()
     model, ddp, optimizer = build(state, "first")
     for t in range(split):
@@ -1452,6 +1455,9 @@ def scenario_reduce_resume_reordered(rank, world):
         f"the test needs one bucket of the same parameters in another order: {whole} {resumed}"
     for a, b in zip(uninterrupted, model.parameters()):
         assert torch.equal(a, b.detach()), f"resumed run differs by {(a - b.detach()).abs().max().item()}"
+    saved = state.state_dict()["exchanges"]
+    assert saved.keys() == exchanges.keys() and all(torch.equal(saved[k], v) for k, v in exchanges.items()), \
+        "the exchange state saved at the end differs from the uninterrupted run's"
     return "bit-identical"
 
 
@@ -2410,6 +2416,8 @@ def main():
               run(scenario_reduce_sixteen_bit_average, world)[0])
         print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
               run(scenario_reduce_local_error, world)[0])
+    print("resume (reduce exchange, 3 ranks, the bucket reordered, wire 'compact'):",
+          run(scenario_reduce_resume_reordered, 3, "compact", timeout=240)[0])
     print("a reduce exchange state with a byte left over:", run(scenario_reduce_state_left_over, 2)[0])
     print("state_dict() mid-step:", run(scenario_state_dict_mid_step, 2)[0])
     for exchange in ("allgather", "reduce"):
