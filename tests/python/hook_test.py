@@ -1488,11 +1488,13 @@ def scenario_reduce_sixteen_bit_average(rank, world):
     return f"{len(got)} buckets averaged 30000"
 
 
-def scenario_reduce_local_error(rank, world):
-    """The reduce exchange's ops around their collectives, as the hook calls them: at step 0
-    rank 1 hands reduce_select a bucket of the wrong size (a problem of its own, found after
-    round 1). Every rank raises the same error, gets back what it sent, and the next three
-    steps work on every rank, the same bits everywhere."""
+def scenario_reduce_local_error(rank, world, fail_at=0):
+    """The reduce exchange's ops around their collectives, as the hook calls them: at step
+    fail_at rank 1 hands reduce_select a bucket of the wrong size (a problem of its own, found
+    after round 1). Every rank raises the same error, gets back what it sent, keeps the
+    exchange state it had before the step, and the next three steps work on every rank, the
+    same bits everywhere. At 16 ranks every owner fits SIDCo-E (its share is under a tenth,
+    direct_share, of the union it reduced: checked), so the state it puts back is a fitted one."""
     from sidco_torch.ops import _reduce_codec
     n = 6000
     codec = _reduce_codec("sidco-e", {}, [2500, 3500], torch.float32, 0.02, 1.25, world, rank, "sidco-e-exact",
@@ -1500,13 +1502,14 @@ def scenario_reduce_local_error(rank, world):
     residual = torch.zeros(n)
     received = torch.empty(world * codec.block_bytes(), dtype=torch.uint8)
     messages = []
-    for t in range(4):
+    for t in range(fail_at + 4):
         g = torch.Generator().manual_seed(100 * t + rank)
         bucket = torch.randn(n, generator=g)
         total = bucket + residual
+        before = codec.exchange_state()
         blocks = torch.ops.sidco.reduce_encode(bucket, residual, codec, 0, t)
         dist.all_to_all_single(received, blocks)
-        out = torch.empty(n - 1 if (t == 0 and rank == 1) else n)
+        out = torch.empty(n - 1 if (t == fail_at and rank == 1) else n)
         selection = torch.ops.sidco.reduce_select(received, out, residual, codec)
         inbox = [torch.empty_like(selection) for _ in range(world)]
         dist.all_gather(inbox, selection)
@@ -1515,7 +1518,11 @@ def scenario_reduce_local_error(rank, world):
         except RuntimeError as e:
             messages.append(str(e))
             assert torch.equal(residual, total), "what was sent did not go back"
+            assert torch.equal(codec.exchange_state(), before), "the exchange state is not the one before the step"
             continue
+        if world >= 16:
+            report = codec.report()
+            assert report["target"] < 0.1 * report["union_entries"], f"an owner that does not fit: {dict(report)}"
         everyone = [torch.empty_like(out) for _ in range(world)]
         dist.all_gather(everyone, out)
         assert all(torch.equal(o, out) for o in everyone), "ranks hold different updates"
@@ -1523,7 +1530,7 @@ def scenario_reduce_local_error(rank, world):
     everyone = [None] * world
     dist.all_gather_object(everyone, messages[0])
     assert len(set(everyone)) == 1, everyone
-    return "one step refused everywhere, three applied"
+    return f"one step refused everywhere, {fail_at + 3} applied"
 
 
 def scenario_reduce_state_left_over(rank, world):
@@ -2416,6 +2423,8 @@ def main():
               run(scenario_reduce_sixteen_bit_average, world)[0])
         print(f"a problem of one rank's own after round 1 (reduce exchange, {world} ranks):",
               run(scenario_reduce_local_error, world)[0])
+    print("a problem of one rank's own after round 1, the owners fitted (reduce exchange, 16 ranks):",
+          run(scenario_reduce_local_error, 16, 2, timeout=240)[0])
     print("resume (reduce exchange, 3 ranks, the bucket reordered, wire 'compact'):",
           run(scenario_reduce_resume_reordered, 3, "compact", timeout=240)[0])
     print("a reduce exchange state with a byte left over:", run(scenario_reduce_state_left_over, 2)[0])
