@@ -7,9 +7,10 @@ exactly as a run that never took that step does (parameters, residuals, adaptive
 the iteration count, bit for bit). Checked for the all-gather exchange (2 ranks, overflow in
 the sparse buckets and in a small dense bucket, during the dense warm-up, and at the step a
 density schedule sends every bucket densely, their residuals folded in) and the
-reduce-scatter exchange (3 ranks, flat and in two hops), and for an overflow in an
-nn.Embedding(sparse=True) gradient, all-reduced as DDP does (2 and 3 ranks). torch 1.13's GradScaler is CUDA-only (on CPU it disables
-itself), so the rule is written out here; the GPU check runs a real one."""
+reduce-scatter exchange (3 ranks, flat and in two hops; 16 ranks, whose owners fit SIDCo-E),
+and for an overflow in an nn.Embedding(sparse=True) gradient, all-reduced as DDP does (2 and
+3 ranks). torch 1.13's GradScaler is CUDA-only (on CPU it disables itself), so the rule is
+written out here; the GPU check runs a real one."""
 import sys
 
 import torch
@@ -68,19 +69,21 @@ def assert_same_as_without(rank, model_a, state_a, model_b, state_b):
 
 
 def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bucket_elements, dense_from=None,
-                  all_dense_from=None):
+                  all_dense_from=None, density=0.05):
     """dense_from: from that iteration on, last.bias is one of dense_parameters (its residual,
     held from the sparse steps before, goes with it; a skipped step must put it back).
     all_dense_from: from that iteration on, a density schedule sends every bucket densely
     (each bucket's residual folded into it; a skipped step must put them back).
-    exchange "reduce:two-hop": the reduce exchange with reduce_schedule="two-hop"."""
+    exchange "reduce:two-hop": the reduce exchange with reduce_schedule="two-hop". From 16
+    ranks (at density 0.01) the reduce exchange's owners fit SIDCo-E (checked), so the owner
+    state a skipped step puts back is one that changes; below, they run the exact Top-k."""
     exchange, _, schedule = exchange.partition(":")
 
     def fresh():
         holder = []
         dense = None if dense_from is None else (lambda name, p: name == "last.bias" and holder[0].iteration >= dense_from)
-        density = 0.05 if all_dense_from is None else (lambda iteration: 0.05 if iteration < all_dense_from else 0.9)
-        state = sidco_torch.State(wire="plain", method="sidco-e", density=density, start_iter=start_iter, exchange=exchange,
+        scheduled = density if all_dense_from is None else (lambda t: density if t < all_dense_from else 0.9)
+        state = sidco_torch.State(wire="plain", method="sidco-e", density=scheduled, start_iter=start_iter, exchange=exchange,
                                   nonfinite="skip", min_bucket_elements=min_bucket_elements, dense_parameters=dense,
                                   reduce_schedule=schedule or "auto")
         holder.append(state)
@@ -91,6 +94,9 @@ def scenario_skip(rank, world, exchange, skipped_step, where, start_iter, min_bu
     skipped = [rule_step(ddp_a, opt_a, rank, step, 1 if step == skipped_step else None, where) for step in range(STEPS)]
     assert skipped == [step == skipped_step for step in range(STEPS)], f"rank {rank} skipped {skipped}"
     paths = {s["size"]: s["path"] for s in state_a.stats().values()}
+    if exchange == "reduce" and world >= 16:
+        kept = [s["global_density"] / s["union_density"] for s in state_a.stats().values() if s["path"] == "sparse"]
+        assert kept and max(kept) < 0.1, f"the owners kept {kept} of the unions they reduced: few fit"
     state_b = fresh()
     model_b, ddp_b, opt_b = make(state_b, rank)
     for step in range(STEPS):
@@ -182,6 +188,8 @@ def main():
         out = run(scenario_skip, world, exchange, step, where, start_iter, smallest, timeout=240)
         print(f"skip ({exchange}, {world} ranks, overflow in '{where}' at step {step}, start_iter {start_iter}, "
               f"min_bucket_elements {smallest}):", out[0])
+    out = run(scenario_skip, 16, "reduce", 3, "last", 1, 3000, None, None, 0.01, timeout=240)
+    print("skip (reduce, 16 ranks in two hops, density 0.01, the owners fitted, overflow in 'last' at step 3):", out[0])
     out = run(scenario_skip, 2, "allgather", 2, "first", 1, 3000, 2, timeout=240)
     print("skip with last.bias going dense at that step (its residual put back):", out[0])
     out = run(scenario_skip, 2, "allgather", 3, "last", 1, 3000, None, 3, timeout=240)
