@@ -290,6 +290,48 @@ TEST_CASE("a rank that hands start() a residual or a sparse vector of another si
   CHECK(dense == std::vector<float>(n, 1.0f));
 }
 
+TEST_CASE("a dense of the wrong size given to one rank's wait(): that rank alone throws sidco::error, keeps its dense "
+          "and gives nothing back; the others apply the step; none waits; the next step works (fixed and exact sizes)") {
+  const std::size_t n = 1000;
+  for (const bool exact : {false, true}) {
+    CAPTURE(exact);
+    comm::exchange_options options;
+    options.exact_sizes = exact;  // the payloads' gather is then in wait(): rank 1 must still join it
+    comm::sparse_exchange<float> exchange(MPI_COMM_WORLD, n, 0.01, options);
+    std::vector<float> g(n), residual(n, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) g[i] = float(int(i * 37 % 1000) - 500) + 0.25f * float(rank_in());
+    sparse_vector<float> sent;
+    presets::top_k<>{}.compress(g, 0.01, sent);
+    const std::vector<float> expected = rank_order_average(sent, n);
+    exchange.start(sent, residual, 4);
+    std::vector<float> dense(rank_in() == 1 ? n - 1 : n, 1.0f);
+    if (rank_in() == 1) {
+      try {
+        exchange.wait(dense);
+        FAIL("rank 1's wait() returned");
+      } catch (const sidco::runtime_error& e) {
+        FAIL("a sidco::runtime_error (every rank's kind): " << e.what());
+      } catch (const sidco::error& e) {
+        CHECK_MESSAGE(std::string(e.what()).find("dense: size 999 does not match the exchange's dense size 1000") !=
+                          std::string::npos,
+                      e.what());
+      }
+      CHECK(dense == std::vector<float>(n - 1, 1.0f));  // nothing written
+      CHECK(residual == std::vector<float>(n, 0.0f));   // nothing given back: the others applied it
+    } else {
+      exchange.wait(dense);
+      CHECK(bits_equal(dense, expected));
+    }
+    // The exchange is usable again on every rank, rank 1's included.
+    residual.assign(n, 0.0f);
+    presets::top_k<>{}.compress(g, 0.01, sent);
+    exchange.start(sent, residual, 5);
+    dense.assign(n, 1.0f);
+    exchange.wait(dense);
+    CHECK(bits_equal(dense, expected));
+  }
+}
+
 TEST_CASE("a rank that trims more than exchange_options::trim_limit fails the step on every rank; every entry back") {
   const std::size_t n = 20000;
   for (const auto coding : {comm::entry_coding::plain, comm::entry_coding::compact}) {
