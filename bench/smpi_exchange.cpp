@@ -26,6 +26,14 @@
 //                 between two MPI_Waitall calls): [most messages a rank posted, most bytes,
 //                 mean message bytes] each; bench/smpi_model.py predicts the time from them
 //
+// --fail-step S makes step S fail on one rank (--fail-rank, the last by default): its
+// compress throws (--fail-how compress: it calls start_failed) or its wait() gets a dense one
+// value short (--fail-how dense, the reduce modes: the all-gather has no round after its
+// payloads to tell the others). The step is not timed, and the line adds failed_step,
+// failing_rank, how, raised (how many ranks' wait() threw sidco::runtime_error), same_error
+// (every rank's sentence the same), dense_kept (no rank's dense written) and error (rank 0's
+// sentence); identical then covers the steps after it.
+//
 // The exchanges run their blocking collectives (exchange_options::overlap false; --overlap 1
 // for the non-blocking ones, which SMPI runs as P^2 flat messages: a run at 256 ranks did not
 // end in 15 minutes). Gradients (--gradient): iid (heavy-tailed magnitudes, 30% exact zeros, each rank and step
@@ -41,6 +49,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <span>
@@ -126,6 +135,8 @@ struct options {
   double delta = 0.01;
   int warmup = 2, steps = 5;
   bool overlap = false;  // SMPI simulates non-blocking collectives as P^2 flat messages: slow past ~128 ranks
+  int fail_step = -1, fail_rank = -1;  // -1: no step fails; the last rank
+  std::string fail_how = "compress";
 };
 
 options parse(int argc, char** argv) {
@@ -140,6 +151,9 @@ options parse(int argc, char** argv) {
     else if (flag == "--warmup") o.warmup = std::stoi(value);
     else if (flag == "--steps") o.steps = std::stoi(value);
     else if (flag == "--overlap") o.overlap = value == "1" || value == "yes";
+    else if (flag == "--fail-step") o.fail_step = std::stoi(value);
+    else if (flag == "--fail-rank") o.fail_rank = std::stoi(value);
+    else if (flag == "--fail-how") o.fail_how = value;
     else throw std::invalid_argument("unknown option " + flag);
   }
   if (o.mode != "reduce" && o.mode != "reduce-exact" && o.mode != "reduce-two-hop" &&
@@ -153,6 +167,16 @@ options parse(int argc, char** argv) {
   if (o.gradient != "iid" && o.gradient != "hot")
     throw std::invalid_argument("--gradient " + o.gradient + " is not iid or hot");
   if (o.steps < 1 || o.warmup < 0 || o.n < 64) throw std::invalid_argument("--steps, --warmup or --n out of range");
+  if (o.fail_step >= o.warmup + o.steps)
+    throw std::invalid_argument("--fail-step " + std::to_string(o.fail_step) + " is past the run's steps");
+  if (o.fail_step >= o.warmup && o.steps < 2)
+    throw std::invalid_argument("--fail-step at a timed step needs --steps 2 or more (the failed step is not timed)");
+  if (o.fail_how != "compress" && o.fail_how != "dense")
+    throw std::invalid_argument("--fail-how " + o.fail_how + " is not compress or dense");
+  if (o.fail_step >= 0 && o.mode == "dense") throw std::invalid_argument("--fail-step needs an exchange, not --mode dense");
+  // The all-gather has no round after its payloads: a dense of the wrong size fails on its rank alone.
+  if (o.fail_step >= 0 && o.fail_how == "dense" && !o.mode.starts_with("reduce"))
+    throw std::invalid_argument("--fail-how dense needs a reduce mode, not " + o.mode);
   return o;
 }
 
@@ -173,6 +197,15 @@ void gradient_at(std::vector<float>& g, const options& o, int rank, int step) {
     const std::size_t row = std::size_t(shared() % row_count);
     for (std::size_t i = row * width; i < (row + 1) * width; ++i) g[i] = g[i] * 50.0f + 0.05f * (u(rng) - 0.5f);
   }
+}
+
+// FNV-1a over a buffer's bytes: a float vector's bits, a sentence's characters.
+template <class Range>
+std::uint64_t checksum(const Range& r) {
+  std::uint64_t sum = 0xcbf29ce484222325ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(std::data(r));
+  for (std::size_t i = 0; i < std::size(r) * sizeof(*std::data(r)); ++i) sum = (sum ^ bytes[i]) * 0x100000001b3ull;
+  return sum;
 }
 
 double quantile(std::vector<double> v, double q) {
@@ -197,6 +230,12 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
+  if (o.fail_step >= 0 && o.fail_rank >= ranks) {
+    if (rank == 0) std::fprintf(stderr, "smpi-exchange: --fail-rank %d is not one of the %d ranks\n", o.fail_rank, ranks);
+    MPI_Finalize();
+    return 2;
+  }
+  const int failing_rank = o.fail_rank >= 0 ? o.fail_rank : ranks - 1;
   int status = 0;
   try {
     const std::size_t n = o.n;
@@ -225,6 +264,11 @@ int main(int argc, char** argv) {
     std::string phase_json;  // the last timed step's phases, over ranks
     double counted = 0;
     bool identical = true;
+    // --fail-step: how many ranks raised there, whether the same sentence, whether every
+    // rank's dense was left as it was, and rank 0's sentence.
+    int raised_ranks = 0;
+    bool same_error = false, dense_kept = false;
+    std::string failure;
     for (int step = 0; step < o.warmup + o.steps; ++step) {
       gradient_at(gradient, o, rank, step);
       MPI_Barrier(MPI_COMM_WORLD);
@@ -236,15 +280,40 @@ int main(int argc, char** argv) {
       if (o.mode == "dense") {
         MPI_Allreduce(gradient.data(), dense.data(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       } else {
+        // --fail-step: on the failing rank its compress throws (before it changed anything),
+        // or (--fail-how dense) its wait() gets a dense one value short.
+        const bool failing = step == o.fail_step && rank == failing_rank;
+        const std::uint64_t before = checksum(dense);
         sidco::sparse_vector<float> sent;
-        if (o.method == "top-k") top_k.compress(gradient, o.delta, sent, residual);
-        else sidco_e.compress(gradient, o.delta, sent, residual);
-        if (reducing) {
-          reduce->start(sent, residual.values(), std::uint64_t(step));
-          entries = double(reduce->wait(dense).selected);
-        } else {
-          gather->start(sent, residual.values(), std::uint64_t(step));
-          entries = double(gather->wait(dense).distinct);
+        try {
+          if (failing && o.fail_how == "compress") {
+            const sidco::runtime_error injected("smpi-exchange: this rank's compress failed (injected)");
+            if (reducing) reduce->start_failed(injected, std::uint64_t(step));
+            else gather->start_failed(injected, std::uint64_t(step));
+          } else {
+            if (o.method == "top-k") top_k.compress(gradient, o.delta, sent, residual);
+            else sidco_e.compress(gradient, o.delta, sent, residual);
+            if (reducing) reduce->start(sent, residual.values(), std::uint64_t(step));
+            else gather->start(sent, residual.values(), std::uint64_t(step));
+          }
+          const std::span<float> into = failing && o.fail_how == "dense" ? std::span<float>(dense).first(n - 1)
+                                                                         : std::span<float>(dense);
+          entries = reducing ? double(reduce->wait(into).selected) : double(gather->wait(into).distinct);
+        } catch (const sidco::runtime_error& e) {
+          if (step != o.fail_step) throw;
+          failure = e.what();
+        }
+        if (step == o.fail_step) {  // every rank raised the same sentence and wrote nothing
+          int mine = failure.empty() ? 0 : 1;
+          PMPI_Allreduce(&mine, &raised_ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+          unsigned long long said = checksum(failure), low = said, high = said;
+          PMPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+          PMPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+          same_error = low == high;
+          int kept = checksum(dense) == before ? 1 : 0, all_kept = 0;
+          PMPI_Allreduce(&kept, &all_kept, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+          dense_kept = all_kept == 1;
+          continue;  // not timed
         }
       }
       const double end = MPI_Wtime(), step_bytes = sent_bytes - bytes_before;
@@ -255,13 +324,7 @@ int main(int argc, char** argv) {
       PMPI_Allreduce(span, latest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);  // not counted
       const double slowest = latest[1] - latest[0];
       // Every rank's update alike: the checksum's bits, their smallest and largest.
-      std::uint64_t sum = 0xcbf29ce484222325ull;
-      for (float v : dense) {
-        std::uint32_t bits;
-        std::memcpy(&bits, &v, sizeof bits);
-        sum = (sum ^ bits) * 0x100000001b3ull;
-      }
-      unsigned long long low = sum, high = sum;
+      unsigned long long low = checksum(dense), high = low;
       PMPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
       PMPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
       identical = identical && low == high;
@@ -287,14 +350,26 @@ int main(int argc, char** argv) {
       }
     }
     if (rank == 0) {
-      const double per_rank = counted / double(o.steps);
+      std::string failed;  // --fail-step: the failed step's fields
+      if (o.fail_step >= 0) {
+        std::string said;
+        for (char c : failure) said += c == '"' || c == '\\' || c == '\n' ? ' ' : c;
+        char fields[256];
+        std::snprintf(fields, sizeof fields,
+                      ", \"failed_step\": %d, \"failing_rank\": %d, \"how\": \"%s\", \"raised\": %d, "
+                      "\"same_error\": %s, \"dense_kept\": %s, \"error\": \"",
+                      o.fail_step, failing_rank, o.fail_how.c_str(), raised_ranks, same_error ? "true" : "false",
+                      dense_kept ? "true" : "false");
+        failed = fields + said + "\"";
+      }
+      const double per_rank = counted / double(times.size());
       std::printf("{\"mode\": \"%s\", \"gradient\": \"%s\", \"ranks\": %d, \"n\": %zu, \"delta\": %g, \"steps\": %d, "
                   "\"sim_ms\": %.4f, \"bytes_per_rank\": %.0f, \"bytes_over_8k\": %.3f, \"applied_p5\": %.3f, "
                   "\"applied_median\": %.3f, \"applied_p95\": %.3f, \"identical\": %s, \"method\": \"%s\", "
-                  "\"phases\": [%s]}\n",
+                  "\"phases\": [%s]%s}\n",
                   o.mode.c_str(), o.gradient.c_str(), ranks, n, o.delta, o.steps, quantile(times, 0.5) * 1e3, per_rank,
                   per_rank / (8.0 * k), quantile(applied, 0.05), quantile(applied, 0.5), quantile(applied, 0.95),
-                  identical ? "true" : "false", o.method.c_str(), phase_json.c_str());
+                  identical ? "true" : "false", o.method.c_str(), phase_json.c_str(), failed.c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());

@@ -13,7 +13,9 @@
 # (top-k: the exchange's losses apart from the estimate's), ALLGATHER_MAX (256: its receive
 # buffer is P payloads a rank, 27 GB in all at 1,024 ranks), COMPUTE (1: with the ranks' compute,
 # each burst timed on this machine and charged as it took here: smpi/host-speed set to the
-# platform's 100 Gflop/s), EXTRA (more smpirun --cfg flags).
+# platform's 100 Gflop/s), FAIL ("HOW STEP": every run's step STEP fails on its last rank, its
+# compress throwing or, "dense", its wait() given a dense one value short; the line then says
+# how many ranks raised and whether alike), EXTRA (more smpirun --cfg flags).
 # Needs libsimgrid-dev (smpicxx, smpirun); 1,024 ranks of 2^18 values take about 2 minutes
 # and 6 GB for the flat reduce exchange, and far longer in two hops (SMPI simulates each of
 # its point-to-point messages: 256 ranks about a minute, 1,024 ranks 10 to 30 minutes a step).
@@ -24,6 +26,11 @@ mkdir -p "$out"
 command -v smpicxx > /dev/null || { echo "smpi_exchange.sh: smpicxx not found (Debian: libsimgrid-dev)" >&2; exit 77; }
 smpicxx -std=c++20 -O2 -DNDEBUG -I include bench/smpi_exchange.cpp -o "$out/smpi-exchange"
 for i in $(seq 0 1023); do echo "node-$i"; done > "$out/hosts"
+failing=()
+if [ -n "${FAIL:-}" ]; then
+  read -r how step <<< "$FAIL"
+  failing=(--fail-how "$how" --fail-step "$step")
+fi
 compute=${COMPUTE:-0}
 if [ "$compute" = 1 ]; then
   computation=(--cfg=smpi/simulate-computation:yes --cfg=smpi/host-speed:100Gf)
@@ -38,7 +45,7 @@ for platform in ${PLATFORMS:-10gbps 100gbps}; do
         line=$(smpirun -np "$p" -platform "bench/smpi/cluster-$platform.xml" -hostfile "$out/hosts" \
           --cfg=smpi/coll-selector:ompi "${computation[@]}" --log=root.thres:critical ${EXTRA:-} \
           "$out/smpi-exchange" --mode "$mode" --gradient "$gradient" --n "${N:-262144}" --density "${DENSITY:-0.01}" \
-          --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --method "${METHOD:-top-k}" | tail -1)
+          --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --method "${METHOD:-top-k}" "${failing[@]}" | tail -1)
         echo "${line%\}}, \"platform\": \"$platform\", \"compute\": $compute}"
       done
     done

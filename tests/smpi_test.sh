@@ -7,7 +7,8 @@
 # exchange's stay under the all-gather's; the reduce exchange applies its target (within 5%)
 # on iid gradients; simulated time is positive; both platforms of bench/smpi/ load; the alpha-beta model
 # (bench/smpi_model.py) is within 25% of the simulated time of the dense all-reduce and of
-# the two hops; a bad argument ends every rank with status 2 and its reason once.
+# the two hops; a step that fails on one rank raises the same error on every rank, none waiting;
+# a bad argument ends every rank with status 2 and its reason once.
 #   smpi_test.sh SMPIRUN PROGRAM SOURCE_ROOT
 set -euo pipefail
 smpirun=$1 program=$2 root=$3
@@ -23,18 +24,45 @@ for platform in 10gbps 100gbps; do
   done
 done
 cat "$work/runs.jsonl"
-# An argument every rank refuses alike: exit status 2 and the reason once, not an abort that
+# A step that fails on the last rank (its compress throws, or its wait() gets a dense one value
+# short): every rank's wait() throws the same sentence naming it, no dense is written, none
+# waits, and the steps after it apply the same bits everywhere.
+for failing in "reduce-two-hop dense 2" "reduce compress 2" "allgather compress 1"; do
+  set -- $failing
+  "$smpirun" -np 16 -platform "$root/bench/smpi/cluster-10gbps.xml" -hostfile "$work/hosts" \
+    --cfg=smpi/coll-selector:ompi --cfg=smpi/simulate-computation:no --log=root.thres:critical \
+    "$program" --mode "$1" --fail-how "$2" --fail-step "$3" --gradient iid --n 16384 --density 0.01 --warmup 1 \
+    --steps 3 --method top-k | tail -1 >> "$work/failures.jsonl"
+done
+cat "$work/failures.jsonl"
+/usr/bin/python3 - "$work/failures.jsonl" <<'PY'
+import json, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+assert [(r["mode"], r["how"]) for r in runs] == [("reduce-two-hop", "dense"), ("reduce", "compress"),
+                                                ("allgather", "compress")], runs
+for r in runs:
+    what = f"{r['mode']}, rank 15's {r['how']} failing at step {r['failed_step']}"
+    if not (r["raised"] == 16 and r["same_error"] and r["dense_kept"]):
+        sys.exit(f"smpi_test: {what}: {r['raised']} of 16 ranks raised, the same sentence: {r['same_error']}, "
+                 f"dense kept: {r['dense_kept']}")
+    if "rank 15 failed" not in r["error"] or not r["identical"]:
+        sys.exit(f"smpi_test: {what}: {r['error']!r}, the later steps alike on every rank: {r['identical']}")
+print("smpi_test: 3 failed steps raised alike on all 16 ranks")
+PY
+# Arguments every rank refuses alike: exit status 2 and the reason once, not an abort that
 # SMPI reports as a deadlock (with status 0).
-status=0
-"$smpirun" -np 16 -platform "$root/bench/smpi/cluster-10gbps.xml" -hostfile "$work/hosts" \
-  --cfg=smpi/simulate-computation:no --log=root.thres:critical "$program" --mode bogus \
-  > /dev/null 2> "$work/refused.txt" || status=$?
-if [ "$status" != 2 ] || [ "$(grep -c -- "--mode bogus is not" "$work/refused.txt")" != 1 ] ||
-   grep -q -i deadlock "$work/refused.txt"; then
-  echo "smpi_test: a bad --mode exited with status $status, not 2 with its reason once:" >&2
-  cat "$work/refused.txt" >&2
-  exit 1
-fi
+for refused in "--mode bogus:--mode bogus is not" "--mode allgather --fail-step 1 --fail-how dense:--fail-how dense needs a reduce mode"; do
+  status=0
+  "$smpirun" -np 16 -platform "$root/bench/smpi/cluster-10gbps.xml" -hostfile "$work/hosts" \
+    --cfg=smpi/simulate-computation:no --log=root.thres:critical "$program" ${refused%%:*} \
+    > /dev/null 2> "$work/refused.txt" || status=$?
+  if [ "$status" != 2 ] || [ "$(grep -c -- "${refused#*:}" "$work/refused.txt")" != 1 ] ||
+     grep -q -i deadlock "$work/refused.txt"; then
+    echo "smpi_test: '${refused%%:*}' exited with status $status, not 2 with its reason once:" >&2
+    cat "$work/refused.txt" >&2
+    exit 1
+  fi
+done
 /usr/bin/python3 - "$work/runs.jsonl" <<'PY'
 import json, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
