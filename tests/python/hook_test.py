@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -1924,6 +1925,52 @@ def check_library_sources(digest):
                 assert run.returncode == 0, run.stderr
 
 
+def check_step_end_waits():
+    """The step's end (callbacks.py) with callbacks whose futures are not done yet: it warns
+    after WARN_AFTER_SECONDS and keeps waiting until a worker has run and freed them; the
+    step's last bucket's gated callbacks run on this thread; a failed step runs only the
+    gated ones whose future is done and waits FAILED_WAIT_SECONDS at most, without a warning.
+    Futures completed from a thread of this process, as a gloo worker completes them."""
+    from sidco_torch.callbacks import _StepCallbacks
+    kept = []
+    callbacks = _StepCallbacks(lambda *futures: kept.extend(futures))
+    callbacks.WARN_AFTER_SECONDS = callbacks.FAILED_WAIT_SECONDS = 0.2
+    late, ran = torch.futures.Future(), []
+    callbacks.then(late, lambda f: ran.append(("worker", f.value(), threading.current_thread().name)))
+    callbacks.at_step_end = True
+    gated = torch.futures.Future()
+    callbacks.then(gated, lambda f: ran.append(("gated", f.value(), threading.current_thread().name)))
+    gated.set_result(2)
+    assert ran == [], ran  # a gated callback waits for finish()
+    timer = threading.Timer(1.0, late.set_result, args=(1,))
+    timer.start()
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callbacks.finish()
+    waited = time.perf_counter() - started
+    timer.join()
+    here = threading.current_thread().name
+    assert sorted(ran) == [("gated", 2, here), ("worker", 1, timer.name)], ran
+    assert waited >= 0.9, f"the step's end returned after {waited:.2f} s, before the worker's callback ran"
+    warned = [str(w.message) for w in caught]
+    assert any("has waited 0 s for 1 exchange callbacks" in m for m in warned), warned
+    # A failed step: a pending gated callback is dropped, a pending worker's waited for 0.2 s.
+    ran.clear()
+    pending = torch.futures.Future()
+    callbacks.then(pending, lambda f: ran.append("worker"))
+    callbacks.at_step_end = True
+    callbacks.then(torch.futures.Future(), lambda f: ran.append("gated"))
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callbacks.finish(failed=True)
+    waited = time.perf_counter() - started
+    assert ran == [] and 0.15 <= waited < 0.9 and not caught, (ran, waited, [str(w.message) for w in caught])
+    pending.set_result(None)
+    assert ran == ["worker"], ran
+
+
 def check_local():
     """What needs no process group: pickling, arguments, the digest of the sources."""
     # The digest the build wrote is the one of the sources as they are now (an edit the build
@@ -2342,6 +2389,7 @@ def check_sixteen_bit():
 
 def main():
     check_local()
+    check_step_end_waits()
     for method, world, slack in [("top-k", 2, 1.25), ("sidco-e", 3, 1.0), ("dgc", 2, 1.0), ("sidco-gp", 2, 1.25)]:
         out = run(scenario_exact, world, method, slack)
         print(f"exact: {method} on {world} ranks, slack {slack}: {out[0]}")
