@@ -2460,6 +2460,8 @@ def main():
               "ranks alike")
     print("failure (NaN on rank 1 of 5, reduce exchange in two hops):",
           run(scenario_failure_nan, 5, "reduce", "two-hop")[0])
+    print("failure (NaN on rank 1 of 16, reduce exchange in two hops on a 4 x 4 grid, auto's schedule there):",
+          run(scenario_failure_nan, 16, "reduce", timeout=240)[0])
     print("reduce schedules that differ:", run(scenario_schedule_mismatch, 2)[0])
     for world, wire, density in ((3, "plain", 0.05), (3, "compact", 0.05), (16, "plain", 0.01)):
         print(f"resume (reduce exchange, {world} ranks, wire {wire!r}, density {density}):",
