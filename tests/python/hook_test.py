@@ -1341,9 +1341,10 @@ def scenario_reduce_resume(rank, world, wire="plain", density=0.05):
     order backward produces their gradients, reversed) its first buckets are its rebuilt ones.
     What the saved exchange state holds that the next steps need: on the compact wires, the
     owners' carry; at 16 ranks (density 0.01, two hops), the owners' SIDCo-E state, since
-    there the owners keep under a tenth (direct_share) of the union they reduced, so they fit
-    rather than run the exact Top-k (checked below); at 3 ranks on the plain wire, nothing
-    the result shows (dropped on load, that case still passes: the others fail)."""
+    there the owners keep under a tenth (direct_share) of the union they reduced (0.07-0.09
+    of it on average), so they fit rather than run the exact Top-k (checked below: their
+    state moves after the checkpoint); at 3 ranks on the plain wire, nothing the result
+    shows (dropped on load, that case still passes: the others fail)."""
     steps, split = 7, 4
     seen = {}
 
@@ -1390,7 +1391,10 @@ def scenario_reduce_resume(rank, world, wire="plain", density=0.05):
     sparse = [s for s in state.stats().values() if s["path"] == "sparse"]
     shares = sorted(s["global_density"] / s["union_density"] for s in sparse)
     if world >= 16:
-        assert shares and shares[-1] < 0.1, f"the owners kept {shares} of the unions they reduced: few fit"
+        # Owners fitted after the checkpoint: on the plain wire nothing else in the state moves.
+        at_split = checkpoint["sidco"]["exchanges"]
+        assert any(not torch.equal(saved, at_split[key]) for key, saved in exchanges.items()), \
+            f"no owner fitted after the checkpoint (they kept {shares} of the unions they reduced): the test tests less"
         assert {s["schedule"] for s in sparse} == {"two-hop"}, "not in two hops, auto's schedule from 16 ranks"
     return f"bit-identical (the owners kept {shares[0]:.2f}-{shares[-1]:.2f} of the unions they reduced)"
 
