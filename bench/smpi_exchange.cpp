@@ -48,7 +48,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <iterator>
 #include <optional>
 #include <random>
@@ -283,7 +282,7 @@ int main(int argc, char** argv) {
         // --fail-step: on the failing rank its compress throws (before it changed anything),
         // or (--fail-how dense) its wait() gets a dense one value short.
         const bool failing = step == o.fail_step && rank == failing_rank;
-        const std::uint64_t before = checksum(dense);
+        const std::uint64_t before = step == o.fail_step ? checksum(dense) : 0;  // only the failed step reads it
         sidco::sparse_vector<float> sent;
         try {
           if (failing && o.fail_how == "compress") {
