@@ -1332,6 +1332,13 @@ def scenario_reduce_exact(rank, world, owner, wire="plain"):
     return f"global density / target {late[0]:.2f}-{late[-1]:.2f}"
 
 
+def assert_same_exchanges(got, expected, what):
+    """Two state_dict()["exchanges"]: the same parameter sets, each one's state the same bytes."""
+    assert sorted(got) == sorted(expected), f"{what}: exchanges of {sorted(got)}, expected {sorted(expected)}"
+    for key, state in expected.items():
+        assert torch.equal(got[key], state), f"{what}: the exchange state of {key} differs"
+
+
 def scenario_reduce_resume(rank, world, wire="plain", density=0.05):
     """The reduce exchange resumed from state_dict() (its owner's state included) on
     the same bucket layout: bit-identical to the uninterrupted run. Its result depends on
@@ -1384,10 +1391,7 @@ def scenario_reduce_resume(rank, world, wire="plain", density=0.05):
         assert torch.equal(a, b.detach()), f"resumed run differs by {(a - b.detach()).abs().max().item()}"
     # The owners' selections are exact whatever their SIDCo-E state, so the parameters cannot
     # show a state lost on the way: what the exchanges save at the end can.
-    resumed = state.state_dict()["exchanges"]
-    assert resumed.keys() == exchanges.keys(), (list(resumed), list(exchanges))
-    for key, saved in exchanges.items():
-        assert torch.equal(resumed[key], saved), f"the exchange state of {key} differs from the uninterrupted run's"
+    assert_same_exchanges(state.state_dict()["exchanges"], exchanges, "resumed, against the uninterrupted run")
     sparse = [s for s in state.stats().values() if s["path"] == "sparse"]
     shares = sorted(s["global_density"] / s["union_density"] for s in sparse)
     if world >= 16:
@@ -1460,9 +1464,7 @@ def scenario_reduce_resume_reordered(rank, world, wire="plain"):
         f"the test needs one bucket of the same parameters in another order: {whole} {resumed}"
     for a, b in zip(uninterrupted, model.parameters()):
         assert torch.equal(a, b.detach()), f"resumed run differs by {(a - b.detach()).abs().max().item()}"
-    saved = state.state_dict()["exchanges"]
-    assert saved.keys() == exchanges.keys() and all(torch.equal(saved[k], v) for k, v in exchanges.items()), \
-        "the exchange state saved at the end differs from the uninterrupted run's"
+    assert_same_exchanges(state.state_dict()["exchanges"], exchanges, "resumed, against the uninterrupted run")
     return "bit-identical"
 
 
